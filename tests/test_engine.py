@@ -94,3 +94,17 @@ def test_each_client_samples_its_own_batches(small_config):
     rng = ClientRng(node_keys(0, [0, 1]))
     index, _ = rng.subsets(torch.tensor([50, 50]), torch.tensor([10, 10]), 10)
     assert not torch.equal(index[0], index[1])
+
+
+@pytest.mark.parametrize("setting, expected", [("1", "True"), ("0", "False")])
+def test_freed_memory_policy_applies_once_and_can_be_switched_off(setting, expected):
+    import os
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc's mallopt only")
+    code = "from p4bench.engine.memory import keep_freed_memory as k; print(k(), k())"
+    env = {**os.environ, "P4BENCH_KEEP_HEAP": setting}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == [expected, expected]

@@ -123,19 +123,6 @@ def test_defense_protects_the_shared_proxy(small_config):
     assert clean["accuracy_mean"] - defended["accuracy_mean"] < 0.10
 
 
-@pytest.mark.parametrize("epsilon", [None, 20.0])
-def test_fused_linear_step_matches_the_generic_path(small_config, epsilon):
-    config = small_config(method="p4", clients=6, rounds=2, epsilon=epsilon, options={"group_size": 2})
-    fused = run(config, track=False)
-    generic = run(config.replace(options={"group_size": 2, "fused": False}), track=False)
-    for key, value in fused.outcome.final_params.items():
-        assert torch.allclose(value, generic.outcome.final_params[key], atol=1e-5)
-    proxy_fused = fused.outcome.final_state["proxy"]
-    proxy_generic = generic.outcome.final_state["proxy"]
-    for key in proxy_fused:
-        assert torch.allclose(proxy_fused[key], proxy_generic[key], atol=1e-5)
-
-
 def test_p4_groups_are_a_topology_for_other_methods(small_config, tmp_path):
     from p4bench.topology.groups import GroupsGraph
     from p4bench.topology.mixing import is_doubly_stochastic, metropolis_hastings

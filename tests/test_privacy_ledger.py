@@ -48,6 +48,32 @@ def test_noise_streams_are_per_client_and_reproducible():
     assert abs(float(secure.std()) - 1) < 0.03 and not torch.equal(secure[0], secure[1])
 
 
+def test_large_draws_on_threads_give_each_row_its_own_stream_in_any_order():
+    size = (1 << 22) // 3 + 1  # 4 rows x size is above the threshold for filling on threads
+    streams = NoiseStreams(3, [5, 6, 7, 8])
+    drawn = streams.normal(size).clone()
+    for row, node in enumerate([5, 6, 7, 8]):
+        assert torch.equal(drawn[row], NoiseStreams(3, [node]).normal(size)[0])
+    reordered = NoiseStreams(3, [5, 6, 7, 8]).take(torch.tensor([2, 0, 3, 1])).normal(size)
+    assert torch.equal(reordered, drawn[[2, 0, 3, 1]])
+
+
+def test_scaled_noise_is_the_same_draw_scaled_per_row():
+    settings = DPSettings(clip=1.0, noise_multiplier=1.5, neighbouring="replace-one")
+
+    def mechanism():
+        return DPMechanism(settings, NoiseStreams(0, [0, 1, 2]), lambda release: None, lambda *a: torch.ones(3, dtype=torch.bool))
+
+    plain = {"weight": torch.zeros(3, 2, 4), "bias": torch.zeros(3, 2)}
+    scaled = {"weight": torch.ones(3, 2, 4), "bias": torch.ones(3, 2)}
+    mechanism().add_scaled_noise(plain, None)
+    mechanism().add_scaled_noise(scaled, torch.tensor([0.5, -2.0, 0.0]))
+    for key in plain:
+        factor = torch.tensor([0.5, -2.0, 0.0]).view(-1, *[1] * (plain[key].dim() - 1))
+        assert torch.allclose(scaled[key], 1 + factor * plain[key], atol=1e-6)
+    assert float(plain["weight"].abs().max()) > 0  # std 2 * 1.5 * 1: really noise
+
+
 def test_ghost_clipping_matches_per_example_autograd():
     model = LinearSoftmax((5,), 3)
     gen = torch.Generator().manual_seed(1)

@@ -10,6 +10,9 @@ import torch
 from p4bench.data.base import ArrayDataset
 
 
+_NORMS = "_squared_norms"
+
+
 @dataclass(frozen=True)
 class ClientTensors:
     """Samples of several clients, padded to a common length along axis 1.
@@ -25,7 +28,17 @@ class ClientTensors:
         """The clients at `index`, trimmed to their own longest length."""
         n = self.n[index]
         width = int(n.max()) if len(n) else 0
-        return ClientTensors(self.x[index, :width], self.y[index, :width], n)
+        subset = ClientTensors(self.x[index, :width], self.y[index, :width], n)
+        if _NORMS in self.__dict__:
+            subset.__dict__[_NORMS] = self.__dict__[_NORMS][index, :width]
+        return subset
+
+    def squared_norms(self) -> torch.Tensor:
+        """(C, n_max) squared L2 norm of every sample's flattened features, computed once
+        (per-example clipping of linear models needs them at every DP step)."""
+        if _NORMS not in self.__dict__:  # frozen dataclass: cache outside the fields
+            self.__dict__[_NORMS] = torch.linalg.vector_norm(self.x.flatten(start_dim=2), dim=2).square_()
+        return self.__dict__[_NORMS]
 
     @property
     def mask(self) -> torch.Tensor:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import torch
 
+from p4bench.engine.memory import keep_freed_memory
 from p4bench.engine.messages import Messages, decode, encode, frame_sizes
 from p4bench.engine.method import Exchange, LocalUpdate, Method, Phase, Step, StepContext
 from p4bench.engine.state import State, cat_rows, put_rows, take_rows, vectorize
@@ -118,6 +119,7 @@ class GroupedRuntime(Runtime):
 
     # -- driver ------------------------------------------------------------------------
     def execute(self, job: Job, on_round: Callable[[RoundReport], None]) -> Outcome:
+        keep_freed_memory()  # large per-step temporaries: reuse freed memory instead of faulting it in again
         self.job, method, config = job, job.method, job.config
         self.aggregator = Aggregator(job.defense)
         gradient = batched_loss_and_grad if self.batched_gradients else reference_loss_and_grad

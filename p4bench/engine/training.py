@@ -94,6 +94,11 @@ class Workspace:
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
+    def holds(self, name: str, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` lives in buffer `name` (so a caller can pick another one)."""
+        buffer = self._buffers.get((name, tensor.dtype))
+        return buffer is not None and tensor.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32, reserve: int = 0) -> torch.Tensor:
         """A (shape) view of buffer `name`, grown to at least `reserve` elements when it
         has to grow (so a size that varies from step to step allocates once)."""
@@ -108,13 +113,18 @@ class Workspace:
         return buffer[:size].view(shape)
 
 
-def gather_batch(values: torch.Tensor, index: torch.Tensor, workspace: Workspace | None = None, name: str = "batch") -> torch.Tensor:
-    """values (C, n, ...) and index (C, b) -> (C, b, ...); into `workspace` memory if given."""
+def gather_batch(
+    values: torch.Tensor, index: torch.Tensor, workspace: Workspace | None = None, name: str = "batch",
+    clients: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """values (C, n, ...) and index (B, b) -> (B, b, ...): sample index[i, j] of client
+    clients[i] (default: of client i, B = C); into `workspace` memory if given."""
     count, width = values.shape[:2]
+    owners = (torch.arange(count) if clients is None else clients).unsqueeze(1)
     if not values.is_contiguous():
-        return values[torch.arange(count).unsqueeze(1), index]
+        return values[owners, index]
     # index_select copies whole rows: much faster than advanced indexing for wide samples
-    flat = (index + torch.arange(count).unsqueeze(1) * width).reshape(-1)
+    flat = (index + owners * width).reshape(-1)
     rows = values.reshape(count * width, *values.shape[2:])
     if workspace is None:
         picked = rows.index_select(0, flat)
@@ -124,7 +134,7 @@ def gather_batch(values: torch.Tensor, index: torch.Tensor, workspace: Workspace
         reserve = min(values.numel(), int(1.25 * len(flat)) * row)
         buffer = workspace.get(name, (len(flat), *values.shape[2:]), values.dtype, reserve=reserve)
         picked = torch.index_select(rows, 0, flat, out=buffer)
-    return picked.reshape(count, index.shape[1], *values.shape[2:])
+    return picked.reshape(*index.shape, *values.shape[2:])
 
 
 @torch.no_grad()

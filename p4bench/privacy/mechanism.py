@@ -14,16 +14,15 @@ The neighbouring relation is explicit: `add-remove` adds noise with std sigma*C,
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch.func import grad, vmap
 
 from p4bench.engine.training import PerExampleLoss, cross_entropy, gather_batch, poisson_batches
 from p4bench.models import LinearSoftmax, Model, Params
+from p4bench.privacy.noise import NoiseStreams
 
 NEIGHBOURING = ("add-remove", "replace-one")
 NOISE_SOURCES = ("seeded", "secure")
@@ -53,63 +52,6 @@ class Release:
     noise_multiplier: float
     steps: int = 1
     phase: str = ""
-
-
-class NoiseStreams:
-    """Independent Gaussian noise per node.
-
-    Seeded mode: one torch generator per node, seeded from (run seed, node id) through
-    numpy's SeedSequence: reproducible, independent across nodes, never derived from
-    public round or step numbers. Secure mode: every draw comes from the OS CSPRNG
-    (`os.urandom`), for deployments; runs are then not reproducible.
-    """
-
-    def __init__(self, seed: int, node_ids: list[int], secure: bool = False) -> None:
-        self.secure = secure
-        self.node_ids = list(node_ids)
-        self.generators: list[torch.Generator | None] = [
-            None if secure else torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1, i + 1]).generate_state(1, np.uint64)[0] >> 1))
-            for i in self.node_ids
-        ]
-
-    def _buffer(self, rows: int, size: int) -> torch.Tensor:
-        scratch = getattr(self, "_scratch", None)
-        if scratch is None or scratch.numel() < rows * size:
-            scratch = torch.empty(rows * size)
-            self._scratch = scratch
-        return scratch[: rows * size].view(rows, size)
-
-    def take(self, positions: torch.Tensor) -> "NoiseStreams":
-        """The streams of some rows (shares the generators, so draws advance them)."""
-        sub = NoiseStreams.__new__(NoiseStreams)
-        sub.secure = self.secure
-        sub.node_ids = [self.node_ids[int(p)] for p in positions]
-        sub.generators = [self.generators[int(p)] for p in positions]
-        return sub
-
-    def normal(self, size: int) -> torch.Tensor:
-        """(rows, size) float32 standard normals, row i from node i's stream.
-
-        The result lives in a buffer reused by the next call (large fresh allocations
-        cost more in page faults than the sampling itself): use it before drawing again.
-        """
-        out = self._buffer(len(self.node_ids), size)
-        if self.secure:
-            return _os_normal(len(self.node_ids), size)
-        # One C-level fill per client; each client must consume its own stream.
-        for row, generator in enumerate(self.generators):
-            torch.randn(size, generator=generator, out=out[row])
-        return out
-
-
-def _os_normal(rows: int, size: int) -> torch.Tensor:
-    half = (size + 1) // 2
-    raw = np.frombuffer(os.urandom(rows * 2 * half * 8), dtype=np.uint64).reshape(rows, 2 * half)
-    uniform = ((raw >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
-    radius = np.sqrt(-2.0 * np.log(uniform[:, :half]))
-    angle = 2.0 * np.pi * uniform[:, half:]
-    normal = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)], axis=1)[:, :size]
-    return torch.from_numpy(normal.astype(np.float32))
 
 
 def clipped_gradient_sum(
@@ -145,8 +87,7 @@ def clip_scale(logit_grads: torch.Tensor, sq_norms: torch.Tensor, mask: torch.Te
 
 def squared_norms(x: torch.Tensor) -> torch.Tensor:
     """(C, n) squared L2 norms of flattened inputs (C, n, ...), without a full-size temporary."""
-    flat = x.flatten(start_dim=2)
-    return torch.einsum("cnd,cnd->cn", flat, flat)
+    return torch.linalg.vector_norm(x.flatten(start_dim=2), dim=2).square_()
 
 
 def _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms=None):
@@ -219,28 +160,46 @@ class DPMechanism:
         Works in place on `sums` (the caller's fresh clipped sums): two passes over the
         gradient, no full-size temporaries.
         """
-        keys = sorted(sums)
-        sizes = [math.prod(sums[k].shape[1:]) for k in keys]
-        noise = self.noise.normal(sum(sizes))
-        noisy, offset = {}, 0
+        self.add_scaled_noise(sums, None)
         inverse = 1.0 / expected_batch.to(torch.float32).clamp_min(1.0)
+        return {k: v.mul_(inverse.view(-1, *([1] * (v.dim() - 1)))) for k, v in sums.items()}
+
+    def add_scaled_noise(self, targets: Params, scale: torch.Tensor | None) -> None:
+        """targets[k][i] += scale[i] * std * N(0, I), in place, row i from its own stream
+        (scale None: 1). The draw per row is the same whatever the scale, so a method
+        may apply its noisy step W -= lr (S + std N) / E as W -= lr S / E, then this with
+        scale = -lr / E: the same release, without materialising the noisy gradient."""
+        keys = sorted(targets)
+        sizes = [math.prod(targets[k].shape[1:]) for k in keys]
+        noise, offset = self.noise.normal(sum(sizes)), 0
         for key, size in zip(keys, sizes):
-            chunk = noise[:, offset : offset + size].view(sums[key].shape)
-            summed = sums[key].add_(chunk, alpha=self.settings.noise_std)
-            noisy[key] = summed.mul_(inverse.view(-1, *([1] * (summed.dim() - 1))))
+            chunk = noise[:, offset : offset + size].view(targets[key].shape)
+            if scale is None:
+                targets[key].add_(chunk, alpha=self.settings.noise_std)
+            else:
+                targets[key].addcmul_(chunk, scale.to(chunk.dtype).view(-1, *([1] * (chunk.dim() - 1))), value=self.settings.noise_std)
             offset += size
-        return noisy
+
+    def admit(self, ctx, sample_rate: float) -> torch.Tensor:
+        """(C,) bool: which rows of `ctx` can afford one more release under their budget."""
+        return self.allowed(ctx.rows, sample_rate, ctx.phase)
+
+    def record(self, ctx, released: torch.Tensor, sample_rate: float) -> None:
+        """Report one release by the `released` rows of `ctx` to the ledger."""
+        if bool(released.any()):
+            self.report(Release(tuple(ctx.rows[released].tolist()), sample_rate, self.settings.noise_multiplier, 1, ctx.phase))
 
     def release(self, ctx, sums: Params, sample_rate: float, expected_batch: torch.Tensor) -> tuple[Params, torch.Tensor]:
         """Privatise clipped gradient sums of the rows of `ctx`: budget check, noise,
         report to the ledger. Returns (noisy mean gradients, released (C,) bool); rows
-        that cannot afford the step get zero gradients and are not reported."""
-        released = self.allowed(ctx.rows, sample_rate, ctx.phase)
+        that cannot afford the step get zero gradients and are not reported. Works in
+        place: the returned gradients are the tensors of `sums`."""
+        released = self.admit(ctx, sample_rate)
         noisy = self.add_noise(sums, expected_batch)
-        keep = released.to(torch.float32)
-        noisy = {k: g * keep.reshape(-1, *([1] * (g.dim() - 1))) for k, g in noisy.items()}
-        if bool(released.any()):
-            self.report(Release(tuple(ctx.rows[released].tolist()), sample_rate, self.settings.noise_multiplier, 1, ctx.phase))
+        if not bool(released.all()):
+            keep = released.to(torch.float32)
+            noisy = {k: g.mul_(keep.reshape(-1, *([1] * (g.dim() - 1)))) for k, g in noisy.items()}
+        self.record(ctx, released, sample_rate)
         return noisy, released
 
     def step(
@@ -266,7 +225,7 @@ class DPMechanism:
         expected = rate * train.n.double()
         total = torch.zeros(len(ctx.rows), dtype=torch.float64)
         taken = torch.zeros(len(ctx.rows), dtype=torch.float64)
-        norms = squared_norms(train.x) if type(ctx.model) is LinearSoftmax else None  # once for all steps
+        norms = train.squared_norms() if type(ctx.model) is LinearSoftmax else None  # cached per dataset
         for _ in range(steps):
             index, mask = poisson_batches(ctx.rng, train.n, rate)
             grads, step_loss, released = self.step(

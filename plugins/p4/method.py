@@ -30,13 +30,12 @@ import torch
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, strip_prefix, unvectorize, vectorize
-from p4bench.engine.training import Workspace, gather_batch, logits_of, sample_batches
+from p4bench.engine.training import gather_batch, logits_of, sample_batches
 from p4bench.errors import ConfigError
 from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, random_groups
 from p4bench.plugins.p4.losses import distillation_loss
 from p4bench.models import LinearSoftmax
-from p4bench.plugins.p4.fused import fused_linear_step
-from p4bench.privacy.mechanism import squared_norms
+from p4bench.plugins.p4.fused import FusedCotraining
 
 GROUPING, COTRAINING = "grouping", "cotraining"
 UPDATE, MODEL = "update.", "model."
@@ -64,7 +63,6 @@ class P4(Method):
         self.grouping = str(options.get("grouping", "similarity"))
         self.use_proxy = bool(options.get("proxy", True))
         self.fused = bool(options.get("fused", True))  # linear models: fused step (same math, fewer passes)
-        self._workspace = Workspace()  # scratch memory for the fused step's batch
         if not 1 <= self.group_size <= config.clients:
             raise ConfigError("options.group_size", f"must be in [1, {config.clients}], got {self.group_size}")
         if not 1 <= self.samples <= config.clients - 1:
@@ -77,6 +75,7 @@ class P4(Method):
         # Local step size as in Noble et al.'s code, which P4 builds on.
         self.local_lr = config.lr / (max(round(config.local_steps * config.data_rate), 1) * config.global_lr)
         self.epoch_steps = math.ceil(1 / config.data_rate)
+        self._fused = FusedCotraining(self.alpha, self.beta, self.local_lr, config.data_rate)
 
     # -- schedule ---------------------------------------------------------------------
     def phases(self):
@@ -144,27 +143,13 @@ class P4(Method):
         proxy, private = state["proxy"], state["private"]
         total, taken = torch.zeros(len(ctx.rows), dtype=torch.float64), torch.zeros(len(ctx.rows))
         stopped = state["stopped"].clone()
-        fused = self.fused and self.use_proxy and type(ctx.model) is LinearSoftmax
-        norms = squared_norms(train.x) if fused else None  # per-example clipping needs ||x||^2; once per round
-        if fused:  # updated in place below: copy once per round instead of allocating every step
-            proxy = {k: v.clone() for k, v in proxy.items()}
-            private = {k: v.clone() for k, v in private.items()}
+        if self.fused and self.use_proxy and type(ctx.model) is LinearSoftmax:
+            proxy, private, total, taken = self._fused.run(proxy, private, train, ctx, self.config.local_steps)
+            stopped |= taken < self.config.local_steps  # the ledger refused a step: budget spent
+            return self._cotrained(state, proxy, private, stopped, total, taken)
         for _ in range(self.config.local_steps):
             index, mask = sample_batches(ctx, train)
-            x = gather_batch(train.x, index, self._workspace if fused else None)
-            y = gather_batch(train.y, index)
-            if fused:
-                expected = self.config.data_rate * train.n.double()
-                grads, private_grads, loss, done = fused_linear_step(
-                    proxy, private, x, y, mask.float(), gather_batch(norms, index), self.alpha, self.beta,
-                    ctx, self.config.data_rate, expected, self._workspace,
-                )
-                for k in private:  # rows whose step was refused (budget) keep their private model too
-                    private[k].sub_(private_grads[k].mul_(done.view(-1, *([1] * (private[k].dim() - 1))) * self.local_lr))
-                    proxy[k].sub_(grads[k].mul_(self.local_lr))
-                stopped |= ~done.bool()
-                total, taken = total + loss * done, taken + done
-                continue
+            x, y = gather_batch(train.x, index), gather_batch(train.y, index)
             teacher = private if self.use_proxy and self.alpha > 0 else None
             grads, loss, done = self._proxy_step(proxy, x, y, mask, train, ctx, teacher)
             if self.use_proxy:
@@ -178,6 +163,10 @@ class P4(Method):
             proxy = {k: proxy[k] - self.local_lr * grads[k] for k in proxy}
             stopped |= ~done.bool()
             total, taken = total + loss * done, taken + done
+        return self._cotrained(state, proxy, private, stopped, total, taken)
+
+    @staticmethod
+    def _cotrained(state, proxy, private, stopped, total, taken):
         trained = taken > 0
         return {**state, "proxy": proxy, "private": private, "trained": trained, "stopped": stopped}, total / taken.clamp_min(1)
 

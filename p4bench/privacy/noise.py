@@ -1,0 +1,95 @@
+"""Per-node Gaussian noise streams for the DP mechanism."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+_PARALLEL_MIN = 1 << 22  # draws below ~4M normals: threads cost more than they save
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (owner pid, pool): a forked child needs its own
+
+
+def _workers() -> int:
+    return max(1, torch.get_num_threads())
+
+
+def _thread_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(_workers(), thread_name_prefix="p4bench-noise"))
+    return _pool[1]
+
+
+class NoiseStreams:
+    """Independent Gaussian noise per node.
+
+    Seeded mode: one torch generator per node, seeded from (run seed, node id) through
+    numpy's SeedSequence: reproducible, independent across nodes, never derived from
+    public round or step numbers. Secure mode: every draw comes from the OS CSPRNG
+    (`os.urandom`), for deployments; runs are then not reproducible.
+
+    Large draws fill rows on several threads (torch's sampler is single-threaded and
+    releases the GIL); each row still consumes only its own node's stream, so the
+    numbers do not depend on the thread count.
+    """
+
+    def __init__(self, seed: int, node_ids: list[int], secure: bool = False) -> None:
+        self.secure = secure
+        self.node_ids = list(node_ids)
+        self.generators: list[torch.Generator | None] = [
+            None if secure else torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1, i + 1]).generate_state(1, np.uint64)[0] >> 1))
+            for i in self.node_ids
+        ]
+        self._scratch: dict[str, torch.Tensor] = {}  # shared with the streams `take` hands out
+
+    def _buffer(self, rows: int, size: int) -> torch.Tensor:
+        scratch = self._scratch.get("noise")
+        if scratch is None or scratch.numel() < rows * size:
+            scratch = torch.empty(rows * size)
+            self._scratch["noise"] = scratch
+        return scratch[: rows * size].view(rows, size)
+
+    def take(self, positions: torch.Tensor) -> "NoiseStreams":
+        """The streams of some rows, in the order of `positions` (shares the generators,
+        so draws advance them)."""
+        sub = NoiseStreams.__new__(NoiseStreams)
+        sub.secure = self.secure
+        picked = positions.tolist()
+        sub.node_ids = [self.node_ids[p] for p in picked]
+        sub.generators = [self.generators[p] for p in picked]
+        sub._scratch = self._scratch
+        return sub
+
+    def normal(self, size: int) -> torch.Tensor:
+        """(rows, size) float32 standard normals, row i from node i's stream.
+
+        The result lives in a buffer reused by the next call (large fresh allocations
+        cost more in page faults than the sampling itself): use it before drawing again.
+        """
+        if self.secure:
+            return _os_normal(len(self.node_ids), size)
+        out = self._buffer(len(self.node_ids), size)
+
+        def fill(rows: range) -> None:
+            for row in rows:  # one C-level fill per node: each consumes its own stream
+                torch.randn(size, generator=self.generators[row], out=out[row])
+
+        count, workers = len(self.generators), _workers()
+        if workers == 1 or count < 2 or count * size < _PARALLEL_MIN:
+            fill(range(count))
+        else:
+            list(_thread_pool().map(fill, [range(w, count, workers) for w in range(workers)]))
+        return out
+
+
+def _os_normal(rows: int, size: int) -> torch.Tensor:
+    half = (size + 1) // 2
+    raw = np.frombuffer(os.urandom(rows * 2 * half * 8), dtype=np.uint64).reshape(rows, 2 * half)
+    uniform = ((raw >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+    radius = np.sqrt(-2.0 * np.log(uniform[:, :half]))
+    angle = 2.0 * np.pi * uniform[:, half:]
+    normal = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)], axis=1)[:, :size]
+    return torch.from_numpy(normal.astype(np.float32))

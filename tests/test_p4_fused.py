@@ -1,0 +1,74 @@
+"""P4's fused co-training step for linear models equals the generic autograd path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from p4bench.engine.training import distillation_loss
+from p4bench.plugins.p4 import fused
+from p4bench.plugins.p4.fused import mutual_distillation_gradients, size_buckets
+from p4bench.runner import run
+
+
+@pytest.mark.parametrize("alpha, beta", [(0.5, 0.5), (0.0, 1.0), (0.3, 0.0)])
+def test_closed_form_gradients_equal_autograd_of_the_distillation_losses(alpha, beta):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 2, 7, generator=gen) * 3
+    y = torch.randint(0, 7, (3, 5), generator=gen)
+    grads, losses = mutual_distillation_gradients(logits, y, alpha, beta)
+    proxy = logits[:, :, 0].reshape(15, 7).clone().requires_grad_(True)
+    private = logits[:, :, 1].reshape(15, 7).clone().requires_grad_(True)
+    proxy_losses = distillation_loss(alpha)(proxy, y.reshape(-1), private.detach())
+    private_losses = distillation_loss(beta)(private, y.reshape(-1), proxy.detach())
+    (proxy_grad,) = torch.autograd.grad(proxy_losses.sum(), proxy)
+    (private_grad,) = torch.autograd.grad(private_losses.sum(), private)
+    assert torch.allclose(grads[:, :, 0].reshape(15, 7), proxy_grad, atol=1e-6)
+    assert torch.allclose(grads[:, :, 1].reshape(15, 7), private_grad, atol=1e-6)
+    assert torch.allclose(losses.reshape(-1), proxy_losses.detach(), atol=1e-6)
+
+
+def test_size_buckets_cover_every_client_once_with_bounded_padding():
+    counts = torch.tensor([30, 5, 17, 16, 0, 31, 9, 24, 23])
+    order, buckets = size_buckets(counts, width=31, granularity=8)
+    assert sorted(order.tolist()) == list(range(9))
+    assert counts[order].tolist() == sorted(counts.tolist())
+    assert buckets[0][0] == 0 and buckets[-1][1] == 9
+    for (_, end, _), (start, _, _) in zip(buckets, buckets[1:]):
+        assert end == start  # contiguous, no overlap
+    for start, end, width in buckets:
+        sizes = counts[order[start:end]]
+        assert int(sizes.max()) <= width <= 31 and width - int(sizes.min().clamp_min(1)) < 8
+
+
+@pytest.mark.parametrize(
+    "privacy",
+    [
+        {},  # non-private: fixed-size batches
+        {"epsilon": 20.0},  # calibrated DP: Poisson batches of varying size
+        {"epsilon": 3.0, "noise_multiplier": 0.8},  # fixed noise: budgets run out during co-training
+    ],
+    ids=["no-dp", "dp", "budget"],
+)
+def test_fused_step_matches_the_generic_path(small_config, monkeypatch, privacy):
+    seen = []
+
+    def spy(counts, width, granularity=fused.BUCKET):
+        order, buckets = size_buckets(counts, width, granularity)
+        seen.append(len(buckets))
+        return order, buckets
+
+    monkeypatch.setattr(fused, "size_buckets", spy)
+    options = {"group_size": 3}
+    config = small_config(method="p4", clients=12, rounds=3, local_steps=4, data_rate=0.6, options=options, **privacy)
+    fast = run(config, track=False)
+    generic = run(config.replace(options={**options, "fused": False}), track=False)
+    if privacy:
+        assert max(seen) > 1  # Poisson batch sizes spread over several buckets
+    if "noise_multiplier" in privacy:
+        stopped = fast.outcome.final_state["stopped"]
+        assert 0 < int(stopped.sum()) and fast.summary["budget_stops"] == generic.summary["budget_stops"]
+    for name in ("proxy", "private"):
+        for key, value in fast.outcome.final_state[name].items():
+            assert torch.allclose(value, generic.outcome.final_state[name][key], atol=2e-5), (name, key)
+    assert torch.equal(fast.outcome.final_state["stopped"], generic.outcome.final_state["stopped"])
