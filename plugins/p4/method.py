@@ -330,7 +330,10 @@ class P4(Method):
     def _send_upload(self, state, ctx):
         """Participants send their proxy delta to the round's aggregator (the one that announced)."""
         senders = state["trained"] & (state["lead"] >= 0)
-        delta = {k: state["proxy"][k][senders] - state["group_proxy"][k][senders] for k in state["proxy"]}
+        if bool(senders.all()):  # the usual case: one pass, no row copies
+            delta = {k: state["proxy"][k] - state["group_proxy"][k] for k in state["proxy"]}
+        else:
+            delta = {k: state["proxy"][k][senders] - state["group_proxy"][k][senders] for k in state["proxy"]}
         payload = {**flatten(delta, UPDATE), "weight": torch.ones(int(senders.sum()), dtype=torch.float64)}
         return Messages(ctx.rows[senders], state["lead"][senders], payload)
 
