@@ -160,7 +160,8 @@ class Defense(ABC):
 def weighted_mean(updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """(B, P) mean of updates (B, n, P) with weights (B, n) (zero weight = ignored)."""
     w = weights.to(updates.dtype)
-    return (w.unsqueeze(-1) * updates).sum(dim=1) / w.sum(dim=1, keepdim=True).clamp_min(1e-12)
+    # a batched matrix-vector product: no (B, n, P) temporary
+    return torch.bmm(w.unsqueeze(1), updates).squeeze(1) / w.sum(dim=1, keepdim=True).clamp_min(1e-12)
 
 
 def pad_by_destination(inbox: Messages, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -172,8 +173,11 @@ def pad_by_destination(inbox: Messages, weights: torch.Tensor) -> tuple[torch.Te
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.arange(len(inbox)) - torch.repeat_interleave(starts, counts)
     row = torch.repeat_interleave(torch.arange(len(dst)), counts)
-    padded = updates.new_zeros(len(dst), width, updates.shape[1])
-    padded[row, slot] = updates
+    if bool((counts == width).all()):  # every receiver got as many: already (B, n, P) in order
+        padded = updates.view(len(dst), width, updates.shape[1])
+    else:
+        padded = updates.new_zeros(len(dst), width, updates.shape[1])
+        padded[row, slot] = updates
     w = torch.zeros(len(dst), width, dtype=torch.float64)
     w[row, slot] = weights.double()
     mask = torch.zeros(len(dst), width, dtype=torch.bool)
