@@ -13,6 +13,11 @@ from p4bench.data.base import ArrayDataset
 _NORMS = "_squared_norms"
 
 
+def squared_norms(x: torch.Tensor) -> torch.Tensor:
+    """(C, n) squared L2 norms of flattened inputs (C, n, ...), without a full-size temporary."""
+    return torch.linalg.vector_norm(x.flatten(start_dim=2), dim=2).square_()
+
+
 @dataclass(frozen=True)
 class ClientTensors:
     """Samples of several clients, padded to a common length along axis 1.
@@ -37,7 +42,7 @@ class ClientTensors:
         """(C, n_max) squared L2 norm of every sample's flattened features, computed once
         (per-example clipping of linear models needs them at every DP step)."""
         if _NORMS not in self.__dict__:  # frozen dataclass: cache outside the fields
-            self.__dict__[_NORMS] = torch.linalg.vector_norm(self.x.flatten(start_dim=2), dim=2).square_()
+            self.__dict__[_NORMS] = squared_norms(self.x)
         return self.__dict__[_NORMS]
 
     @property

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad, vmap
 
+from p4bench.data.federated import squared_norms
 from p4bench.engine.training import PerExampleLoss, cross_entropy, gather_batch, poisson_batches
 from p4bench.models import LinearSoftmax, Model, Params
 from p4bench.privacy.noise import NoiseStreams
@@ -83,11 +84,6 @@ def clip_scale(logit_grads: torch.Tensor, sq_norms: torch.Tensor, mask: torch.Te
     """(C, b) factors min(1, C / ||g_i||) for a linear layer, where ||g_i||^2 = ||dlogits_i||^2 (||x_i||^2 + 1)."""
     norms = torch.sqrt(logit_grads.pow(2).sum(-1) * (sq_norms + 1.0))
     return (clip / norms.clamp_min(1e-12)).clamp(max=1.0) * mask
-
-
-def squared_norms(x: torch.Tensor) -> torch.Tensor:
-    """(C, n) squared L2 norms of flattened inputs (C, n, ...), without a full-size temporary."""
-    return torch.linalg.vector_norm(x.flatten(start_dim=2), dim=2).square_()
 
 
 def _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms=None):

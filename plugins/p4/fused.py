@@ -63,6 +63,13 @@ def mutual_distillation_gradients(logits: torch.Tensor, y: torch.Tensor, alpha: 
     return grads, (1 - alpha) * cross_entropy + alpha * kl
 
 
+def _positions(holds: torch.Tensor) -> torch.Tensor:
+    """Inverse of a permutation: where[c] is the row holding client position c."""
+    where = torch.empty_like(holds)
+    where[holds] = torch.arange(len(holds))
+    return where
+
+
 class FusedCotraining:
     """K co-training steps of every row at once, for `LinearSoftmax` proxy and private models."""
 
@@ -87,15 +94,13 @@ class FusedCotraining:
         for _ in range(steps):
             index, mask = sample_batches(ctx, train)
             order, buckets = size_buckets(mask.sum(dim=1), index.shape[1])
-            where = torch.empty_like(holds)
-            where[holds] = torch.arange(len(holds))
-            weight, bias = self._arrange(weight, where[order]), bias[where[order]]
+            where = _positions(holds)[order]
+            weight, bias = self._arrange(weight, where), bias[where]
             loss, done = self._step(weight, bias, classes, order, index, mask, buckets, train, norms, expected, ctx)
             holds = order
             total[order] += loss * done
             taken[order] += done
-        where = torch.empty_like(holds)
-        where[holds] = torch.arange(len(holds))
+        where = _positions(holds)
         weight, bias = weight[where], bias[where]  # back to the rows' own order
         split = {"weight": weight.split(classes, dim=1), "bias": bias.split(classes, dim=1)}
         return ({k: v[0] for k, v in split.items()}, {k: v[1] for k, v in split.items()}, total, taken)
