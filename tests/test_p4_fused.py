@@ -41,16 +41,17 @@ def test_size_buckets_cover_every_client_once_with_bounded_padding():
         assert int(sizes.max()) <= width <= 31 and width - int(sizes.min().clamp_min(1)) < 8
 
 
+@pytest.mark.parametrize("mode", ["buckets", "span"])
 @pytest.mark.parametrize(
     "privacy",
     [
         {},  # non-private: fixed-size batches
         {"epsilon": 20.0},  # calibrated DP: Poisson batches of varying size
-        {"epsilon": 3.0, "noise_multiplier": 0.8},  # fixed noise: budgets run out during co-training
+        {"epsilon": 12.0, "noise_multiplier": 0.8},  # fixed noise: budgets run out during co-training
     ],
     ids=["no-dp", "dp", "budget"],
 )
-def test_fused_step_matches_the_generic_path(small_config, monkeypatch, privacy):
+def test_fused_step_matches_the_generic_path(small_config, monkeypatch, privacy, mode):
     seen = []
 
     def spy(counts, width, granularity=fused.BUCKET):
@@ -61,13 +62,19 @@ def test_fused_step_matches_the_generic_path(small_config, monkeypatch, privacy)
     monkeypatch.setattr(fused, "size_buckets", spy)
     options = {"group_size": 3}
     config = small_config(method="p4", clients=12, rounds=3, local_steps=4, data_rate=0.6, options=options, **privacy)
-    fast = run(config, track=False)
+    fast = run(config.replace(options={**options, "fused": mode}), track=False)
     generic = run(config.replace(options={**options, "fused": False}), track=False)
-    if privacy:
+    if privacy and mode == "buckets":
         assert max(seen) > 1  # Poisson batch sizes spread over several buckets
+    if mode == "span":
+        assert not seen  # the bucketed path never ran
     if "noise_multiplier" in privacy:
         stopped = fast.outcome.final_state["stopped"]
-        assert 0 < int(stopped.sum()) and fast.summary["budget_stops"] == generic.summary["budget_stops"]
+        def stops(result):  # the bucketed path reports its rows in batch-size order
+            return [(stop["phase"], stop["round"], sorted(stop["clients"])) for stop in result.summary["budget_stops"]]
+
+        assert 0 < int(stopped.sum()) and stops(fast) == stops(generic)
+        assert {phase for phase, _, _ in stops(fast)} == {"cotraining"}
     for name in ("proxy", "private"):
         for key, value in fast.outcome.final_state[name].items():
             assert torch.allclose(value, generic.outcome.final_state[name][key], atol=2e-5), (name, key)

@@ -10,12 +10,18 @@ import torch
 from p4bench.data.base import ArrayDataset
 
 
-_NORMS = "_squared_norms"
+_NORMS, _GRAM, _PARENT = "_squared_norms", "_gram", "_parent"  # caches kept outside the frozen fields
 
 
 def squared_norms(x: torch.Tensor) -> torch.Tensor:
     """(C, n) squared L2 norms of flattened inputs (C, n, ...), without a full-size temporary."""
     return torch.linalg.vector_norm(x.flatten(start_dim=2), dim=2).square_()
+
+
+def gram_matrices(x: torch.Tensor) -> torch.Tensor:
+    """(C, n, n) inner products between each client's flattened inputs (C, n, ...)."""
+    flat = x.flatten(start_dim=2)
+    return torch.bmm(flat, flat.transpose(1, 2))
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,7 @@ class ClientTensors:
         subset = ClientTensors(self.x[index, :width], self.y[index, :width], n)
         if _NORMS in self.__dict__:
             subset.__dict__[_NORMS] = self.__dict__[_NORMS][index, :width]
+        subset.__dict__[_PARENT] = (self, index, width)  # `gram` computes once, on the parent
         return subset
 
     def squared_norms(self) -> torch.Tensor:
@@ -44,6 +51,19 @@ class ClientTensors:
         if _NORMS not in self.__dict__:  # frozen dataclass: cache outside the fields
             self.__dict__[_NORMS] = squared_norms(self.x)
         return self.__dict__[_NORMS]
+
+    def gram(self) -> torch.Tensor:
+        """(C, n_max, n_max) inner products of every client's flattened samples, computed
+        once per dataset: a subset taken with `rows` (the clients of one round) reads
+        its parent's, so partial participation does not recompute it every round."""
+        if _GRAM not in self.__dict__:
+            parent = self.__dict__.get(_PARENT)
+            if parent is None:
+                self.__dict__[_GRAM] = gram_matrices(self.x)
+            else:
+                source, index, width = parent
+                self.__dict__[_GRAM] = source.gram()[index, :width, :width]
+        return self.__dict__[_GRAM]
 
     @property
     def mask(self) -> torch.Tensor:

@@ -13,7 +13,6 @@ The neighbouring relation is explicit: `add-remove` adds noise with std sigma*C,
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -166,15 +165,12 @@ class DPMechanism:
         may apply its noisy step W -= lr (S + std N) / E as W -= lr S / E, then this with
         scale = -lr / E: the same release, without materialising the noisy gradient."""
         keys = sorted(targets)
-        sizes = [math.prod(targets[k].shape[1:]) for k in keys]
-        noise, offset = self.noise.normal(sum(sizes)), 0
-        for key, size in zip(keys, sizes):
-            chunk = noise[:, offset : offset + size].view(targets[key].shape)
+        noise = self.noise.normal_parts([tuple(targets[k].shape[1:]) for k in keys])
+        for key, chunk in zip(keys, noise):
             if scale is None:
                 targets[key].add_(chunk, alpha=self.settings.noise_std)
             else:
                 targets[key].addcmul_(chunk, scale.to(chunk.dtype).view(-1, *([1] * (chunk.dim() - 1))), value=self.settings.noise_std)
-            offset += size
 
     def admit(self, ctx, sample_rate: float) -> torch.Tensor:
         """(C,) bool: which rows of `ctx` can afford one more release under their budget."""
@@ -184,6 +180,23 @@ class DPMechanism:
         """Report one release by the `released` rows of `ctx` to the ledger."""
         if bool(released.any()):
             self.report(Release(tuple(ctx.rows[released].tolist()), sample_rate, self.settings.noise_multiplier, 1, ctx.phase))
+
+    def reserve(self, ctx, sample_rate: float, steps: int) -> torch.Tensor:
+        """(steps, C) bool: admit and record `steps` consecutive releases of the rows of
+        `ctx` at once, the same decisions and ledger entries as `steps` rounds of
+        `admit`/`record` (the ledger decides on no data). For a method that computes
+        all its steps together; it must then release exactly what this admitted."""
+        admitted = []
+        for _ in range(steps):
+            admitted.append(self.admit(ctx, sample_rate))
+            self.record(ctx, admitted[-1], sample_rate)
+        return torch.stack(admitted) if admitted else torch.zeros(0, len(ctx.rows), dtype=torch.bool)
+
+    def draw_noise(self, parts: list[torch.Tensor]) -> None:
+        """Standard normals into `parts`, row i from its own stream (`NoiseStreams.fill`):
+        K releases' draws at once as [bias_0, weight_0, ..., bias_K-1, weight_K-1] are
+        the draws of K calls to `add_scaled_noise`. The caller scales by `noise_std`."""
+        self.noise.fill(parts)
 
     def release(self, ctx, sums: Params, sample_rate: float, expected_batch: torch.Tensor) -> tuple[Params, torch.Tensor]:
         """Privatise clipped gradient sums of the rows of `ctx`: budget check, noise,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -69,20 +71,48 @@ class NoiseStreams:
         The result lives in a buffer reused by the next call (large fresh allocations
         cost more in page faults than the sampling itself): use it before drawing again.
         """
-        if self.secure:
-            return _os_normal(len(self.node_ids), size)
-        out = self._buffer(len(self.node_ids), size)
-
-        def fill(rows: range) -> None:
-            for row in rows:  # one C-level fill per node: each consumes its own stream
-                torch.randn(size, generator=self.generators[row], out=out[row])
-
-        count, workers = len(self.generators), _workers()
-        if workers == 1 or count < 2 or count * size < _PARALLEL_MIN:
-            fill(range(count))
-        else:
-            list(_thread_pool().map(fill, [range(w, count, workers) for w in range(workers)]))
+        (out,) = self.normal_parts([(size,)])
         return out
+
+    def normal_parts(self, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
+        """One (rows, *shape) tensor of standard normals per shape, drawn as `fill` does,
+        in one scratch buffer reused by the next call: use them before drawing again."""
+        sizes = [math.prod(shape) for shape in shapes]
+        scratch = self._buffer(len(self.node_ids), sum(sizes))
+        parts, offset = [], 0
+        for shape, size in zip(shapes, sizes):
+            parts.append(scratch[:, offset : offset + size].view(len(self.node_ids), *shape))
+            offset += size
+        self.fill(parts)
+        return parts
+
+    def fill(self, parts: Sequence[torch.Tensor]) -> None:
+        """Overwrite each part (rows, ...) with standard normals: row i of every part from
+        node i's stream, the parts in the given order, one C-level fill each.
+
+        So a release drawn as parts [bias, weight] and K releases drawn at once as
+        [bias_0, weight_0, ..., bias_K-1, weight_K-1] consume every stream identically.
+        Each part's rows must be contiguous (`part[i]` is filled in memory order).
+        """
+        count = len(self.node_ids)
+        if any(len(part) != count or not part[0].is_contiguous() for part in parts if part.numel()):
+            raise ValueError("noise parts need one contiguous block per stream")
+        if self.secure:
+            for part in parts:
+                part.copy_(_os_normal(count, math.prod(part.shape[1:])).view(part.shape))
+            return
+
+        def draw(rows: range) -> None:
+            for row in rows:
+                generator = self.generators[row]
+                for part in parts:
+                    part[row].normal_(generator=generator)
+
+        workers, total = _workers(), sum(part.numel() for part in parts)
+        if workers == 1 or count < 2 or total < _PARALLEL_MIN:
+            draw(range(count))
+        else:
+            list(_thread_pool().map(draw, [range(w, count, workers) for w in range(workers)]))
 
 
 def _os_normal(rows: int, size: int) -> torch.Tensor:

@@ -36,10 +36,12 @@ from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, rando
 from p4bench.plugins.p4.losses import distillation_loss
 from p4bench.models import LinearSoftmax
 from p4bench.plugins.p4.fused import FusedCotraining
+from p4bench.plugins.p4.span import SpanCotraining, span_is_cheaper
 
 GROUPING, COTRAINING = "grouping", "cotraining"
 UPDATE, MODEL = "update.", "model."
 GROUP_SIZE_DEFAULTS = {"cifar10": 8, "femnist": 8, "leaf-femnist": 8, "cifar100": 4}
+FUSED_MODES = ("auto", "span", "buckets", "off")
 _PUBLIC_SEED = 13  # stream for the grouping's random pairs, shared by every client
 
 
@@ -62,7 +64,11 @@ class P4(Method):
         self.beta = float(options.get("beta", 0.5))
         self.grouping = str(options.get("grouping", "similarity"))
         self.use_proxy = bool(options.get("proxy", True))
-        self.fused = bool(options.get("fused", True))  # linear models: fused step (same math, fewer passes)
+        # linear models: a fused step (same math, fewer passes), auto-chosen by FLOPs unless forced
+        fused = options.get("fused", True)
+        self.fused = "auto" if fused is True else "off" if fused is False else str(fused)
+        if self.fused not in FUSED_MODES:
+            raise ConfigError("options.fused", f"must be one of {', '.join(FUSED_MODES)} (or true/false), got {fused!r}")
         if not 1 <= self.group_size <= config.clients:
             raise ConfigError("options.group_size", f"must be in [1, {config.clients}], got {self.group_size}")
         if not 1 <= self.samples <= config.clients - 1:
@@ -75,7 +81,8 @@ class P4(Method):
         # Local step size as in Noble et al.'s code, which P4 builds on.
         self.local_lr = config.lr / (max(round(config.local_steps * config.data_rate), 1) * config.global_lr)
         self.epoch_steps = math.ceil(1 / config.data_rate)
-        self._fused = FusedCotraining(self.alpha, self.beta, self.local_lr, config.data_rate)
+        self._buckets = FusedCotraining(self.alpha, self.beta, self.local_lr, config.data_rate)
+        self._span = SpanCotraining(self.alpha, self.beta, self.local_lr, config.data_rate)
 
     # -- schedule ---------------------------------------------------------------------
     def phases(self):
@@ -143,8 +150,8 @@ class P4(Method):
         proxy, private = state["proxy"], state["private"]
         total, taken = torch.zeros(len(ctx.rows), dtype=torch.float64), torch.zeros(len(ctx.rows))
         stopped = state["stopped"].clone()
-        if self.fused and self.use_proxy and type(ctx.model) is LinearSoftmax:
-            proxy, private, total, taken = self._fused.run(proxy, private, train, ctx, self.config.local_steps)
+        if self.fused != "off" and self.use_proxy and type(ctx.model) is LinearSoftmax:
+            proxy, private, total, taken = self._fused_step(train, ctx).run(proxy, private, train, ctx, self.config.local_steps)
             stopped |= taken < self.config.local_steps  # the ledger refused a step: budget spent
             return self._cotrained(state, proxy, private, stopped, total, taken)
         for _ in range(self.config.local_steps):
@@ -164,6 +171,14 @@ class P4(Method):
             stopped |= ~done.bool()
             total, taken = total + loss * done, taken + done
         return self._cotrained(state, proxy, private, stopped, total, taken)
+
+    def _fused_step(self, train, ctx) -> FusedCotraining | SpanCotraining:
+        """The span path when forced or when it needs fewer FLOPs, else the bucketed one."""
+        if self.fused == "auto":
+            samples, dim, c = train.x.shape[1], math.prod(train.x.shape[2:]), self.config
+            cheaper = span_is_cheaper(samples, dim, ctx.model.num_classes, c.local_steps, c.data_rate, ctx.dp is not None)
+            return self._span if cheaper else self._buckets
+        return self._span if self.fused == "span" else self._buckets
 
     @staticmethod
     def _cotrained(state, proxy, private, stopped, total, taken):
