@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from p4bench.data import ClientTensors
 from p4bench.engine.training import distillation_loss
 from p4bench.plugins.p4 import fused
 from p4bench.plugins.p4.fused import mutual_distillation_gradients, size_buckets
+from p4bench.plugins.p4.span import span_is_cheaper
 from p4bench.runner import run
 
 
@@ -48,8 +50,9 @@ def test_size_buckets_cover_every_client_once_with_bounded_padding():
         {},  # non-private: fixed-size batches
         {"epsilon": 20.0},  # calibrated DP: Poisson batches of varying size
         {"epsilon": 12.0, "noise_multiplier": 0.8},  # fixed noise: budgets run out during co-training
+        {"epsilon": 20.0, "client_rate": 0.5},  # partial participation: a subset of rows every round
     ],
-    ids=["no-dp", "dp", "budget"],
+    ids=["no-dp", "dp", "budget", "partial"],
 )
 def test_fused_step_matches_the_generic_path(small_config, monkeypatch, privacy, mode):
     seen = []
@@ -79,3 +82,24 @@ def test_fused_step_matches_the_generic_path(small_config, monkeypatch, privacy,
         for key, value in fast.outcome.final_state[name].items():
             assert torch.allclose(value, generic.outcome.final_state[name][key], atol=2e-5), (name, key)
     assert torch.equal(fast.outcome.final_state["stopped"], generic.outcome.final_state["stopped"])
+
+
+def test_gram_matrices_are_computed_once_and_shared_with_row_subsets():
+    gen = torch.Generator().manual_seed(2)
+    data = ClientTensors(torch.randn(4, 6, 2, 3, generator=gen), torch.zeros(4, 6, dtype=torch.long), torch.tensor([6, 3, 5, 2]))
+    flat = data.x.flatten(start_dim=2)
+    assert torch.allclose(data.gram(), flat @ flat.transpose(1, 2), atol=1e-5)
+    subset = data.rows(torch.tensor([3, 1]))  # trimmed to width 3
+    assert torch.equal(subset.gram(), data.gram()[[3, 1], :3, :3])
+    assert subset.gram().untyped_storage().data_ptr() != data.gram().untyped_storage().data_ptr()
+    fresh = ClientTensors(data.x, data.y, data.n).rows(torch.tensor([0]))
+    fresh.gram()
+    assert "_gram" in fresh.__dict__["_parent"][0].__dict__  # computed on the parent, once
+
+
+def test_span_path_is_chosen_where_it_needs_fewer_flops():
+    # the benchmark's CIFAR-shaped workload: K = 5, s = 0.5, n = 160, d = 15552
+    assert span_is_cheaper(160, 15552, 10, 5, 0.5, private=True)
+    # digits: few features per sample, n^2 terms dominate; small s: few rows per step
+    assert not span_is_cheaper(110, 64, 10, 4, 0.6, private=True)
+    assert not span_is_cheaper(160, 15552, 10, 5, 0.1, private=True)

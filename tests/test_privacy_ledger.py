@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -72,6 +74,38 @@ def test_scaled_noise_is_the_same_draw_scaled_per_row():
         factor = torch.tensor([0.5, -2.0, 0.0]).view(-1, *[1] * (plain[key].dim() - 1))
         assert torch.allclose(scaled[key], 1 + factor * plain[key], atol=1e-6)
     assert float(plain["weight"].abs().max()) > 0  # std 2 * 1.5 * 1: really noise
+
+
+def test_releases_reserved_and_drawn_up_front_equal_releases_one_at_a_time():
+    """`reserve` + `draw_noise` (the span path) make the ledger decisions and the noise of
+    K separate admit / add_scaled_noise / record rounds, stream for stream."""
+    settings = DPSettings(clip=1.0, noise_multiplier=1.0)
+    budget = {0: 2, 1: 5, 2: 0}  # releases each client can still afford
+    ctx = SimpleNamespace(rows=torch.tensor([0, 1, 2]), phase="cotraining")
+
+    def mechanism(log):
+        def allowed(rows, rate, phase):
+            return torch.tensor([sum(r.clients.count(int(c)) for r in log) < budget[int(c)] for c in rows])
+
+        return DPMechanism(settings, NoiseStreams(4, [0, 1, 2]), log.append, allowed)
+
+    steps, one_log, all_log = 3, [], []
+    one, separate = mechanism(one_log), []
+    for _ in range(steps):
+        admitted = one.admit(ctx, 0.5)
+        target = {"weight": torch.zeros(3, 2, 3), "bias": torch.zeros(3, 2)}
+        one.add_scaled_noise(target, None)
+        one.record(ctx, admitted, 0.5)
+        separate.append((admitted, target))
+    together = mechanism(all_log)
+    reserved = together.reserve(ctx, 0.5, steps)
+    bias, weight = torch.empty(3, steps, 2), torch.empty(3, steps, 2, 3)
+    together.draw_noise([part for k in range(steps) for part in (bias[:, k], weight[:, k])])
+    assert one_log == all_log and len(all_log) == steps
+    for k, (admitted, target) in enumerate(separate):
+        assert torch.equal(reserved[k], admitted)
+        assert torch.allclose(weight[:, k] * settings.noise_std, target["weight"]) and torch.allclose(bias[:, k] * settings.noise_std, target["bias"])
+    assert reserved.sum(0).tolist() == [2, 3, 0]
 
 
 def test_ghost_clipping_matches_per_example_autograd():
