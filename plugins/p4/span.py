@@ -88,7 +88,9 @@ class SpanCotraining:
                 stacked[:, :classes].addcmul_(blocks[k], noise_scale[k].view(count, 1, 1))
         coefficients, total, taken = self._steps(projected, bias, bias_noise if dp is not None else None, noise_scale,
                                                  proxy_lr, done, train, ctx, steps)
-        weights = stacked[:, : 2 * classes].baddbmm_(coefficients, x, alpha=-1.0).clone()  # out of the reused buffer
+        # into a fresh contiguous tensor: faster than in place on the strided view, and the
+        # result must not live in the reused buffer anyway
+        weights = torch.baddbmm(stacked[:, : 2 * classes], coefficients, x, alpha=-1.0, out=torch.empty(count, 2 * classes, dim))
         return (
             {"weight": weights[:, :classes], "bias": bias[:, :classes]},
             {"weight": weights[:, classes:], "bias": bias[:, classes:]},
