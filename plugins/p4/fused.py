@@ -70,8 +70,9 @@ def _positions(holds: torch.Tensor) -> torch.Tensor:
     return where
 
 
-class FusedCotraining:
-    """K co-training steps of every row at once, for `LinearSoftmax` proxy and private models."""
+class LinearCotraining:
+    """K co-training steps of every row at once, for `LinearSoftmax` proxy and private
+    models: the interface of P4's fused paths (this module's buckets, `span.py`)."""
 
     def __init__(self, alpha: float, beta: float, lr: float, data_rate: float) -> None:
         self.alpha, self.beta, self.lr, self.data_rate = alpha, beta, lr, data_rate
@@ -83,6 +84,13 @@ class FusedCotraining:
         A row whose DP step is refused (budget spent) keeps both models from then on:
         the ledger refuses it again on every later step.
         """
+        raise NotImplementedError
+
+
+class FusedCotraining(LinearCotraining):
+    """The bucketed path: each step batched over clients grouped by realised batch size."""
+
+    def run(self, proxy: Params, private: Params, train, ctx, steps: int) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
         classes = proxy["weight"].shape[1]
         # Both models stacked, rows kept in the order of the current step's buckets.
         weight = torch.cat([proxy["weight"], private["weight"]], dim=1)

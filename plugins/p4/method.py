@@ -35,7 +35,7 @@ from p4bench.errors import ConfigError
 from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, random_groups
 from p4bench.plugins.p4.losses import distillation_loss
 from p4bench.models import LinearSoftmax
-from p4bench.plugins.p4.fused import FusedCotraining
+from p4bench.plugins.p4.fused import FusedCotraining, LinearCotraining
 from p4bench.plugins.p4.span import SpanCotraining, span_is_cheaper
 
 GROUPING, COTRAINING = "grouping", "cotraining"
@@ -172,7 +172,7 @@ class P4(Method):
             total, taken = total + loss * done, taken + done
         return self._cotrained(state, proxy, private, stopped, total, taken)
 
-    def _fused_step(self, train, ctx) -> FusedCotraining | SpanCotraining:
+    def _fused_step(self, train, ctx) -> LinearCotraining:
         """The span path when forced or when it needs fewer FLOPs, else the bucketed one."""
         if self.fused == "auto":
             samples, dim, c = train.x.shape[1], math.prod(train.x.shape[2:]), self.config

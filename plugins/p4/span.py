@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from p4bench.engine.training import Workspace, sample_batches
+from p4bench.engine.training import sample_batches
 from p4bench.models import Params
-from p4bench.plugins.p4.fused import mutual_distillation_gradients
+from p4bench.plugins.p4.fused import LinearCotraining, mutual_distillation_gradients
 from p4bench.privacy.mechanism import clip_scale
 
 
@@ -46,19 +46,10 @@ def span_is_cheaper(samples: int, dim: int, classes: int, steps: int, data_rate:
     return span < buckets
 
 
-class SpanCotraining:
-    """K co-training steps of every row at once, for `LinearSoftmax` proxy and private models."""
-
-    def __init__(self, alpha: float, beta: float, lr: float, data_rate: float) -> None:
-        self.alpha, self.beta, self.lr, self.data_rate = alpha, beta, lr, data_rate
-        self.workspace = Workspace()
+class SpanCotraining(LinearCotraining):
+    """The span path: two GEMMs per round, the K steps in n-space (module docstring)."""
 
     def run(self, proxy: Params, private: Params, train, ctx, steps: int) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
-        """(proxy, private, summed proxy loss (C,) over taken steps, steps taken (C,)).
-
-        A row whose DP step is refused (budget spent) keeps both models from then on:
-        the ledger refuses it again on every later step.
-        """
         dp = ctx.dp
         count, classes, dim = proxy["weight"].shape
         x = train.x.flatten(start_dim=2)  # (C, n, d)
