@@ -10,7 +10,7 @@ import torch
 from p4bench.data.base import ArrayDataset
 
 
-_NORMS, _GRAM, _PARENT = "_squared_norms", "_gram", "_parent"  # caches kept outside the frozen fields
+_NORMS, _GRAM, _BASIS, _PARENT = "_squared_norms", "_gram", "_basis", "_parent"  # caches outside the frozen fields
 
 
 def squared_norms(x: torch.Tensor) -> torch.Tensor:
@@ -22,6 +22,22 @@ def gram_matrices(x: torch.Tensor) -> torch.Tensor:
     """(C, n, n) inner products between each client's flattened inputs (C, n, ...)."""
     flat = x.flatten(start_dim=2)
     return torch.bmm(flat, flat.transpose(1, 2))
+
+
+def orthonormal_bases(x: torch.Tensor, chunk: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Householder QR of every client's flattened inputs X (n, d): (Q^T (C, m, d) with
+    orthonormal rows, R (C, m, n)), m = min(n, d), X = R^T Q^T. Q is orthonormal to
+    rounding whatever X's conditioning or rank (padding rows are zeros). In chunks of
+    clients, to bound the temporaries."""
+    flat = x.flatten(start_dim=2)
+    count, width, dim = flat.shape
+    m = min(width, dim)
+    basis, coords = torch.empty(count, m, dim), torch.empty(count, m, width)
+    for start in range(0, count, chunk):
+        q, r = torch.linalg.qr(flat[start : start + chunk].transpose(1, 2))
+        basis[start : start + chunk] = q.transpose(1, 2)
+        coords[start : start + chunk] = r
+    return basis, coords
 
 
 @dataclass(frozen=True)
@@ -56,14 +72,23 @@ class ClientTensors:
         """(C, n_max, n_max) inner products of every client's flattened samples, computed
         once per dataset: a subset taken with `rows` (the clients of one round) reads
         its parent's, so partial participation does not recompute it every round."""
-        if _GRAM not in self.__dict__:
+        return self._derived(_GRAM, gram_matrices, lambda gram, index, width: gram[index, :width, :width])
+
+    def orthonormal_basis(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Q^T (C, m, d), R (C, m, n_max)) with X = R^T Q^T per client (`orthonormal_bases`),
+        computed once per dataset and shared with row subsets like `gram`."""
+        return self._derived(_BASIS, orthonormal_bases, lambda basis, index, width: (basis[0][index], basis[1][index, :, :width]))
+
+    def _derived(self, name: str, compute, select):
+        """A per-dataset cache: computed from x, or selected from the parent's cache."""
+        if name not in self.__dict__:
             parent = self.__dict__.get(_PARENT)
             if parent is None:
-                self.__dict__[_GRAM] = gram_matrices(self.x)
+                self.__dict__[name] = compute(self.x)
             else:
                 source, index, width = parent
-                self.__dict__[_GRAM] = source.gram()[index, :width, :width]
-        return self.__dict__[_GRAM]
+                self.__dict__[name] = select(source._derived(name, compute, select), index, width)
+        return self.__dict__[name]
 
     @property
     def mask(self) -> torch.Tensor:

@@ -36,7 +36,7 @@ from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, rando
 from p4bench.plugins.p4.losses import distillation_loss
 from p4bench.models import LinearSoftmax
 from p4bench.plugins.p4.fused import FusedCotraining, LinearCotraining
-from p4bench.plugins.p4.span import SpanCotraining, span_is_cheaper
+from p4bench.plugins.p4.span import NOISE_MODES, SpanCotraining, span_is_cheaper
 
 GROUPING, COTRAINING = "grouping", "cotraining"
 UPDATE, MODEL = "update.", "model."
@@ -69,6 +69,9 @@ class P4(Method):
         self.fused = "auto" if fused is True else "off" if fused is False else str(fused)
         if self.fused not in FUSED_MODES:
             raise ConfigError("options.fused", f"must be one of {', '.join(FUSED_MODES)} (or true/false), got {fused!r}")
+        self.span_noise = str(options.get("span_noise", "basis"))
+        if self.span_noise not in NOISE_MODES:
+            raise ConfigError("options.span_noise", f"must be one of {', '.join(NOISE_MODES)}, got {self.span_noise!r}")
         if not 1 <= self.group_size <= config.clients:
             raise ConfigError("options.group_size", f"must be in [1, {config.clients}], got {self.group_size}")
         if not 1 <= self.samples <= config.clients - 1:
@@ -82,7 +85,7 @@ class P4(Method):
         self.local_lr = config.lr / (max(round(config.local_steps * config.data_rate), 1) * config.global_lr)
         self.epoch_steps = math.ceil(1 / config.data_rate)
         self._buckets = FusedCotraining(self.alpha, self.beta, self.local_lr, config.data_rate)
-        self._span = SpanCotraining(self.alpha, self.beta, self.local_lr, config.data_rate)
+        self._span = SpanCotraining(self.alpha, self.beta, self.local_lr, config.data_rate, self.span_noise)
 
     # -- schedule ---------------------------------------------------------------------
     def phases(self):
@@ -176,7 +179,7 @@ class P4(Method):
         """The span path when forced or when it needs fewer FLOPs, else the bucketed one."""
         if self.fused == "auto":
             samples, dim, c = train.x.shape[1], math.prod(train.x.shape[2:]), self.config
-            cheaper = span_is_cheaper(samples, dim, ctx.model.num_classes, c.local_steps, c.data_rate, ctx.dp is not None)
+            cheaper = span_is_cheaper(samples, dim, ctx.model.num_classes, c.local_steps, c.data_rate, ctx.dp is not None, self.span_noise)
             return self._span if cheaper else self._buckets
         return self._span if self.fused == "span" else self._buckets
 
