@@ -16,8 +16,8 @@ Reported next to the measured round time:
   (`executed_bound_ratio`), so the headline ratio is not flattered by doing less work;
 - the chosen path's GEMMs alone at the workload's own shapes, timed with the same BLAS:
   what it achieves for these skinny products, the floor of any implementation built on it;
-- the first round apart (`first_round_s`): it also computes the Gram matrices, once per
-  dataset; `round_s` is the median of the later rounds;
+- the first round apart (`first_round_s`): it also computes each client's orthonormal
+  basis (Householder QR), once per dataset; `round_s` is the median of the later rounds;
 - a per-client loop as research code writes it (torch modules, opacus GradSampleModule
   per-sample gradients, clipping and noise by hand), timed on a subset of clients and
   scaled to all of them.
@@ -76,18 +76,19 @@ def gemm_gflops(size: int = 2048, repeats: int = 7) -> float:
 
 def workload_gemm_s(clients: int, repeats: int = 3) -> float:
     """Seconds of one round's GEMMs alone, at the shapes of the path P4 picks for this
-    workload (best of `repeats`): the span path's [W; N_0..N_K-2] X^T over all n samples
-    and W -= A X, or the bucketed path's per-step W X^T and W -= G^T X on s n rows."""
+    workload (best of `repeats`): the span path's [W_proxy; W_private; G] Q and
+    W - A' Q^T against each client's orthonormal basis (m = n rows), or the bucketed
+    path's per-step W X^T and W -= G^T X on s n rows."""
     d, n, steps = math.prod(FEATURES), TRAIN, 5
     best = math.inf
     if span_is_cheaper(n, d, CLASSES, steps, 0.5, private=True):
-        x = torch.randn(clients, n, d)
-        stacked, coefficients = torch.randn(clients, (2 + steps - 1) * CLASSES, d), torch.randn(clients, 2 * CLASSES, n)
+        basis = torch.randn(clients, min(n, d), d)
+        stacked, coefficients = torch.randn(clients, 3 * CLASSES, d), torch.randn(clients, 2 * CLASSES, min(n, d))
         out = torch.empty(clients, 2 * CLASSES, d)
         for _ in range(repeats):
             start = time.perf_counter()
-            torch.bmm(stacked, x.transpose(1, 2))
-            torch.baddbmm(stacked[:, : 2 * CLASSES], coefficients, x, alpha=-1.0, out=out)
+            torch.bmm(stacked, basis.transpose(1, 2))
+            torch.baddbmm(stacked[:, : 2 * CLASSES], coefficients, basis, alpha=-1.0, out=out)
             best = min(best, time.perf_counter() - start)
         return best
     rows = int(0.5 * n)
@@ -103,12 +104,14 @@ def workload_gemm_s(clients: int, repeats: int = 3) -> float:
 
 def executed_flops(clients: int) -> float:
     """FLOPs the chosen path performs in one round (the bound above counts 8 b d L K per
-    client, the work of a per-step implementation; the span path does less)."""
-    d, n, steps = math.prod(FEATURES), TRAIN, 5
-    if span_is_cheaper(n, d, CLASSES, steps, 0.5, private=True):
-        rows = (2 + steps - 1) * CLASSES + 2 * CLASSES
-        return clients * (2 * n * d * rows + steps * 4 * CLASSES * n * n)
-    return clients * 8 * (0.5 * n) * d * CLASSES * steps
+    client, the work of a per-step implementation; the span path does less): the two
+    GEMMs against the basis (3L and 2L rows), the n-space products of the K steps, and
+    the small products between basis and sample coordinates."""
+    d, n, steps, L = math.prod(FEATURES), TRAIN, 5, CLASSES
+    if span_is_cheaper(n, d, L, steps, 0.5, private=True):
+        m = min(n, d)
+        return clients * (2 * m * d * 5 * L + steps * 4 * L * n * n + 2 * m * n * (4 * L + (steps - 1) * L) + 2 * m * m * n)
+    return clients * 8 * (0.5 * n) * d * L * steps
 
 
 def engine_round(clients: int, rounds: int, data: FederatedData) -> tuple[float, list[float]]:
@@ -184,7 +187,7 @@ def main() -> None:
         "flop_bound_s": round(bound_s, 4), "bound_ratio": round(round_s / bound_s, 3),
         "path": "span" if span_is_cheaper(TRAIN, d, CLASSES, 5, 0.5, private=True) else "buckets",
         "executed_gflop": round(executed / 1e9, 2), "executed_bound_ratio": round(round_s * gflops * 1e9 / executed, 3),
-        "first_round_s": round(all_rounds[0], 4),  # includes the Gram matrices, computed once per dataset
+        "first_round_s": round(all_rounds[0], 4),  # includes the QR bases, computed once per dataset
         "workload_gemm_s": round(shapes_s, 4), "workload_gemm_share": round(shapes_s / round_s, 3),
         "loop_round_s": round(loop_s, 3), "speedup_vs_loop": round(loop_s / round_s, 2),
     }))

@@ -87,7 +87,9 @@ class ClientTensors:
                 self.__dict__[name] = compute(self.x)
             else:
                 source, index, width = parent
-                self.__dict__[name] = select(source._derived(name, compute, select), index, width)
+                value = source._derived(name, compute, select)
+                whole = width == source.x.shape[1] and torch.equal(index, torch.arange(len(source.n)))
+                self.__dict__[name] = value if whole else select(value, index, width)  # all rows: no copy
         return self.__dict__[name]
 
     @property
