@@ -15,7 +15,7 @@ import torch
 
 from p4bench.engine.messages import Messages
 from p4bench.engine.state import unvectorize
-from p4bench.engine.training import PerExampleLoss, cross_entropy, gather_batch, sample_batches
+from p4bench.engine.training import gather_batch, sample_batches
 from p4bench.errors import ConfigError
 from p4bench.models import Params
 
@@ -44,21 +44,6 @@ def draw_batch(ctx, train) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     private (what the DP analysis assumes), else round(s * n_i) samples without replacement."""
     index, mask = sample_batches(ctx, train)
     return gather_batch(train.x, index), gather_batch(train.y, index), mask
-
-
-def batch_gradient(
-    ctx, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, train,
-    loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,
-) -> tuple[Params, torch.Tensor, torch.Tensor]:
-    """Mean gradient of each row's batch: through the DP mechanism (clipping, noise,
-    ledger, budget) when the run is private. Returns (grads, loss (C,) float64,
-    done (C,) float: 0 where the budget refused the step and the gradient is zero)."""
-    if ctx.dp is not None:
-        expected = ctx.config.data_rate * train.n.double()
-        grads, value, released = ctx.dp.step(ctx, params, x, y, mask.float(), ctx.config.data_rate, expected, loss, aux)
-        return grads, value.double(), released.float()
-    value, grads = ctx.loss_and_grad(params, x, y, mask.float(), loss=loss, aux=aux)
-    return grads, value.detach().double(), torch.ones(len(ctx.rows))
 
 
 def prefixed_vectors(payload: Mapping[str, torch.Tensor], prefix: str) -> torch.Tensor:
@@ -143,7 +128,6 @@ def _cached_draw(schedule: GraphSchedule, round_index: int) -> np.ndarray:
 
 __all__ = [
     "GraphSchedule",
-    "batch_gradient",
     "draw_batch",
     "noble_local_lr",
     "per_row",

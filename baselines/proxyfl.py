@@ -30,13 +30,13 @@ from __future__ import annotations
 import torch
 
 from p4bench.baselines.common import (
-    GraphSchedule, batch_gradient, draw_batch, per_row, prefixed_vectors, received_any, replicate, send_along,
+    GraphSchedule, draw_batch, per_row, prefixed_vectors, received_any, replicate, send_along,
     weighted_inbox_sum,
 )
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Method
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize, vectorize
-from p4bench.engine.training import distillation_loss, logits_of
+from p4bench.engine.training import batch_gradient, distillation_loss, logits_of
 from p4bench.errors import ConfigError
 from p4bench.topology import uniform_averaging
 

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import torch
 
-from p4bench.baselines.common import batch_gradient, draw_batch, per_row, unpack
+from p4bench.baselines.common import draw_batch, per_row, unpack
 from p4bench.baselines.fedavg import FedAvg
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Phase
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten
+from p4bench.engine.training import batch_gradient
 from p4bench.errors import ConfigError
 from p4bench.rng import SERVER_ID
 

@@ -197,3 +197,15 @@ def resolve_config(
             value = {**dict(values.get("options") or {}), **dict(value)}
         values[key] = value
     return RunConfig(**values)
+
+
+def parse_key_values(pairs: list[str], flag: str = "--option") -> dict[str, Any]:
+    """`KEY=VALUE` command-line pairs as a dict, each value read as YAML (numbers, booleans,
+    lists); a pair without `=` or without a key is a `UsageError` naming `flag`."""
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        values[key] = yaml.safe_load(value)
+    return values

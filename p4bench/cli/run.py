@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from p4bench.config import resolve_config
+from p4bench.config import parse_key_values, resolve_config
 from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
 
@@ -47,16 +46,6 @@ class ProgressDisplay:
     @hookimpl
     def run_finished(self, run, result) -> None:
         self.progress.stop()
-
-
-def _parse_options(pairs: list[str]) -> dict[str, Any]:
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--option expects KEY=VALUE, got {pair!r}")
-        options[key] = yaml.safe_load(value)
-    return options
 
 
 def run_command(
@@ -115,7 +104,7 @@ def run_command(
             clip=clip, neighbouring=neighbouring, accountant=accountant, noise_source=noise_source,
             eval_fraction=eval_fraction, features=features, model=model, runtime=runtime, seed=seed, experiment=experiment,
             tracking_uri=tracking_uri, results_dir=results_dir,
-            options={**({"shards_per_client": shards_per_client} if shards_per_client else {}), **_parse_options(option)} or None,
+            options={**({"shards_per_client": shards_per_client} if shards_per_client else {}), **parse_key_values(option)} or None,
         ).items()
         if v is not None
     }

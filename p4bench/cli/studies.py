@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from p4bench.config import parse_key_values
 from p4bench.errors import UsageError
 
 out = Console(soft_wrap=True)
@@ -60,13 +60,9 @@ class RunsProgress:
 def _sets(pairs: list[str]) -> dict[str, Any]:
     from p4bench.sweep import option_key
 
-    values = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--set expects KEY=VALUE, got {pair!r}")
+    values = parse_key_values(pairs, "--set")
+    for key in values:
         option_key(key)
-        values[key] = yaml.safe_load(value)
     return values
 
 

@@ -131,8 +131,7 @@ def partition_command(
     as_json: bool = typer.Option(False, "--json", help="print per-client class counts as JSON"),
 ) -> None:
     """Partition a dataset as a run would and print each client's samples and classes."""
-    from p4bench.cli.run import _parse_options
-    from p4bench.config import resolve_config
+    from p4bench.config import parse_key_values, resolve_config
     from p4bench.data.base import load_dataset, run_partitioner
     from p4bench.data.partitioners import PRESETS
     from p4bench.plugin_manager import default_registry
@@ -144,7 +143,7 @@ def partition_command(
             samples_per_client = PRESETS[dataset]["samples_per_client"]
     overrides = dict(
         dataset=dataset, partitioner=partitioner, clients=clients, samples_per_client=samples_per_client,
-        similarity=similarity, seed=seed, options=_parse_options(option) or None,
+        similarity=similarity, seed=seed, options=parse_key_values(option) or None,
     )
     config = resolve_config(None, overrides)
     registry = default_registry()

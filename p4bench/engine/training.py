@@ -181,6 +181,21 @@ def fixed_size_batches(ctx, train) -> tuple[torch.Tensor, torch.Tensor]:
     return ctx.rng.subsets(train.n, batch, int(batch.max()))
 
 
+def batch_gradient(
+    ctx, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, train,
+    loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,
+) -> tuple[Params, torch.Tensor, torch.Tensor]:
+    """Mean gradient of each row's batch: through the DP mechanism (clipping, noise,
+    ledger, budget) when the run is private. Returns (grads, loss (C,) float64,
+    done (C,) float: 0 where the budget refused the step and the gradient is zero)."""
+    if ctx.dp is not None:
+        expected = ctx.config.data_rate * train.n.double()
+        grads, value, released = ctx.dp.step(ctx, params, x, y, mask.float(), ctx.config.data_rate, expected, loss, aux)
+        return grads, value.double(), released.float()
+    value, grads = ctx.loss_and_grad(params, x, y, mask.float(), loss=loss, aux=aux)
+    return grads, value.detach().double(), torch.ones(len(ctx.rows))
+
+
 def local_sgd(ctx, params: Params, train, steps: int, lr: float) -> tuple[Params, torch.Tensor]:
     """`steps` SGD steps for every row of `params`, each on a fresh batch of round(s * n_i)
     samples drawn without replacement from the client's own stream (`ctx.rng`).

@@ -8,23 +8,13 @@ from typing import Any, Optional
 
 import numpy as np
 import typer
-import yaml
 
+from p4bench.config import parse_key_values
 from p4bench.errors import UsageError
 from p4bench.topology.graphs import Topology, degree_stats, is_connected, is_symmetric
 from p4bench.topology.mixing import metropolis_hastings, spectral_gap
 
 app = typer.Typer(name="topology", help="Inspect communication topologies.", no_args_is_help=True)
-
-
-def _parse_options(pairs: list[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--option expects KEY=VALUE, got {pair!r}")
-        options[key] = yaml.safe_load(value)
-    return options
 
 
 def summarize(topology: Topology, adjacency: np.ndarray, round_index: int) -> dict[str, Any]:
@@ -99,7 +89,7 @@ def show_command(
 
     if round_index < 0:
         raise UsageError(f"--round must be >= 0, got {round_index}")
-    topology = get_topology(name, _parse_options(option or []))
+    topology = get_topology(name, parse_key_values(option or []))
     adjacency = topology.edges(clients, round_index, np.random.default_rng(seed))
     stats = summarize(topology, adjacency, round_index)
     kind = "directed" if stats["directed"] else "undirected"

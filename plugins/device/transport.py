@@ -204,20 +204,13 @@ class PeerTransport:
         return int(self._server.sockets[0].getsockname()[1])
 
     def close(self) -> None:
-        if not self._thread.loop.is_running():
-            return  # already closed
-
-        async def shutdown() -> None:
+        def close_all() -> None:
             if self._server is not None:
                 self._server.close()
             for connection in [*self._out.values(), *([self._launcher] if self._launcher else [])]:
                 connection.close()
 
-        try:
-            self._thread.call(shutdown(), timeout=10)
-        except Exception:  # noqa: BLE001
-            pass
-        self._thread.stop()
+        _close_on_loop(self._thread, close_all)
 
     def begin_run(self, run_id: str = "") -> None:
         """Forget every buffered frame and connection history: a new run starts. Exchange
@@ -583,18 +576,23 @@ class LauncherLink:
             return False
 
     def close(self) -> None:
-        if not self._thread.loop.is_running():
-            return  # already closed
+        _close_on_loop(self._thread, lambda: [connection.close() for connection in self._connections.values()])
 
-        async def shutdown() -> None:
-            for connection in self._connections.values():
-                connection.close()
 
-        try:
-            self._thread.call(shutdown(), timeout=10)
-        except Exception:  # noqa: BLE001
-            pass
-        self._thread.stop()
+def _close_on_loop(thread, close_all: Callable[[], object]) -> None:
+    """Run `close_all` on the transport's event loop (10 s at most), then stop the loop;
+    closing twice does nothing."""
+    if not thread.loop.is_running():
+        return  # already closed
+
+    async def shutdown() -> None:
+        close_all()
+
+    try:
+        thread.call(shutdown(), timeout=10)
+    except Exception:  # noqa: BLE001  (closing is best effort: the peer may be gone)
+        pass
+    thread.stop()
 
 
 def parse_report(body: bytes) -> dict[str, Any]:

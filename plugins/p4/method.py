@@ -30,7 +30,7 @@ import torch
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, strip_prefix, unvectorize, vectorize
-from p4bench.engine.training import gather_batch, logits_of, sample_batches
+from p4bench.engine.training import batch_gradient, gather_batch, logits_of, sample_batches
 from p4bench.errors import ConfigError
 from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, random_groups
 from p4bench.plugins.p4.losses import distillation_loss
@@ -198,12 +198,7 @@ class P4(Method):
         (grads, loss (C,), done (C,) float: 1 where the step was taken)."""
         loss_fn = distillation_loss(self.alpha if teacher_params is not None else 0.0)
         teacher = logits_of(ctx.model, teacher_params, x) if teacher_params is not None else None
-        if ctx.dp is not None:
-            expected = self.config.data_rate * train.n.double()
-            grads, loss, released = ctx.dp.step(ctx, proxy, x, y, mask.float(), self.config.data_rate, expected, loss_fn, teacher)
-            return grads, loss.double(), released.float()
-        loss, grads = ctx.loss_and_grad(proxy, x, y, mask.float(), loss=loss_fn, aux=teacher)
-        return grads, loss.detach().double(), torch.ones(len(ctx.rows))
+        return batch_gradient(ctx, proxy, x, y, mask, train, loss_fn, teacher)
 
     # -- phase 1 messages ---------------------------------------------------------------
     def outgoing(self, exchange, state, ctx):
