@@ -46,7 +46,7 @@ from p4bench.baselines.common import (
     GraphSchedule, draw_batch, per_row, prefixed_vectors, received_any, replicate, send_along,
     weighted_inbox_sum,
 )
-from p4bench.engine import Capabilities, Exchange, LocalUpdate, Method
+from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient
@@ -82,6 +82,7 @@ class _Consensus(Method):
     """Shared machinery of DP-DSGD and DP-DSGT (options in the module docstring)."""
 
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, personalized=False)
+    default_epsilon = DEFAULT_EPSILON  # DP-DSGD and DP-DSGT are private by default
     tracking: ClassVar[bool] = False
 
     def validate_options(self) -> None:

@@ -7,7 +7,14 @@ Per round, each client runs K steps (default local_steps; with s = 0.2 and K = 5
 the paper's one local epoch), both models on the same batch (Poisson-sampled when
 private) with losses evaluated at the pre-step models:
     private: (1 - w) CE(f(x), y) + w KL(softmax(h(x)) || softmax(f(x)))   no DP
-    proxy:   (1 - w) CE(h(x), y) + w KL(softmax(f(x)) || softmax(h(x)))   DP-SGD
+    proxy:   (1 - w) CE(h(x), y) + w KL(softmax(t(x)) || softmax(h(x)))   DP-SGD
+where the proxy's teacher t is chosen by option ``teacher`` (a departure from the paper
+for privacy, as in P4): the paper's t = f, the non-private model trained on the same
+records, lets one record move other records' clipped proxy gradients in every later
+step, outside the subsampled-Gaussian analysis, so its epsilon does not hold.
+- ``none`` (default): no distillation term for the proxy (w = 0 in its loss only);
+- ``last-proxy``: t = the proxy as it was after the last mixing (a DP output);
+- ``private``: the paper's t = f, kept for reproduction; the epsilon is uncertified.
 Then client k sends its proxy to its out-neighbour (k + 2^(r mod (floor(log2(M-1))+1)))
 mod M and handles what it receives by option ``proxy_update``:
 - ``average`` (default, the paper's Algorithm 1): the uniform average of its own proxy
@@ -16,13 +23,12 @@ mod M and handles what it receives by option ``proxy_update``:
 
 Only the proxy's DP steps are releases (privacy_plan: K steps per round in every round).
 The private model never appears in any message. Deviations from the authors' code: SGD
-with the run's step size instead of Adam (every method here uses SGD), and the
-per-client test split instead of the global test set. As in the paper, the proxy's KL
-target comes from the non-private model of the same client, which the DP analysis treats
-as fixed (see the reference notes, ProxyFL sharp edges).
+with the run's step size instead of Adam (every method here uses SGD), the per-client
+test split instead of the global test set, and the proxy's teacher (above).
 
-Options: dml_weight (w, default 0.5), proxy_update (average | replace), topology
-(default exponential), topology_options (mapping).
+Options: dml_weight (w, default 0.5), teacher (none | last-proxy | private),
+proxy_update (average | replace), topology (default exponential), topology_options
+(mapping).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from p4bench.baselines.common import (
     GraphSchedule, draw_batch, per_row, prefixed_vectors, received_any, replicate, send_along,
     weighted_inbox_sum,
 )
-from p4bench.engine import Capabilities, Exchange, LocalUpdate, Method
+from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient, distillation_loss, logits_of
@@ -42,6 +48,7 @@ from p4bench.topology import uniform_averaging
 
 UPDATE = "update."
 PROXY_UPDATES = ("average", "replace")
+TEACHERS = ("none", "last-proxy", "private")
 
 
 def mutual_learning_loss(weight: float):
@@ -56,11 +63,15 @@ class ProxyFL(Method):
     name = "proxyfl"
     description = "ProxyFL (Kalra et al.): private model + DP proxy, mutual distillation, exponential-graph pushes"
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=False, personalized=True)
+    default_epsilon = DEFAULT_EPSILON
 
     def validate_options(self) -> None:
         options = self.config.options
         self.weight = float(options.get("dml_weight", 0.5))
         self.proxy_update = str(options.get("proxy_update", "average"))
+        self.teacher = str(options.get("teacher", "none"))
+        if self.teacher not in TEACHERS:
+            raise ConfigError("options.teacher", f"must be one of {', '.join(TEACHERS)}, got {self.teacher!r}")
         if not 0 <= self.weight <= 1:
             raise ConfigError("options.dml_weight", f"must be in [0, 1], got {self.weight}")
         if self.proxy_update not in PROXY_UPDATES:
@@ -69,6 +80,15 @@ class ProxyFL(Method):
             str(options.get("topology", "exponential")), options.get("topology_options"), self.num_clients, self.config.seed
         )
         self.loss = mutual_learning_loss(self.weight)
+        self.proxy_loss = mutual_learning_loss(self.weight if self.teacher != "none" else 0.0)
+
+    def uncertified_steps(self):
+        if self.teacher == "private" and self.weight > 0:
+            return [
+                "ProxyFL teacher=private (the paper's): the DP proxy distils from the non-DP private model trained "
+                "on the same records, so one record moves other records' clipped gradients outside the ledger"
+            ]
+        return []
 
     def privacy_plan(self):
         c = self.config  # every client trains its proxy in every round (no client sampling)
@@ -91,16 +111,25 @@ class ProxyFL(Method):
     # -- local computation ---------------------------------------------------------------
     def local_update(self, state, train, ctx):
         private, proxy = state["private"], state["proxy"]
+        released = proxy  # the proxy as mixed after the last exchange: a DP output
         total, taken = torch.zeros(len(ctx.rows), dtype=torch.float64), torch.zeros(len(ctx.rows))
         for _ in range(self.config.local_steps):
             x, y, mask = draw_batch(ctx, train)
             private_logits, proxy_logits = logits_of(ctx.model, private, x), logits_of(ctx.model, proxy, x)
-            proxy_grads, loss, done = batch_gradient(ctx, proxy, x, y, mask, train, self.loss, private_logits)
+            teacher = self.teacher_logits(ctx.model, private_logits, released, x)
+            proxy_grads, loss, done = batch_gradient(ctx, proxy, x, y, mask, train, self.proxy_loss, teacher)
             _, private_grads = ctx.loss_and_grad(private, x, y, mask.float(), loss=self.loss, aux=proxy_logits)
             proxy = {k: v - self.config.lr * proxy_grads[k] for k, v in proxy.items()}
             private = {k: v - self.config.lr * private_grads[k] * per_row(done, v) for k, v in private.items()}
             total, taken = total + loss * done, taken + done
         return {**state, "private": private, "proxy": proxy}, total / taken.clamp_min(1)
+
+    def teacher_logits(self, model, private_logits, released, x):
+        """The logits the proxy distils from on batch `x` (None: CE only): the private
+        model's (`teacher=private`), the last released proxy's, or none."""
+        if self.teacher == "none":
+            return None
+        return private_logits if self.teacher == "private" else logits_of(model, released, x)
 
     # -- messages --------------------------------------------------------------------------
     def mixing(self, round_index: int) -> torch.Tensor:

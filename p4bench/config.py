@@ -68,9 +68,28 @@ class RunConfig:
     neighbouring: str | None = field(
         default=None, metadata=_meta("DP neighbouring relation; default: the method's (P4: replace-one)", choices=("add-remove", "replace-one"))
     )
-    accountant: str = field(default="rdp", metadata=_meta("privacy accountant used for the budget and calibration"))
+    accountant: str = field(default="pld", metadata=_meta("privacy accountant used for the budget and calibration (pld: tight for both relations)"))
+    no_dp: bool = field(
+        default=False, metadata=_meta("train a DP method without DP (it is private by default at its default epsilon)")
+    )
     noise_source: str = field(
-        default="seeded", metadata=_meta("DP noise randomness: seeded (reproducible) or secure (OS CSPRNG)", choices=("seeded", "secure"))
+        default="auto",
+        metadata=_meta(
+            "DP randomness (noise and Poisson batches): seeded (reproducible, not secret), secure (OS CSPRNG, per "
+            "client), auto (secure where clients are separate parties, e.g. devices; seeded in simulation)",
+            choices=("auto", "seeded", "secure"),
+        ),
+    )
+    device_simulation: bool = field(
+        default=False, metadata=_meta("allow seeded DP randomness on devices (a simulation on devices: epsilon uncertified)")
+    )
+    feature_norm: str = field(
+        default="sample",
+        metadata=_meta(
+            "ScatterNet feature normalisation: sample (per-sample group norm, no privacy cost), client (each client's "
+            "own statistics, as the P4 paper; outside the ledger: epsilon uncertified), none",
+            choices=("sample", "client", "none"),
+        ),
     )
     seed: int = field(default=0, metadata=_meta("random seed", low=0, high=2**63 - 1))
     experiment: str = field(default="p4bench", metadata=_meta("MLflow experiment name"))
@@ -87,8 +106,9 @@ class RunConfig:
 
     @property
     def private(self) -> bool:
-        """Whether training goes through the DP mechanism."""
-        return self.epsilon is not None or self.noise_multiplier is not None
+        """Whether training goes through the DP mechanism (after `runner.resolve_run_config`,
+        which applies a DP method's default epsilon)."""
+        return not self.no_dp and (self.epsilon is not None or self.noise_multiplier is not None)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON- and YAML-serialisable mapping of every field."""
@@ -119,6 +139,12 @@ def _check(f: dataclasses.Field, value: Any) -> Any:
         return None if f.name == "attack" else "none"
     base = str(f.type).replace(" | None", "")
     meta = f.metadata
+    if base == "bool":
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        if not isinstance(value, bool):
+            raise ConfigError(f.name, f"must be true or false, got {value!r}")
+        return value
     if base == "int":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
             raise ConfigError(f.name, f"must be an integer{_range_text(meta)}, got {value!r}")

@@ -41,6 +41,7 @@ BUILTIN_MODULES = (
     "p4bench.defenses",
     "p4bench.impact",  # `p4bench impact`: attack impact and ideal-defense gap from MLflow
     "p4bench.privacy.builtin",
+    "p4bench.audit.builtin",  # `p4bench audit`: empirical privacy audit with canaries
     "p4bench.topology.builtin",
     "p4bench.sweep",  # sweep / tune / compare / reproduce commands
 )

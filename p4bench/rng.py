@@ -5,7 +5,13 @@ pure function of (client key, draw number, position), so the batched simulator, 
 per-client reference loop and one-process-per-client runtimes produce bit-identical
 randomness, and each client's stream is independent of every other client's. The
 keys come from the run seed through numpy's SeedSequence (never from public round or
-step numbers).
+step numbers). Such streams are reproducible, not secret: anyone holding the run config
+can recompute them.
+
+Where clients are separate parties (devices), each client's private draws (Poisson
+batches, the peers it samples, DP noise) must be unpredictable to the others: `SecretRng`
+has `ClientRng`'s interface with its words from a `SecretSource` (a keystream under a
+key from the OS CSPRNG), and nothing in it derives from the seed.
 
 All arithmetic is done on int64 tensors holding 32-bit words; 32x32-bit products are
 split into 16-bit limbs so nothing overflows.
@@ -13,10 +19,13 @@ split into 16-bit limbs so nothing overflows.
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import torch
 
-__all__ = ["philox4x32", "node_keys", "ClientRng", "SERVER_ID"]
+__all__ = ["philox4x32", "node_keys", "ClientRng", "SecretSource", "SecretRng", "client_rng", "secret_draws", "SERVER_ID"]
 
 SERVER_ID = -1
 _MASK32 = 0xFFFFFFFF
@@ -124,3 +133,93 @@ class ClientRng:
         """Write back the advanced draw counters of a subset taken with `take`."""
         self.calls = self.calls.clone()
         self.calls[rows] = sub.calls
+
+
+class SecretSource:
+    """Secret random bytes: AES-256-CTR keystream under a fresh key from `os.urandom`.
+
+    A standard CSPRNG construction (as NIST's CTR_DRBG): unpredictable to anyone without
+    the key, which never leaves this object, and several times faster than reading
+    `os.urandom` for every draw (noise for large models). A forked child rekeys, so
+    processes never share a keystream.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._zeros = bytearray()
+        self._rekey()
+
+    def _rekey(self) -> None:
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+        self._pid = os.getpid()
+        self._encryptor = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(os.urandom(16))).encryptor()
+
+    def read(self, nbytes: int) -> bytearray:
+        """`nbytes` fresh secret bytes (a writable buffer, for `torch.frombuffer`)."""
+        out = bytearray(nbytes + 16)  # update_into wants one block of headroom
+        with self._lock:
+            if self._pid != os.getpid():
+                self._rekey()
+            if len(self._zeros) < nbytes:
+                self._zeros = bytearray(nbytes)
+            written = self._encryptor.update_into(memoryview(self._zeros)[:nbytes], out)
+        if written != nbytes:  # CTR is a stream mode: it never buffers
+            raise RuntimeError(f"keystream returned {written} of {nbytes} bytes")
+        del out[nbytes:]
+        return out
+
+    def words(self, rows: int, n: int) -> torch.Tensor:
+        """(rows, n) uniformly random 32-bit words as int64."""
+        if rows * n == 0:
+            return torch.zeros(rows, n, dtype=torch.int64)
+        raw = torch.frombuffer(self.read(4 * rows * n), dtype=torch.int32).view(rows, n)
+        return raw.to(torch.int64) & _MASK32
+
+    def uniform53(self, count: int) -> torch.Tensor:
+        """(count,) float64 uniforms in (0, 1) with 53 random bits each."""
+        if count == 0:
+            return torch.zeros(0, dtype=torch.float64)
+        raw = torch.frombuffer(self.read(8 * count), dtype=torch.int64)
+        return raw.bitwise_and_((1 << 53) - 1).double().add_(0.5).mul_(2.0**-53)
+
+
+class SecretRng(ClientRng):
+    """`ClientRng`'s interface (bits, uniform, normal, subsets, take, put) with every
+    word secret: from a `SecretSource`, nothing derived from the run seed.
+
+    Draws are not reproducible, and a row's draws do not depend on anything another
+    party can know. `take` shares the source, so sub-streams stay secret; `calls` still
+    counts each row's draws, as `ClientRng` does.
+    """
+
+    def __init__(self, rows: int, calls: torch.Tensor | None = None, source: SecretSource | None = None) -> None:
+        self.rows = int(rows)
+        self.keys = torch.zeros(self.rows, 0, dtype=torch.int64)  # no key: nothing to recompute
+        self.calls = torch.zeros(self.rows, dtype=torch.int64) if calls is None else calls.clone()
+        self.source = source if source is not None else SecretSource()
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def bits(self, n: int, tag: int = 0) -> torch.Tensor:
+        """(rows, n) uniformly random secret 32-bit words as int64; `tag` is ignored."""
+        self.calls = self.calls + 1
+        return self.source.words(self.rows, n)
+
+    def take(self, rows: torch.Tensor) -> "SecretRng":
+        """The streams of a subset of rows (sharing the source; write back with `put`)."""
+        return SecretRng(len(rows), self.calls[rows], self.source)
+
+
+def client_rng(seed: int, node_ids: torch.Tensor | list[int], purpose: int, secret: bool) -> ClientRng:
+    """The streams of `node_ids`: secret (`SecretRng`) or reproducible from the seed."""
+    count = len(node_ids)
+    return SecretRng(count) if secret else ClientRng(node_keys(seed, node_ids, purpose))
+
+
+def secret_draws(noise_source: str, separate_parties: bool) -> bool:
+    """Whether a run's per-client private draws are secret: `secure`, or `auto` where
+    clients are separate parties (the runner resolves `auto` the same way beforehand;
+    this covers configs that reach a runtime unresolved, e.g. on a device peer)."""
+    return noise_source == "secure" or (noise_source == "auto" and separate_parties)

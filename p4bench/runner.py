@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +17,12 @@ from p4bench.config import RunConfig
 from p4bench.data import FederatedData, build_federated_data
 from p4bench.data.base import load_dataset, run_partitioner
 from p4bench.data.paths import _data_dir
-from p4bench.features import normalize_federated, scatter_dataset
+from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
 from p4bench.engine import Job, Method, Outcome, Phase, RoundReport
-from p4bench.errors import IncompatibleError
+from p4bench.errors import IncompatibleError, UsageError
 from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
+from p4bench.privacy.certification import Certification, certify
 from p4bench.privacy.mechanism import DPSettings
 
 # Seed-derived numpy streams for harness decisions (never shared with training noise).
@@ -42,6 +43,10 @@ class RunInfo:
     started_at: float
     data: FederatedData | None = None
     tracking: dict[str, Any] = field(default_factory=dict)  # filled by trackers
+    certification: Certification | None = None  # whether the run's epsilon holds
+    # Hash of the config as requested: resolution (`resolve_run_config`) is a pure function
+    # of it, and sweeps find finished runs by it.
+    config_hash: str = ""
 
     @property
     def reported(self) -> np.ndarray:
@@ -83,8 +88,41 @@ class PreparedRun:
     ledger: PrivacyLedger | None = None
 
 
+def resolve_run_config(config: RunConfig, registry: Registry) -> RunConfig:
+    """The config with the choices left to the method and runtime made explicit:
+
+    - a DP method (`Method.default_epsilon`) runs private at its default epsilon unless
+      the config gives an epsilon or noise multiplier, or opts out with `no_dp`;
+    - `noise_source=auto` becomes `secure` where the runtime's clients are separate
+      parties (devices), else `seeded`.
+
+    Refuses (UsageError) `no_dp` together with an epsilon or noise multiplier, and seeded
+    randomness on separate parties unless `device_simulation` says the run is a simulation.
+    """
+    method_cls: type[Method] = registry.get("method", config.method)
+    runtime_cls = registry.get("runtime", config.runtime)
+    changes: dict[str, Any] = {}
+    if config.no_dp and (config.epsilon is not None or config.noise_multiplier is not None):
+        raise UsageError("--no-dp cannot be combined with --epsilon or --noise-multiplier")
+    if not config.no_dp and config.epsilon is None and config.noise_multiplier is None and method_cls.default_epsilon:
+        changes["epsilon"] = float(method_cls.default_epsilon)
+    separate = bool(getattr(runtime_cls, "separate_parties", False))
+    source = config.noise_source
+    if source == "auto":
+        source = changes["noise_source"] = "secure" if separate else "seeded"
+    if separate and source == "seeded" and not config.device_simulation:
+        raise UsageError(
+            f"runtime '{config.runtime}' runs clients as separate parties: seeded DP randomness would let every peer "
+            "recompute a neighbour's noise and batches; use --noise-source secure (the default), or pass "
+            "--device-simulation to run a simulation on devices (its epsilon is reported uncertified)"
+        )
+    return config.replace(**changes) if changes else config
+
+
 def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
     """Resolve every plugin name and check compatibility before any data or training."""
+    requested_hash = config.config_hash()
+    config = resolve_run_config(config, registry)
     method_cls: type[Method] = registry.get("method", config.method)
     dataset_cls = registry.get("dataset", config.dataset)
     partitioner_cls = registry.get("partitioner", config.partitioner)
@@ -106,8 +144,10 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, _SEED_PARTITION]))
     partition = run_partitioner(partitioner_cls, dataset, config.clients, config.samples_per_client, rng, config)
     data: FederatedData = build_federated_data(dataset, partition, config.eval_fraction, rng)
-    if config.features == "scatter":
-        data = normalize_federated(data)  # each client uses its own channel statistics
+    if config.features == "scatter" and config.feature_norm == "client":
+        data = normalize_federated(data)  # the paper's: each client's own statistics (uncertified)
+    elif config.features == "scatter" and config.feature_norm == "sample":
+        data = normalize_samples(data)  # a function of each record alone: no privacy cost
 
     malicious = np.zeros(config.clients, dtype=bool)
     if attack_cls is not None:
@@ -116,6 +156,7 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
 
     model = model_cls(data.feature_shape, data.num_classes)
     method = method_cls(config, model, config.clients)
+    certification = certify(config, method.uncertified_steps(), bool(getattr(runtime_cls, "separate_parties", False)))
     job = Job(
         config=config,
         method=method,
@@ -137,6 +178,8 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         data=data,
         num_parameters=model.num_parameters(method.initial_params()),
         started_at=time.time(),
+        certification=certification,
+        config_hash=requested_hash,
     )
     ledger = _setup_privacy(config, registry, method, data, job) if config.private else None
     return PreparedRun(config, job, runtime_cls(), info, ledger)
@@ -149,6 +192,7 @@ def _setup_privacy(config: RunConfig, registry: Registry, method: Method, data: 
 
     accountant = registry.get("accountant", config.accountant)()
     reference = registry.get("accountant", "rdp")()
+    pld = registry.get("accountant", "pld")()  # reported next to rdp: tight for both relations
     neighbouring = config.neighbouring or method.default_neighbouring
     delta = config.delta if config.delta is not None else 1.0 / int(data.train.n.sum())
     plan = method.privacy_plan()
@@ -173,7 +217,7 @@ def _setup_privacy(config: RunConfig, registry: Registry, method: Method, data: 
     if sigma is None:
         sigma = calibrate_noise(planned_epsilon, config.epsilon, tolerance=min(0.01, 0.01 * config.epsilon))
     settings = DPSettings(clip=config.clip, noise_multiplier=float(sigma), neighbouring=neighbouring)
-    ledger = PrivacyLedger(settings, accountant, reference, config.clients, delta, config.epsilon, context)
+    ledger = PrivacyLedger(settings, accountant, reference, config.clients, delta, config.epsilon, context, pld=pld)
     job.dp = settings
     job.release_allowed = ledger.allowed
     return ledger
@@ -184,20 +228,25 @@ def run(
     observers: Sequence[object] = (),
     plugin_manager: pluggy.PluginManager | None = None,
     track: bool = True,
+    on_prepared: Callable[[PreparedRun], None] | None = None,
 ) -> RunResult:
     """Execute one run. Observers are plugin objects implementing observation hooks;
     with `track` the MLflow tracker (which also keeps a local copy) is one of them.
+    `on_prepared` may adjust the prepared run before training (the privacy audit
+    wraps the DP mechanism there).
     """
     torch.manual_seed(config.seed)  # nothing should use global RNG; this pins stray uses
     pm = plugin_manager or create_plugin_manager()
     prepared = prepare(config, Registry(pm))
+    if on_prepared is not None:
+        on_prepared(prepared)
     info = prepared.info
     prepared.job.report_release = lambda release: pm.hook.privacy_release(run=info, release=release)
     attached: list[object] = ([prepared.ledger] if prepared.ledger else []) + list(observers)
     if track:
         from p4bench.tracking import Tracker
 
-        attached.insert(0, Tracker(config))
+        attached.insert(0, Tracker(prepared.config))
     for observer in attached:
         pm.register(observer)
     try:
@@ -224,6 +273,8 @@ def run(
         result = RunResult(info, outcome, wall, summarize(info, outcome, wall), prepared.job.method)
         if prepared.ledger is not None:
             result.summary.update(prepared.ledger.summary(info.reported))
+        if info.certification is not None:
+            result.summary.update(info.certification.summary_fields())
         pm.hook.run_finished(run=info, result=result)
         result.summary.update(info.tracking)
         return result
@@ -298,7 +349,7 @@ def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, 
         "client_bytes_sent": _client_total(outcome.reports, "client_bytes_sent"),
         "client_bytes_received": _client_total(outcome.reports, "client_bytes_received"),
         "wall_time_s": round(wall_time_s, 4),
-        "config_hash": config.config_hash(),
+        "config_hash": info.config_hash or config.config_hash(),
     }
 
 

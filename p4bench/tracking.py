@@ -126,12 +126,14 @@ class Tracker:
             "dataset": config.dataset,
             "seed": str(config.seed),
             "p4bench_version": __version__,
-            "config_hash": config.config_hash(),
+            "config_hash": run.config_hash or config.config_hash(),
             "local_run_id": run.run_id,
         }
         commit = _git_commit()
         if commit:
             tags["git_commit"] = commit
+        if run.certification is not None:  # known before training: a crashed run still says it
+            tags.update(run.certification.tags())
         created = self._mlflow(
             "create run",
             self.client.create_run,
@@ -193,7 +195,7 @@ class Tracker:
             final = {"final_accuracy_mean": result.summary["accuracy_mean"], "wall_time_s": result.wall_time_s,
                      "bytes_sent_total": float(result.summary.get("bytes_sent", 0))}
             if result.summary.get("epsilon") is not None:
-                final.update({k: float(result.summary[k]) for k in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_rdp_mean")})
+                final.update({k: float(result.summary[k]) for k in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_rdp_mean", "epsilon_pld") if k in result.summary})
                 # the resolved privacy setting (the config may have left it to the method / calibration)
                 for key in ("neighbouring", "noise_multiplier", "delta", "accountant", "clip"):
                     self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, f"dp.{key}", str(result.summary[key]))

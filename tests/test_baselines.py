@@ -82,9 +82,11 @@ class ReleaseCounter:
 
 def test_every_baseline_runs_with_and_without_dp(small_config):
     for name in BASELINES:
-        plain = run(small_config(method=name, rounds=2), track=False).summary
+        plain = run(small_config(method=name, rounds=2, no_dp=True), track=False).summary
         private = run(small_config(method=name, rounds=2, epsilon=6.0), track=False).summary
         assert plain["epsilon"] is None and 0 <= plain["accuracy_mean"] <= 1, name
+        assert plain["private"] is False and plain["epsilon_certified"] is False, name
+        assert private["private"] and private["epsilon_certified"], name
         assert 0 < private["epsilon"] <= 6.0 and private["epsilon_rdp"] > 0 and private["clients_stopped"] == 0, name
         assert (plain["bytes_sent"] == 0) == (name == "local"), name
         assert private["noise_multiplier"] > 0 and private["seconds_per_phase"], name
@@ -183,7 +185,7 @@ def test_dsgt_synchronous_complete_graph_keeps_nodes_equal_sequential_does_not(s
 def test_dsgt_and_dsgd_converge_to_the_consensus_optimum(small_config):
     """Full-batch gradients on a ring: DSGT reaches the pooled optimum at a constant step;
     DSGD is biased at a constant step and reaches consensus near it with decaying steps."""
-    base = dict(rounds=80, local_steps=5, data_rate=1.0, lr=1.0, options={"topology": "ring"})
+    base = dict(rounds=80, local_steps=5, data_rate=1.0, lr=1.0, no_dp=True, options={"topology": "ring"})
     outcomes = {}
     for label, method, extra in (("dsgt", "dp-dsgt", {}), ("dsgd", "dp-dsgd", {}), ("dsgd-decay", "dp-dsgd", {"lr_final": 0.02})):
         config = _synthetic(small_config, method=method, **{**base, "options": {**base["options"], **extra}})

@@ -43,9 +43,10 @@ def invoke(args, capsys):
 
 def test_local_peers_match_the_simulator_and_log_to_mlflow(capsys, shared_results):
     results_dir = shared_results
-    """Acceptance: P4, 4 clients, fixed seed: the same per-client accuracies (1e-4)."""
+    """Acceptance: P4, 4 clients, fixed seed: the same per-client accuracies (1e-4), with
+    seeded randomness, which devices only use in a run marked as a simulation."""
     args = ["run", "--method", "p4", "--local-peers", "4", "--rounds", "3", "--local-steps", "2", "--seed", "5",
-            "--eval-fraction", "0", "--results-dir", results_dir, "--json"]
+            "--eval-fraction", "0", "--noise-source", "seeded", "--device-simulation", "--results-dir", results_dir, "--json"]
     code, out, err = invoke(args, capsys)
     assert code == 0, err[-3000:]
     device = json.loads(out.strip().splitlines()[-1])
@@ -279,8 +280,9 @@ def test_peers_refuse_bad_certificates_survive_fuzzing_and_keep_serving(capsys, 
 
         # ... and the fuzzed peer still runs the protocol correctly
         code, out, err = invoke(["device", "launch", "--peers", str(cluster.peers_path), "--tls-dir", str(tls),
-                                 "--method", "p4", "--rounds", "2", "--local-steps", "1", "--seed", "3",
-                                 "--eval-fraction", "0", "-o", "group_size=2", "--results-dir", results_dir, "--json"], capsys)
+                                 "--method", "p4", "--rounds", "2", "--local-steps", "1", "--seed", "3", "--eval-fraction", "0",
+                                 "--noise-source", "seeded", "--device-simulation", "-o", "group_size=2",
+                                 "--results-dir", results_dir, "--json"], capsys)
         assert code == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
     simulated = run(RunConfig(method="p4", clients=2, rounds=2, local_steps=1, seed=3, eval_fraction=0.0,

@@ -58,7 +58,7 @@ def _same_dominant_fraction(groups, dominant):
 
 @pytest.mark.parametrize("grouping, low, high", [("similarity", 0.9, 1.0), ("random", 0.0, 0.4)])
 def test_grouping_quality_on_dominant_class_partition(small_config, grouping, low, high):
-    config = small_config(method="p4", partitioner="alpha", similarity=0.0, clients=40, rounds=1,
+    config = small_config(method="p4", partitioner="alpha", similarity=0.0, clients=40, rounds=1, no_dp=True,
                           options={"group_size": 4, "grouping": grouping})
     result = run(config, track=False)
     groups = result.method.groups_of(result.outcome.final_state)

@@ -29,9 +29,11 @@ def last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+# The P4 paper's setting: noble's own (replace-one) relation and the third-party view,
+# both spelled out since the CLI defaults are add-remove and the aggregator view.
 NOBLE_ARGS = [
-    "--view", "third-party", "--clients", "100", "--client-rate", "0.2", "--data-rate", "0.2",
-    "--local-steps", "50", "--rounds", "100", "--delta", "2.5e-6",
+    "--view", "third-party", "--neighbouring", "replace-one", "--clients", "100", "--client-rate", "0.2",
+    "--data-rate", "0.2", "--local-steps", "50", "--rounds", "100", "--delta", "2.5e-6",
 ]
 
 
@@ -49,10 +51,18 @@ def test_epsilon_rdp_json(capsys):
 
 
 def test_epsilon_rdp_counts_rounds_times_local_steps(capsys):
-    args = ["privacy", "epsilon", "--noise-multiplier", "1.0", "--data-rate", "0.25", "--delta", "1e-3", "--json"]
+    args = ["privacy", "epsilon", "--accountant", "rdp", "--noise-multiplier", "1.0", "--data-rate", "0.25", "--delta", "1e-3", "--json"]
     _, out, _ = invoke(args + ["--local-steps", "4", "--rounds", "300"], capsys)
     assert last_json(out)["steps"] == 1200
     assert last_json(out)["epsilon"] == pytest.approx(86.78, abs=0.05)
+
+
+def test_default_accountant_is_pld_as_in_runs(capsys):
+    _, out, _ = invoke(["privacy", "epsilon", "--noise-multiplier", "1.0", "--data-rate", "0.25", "--rounds", "1200",
+                        "--delta", "1e-3", "--json"], capsys)
+    result = last_json(out)
+    assert result["accountant"] == "pld" and result["neighbouring"] == "add-remove"
+    assert result["epsilon"] == pytest.approx(80.80, abs=0.05)  # below rdp's 86.78 for the same schedule
 
 
 def test_epsilon_noble_json_reports_floor(capsys):
@@ -62,7 +72,35 @@ def test_epsilon_noble_json_reports_floor(capsys):
     assert result["epsilon"] == pytest.approx(8.19, abs=0.01)
     assert result["epsilon_floor"] == pytest.approx(8.188, abs=1e-3)
     assert result["view"] == "third-party" and result["clients"] == 100 and result["client_rate"] == 0.2
-    assert "never goes below" in out
+    assert result["neighbouring"] == "replace-one" and "without replacement" in result["caveat"]
+    assert "never goes below" in out and "fixed-size sampling without replacement" in out and "Poisson" in out
+
+
+def test_noble_defaults_to_aggregator_view_and_add_remove(capsys):
+    base = ["privacy", "epsilon", "--accountant", "noble", "--noise-multiplier", "60", "--clients", "100",
+            "--client-rate", "0.2", "--data-rate", "0.2", "--local-steps", "50", "--rounds", "100", "--delta", "2.5e-6", "--json"]
+    _, out, _ = invoke(base, capsys)
+    default = last_json(out)
+    assert default["view"] == "aggregator" and default["neighbouring"] == "add-remove"
+    # add-remove noise std sigma*C is noble's replace-one multiplier sigma/2 (std / 2C)
+    _, out, _ = invoke([*base, "--view", "aggregator", "--neighbouring", "replace-one", "--noise-multiplier", "30"], capsys)
+    assert last_json(out)["epsilon"] == pytest.approx(default["epsilon"], rel=1e-12)
+    # the aggregator sees individual updates: no sqrt(l M) noise amplification, so a larger epsilon
+    _, out, _ = invoke([*base, "--view", "third-party"], capsys)
+    assert default["epsilon"] > last_json(out)["epsilon"]
+
+
+def test_neighbouring_flag_converts_rdp_by_group_privacy(capsys):
+    args = ["privacy", "epsilon", "--accountant", "rdp", "--noise-multiplier", "1.0", "--data-rate", "0.01",
+            "--rounds", "1200", "--delta", "1e-5", "--json"]
+    _, out, _ = invoke(args, capsys)
+    add_remove = last_json(out)
+    _, out, _ = invoke([*args, "--neighbouring", "replace-one"], capsys)
+    replace_one = last_json(out)
+    assert add_remove["neighbouring"] == "add-remove" and replace_one["neighbouring"] == "replace-one"
+    assert "group privacy" in out and replace_one["epsilon"] != add_remove["epsilon"]
+    code, _, err = invoke([*args, "--neighbouring", "swap"], capsys)
+    assert code == 2 and "'--neighbouring'" in err
 
 
 def test_noise_noble_round_trip(capsys):
@@ -85,7 +123,7 @@ def test_unknown_accountant_exits_2_listing_names(capsys):
         capsys,
     )
     assert code == 2
-    assert "unknown accountant 'moments'" in err and "rdp" in err and "prv" in err and "noble" in err
+    assert "unknown accountant 'moments'" in err and all(name in err for name in ("rdp", "prv", "pld", "noble"))
 
 
 @pytest.mark.parametrize(

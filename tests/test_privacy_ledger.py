@@ -11,6 +11,7 @@ import torch
 from p4bench import hookimpl
 from p4bench.models import LinearSoftmax
 from p4bench.plugin_manager import create_plugin_manager
+from p4bench.privacy import get_accountant
 from p4bench.privacy.accountants import RDPAccountant, ReleaseSegment
 from p4bench.privacy.ledger import accounted_epsilon
 from p4bench.privacy.mechanism import DPMechanism, DPSettings, NoiseStreams, clipped_gradient_sum
@@ -154,7 +155,8 @@ def test_private_run_reports_epsilon_and_every_release(small_config):
     result = run(small_config(method="local", epsilon=3.0, rounds=4), observers=[recorder], plugin_manager=pm, track=False)
     summary = result.summary
     assert 0 < summary["epsilon"] <= 3.0 + 1e-9
-    assert summary["epsilon_rdp"] == pytest.approx(summary["epsilon"])  # rdp is the chosen accountant
+    assert summary["accountant"] == "pld" and summary["epsilon_pld"] == pytest.approx(summary["epsilon"])  # the default
+    assert summary["epsilon_rdp"] >= summary["epsilon"]  # rdp, the cross-check, is looser
     assert summary["noise_multiplier"] > 0 and summary["neighbouring"] == "add-remove"
     # local: every client releases K=2 steps in each of 4 rounds
     steps = np.zeros(8)
@@ -178,8 +180,9 @@ def test_budget_stops_a_clients_releases_and_logs_it(small_config):
     for release in recorder.releases:
         steps[list(release.clients)] += release.steps
     assert (steps < 10).all()  # fewer than the 5 x 2 planned steps
-    spent = accounted_epsilon(RDPAccountant(), [ReleaseSegment(1.0, 0.3, int(steps.max()) + 1)], summary["delta"], "add-remove")
-    assert spent > 1.0  # one more step would have exceeded the budget
+    budget = get_accountant(summary["accountant"])
+    spent = accounted_epsilon(budget, [ReleaseSegment(1.0, 0.3, int(steps.max()) + 1)], summary["delta"], "add-remove")
+    assert spent > 1.0  # one more step would have exceeded the budget, under the run's accountant
 
 
 def test_fedavg_accepts_epsilon(small_config):

@@ -64,15 +64,18 @@ def run_command(
     lr: Optional[float] = typer.Option(None, help="local step size"),
     global_lr: Optional[float] = typer.Option(None, help="global step size eta_g"),
     malicious_fraction: Optional[float] = typer.Option(None, help="fraction of malicious clients under --attack"),
-    epsilon: Optional[float] = typer.Option(None, help="target epsilon per client (makes the run private)"),
+    epsilon: Optional[float] = typer.Option(None, help="target epsilon per client (DP methods default to 8; makes any method private)"),
+    no_dp: bool = typer.Option(False, "--no-dp", help="train a DP method without DP (no epsilon; the summary says non-private)"),
     delta: Optional[float] = typer.Option(None, help="target delta (default 1 / training records)"),
     noise_multiplier: Optional[float] = typer.Option(None, help="DP noise multiplier (default: calibrated from --epsilon)"),
     clip: Optional[float] = typer.Option(None, help="DP per-example clipping norm C"),
     neighbouring: Optional[str] = typer.Option(None, help="add-remove | replace-one (default: the method's)"),
-    accountant: Optional[str] = typer.Option(None, help="privacy accountant: rdp | prv | noble"),
-    noise_source: Optional[str] = typer.Option(None, help="seeded (reproducible) | secure (OS CSPRNG)"),
+    accountant: Optional[str] = typer.Option(None, help="privacy accountant: pld (default) | rdp | prv | noble"),
+    noise_source: Optional[str] = typer.Option(None, help="DP noise and batches: auto (default: secure on devices, seeded in simulation) | seeded (reproducible, not secret) | secure (OS CSPRNG)"),
+    device_simulation: bool = typer.Option(False, "--device-simulation", help="device runtime: allow seeded DP randomness (a simulation on devices; epsilon uncertified)"),
+    feature_norm: Optional[str] = typer.Option(None, help="scatter features: sample (default, per-sample group norm) | client (the paper's, uncertified) | none"),
     eval_fraction: Optional[float] = typer.Option(None, help="fraction of clients reserved for tuning"),
-    features: Optional[str] = typer.Option(None, help="raw | scatter (ScatterNet J=2, L=8, per-client normalised)"),
+    features: Optional[str] = typer.Option(None, help="raw | scatter (ScatterNet J=2, L=8; see --feature-norm)"),
     shards_per_client: Optional[int] = typer.Option(None, help="shards partitioner: classes per client N"),
     model: Optional[str] = typer.Option(None, help="model architecture (linear, scatter-cnn, cnn, ...)"),
     runtime: Optional[str] = typer.Option(None, help="runtime: simulation | reference | bytes | device | ..."),
@@ -102,6 +105,7 @@ def run_command(
             local_steps=local_steps, client_rate=client_rate, data_rate=data_rate, lr=lr, global_lr=global_lr,
             malicious_fraction=malicious_fraction, epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,
             clip=clip, neighbouring=neighbouring, accountant=accountant, noise_source=noise_source,
+            no_dp=no_dp or None, device_simulation=device_simulation or None, feature_norm=feature_norm,
             eval_fraction=eval_fraction, features=features, model=model, runtime=runtime, seed=seed, experiment=experiment,
             tracking_uri=tracking_uri, results_dir=results_dir,
             options={**({"shards_per_client": shards_per_client} if shards_per_client else {}), **parse_key_values(option)} or None,
@@ -133,7 +137,8 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         ("reported clients", f"{summary['reported_clients']} of {summary['clients']} (benign, non-evaluation)"),
         ("test accuracy mean", f"{summary['accuracy_mean']:.4f}"),
         ("test accuracy min / max", f"{summary['accuracy_min']:.4f} / {summary['accuracy_max']:.4f}"),
-        ("epsilon", _privacy_text(summary)),
+        ("epsilon", _claim_text(summary)),
+        ("DP randomness", _randomness_text(summary)),
         ("wall time", f"{summary['wall_time_s']:.2f} s"),
         ("MLflow run", f"{summary.get('run_id')} at {summary.get('tracking_uri')}"),
         ("local results", str(summary.get("results_dir"))),
@@ -145,12 +150,34 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(table)
 
 
+def _claim_text(summary: dict[str, Any]) -> str:
+    """The epsilon row: a certified figure plainly; an uncertified one in red, never as a
+    plain number; a non-private run says so."""
+    if not summary.get("private", summary.get("epsilon") is not None):
+        return "[yellow]non-private run: no DP, no epsilon[/yellow]"
+    text = _privacy_text(summary)
+    if summary.get("epsilon_certified") is False:
+        return f"[bold red]UNCERTIFIED[/bold red] [red]{text}; why: {summary.get('uncertified_reason')}[/red]"
+    return f"[green]certified[/green] {text}"
+
+
+def _randomness_text(summary: dict[str, Any]) -> str:
+    from p4bench.privacy.certification import RANDOMNESS_LABELS
+
+    source = "secure" if summary.get("dp_randomness") == "secret" else "seeded"
+    return RANDOMNESS_LABELS[source] if summary.get("private") else "n/a"
+
+
 def _privacy_text(summary: dict[str, Any]) -> str:
     if summary.get("epsilon") is None:
         return "non-private"
+    pld = f", {summary['epsilon_pld']:.3f} max (pld)" if summary.get("epsilon_pld") is not None else ""
+    label = summary["accountant"]
+    if label == "noble":
+        label += "; bound stated for fixed-size sampling without replacement, runs use Poisson batches"
     return (
-        f"{summary['epsilon']:.3f} max / {summary['epsilon_mean']:.3f} mean ({summary['accountant']}), "
-        f"{summary['epsilon_rdp']:.3f} max (rdp); delta {summary['delta']:.2g}, sigma {summary['noise_multiplier']:.3f}, "
+        f"{summary['epsilon']:.3f} max / {summary['epsilon_mean']:.3f} mean ({label}), "
+        f"{summary['epsilon_rdp']:.3f} max (rdp){pld}; delta {summary['delta']:.2g}, sigma {summary['noise_multiplier']:.3f}, "
         f"{summary['neighbouring']}; {summary['clients_stopped']} clients hit the budget"
     )
 

@@ -1,7 +1,7 @@
 """The engine: method interface, messages, threats and runtimes."""
 
 from p4bench.engine.messages import Messages, MessageFormatError, decode, encode
-from p4bench.engine.method import Capabilities, Exchange, LocalUpdate, Method, Phase, StepContext
+from p4bench.engine.method import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method, Phase, StepContext
 from p4bench.engine.runtime import GroupedRuntime, Job, Outcome, RoundReport, Runtime
 from p4bench.engine.state import State
 from p4bench.engine.threats import UPDATE_PREFIX, Aggregator, Attack, Defense, update_vectors, with_update_vectors
@@ -11,6 +11,7 @@ __all__ = [
     "Aggregator",
     "Attack",
     "Capabilities",
+    "DEFAULT_EPSILON",
     "Defense",
     "Exchange",
     "GroupedRuntime",

@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from p4bench.privacy.mechanism import DPMechanism
 
 
+DEFAULT_EPSILON = 8.0
+"""The suite-wide target epsilon of DP methods that run private by default: one value,
+so that default runs of different DP methods compare at equal privacy."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a method exposes, so attacks and defenses can check compatibility up front."""
@@ -108,6 +113,9 @@ class Method(ABC):
     capabilities: ClassVar[Capabilities] = Capabilities()
     default_neighbouring: ClassVar[str] = "add-remove"
     default_defense: ClassVar[str | None] = None  # used when the run names no defense
+    # A DP method runs private at this target epsilon unless the run gives its own
+    # epsilon or noise multiplier, or opts out with `no_dp` (None: non-private by default).
+    default_epsilon: ClassVar[float | None] = None
 
     def __init__(self, config: "RunConfig", model: Model, num_clients: int) -> None:
         self.config = config
@@ -122,6 +130,13 @@ class Method(ABC):
     def initial_params(self) -> Params:
         """The common initialisation every client starts from (a function of the seed only)."""
         return self.model.init(torch.Generator().manual_seed(self.config.seed))
+
+    def uncertified_steps(self) -> list[str]:
+        """Reasons the run's epsilon would not hold with the configured options: each a
+        data-dependent step outside the ledger (e.g. a DP step that reads a non-DP model
+        trained on the same records). Empty when every step that touches the data is a
+        ledger release or post-processing of releases and public values."""
+        return []
 
     def privacy_plan(self) -> list[PlannedRelease]:
         """Planned DP releases per client (default: K steps in each of ceil(l*T) rounds)."""

@@ -26,7 +26,7 @@ from p4bench.engine.state import State, cat_rows, put_rows, take_rows, vectorize
 from p4bench.engine.threats import UPDATE_PREFIX, Aggregator, Attack, Defense
 from p4bench.engine.training import accuracy, batched_loss_and_grad, reference_loss_and_grad
 from p4bench.models import Model, Params
-from p4bench.rng import SERVER_ID, ClientRng, node_keys
+from p4bench.rng import SERVER_ID, ClientRng, client_rng, node_keys, secret_draws
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
@@ -51,6 +51,8 @@ class Job:
     dp: "DPSettings | None" = None
     report_release: Callable[["Release"], None] = lambda release: None
     release_allowed: Callable[[torch.Tensor, float, str], torch.Tensor] = lambda c, rate, phase: torch.ones(len(c), dtype=torch.bool)
+    # Replaces each group's DP mechanism by a wrapper around it (the privacy audit's canaries).
+    wrap_mechanism: Callable[["DPMechanism"], "DPMechanism"] | None = None
 
 
 @dataclass
@@ -96,6 +98,8 @@ class Runtime(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    # Clients are separate parties (devices): DP randomness must then be secret per client.
+    separate_parties: ClassVar[bool] = False
 
     @abstractmethod
     def execute(self, job: Job, on_round: Callable[[RoundReport], None]) -> Outcome:
@@ -127,7 +131,7 @@ class GroupedRuntime(Runtime):
         self._malicious = job.malicious if job.malicious is not None else torch.zeros(job.data.num_clients, dtype=torch.bool)
         self.groups = [self._make_group(rows) for rows in self.group_rows(job.data.num_clients)]
         server_rows = torch.tensor([SERVER_ID])
-        self.server_rng = ClientRng(node_keys(config.seed, server_rows, STREAM_TRAINING))
+        self.server_rng = client_rng(config.seed, server_rows, STREAM_TRAINING, secret_draws(config.noise_source, self.separate_parties))
         self.server_state = (
             method.init_server_state(self._context(server_rows, self.server_rng, "init", -1))
             if method.capabilities.uses_server
@@ -179,13 +183,18 @@ class GroupedRuntime(Runtime):
             if bool(bad.any()):
                 poisoned = torch.where(bad.unsqueeze(1), attack.poison_labels(train.y), train.y)
                 train = replace(train, y=poisoned)
-        rng = ClientRng(node_keys(config.seed, rows, STREAM_TRAINING))
+        # Each client's private draws (batches, sampled peers, DP noise): secret where the
+        # run says so, else reproducible from the seed. The attack stream is the harness's.
+        secret = secret_draws(config.noise_source, self.separate_parties)
+        rng = client_rng(config.seed, rows, STREAM_TRAINING, secret)
         group = _Group(rows, {}, train, test, rng, ClientRng(node_keys(config.seed, rows, STREAM_ATTACK)))
         if self.job.dp is not None:
             from p4bench.privacy.mechanism import DPMechanism, NoiseStreams  # the privacy harness builds on the engine
 
-            noise = NoiseStreams(config.seed, rows.tolist(), secure=config.noise_source == "secure")
+            noise = NoiseStreams(config.seed, rows.tolist(), secure=secret)
             group.dp = DPMechanism(self.job.dp, noise, self.job.report_release, self.job.release_allowed)
+            if self.job.wrap_mechanism is not None:
+                group.dp = self.job.wrap_mechanism(group.dp)
         group.state = self.job.method.init_client_state(train, self._context(rows, rng, "init", -1, group.dp))
         return group
 

@@ -2,7 +2,10 @@
 
 - :mod:`p4bench.privacy.analysis`: stateless epsilon functions (RDP, PRV, Noble et al.);
 - :mod:`p4bench.privacy.accountants`: the ``accountant`` plugins over a client's
-  history of :class:`ReleaseSegment`;
+  history of :class:`ReleaseSegment`, and :func:`accounted_epsilon` for a run's
+  neighbouring relation;
+- :mod:`p4bench.privacy.pld`: the ``pld`` accountant (dp-accounting's privacy-loss
+  distributions, add-remove and replace-one natively);
 - :mod:`p4bench.privacy.calibration`: the noise multiplier for a target epsilon.
 """
 
@@ -17,6 +20,7 @@ from p4bench.privacy.accountants import (
     PRVAccountant,
     RDPAccountant,
     ReleaseSegment,
+    accounted_epsilon,
     compact_history,
 )
 from p4bench.privacy.analysis import (
@@ -33,6 +37,7 @@ from p4bench.privacy.analysis import (
     rdp_privacy_spent,
 )
 from p4bench.privacy.calibration import calibrate_accountant, calibrate_noise
+from p4bench.privacy.pld import PLDAccountant, pld_epsilon
 
 __all__ = [
     "DEFAULT_ORDERS",
@@ -46,12 +51,15 @@ __all__ = [
     "noble_epsilon",
     "noble_privacy_spent",
     "noble_epsilon_floor",
+    "pld_epsilon",
     "ReleaseSegment",
     "Accountant",
     "RDPAccountant",
     "PRVAccountant",
+    "PLDAccountant",
     "NobleAccountant",
     "BUILTIN_ACCOUNTANTS",
+    "accounted_epsilon",
     "compact_history",
     "get_accountant",
     "calibrate_noise",

@@ -11,9 +11,16 @@ Two kinds of analysis are offered:
   client actually took (``ReleaseSegment.steps``). They take no amplification from
   client sampling: which rounds a client joins is treated as public, which is the
   right model for a P2P neighbour who sees the client's messages.
+- ``pld`` (:mod:`p4bench.privacy.pld`) composes privacy-loss distributions of the same
+  mechanism with Google's dp-accounting, for add-remove and replace-one natively.
 - ``noble`` is the nested bound used by the P4 paper (client ratio outside, data ratio
   inside); it reads ``rounds``, ``local_steps``, ``client_rate``, ``clients`` and
   ``view`` and has a noise-independent floor.
+
+Neighbouring relations: the noise multiplier of a history is measured against the
+relation's sensitivity, std = sigma * C (add-remove) or sigma * 2C (replace-one).
+:func:`accounted_epsilon` evaluates a history for a run's relation: natively where the
+accountant supports it, otherwise by a sound conversion.
 """
 
 from __future__ import annotations
@@ -37,8 +44,14 @@ __all__ = [
     "PRVAccountant",
     "NobleAccountant",
     "BUILTIN_ACCOUNTANTS",
+    "NEIGHBOURING",
+    "native_relations",
+    "accounted_epsilon",
     "compact_history",
 ]
+
+NEIGHBOURING = ("add-remove", "replace-one")
+"""The neighbouring relations (the same names as ``p4bench.privacy.mechanism.NEIGHBOURING``)."""
 
 
 @dataclass(frozen=True)
@@ -113,17 +126,28 @@ class Accountant(ABC):
     example ``eps_error`` for PRV); keys an accountant does not know are ignored, so a
     caller can pass the same context to any accountant.
 
-    `relation` is the neighbouring relation the analysis is stated for, with the
-    noise multiplier measured against that relation's sensitivity: ``"add-remove"``
-    (std = sigma * C) or ``"replace-one"`` (std = sigma * 2C). `uses_rounds` says
-    whether epsilon depends on the rounds offered (`ReleaseSegment.rounds`) and not
-    only on the steps taken.
+    `relations` are the neighbouring relations the analysis is stated for natively,
+    with the noise multiplier measured against that relation's sensitivity:
+    ``"add-remove"`` (std = sigma * C) or ``"replace-one"`` (std = sigma * 2C). An
+    accountant with several reads the one to analyse from ``context["neighbouring"]``
+    (default: the first, also available as `relation`). A subclass may set either
+    attribute; the other follows. `uses_rounds` says whether epsilon depends on the
+    rounds offered (`ReleaseSegment.rounds`) and not only on the steps taken.
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
     relation: ClassVar[str] = "add-remove"
+    relations: ClassVar[tuple[str, ...]] = ("add-remove",)
     uses_rounds: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # keep the single-relation spelling (`relation = ...`) of older plugins working
+        if "relations" in cls.__dict__:
+            cls.relation = cls.relations[0]
+        elif "relation" in cls.__dict__:
+            cls.relations = (cls.relation,)
 
     @abstractmethod
     def epsilon(self, history: Sequence[ReleaseSegment], delta: float, **context: Any) -> float:
@@ -165,7 +189,7 @@ class NobleAccountant(Accountant):
 
     name = "noble"
     description = "Noble et al. 2022 nested bound (client ratio outside, data ratio inside); has a noise floor"
-    relation = "replace-one"  # subsampling without replacement (WBK19) and sensitivity 2C/b
+    relations = ("replace-one",)  # subsampling without replacement (WBK19) and sensitivity 2C/b
     uses_rounds = True
 
     def _curve(self, history: Sequence[ReleaseSegment], max_order: int, infinite_noise: bool) -> np.ndarray:
@@ -197,4 +221,50 @@ class NobleAccountant(Accountant):
         return self._spent(history, delta, True, **context)
 
 
-BUILTIN_ACCOUNTANTS: tuple[type[Accountant], ...] = (RDPAccountant, PRVAccountant, NobleAccountant)
+def native_relations(accountant: Accountant) -> tuple[str, ...]:
+    """The relations `accountant` analyses natively (duck-typed plugins: `relation`, else add-remove)."""
+    return tuple(getattr(accountant, "relations", ())) or (getattr(accountant, "relation", "add-remove"),)
+
+
+def accounted_epsilon(accountant: Accountant, history: Sequence[ReleaseSegment], delta: float, neighbouring: str, **context: Any) -> float:
+    """Epsilon of `history` (segments carrying the run's sigma) for the run's relation.
+
+    An accountant that supports `neighbouring` natively analyses it directly. Otherwise:
+    a replace-one analysis (noble) of an add-remove run reads sigma / 2 (std / (2C));
+    an add-remove analysis (rdp, prv) of a replace-one run analyses multiplier 2 sigma
+    (std / C) and converts soundly by group privacy: a replacement is a removal then
+    an addition, so (eps, delta') for add-remove gives (2 eps, delta' (1 + e^eps)).
+    """
+    if neighbouring not in NEIGHBOURING:
+        raise ConfigError("neighbouring", f"must be one of {', '.join(NEIGHBOURING)}, got {neighbouring!r}")
+    if not history:
+        return 0.0
+    native = native_relations(accountant)
+    if neighbouring in native:
+        return accountant.epsilon(history, delta, **{**context, "neighbouring": neighbouring})
+    if "replace-one" in native:  # add-remove run, replacement analysis: std / (2C) = sigma / 2
+        halved = [replace(s, noise_multiplier=0.5 * s.noise_multiplier) for s in history]
+        return accountant.epsilon(halved, delta, **{**context, "neighbouring": "replace-one"})
+    doubled = [replace(s, noise_multiplier=2.0 * s.noise_multiplier) for s in history]
+    context = {**context, "neighbouring": "add-remove"}
+    inner_delta = delta / 2.0
+    for _ in range(30):  # fixed point of delta' = delta / (1 + e^eps(delta')), from above
+        eps = accountant.epsilon(doubled, inner_delta, **context)
+        next_delta = delta / (1.0 + math.exp(min(eps, 700.0)))
+        if abs(next_delta - inner_delta) <= 1e-3 * next_delta:
+            inner_delta = min(inner_delta, next_delta)
+            break
+        inner_delta = next_delta
+    return 2.0 * accountant.epsilon(doubled, inner_delta, **context)
+
+
+BUILTIN_ACCOUNTANTS: tuple[type[Accountant], ...]
+"""rdp, prv, pld and noble (resolved on first use: :mod:`p4bench.privacy.pld` imports this module)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BUILTIN_ACCOUNTANTS":
+        from p4bench.privacy.pld import PLDAccountant
+
+        return (RDPAccountant, PRVAccountant, PLDAccountant, NobleAccountant)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from p4bench.errors import ConfigError, UsageError
-from p4bench.privacy.accountants import Accountant, ReleaseSegment
+from p4bench.privacy.accountants import Accountant, ReleaseSegment, accounted_epsilon, native_relations
 
 __all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise", "calibrate_accountant"]
 
@@ -90,19 +90,24 @@ def calibrate_accountant(
     delta: float,
     target_epsilon: float,
     tolerance: float = 0.01,
+    neighbouring: str | None = None,
     **context: Any,
 ) -> float:
     """Noise multiplier that, used in every segment of `history`, meets `target_epsilon`.
 
     The segments' own `noise_multiplier` values are ignored (replaced by the one
-    searched for). `context` is passed to the accountant.
+    searched for). `neighbouring` (default: the accountant's first native relation)
+    gives sigma its meaning as in runs, std / C (add-remove) or std / (2C)
+    (replace-one); see :func:`accounted_epsilon`. `context` is passed to the accountant.
     """
     history = list(history)
     if not history:
         raise ConfigError("history", "needs at least one release segment to calibrate")
 
+    relation = neighbouring or native_relations(accountant)[0]
+
     def epsilon_at(sigma: float) -> float:
-        return accountant.epsilon([replace(s, noise_multiplier=sigma) for s in history], delta, **context)
+        return accounted_epsilon(accountant, [replace(s, noise_multiplier=sigma) for s in history], delta, relation, **context)
 
     floor = accountant.epsilon_floor(history, delta, **context)
     return calibrate_noise(epsilon_at, target_epsilon, tolerance=tolerance, floor=floor or None)

@@ -1,9 +1,15 @@
 """`p4bench privacy epsilon|noise`: an accountant's epsilon, or the noise for a target.
 
-For ``rdp`` and ``prv`` the client is assumed to take part in every round, so it
-takes ``rounds x local-steps`` steps at sample rate ``--data-rate`` (no amplification
-from client sampling); ``--client-rate``, ``--clients`` and ``--view`` only matter to
-``noble``.
+For ``rdp``, ``prv`` and ``pld`` the client is assumed to take part in every round, so
+it takes ``rounds x local-steps`` steps at sample rate ``--data-rate`` (no
+amplification from client sampling); ``--client-rate``, ``--clients`` and ``--view``
+only matter to ``noble``, whose default view is ``aggregator``: in peer-to-peer
+learning the receivers see individual updates (``third-party`` is often 2-3x smaller).
+
+``--neighbouring`` gives sigma the meaning it has in runs: std / C for add-remove and
+std / (2C) for replace-one. Accountants analyse their native relations directly
+(``pld`` both) and convert soundly otherwise (``accounted_epsilon``). The noble bound
+is stated for fixed-size sampling without replacement, while runs use Poisson batches.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from typing import Any
 
 import typer
 
-from p4bench.privacy.accountants import ReleaseSegment
+from p4bench.errors import ConfigError
+from p4bench.privacy.accountants import NEIGHBOURING, Accountant, ReleaseSegment, accounted_epsilon, native_relations
 from p4bench.privacy.analysis import _count
 from p4bench.privacy.calibration import calibrate_accountant
 
@@ -23,15 +30,25 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-_ACCOUNTANT = typer.Option("rdp", "--accountant", help="accountant name: rdp | prv | noble (see `p4bench list`)")
+_ACCOUNTANT = typer.Option(
+    "pld", "--accountant", help="accountant name: pld (default, as in runs) | rdp | prv | noble (see `p4bench list`)"
+)
 _DATA_RATE = typer.Option(..., "--data-rate", help="data sampling ratio q (or s) per step, in (0, 1]")
 _LOCAL_STEPS = typer.Option(1, "--local-steps", help="noisy steps K per round")
 _ROUNDS = typer.Option(..., "--rounds", help="rounds T")
 _CLIENT_RATE = typer.Option(1.0, "--client-rate", help="client sampling ratio l per round (noble only)")
 _CLIENTS = typer.Option(1, "--clients", help="number of clients M (noble, third-party view)")
-_VIEW = typer.Option("third-party", "--view", help="noble only: third-party (sigma*sqrt(l*M)) | aggregator (sigma)")
+_VIEW = typer.Option(
+    "aggregator", "--view", help="noble only: aggregator (sigma; P2P receivers see updates) | third-party (sigma*sqrt(l*M))"
+)
+_NEIGHBOURING = typer.Option(
+    "add-remove", "--neighbouring",
+    help="add-remove (sigma = std/C) | replace-one (sigma = std/(2C)), as in runs; native or soundly converted",
+)
 _DELTA = typer.Option(..., "--delta", help="target delta, in (0, 1)")
 _JSON = typer.Option(False, "--json", help="end with one JSON line holding the result and the inputs")
+
+NOBLE_CAVEAT = "the noble bound is stated for fixed-size sampling without replacement; runs use Poisson batches"
 
 
 def _segment(
@@ -58,9 +75,10 @@ def _segment(
     )
 
 
-def _inputs(name: str, segment: ReleaseSegment, delta: float) -> dict[str, Any]:
+def _inputs(name: str, segment: ReleaseSegment, delta: float, neighbouring: str) -> dict[str, Any]:
     inputs: dict[str, Any] = {
         "accountant": name,
+        "neighbouring": neighbouring,
         "delta": delta,
         "data_rate": segment.sample_rate,
         "local_steps": segment.local_steps,
@@ -69,6 +87,8 @@ def _inputs(name: str, segment: ReleaseSegment, delta: float) -> dict[str, Any]:
     }
     if name == "noble" or segment.client_rate != 1.0 or segment.clients != 1:
         inputs.update(client_rate=segment.client_rate, clients=segment.clients, view=segment.view)
+    if name == "noble":
+        inputs["caveat"] = NOBLE_CAVEAT
     return inputs
 
 
@@ -81,9 +101,25 @@ def _describe(name: str, segment: ReleaseSegment) -> str:
     return f"{name}: {segment.steps} steps at sample rate {segment.sample_rate:g}, no client-sampling amplification"
 
 
+def _relation(acc: Accountant, neighbouring: str) -> str:
+    """The relation, and how the accountant reaches it (``accounted_epsilon``)."""
+    native = native_relations(acc)
+    if neighbouring in native:
+        return neighbouring
+    if "replace-one" in native:
+        return f"{neighbouring}, via the replace-one bound at sigma/2"
+    return f"{neighbouring}, via group privacy from add-remove at 2 sigma"
+
+
+def _neighbouring(value: str) -> str:
+    if value not in NEIGHBOURING:
+        raise ConfigError("--neighbouring", f"must be one of {', '.join(NEIGHBOURING)}, got {value!r}")
+    return value
+
+
 def epsilon_command(
     accountant: str = _ACCOUNTANT,
-    noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="noise multiplier sigma (> 0)"),
+    noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="noise multiplier sigma (> 0; see --neighbouring)"),
     data_rate: float = _DATA_RATE,
     local_steps: int = _LOCAL_STEPS,
     rounds: int = _ROUNDS,
@@ -91,23 +127,25 @@ def epsilon_command(
     clients: int = _CLIENTS,
     view: str = _VIEW,
     delta: float = _DELTA,
+    neighbouring: str = _NEIGHBOURING,
     as_json: bool = _JSON,
 ) -> None:
-    """Epsilon spent by one client after `rounds` x `local-steps` noisy steps."""
+    """Epsilon spent by one client after `rounds` x `local-steps` noisy steps, for a
+    neighbouring relation (sigma = std/C for add-remove, std/(2C) for replace-one)."""
     from p4bench.privacy import get_accountant
 
     acc = get_accountant(accountant)
+    neighbouring = _neighbouring(neighbouring)
     segment = _segment(noise_multiplier, data_rate, local_steps, rounds, client_rate, clients, view)
-    epsilon = acc.epsilon([segment], delta)
+    epsilon = accounted_epsilon(acc, [segment], delta, neighbouring)
     floor = acc.epsilon_floor([segment], delta)
     typer.echo(
-        f"epsilon = {epsilon:.4f} at delta = {delta:g}, noise multiplier {noise_multiplier:g} "
-        f"({_describe(accountant, segment)})"
+        f"epsilon = {epsilon:.4f} at delta = {delta:g}, noise multiplier {noise_multiplier:g}, "
+        f"{_relation(acc, neighbouring)} ({_describe(accountant, segment)})"
     )
-    if floor > 0:
-        typer.echo(f"note: this bound never goes below epsilon = {floor:.4f} for these parameters, whatever the noise")
+    _notes(accountant, floor)
     if as_json:
-        result = {"epsilon": epsilon, "noise_multiplier": noise_multiplier, **_inputs(accountant, segment, delta)}
+        result = {"epsilon": epsilon, "noise_multiplier": noise_multiplier, **_inputs(accountant, segment, delta, neighbouring)}
         if floor > 0:
             result["epsilon_floor"] = floor
         typer.echo(json.dumps(result))
@@ -123,30 +161,43 @@ def noise_command(
     clients: int = _CLIENTS,
     view: str = _VIEW,
     delta: float = _DELTA,
+    neighbouring: str = _NEIGHBOURING,
     tolerance: float = typer.Option(0.01, "--tolerance", help="accept epsilon in [target - tolerance, target]"),
     as_json: bool = _JSON,
 ) -> None:
-    """The smallest noise multiplier (to `tolerance`) whose epsilon stays <= the target."""
+    """The smallest noise multiplier (to `tolerance`) whose epsilon stays <= the target,
+    for a neighbouring relation (sigma = std/C for add-remove, std/(2C) for replace-one)."""
     from p4bench.privacy import get_accountant
 
     acc = get_accountant(accountant)
+    neighbouring = _neighbouring(neighbouring)
     template = _segment(1.0, data_rate, local_steps, rounds, client_rate, clients, view)
-    sigma = calibrate_accountant(acc, [template], delta=delta, target_epsilon=epsilon, tolerance=tolerance)
-    segment = _segment(sigma, data_rate, local_steps, rounds, client_rate, clients, view)
-    achieved = acc.epsilon([segment], delta)
-    typer.echo(
-        f"noise multiplier = {sigma:.4f} gives epsilon = {achieved:.4f} <= {epsilon:g} at delta = {delta:g} "
-        f"({_describe(accountant, segment)})"
+    sigma = calibrate_accountant(
+        acc, [template], delta=delta, target_epsilon=epsilon, tolerance=tolerance, neighbouring=neighbouring
     )
+    segment = _segment(sigma, data_rate, local_steps, rounds, client_rate, clients, view)
+    achieved = accounted_epsilon(acc, [segment], delta, neighbouring)
+    typer.echo(
+        f"noise multiplier = {sigma:.4f} gives epsilon = {achieved:.4f} <= {epsilon:g} at delta = {delta:g}, "
+        f"{_relation(acc, neighbouring)} ({_describe(accountant, segment)})"
+    )
+    _notes(accountant, 0.0)
     if as_json:
         result = {
             "noise_multiplier": sigma,
             "epsilon": achieved,
             "target_epsilon": epsilon,
             "tolerance": tolerance,
-            **_inputs(accountant, segment, delta),
+            **_inputs(accountant, segment, delta, neighbouring),
         }
         typer.echo(json.dumps(result))
+
+
+def _notes(name: str, floor: float) -> None:
+    if floor > 0:
+        typer.echo(f"note: this bound never goes below epsilon = {floor:.4f} for these parameters, whatever the noise")
+    if name == "noble":
+        typer.echo(f"note: {NOBLE_CAVEAT}")
 
 
 app.command("epsilon")(epsilon_command)

@@ -5,62 +5,38 @@ Methods report releases (sampling rate, noise multiplier, steps) through the
 any accountant. It also enforces the budget: a client whose next step would exceed the
 target epsilon under the run's accountant stops releasing.
 
-Neighbouring relations: `rdp` and `prv` analyse add/remove-one neighbours. Noise with
-std sigma*C (add-remove) is their multiplier sigma. Under replace-one (std 2*sigma*C)
-they analyse multiplier 2*sigma for add/remove and convert soundly by group privacy:
-a replacement is a removal then an addition, so (eps, delta) for add/remove gives
-(2 eps, delta (1 + e^eps)) for replacement. The `noble` bound is a replacement
-analysis with sensitivity 2C, so its multiplier is std / (2C).
+Every run reports epsilon under its own accountant, under `rdp` (the long-standing
+cross-check) and under `pld` (tight for both relations).
+
+Neighbouring relations (:func:`accounted_epsilon`): `pld` analyses add-remove (std
+sigma*C) and replace-one (std 2*sigma*C) natively. `rdp` and `prv` analyse
+add/remove-one neighbours; under replace-one they analyse multiplier 2*sigma for
+add/remove and convert soundly by group privacy: a replacement is a removal then an
+addition, so (eps, delta) for add/remove gives (2 eps, delta (1 + e^eps)) for
+replacement. The `noble` bound is a replacement analysis with sensitivity 2C, so its
+multiplier is std / (2C).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from p4bench.hookspecs import hookimpl
-from p4bench.privacy.accountants import Accountant, ReleaseSegment
+from p4bench.privacy.accountants import Accountant, ReleaseSegment, accounted_epsilon
 from p4bench.privacy.mechanism import DPSettings, Release
 
-REPLACE_ONE_NATIVE = {"noble"}
-
-
-def relation_of(accountant: Accountant) -> str:
-    """The neighbouring relation an accountant's analysis is stated for."""
-    return getattr(accountant, "relation", "replace-one" if accountant.name in REPLACE_ONE_NATIVE else "add-remove")
-
-
-def accounted_epsilon(accountant: Accountant, history: list[ReleaseSegment], delta: float, neighbouring: str, **context: Any) -> float:
-    """Epsilon of `history` (segments carrying the run's sigma) for the run's neighbouring
-    relation, converting between relations soundly (module docstring)."""
-    if not history:
-        return 0.0
-    native = relation_of(accountant)
-    if native == "replace-one":
-        factor = 1.0 if neighbouring == "replace-one" else 0.5  # std / (2C) in units of sigma
-        return accountant.epsilon([replace(s, noise_multiplier=s.noise_multiplier * factor) for s in history], delta, **context)
-    if neighbouring == "add-remove":
-        return accountant.epsilon(history, delta, **context)
-    doubled = [replace(s, noise_multiplier=2.0 * s.noise_multiplier) for s in history]
-    inner_delta = delta / 2.0
-    for _ in range(30):  # fixed point of delta' = delta / (1 + e^eps(delta')), from above
-        eps = accountant.epsilon(doubled, inner_delta, **context)
-        next_delta = delta / (1.0 + math.exp(min(eps, 700.0)))
-        if abs(next_delta - inner_delta) <= 1e-3 * next_delta:
-            inner_delta = min(inner_delta, next_delta)
-            break
-        inner_delta = next_delta
-    eps = accountant.epsilon(doubled, inner_delta, **context)
-    return 2.0 * eps
+__all__ = ["PrivacyLedger", "accounted_epsilon"]  # accounted_epsilon: re-exported from accountants
 
 
 class PrivacyLedger:
     """Observer plugin holding every client's release history.
 
+    `accountant` answers the budget and the headline epsilon; `reference` (rdp) and
+    `pld` are reported next to it (`epsilon_rdp*`, `epsilon_pld*`; `pld` None skips it).
     `context` describes the run for bounds that need it (noble: local steps K, client
     rate l, clients M, view). Steps are kept per (phase, sample rate, sigma) key.
     """
@@ -74,8 +50,9 @@ class PrivacyLedger:
         delta: float,
         budget: float | None,
         context: dict[str, Any],
+        pld: Accountant | None = None,
     ) -> None:
-        self.settings, self.accountant, self.reference = settings, accountant, reference
+        self.settings, self.accountant, self.reference, self.pld = settings, accountant, reference, pld
         self.num_clients, self.delta, self.budget = num_clients, delta, budget
         self.context = context
         self.keys: list[tuple[str, float, float]] = []
@@ -187,21 +164,24 @@ class PrivacyLedger:
         self.rounds[report.phase] = self.rounds.get(report.phase, 0) + 1
         self._current_round = report.round + 1
         reported = run.reported
-        for label, accountant in (("epsilon", self.accountant), ("epsilon_rdp", self.reference)):
+        for label, accountant in self._reported_accountants():
             values = self.epsilons(accountant)[reported] if reported.any() else np.zeros(1)
             report.metrics[f"{label}_max"] = float(values.max())
             report.metrics[f"{label}_mean"] = float(values.mean())
         report.metrics["clients_stopped"] = float(self.stopped.sum())
 
+    def _reported_accountants(self) -> list[tuple[str, Accountant]]:
+        pairs = [("epsilon", self.accountant), ("epsilon_rdp", self.reference)]
+        return pairs + ([("epsilon_pld", self.pld)] if self.pld is not None else [])
+
     def summary(self, reported: np.ndarray) -> dict[str, Any]:
-        chosen = self.epsilons(self.accountant)
-        rdp = self.epsilons(self.reference)
         mask = reported if reported.any() else np.ones_like(reported)
+        figures: dict[str, Any] = {}
+        for label, accountant in self._reported_accountants():
+            values = self.epsilons(accountant)[mask]
+            figures[label], figures[f"{label}_mean"] = float(values.max()), float(values.mean())
         return {
-            "epsilon": float(chosen[mask].max()),
-            "epsilon_mean": float(chosen[mask].mean()),
-            "epsilon_rdp": float(rdp[mask].max()),
-            "epsilon_rdp_mean": float(rdp[mask].mean()),
+            **figures,
             "epsilon_budget": self.budget,
             "accountant": self.accountant.name,
             "delta": self.delta,

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from p4bench.rng import SecretSource
+
 _PARALLEL_MIN = 1 << 22  # draws below ~4M normals: threads cost more than they save
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (owner pid, pool): a forked child needs its own
 
@@ -28,10 +30,12 @@ def _thread_pool() -> ThreadPoolExecutor:
 class NoiseStreams:
     """Independent Gaussian noise per node.
 
-    Seeded mode: one torch generator per node, seeded from (run seed, node id) through
-    numpy's SeedSequence: reproducible, independent across nodes, never derived from
-    public round or step numbers. Secure mode: every draw comes from the OS CSPRNG
-    (`os.urandom`), for deployments; runs are then not reproducible.
+    Seeded mode (simulation): one torch generator per node, seeded from (run seed, node
+    id) through numpy's SeedSequence: reproducible, independent across nodes, never
+    derived from public round or step numbers, but not secret: anyone holding the run
+    config can recompute every node's noise. Secure mode (separate parties, devices):
+    every draw comes from a `SecretSource` (a keystream under a key from the OS CSPRNG),
+    nothing derives from the seed, and runs are not reproducible.
 
     Large draws fill rows on several threads (torch's sampler is single-threaded and
     releases the GIL); each row still consumes only its own node's stream, so the
@@ -41,6 +45,7 @@ class NoiseStreams:
     def __init__(self, seed: int, node_ids: list[int], secure: bool = False) -> None:
         self.secure = secure
         self.node_ids = list(node_ids)
+        self.source = SecretSource() if secure else None
         self.generators: list[torch.Generator | None] = [
             None if secure else torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1, i + 1]).generate_state(1, np.uint64)[0] >> 1))
             for i in self.node_ids
@@ -58,7 +63,7 @@ class NoiseStreams:
         """The streams of some rows, in the order of `positions` (shares the generators,
         so draws advance them)."""
         sub = NoiseStreams.__new__(NoiseStreams)
-        sub.secure = self.secure
+        sub.secure, sub.source = self.secure, self.source
         picked = positions.tolist()
         sub.node_ids = [self.node_ids[p] for p in picked]
         sub.generators = [self.generators[p] for p in picked]
@@ -97,9 +102,13 @@ class NoiseStreams:
         count = len(self.node_ids)
         if any(len(part) != count or not part[0].is_contiguous() for part in parts if part.numel()):
             raise ValueError("noise parts need one contiguous block per stream")
-        if self.secure:
-            for part in parts:
-                part.copy_(_os_normal(count, math.prod(part.shape[1:])).view(part.shape))
+        if self.secure:  # one batched draw for every part and row
+            sizes = [math.prod(part.shape[1:]) for part in parts]
+            normal = _secret_normal(self.source, count * sum(sizes)).view(count, sum(sizes))
+            offset = 0
+            for part, size in zip(parts, sizes):
+                part.copy_(normal[:, offset : offset + size].reshape(part.shape))
+                offset += size
             return
 
         def draw(rows: range) -> None:
@@ -115,11 +124,14 @@ class NoiseStreams:
             list(_thread_pool().map(draw, [range(w, count, workers) for w in range(workers)]))
 
 
-def _os_normal(rows: int, size: int) -> torch.Tensor:
-    half = (size + 1) // 2
-    raw = np.frombuffer(os.urandom(rows * 2 * half * 8), dtype=np.uint64).reshape(rows, 2 * half)
-    uniform = ((raw >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
-    radius = np.sqrt(-2.0 * np.log(uniform[:, :half]))
-    angle = 2.0 * np.pi * uniform[:, half:]
-    normal = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)], axis=1)[:, :size]
-    return torch.from_numpy(normal.astype(np.float32))
+def _secret_normal(source: SecretSource, count: int) -> torch.Tensor:
+    """(count,) float64 standard normals from `source`: Box-Muller on 53-bit uniforms
+    (float64 throughout, so the tails are those of a Gaussian, not of a coarse grid)."""
+    half = (count + 1) // 2
+    uniform = source.uniform53(2 * half)
+    radius = uniform[:half].log_().mul_(-2.0).sqrt_()
+    angle = uniform[half:].mul_(2.0 * math.pi)
+    out = torch.empty(2 * half, dtype=torch.float64)
+    torch.mul(radius, torch.cos(angle), out=out[:half])
+    torch.mul(radius, angle.sin_(), out=out[half:])
+    return out[:count]

@@ -1,7 +1,8 @@
 """The `device` runtime: the launcher side of a run across peer processes.
 
 The launcher connects to every peer (TLS, as ``launcher``), sends the run's config and
-seed, says go, and then only listens: each peer reports every round (its client's
+seed (public: shared streams such as the partition derive from it, each peer's private
+draws do not), says go, and then only listens: each peer reports every round (its client's
 accuracy, losses, bytes, measurements, DP releases) and finally its state. From those
 reports the launcher builds the same `RoundReport`s and `Outcome` as the simulator, so
 the runner logs the run to MLflow like any other. With ``--local-peers N`` it first
@@ -429,6 +430,7 @@ class DeviceRuntime(Runtime):
 
     name = "device"
     description = "one process per client over TLS sockets (Raspberry Pis, or --local-peers N on 127.0.0.1)"
+    separate_parties = True  # each peer's noise and batches come from its own secret source
 
     def execute(self, job: Job, on_round: Callable[[RoundReport], None]) -> Outcome:
         config, options = job.config, dict(job.config.options)

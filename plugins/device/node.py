@@ -2,10 +2,16 @@
 
 A peer holds one client's row (or, for server-based methods, the server) and runs the
 method's phases, rounds and steps in lockstep with the other peers, exactly as the
-simulator's `GroupedRuntime` does for a group of one client: the same method code, the
-same per-client Philox streams and noise generators, so the numbers agree. Only the
-exchanges differ: messages go out as safetensors frames over TLS and come back from
+simulator's `GroupedRuntime` does for a group of one client: the same method code. Only
+the exchanges differ: messages go out as safetensors frames over TLS and come back from
 the other peers (see `transport`).
+
+A peer is a separate party: its client's private draws (DP noise, Poisson batches, the
+peers it samples) come from its own secret source (`p4bench.rng.SecretRng`), never from
+the run seed that every peer receives, so no peer can subtract another's noise. Only a
+run marked `device_simulation` with `noise_source: seeded` uses the seeded streams (then
+the numbers agree with the simulator's, and the run's epsilon is uncertified); a peer
+refuses seeded randomness without that mark.
 
 The peer builds its data itself, from the dataset on its own disk, with the run's
 seed, partitioner and client id (`p4bench.runner.prepare`); raw data never crosses
@@ -22,11 +28,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import time
 from collections import Counter
 from functools import partial
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -43,11 +50,14 @@ from p4bench.plugins.device.measure import PowerMeter, RoundClock
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.protocol import Limits
 from p4bench.plugins.device.transport import PeerTransport
-from p4bench.rng import SERVER_ID, ClientRng, node_keys
+from p4bench.rng import SERVER_ID, client_rng, secret_draws
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 log = logging.getLogger("p4bench.device")
 
-__all__ = ["DeviceNode", "serve", "consistent_messages"]
+__all__ = ["DeviceNode", "serve", "consistent_messages", "peer_config"]
 
 
 class Aborted(Exception):
@@ -83,6 +93,7 @@ class DeviceNode(GroupedRuntime):
     client (or none, on the server's peer), with exchanges over the transport."""
 
     name = "device-node"
+    separate_parties = True
 
     def __init__(self, me: PeerSpec, peers: PeersFile, transport: PeerTransport, meter: PowerMeter | None = None) -> None:
         self.me, self.peers, self.transport, self.meter = me, peers, transport, meter
@@ -111,7 +122,8 @@ class DeviceNode(GroupedRuntime):
         job.report_release = self._record_release
         self.groups = [] if self.is_server else [self._make_group(torch.tensor([self.me.node]))]
         server_rows = torch.tensor([SERVER_ID])
-        self.server_rng = ClientRng(node_keys(config.seed, server_rows, STREAM_TRAINING))
+        secret = secret_draws(config.noise_source, self.separate_parties)  # the server peer is a party too
+        self.server_rng = client_rng(config.seed, server_rows, STREAM_TRAINING, secret)
         self.server_state = (
             method.init_server_state(self._context(server_rows, self.server_rng, "init", -1)) if self.is_server else {}
         )
@@ -310,6 +322,20 @@ def _parse_start(start: dict[str, Any], peers: PeersFile) -> tuple[dict[str, Any
     return start["config"], Limits.from_dict(start["limits"]), str(start.get("run_id", ""))
 
 
+def peer_config(config: "RunConfig") -> "RunConfig":
+    """The config as this peer runs it: `auto` randomness resolved to `secure` (a peer is
+    a separate party); seeded randomness refused unless the run is marked a simulation
+    on devices (`device_simulation`), since every peer could then recompute the others'
+    noise and batches from the seed. (`prepare` does the same for the device runtime;
+    this holds whatever runtime the launcher's config names.)"""
+    if config.noise_source == "auto":
+        config = config.replace(noise_source="secure")
+    if config.noise_source == "seeded" and not config.device_simulation:
+        raise UsageError("seeded noise and batches on devices let every peer recompute the others' noise; "
+                         "use --noise-source secure, or mark the run --device-simulation (epsilon uncertified)")
+    return config
+
+
 def run_session(
     transport: PeerTransport, me: PeerSpec, peers: PeersFile, start: dict[str, Any], meter: PowerMeter | None, registry=None
 ) -> None:
@@ -322,8 +348,9 @@ def run_session(
         config_values, limits, run_id = _parse_start(start, peers)
         transport.limits = limits
         transport.begin_run(run_id)
-        config = RunConfig(**config_values)
-        torch.manual_seed(config.seed)
+        config = peer_config(RunConfig(**config_values))
+        # stray global-RNG uses (there should be none) must not be predictable from the seed either
+        torch.manual_seed(config.seed if config.noise_source == "seeded" else secrets.randbits(63))
         prepared = prepare(config, registry or Registry(create_plugin_manager()))
         if prepared.job.data.num_clients != peers.num_clients:
             raise UsageError(f"the run has {prepared.job.data.num_clients} clients, the peers file {peers.num_clients}")

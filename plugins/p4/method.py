@@ -7,11 +7,30 @@ grouping on the same data (`grouping.form_groups`) with the run's public random 
 
 Phase 2 (co-training, Algorithm 2), per group and round: the round's aggregator
 (round-robin over the sorted members) samples floor(l * G) members; they run K local
-steps on the same batches for both models (the proxy with the DP mechanism on
-(1 - alpha) CE + alpha KL(private || proxy), the private model without DP on
-(1 - beta) CE + beta KL(proxy || private)); they send their proxy deltas to the
-aggregator, which filters them with the run's defense, averages them, applies
-eta_g and sends the new proxy to every member. Each client deploys its private model.
+steps on the same batches for both models (the proxy with the DP mechanism, the
+private model without DP on (1 - beta) CE + beta KL(proxy || private)); they send their
+proxy deltas to the aggregator, which filters them with the run's defense, averages
+them, applies eta_g and sends the new proxy to every member. Each client deploys its
+private model. In the first co-training round the aggregator's announce also carries
+its proxy, and every member starts from it: deltas are then taken from the model they
+are added to (otherwise each member's delta is relative to its own phase-1 proxy but
+is added to the aggregator's).
+
+The proxy's teacher (option `teacher`), a departure from the paper made for privacy:
+the paper trains the proxy on (1 - alpha) CE + alpha KL(private || proxy), but the
+private model is trained without DP on the same records, so one record changes the
+private model and through it the clipped gradients of *other* records in every later
+proxy step, also in batches without that record: the subsampled-Gaussian analysis
+(sensitivity C, a step unaffected when the record is not sampled) does not hold, and
+no accountant's epsilon is valid. So by default the proxy reads no non-DP teacher:
+- `none` (default): alpha = 0 for the proxy, plain DP-SGD on CE. Chosen because it is
+  the paper's proxy step minus the leaking term, runs on every fused path, and on
+  digits costs no accuracy against `last-proxy` (README, Privacy, measured 3 seeds);
+- `last-proxy`: KL from the proxy as released at the start of the round (the group's
+  last proxy), a DP output: post-processing, certified. Generic (autograd) path only;
+- `private`: the paper's, kept for reproduction; the run's epsilon is reported
+  uncertified.
+The private model may distil from the proxy (beta): it is never released.
 
 Everything is written through the engine interface (no simulator-only logic), so the
 same code runs batched, per client, over bytes or on devices.
@@ -27,7 +46,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
+from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, strip_prefix, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient, gather_batch, logits_of, sample_batches
@@ -42,25 +61,33 @@ GROUPING, COTRAINING = "grouping", "cotraining"
 UPDATE, MODEL = "update.", "model."
 GROUP_SIZE_DEFAULTS = {"cifar10": 8, "femnist": 8, "leaf-femnist": 8, "cifar100": 4}
 FUSED_MODES = ("auto", "span", "buckets", "off")
+TEACHERS = ("none", "last-proxy", "private")
 _PUBLIC_SEED = 13  # stream for the grouping's random pairs, shared by every client
 
 
 class P4(Method):
-    """P4 with its options (``-o key=value``): group_size V, samples H, alpha, beta,
-    grouping (similarity | random), proxy (true | false: one shared DP model)."""
+    """P4 with its options (``-o key=value``): group_size V, samples H, teacher
+    (none | last-proxy | private) and alpha (its weight), beta, grouping (similarity |
+    random), proxy (true | false: one shared DP model)."""
 
     name = "p4"
     description = "P4: private similarity grouping, then DP proxy / private co-training with mutual distillation"
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, personalized=True)
     default_neighbouring = "replace-one"  # the paper's eq. 13: noise std 2 C sigma
     default_defense = "p4-secure"
+    default_epsilon = DEFAULT_EPSILON
 
     def validate_options(self) -> None:
         options, config = self.config.options, self.config
         default_size = min(GROUP_SIZE_DEFAULTS.get(config.dataset, 4), config.clients)  # small runs: one group
         self.group_size = int(options.get("group_size", default_size))
         self.samples = int(options.get("samples", min(35, config.clients - 1)))
-        self.alpha = float(options.get("alpha", 0.5))
+        self.teacher = str(options.get("teacher", "none"))
+        if self.teacher not in TEACHERS:
+            raise ConfigError("options.teacher", f"must be one of {', '.join(TEACHERS)}, got {self.teacher!r}")
+        if self.teacher == "none" and float(options.get("alpha", 0.0)) > 0:
+            raise ConfigError("options.alpha", "weights the proxy's teacher: set -o teacher=last-proxy|private (default none: alpha = 0)")
+        self.alpha = float(options.get("alpha", 0.5)) if self.teacher != "none" else 0.0
         self.beta = float(options.get("beta", 0.5))
         self.grouping = str(options.get("grouping", "similarity"))
         self.use_proxy = bool(options.get("proxy", True))
@@ -84,8 +111,18 @@ class P4(Method):
         # Local step size as in Noble et al.'s code, which P4 builds on.
         self.local_lr = config.lr / (max(round(config.local_steps * config.data_rate), 1) * config.global_lr)
         self.epoch_steps = math.ceil(1 / config.data_rate)
+        if self.teacher == "last-proxy" and self.fused in ("span", "buckets"):
+            raise ConfigError("options.fused", "teacher=last-proxy runs on the generic path only (-o fused=false)")
         self._buckets = FusedCotraining(self.alpha, self.beta, self.local_lr, config.data_rate)
         self._span = SpanCotraining(self.alpha, self.beta, self.local_lr, config.data_rate, self.span_noise)
+
+    def uncertified_steps(self):
+        if self.teacher == "private" and self.use_proxy and self.alpha > 0:
+            return [
+                "P4 teacher=private (the paper's): the DP proxy distils from the non-DP private model trained "
+                "on the same records, so one record moves other records' clipped gradients outside the ledger"
+            ]
+        return []
 
     # -- schedule ---------------------------------------------------------------------
     def phases(self):
@@ -153,14 +190,14 @@ class P4(Method):
         proxy, private = state["proxy"], state["private"]
         total, taken = torch.zeros(len(ctx.rows), dtype=torch.float64), torch.zeros(len(ctx.rows))
         stopped = state["stopped"].clone()
-        if self.fused != "off" and self.use_proxy and type(ctx.model) is LinearSoftmax:
+        if self.fused != "off" and self.use_proxy and self.teacher != "last-proxy" and type(ctx.model) is LinearSoftmax:
             proxy, private, total, taken = self._fused_step(train, ctx).run(proxy, private, train, ctx, self.config.local_steps)
             stopped |= taken < self.config.local_steps  # the ledger refused a step: budget spent
             return self._cotrained(state, proxy, private, stopped, total, taken)
         for _ in range(self.config.local_steps):
             index, mask = sample_batches(ctx, train)
             x, y = gather_batch(train.x, index), gather_batch(train.y, index)
-            teacher = private if self.use_proxy and self.alpha > 0 else None
+            teacher = self._teacher(state, private)
             grads, loss, done = self._proxy_step(proxy, x, y, mask, train, ctx, teacher)
             if self.use_proxy:
                 # the private model learns on the same batch, without DP, from the proxy's pre-step outputs
@@ -174,6 +211,12 @@ class P4(Method):
             stopped |= ~done.bool()
             total, taken = total + loss * done, taken + done
         return self._cotrained(state, proxy, private, stopped, total, taken)
+
+    def _teacher(self, state, private):
+        """The parameters whose outputs the proxy distils from (None: CE only)."""
+        if not self.use_proxy or self.alpha == 0:
+            return None
+        return state["group_proxy"] if self.teacher == "last-proxy" else private
 
     def _fused_step(self, train, ctx) -> LinearCotraining:
         """The span path when forced or when it needs fewer FLOPs, else the bucketed one."""
@@ -318,7 +361,11 @@ class P4(Method):
         dst = sorted_ids[leads, : int(size.max())]
         real = dst >= 0
         src = ctx.rows[leads].unsqueeze(1).expand_as(dst)
-        return Messages(src[real], dst[real], {"selected": selected[real]})
+        payload = {"selected": selected[real]}
+        if ctx.round == 0:  # the group's starting proxy: the aggregator's (a DP release)
+            lead_of_message = torch.arange(len(leads)).unsqueeze(1).expand_as(dst)[real]
+            payload.update(flatten({k: v[leads][lead_of_message] for k, v in state["group_proxy"].items()}, MODEL))
+        return Messages(src[real], dst[real], payload)
 
     def _receive_announce(self, state, inbox, ctx):
         position = torch.searchsorted(ctx.rows, inbox.dst)
@@ -328,6 +375,8 @@ class P4(Method):
             first = torch.cat([torch.ones(1, dtype=torch.bool), position[1:] != position[:-1]])
             selected[position[first]] = inbox.payload["selected"][first].bool()
             lead[position[first]] = inbox.src[first]
+            if any(k.startswith(MODEL) for k in inbox.payload):
+                state = self._start_from(state, position[first], strip_prefix(inbox.select(first).payload, MODEL))
         trained = torch.zeros(len(ctx.rows), dtype=torch.bool)
         failed, missing = state["failed"], (lead < 0).nonzero().squeeze(1)
         if len(missing) or bool(failed.any()):
@@ -339,6 +388,14 @@ class P4(Method):
             missing = missing[expected[missing] >= 0]
             failed[missing, expected[missing]] = True
         return {**state, "selected": selected, "trained": trained, "lead": lead, "failed": failed}
+
+    @staticmethod
+    def _start_from(state, position, model):
+        """Rows `position` set proxy and group proxy to the received group model."""
+        proxy = {k: v.clone() for k, v in state["proxy"].items()}
+        for k in proxy:
+            proxy[k][position] = model[k].to(proxy[k].dtype)
+        return {**state, "proxy": proxy, "group_proxy": {k: v.clone() for k, v in proxy.items()}}
 
     def _send_upload(self, state, ctx):
         """Participants send their proxy delta to the round's aggregator (the one that announced)."""

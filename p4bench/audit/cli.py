@@ -1,0 +1,114 @@
+"""`p4bench audit`: an empirical privacy audit of one method and config.
+
+Prints one line (the lower bound next to the claimed epsilon) and, with --json, a
+last JSON line with the figures. Exits 0 when the claim is consistent with the
+audit, 1 when the lower bound exceeds it (the claim is refuted), 2 for bad input
+(including a non-private run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from p4bench.config import parse_key_values, resolve_config
+from p4bench.hookspecs import hookimpl
+
+DEFAULT_EXPERIMENT = "p4bench-audit"  # canary-laden runs stay out of the benchmark's experiments
+
+
+class RoundProgress:
+    """Observer plugin: one bar over every round of every run of the audit."""
+
+    def __init__(self, progress: Progress, task, runs: int) -> None:
+        self.progress, self.task, self.runs = progress, task, runs
+        self.index = 0
+
+    @hookimpl
+    def run_started(self, run) -> None:
+        self.index += 1
+        self.progress.update(self.task, total=run.total_rounds * self.runs, description=f"audit run {self.index}/{self.runs}")
+
+    @hookimpl
+    def round_finished(self, run, report) -> None:
+        self.progress.update(self.task, advance=1)
+
+
+def audit_command(
+    method: str = typer.Option(..., help="method name (see `p4bench list`)"),
+    dataset: Optional[str] = typer.Option(None, help="dataset name (default digits, offline)"),
+    clients: Optional[int] = typer.Option(None, help="number of clients M"),
+    rounds: Optional[int] = typer.Option(None, help="communication rounds T"),
+    local_steps: Optional[int] = typer.Option(None, help="local steps K per round"),
+    data_rate: Optional[float] = typer.Option(None, help="data sampling ratio s in (0, 1]"),
+    epsilon: Optional[float] = typer.Option(None, help="target epsilon per client (the claim to audit)"),
+    delta: Optional[float] = typer.Option(None, help="target delta (default 1 / training records)"),
+    noise_multiplier: Optional[float] = typer.Option(None, help="DP noise multiplier (default: calibrated from --epsilon)"),
+    clip: Optional[float] = typer.Option(None, help="DP per-example clipping norm C"),
+    neighbouring: Optional[str] = typer.Option(None, help="add-remove | replace-one (default: the method's)"),
+    accountant: Optional[str] = typer.Option(None, help="privacy accountant: rdp | prv | noble"),
+    seed: Optional[int] = typer.Option(None, help="seed of the first run (runs use seed..seed+runs-1)"),
+    option: list[str] = typer.Option([], "--option", "-o", help="plugin option KEY=VALUE (repeatable)"),
+    runs: int = typer.Option(1, "--runs", help="training runs; their trials are pooled"),
+    canaries_per_client: Optional[int] = typer.Option(
+        None, "--canaries-per-client", help="canaries per client (default: min(parameters, 1024)), at most the parameters"
+    ),
+    confidence: float = typer.Option(0.95, "--confidence", help="confidence of the lower bound, in (0, 1)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of the score distributions (default: in the last run's results folder)"),
+    as_json: bool = typer.Option(False, "--json", help="end with one JSON line holding the figures"),
+    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
+    experiment: Optional[str] = typer.Option(None, help=f"MLflow experiment name (default {DEFAULT_EXPERIMENT})"),
+    results_dir: Optional[str] = typer.Option(None, help="folder for local copies of results"),
+) -> None:
+    """Empirical privacy audit: an epsilon lower bound from canaries, next to the claimed epsilon."""
+    from p4bench.audit.core import run_audit
+    from p4bench.plugin_manager import default_plugin_manager
+
+    overrides = {
+        k: v
+        for k, v in dict(
+            method=method, dataset=dataset, clients=clients, rounds=rounds, local_steps=local_steps, data_rate=data_rate,
+            epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, clip=clip, neighbouring=neighbouring,
+            accountant=accountant, seed=seed, tracking_uri=tracking_uri, experiment=experiment or DEFAULT_EXPERIMENT,
+            results_dir=results_dir, options=parse_key_values(option) or None,
+        ).items()
+        if v is not None
+    }
+    config = resolve_config(overrides=overrides)
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True)
+    with progress:
+        task = progress.add_task("audit", total=None)
+        result = run_audit(
+            config, runs=runs, canaries_per_client=canaries_per_client, confidence=confidence,
+            observers=[RoundProgress(progress, task, runs)], plugin_manager=default_plugin_manager(), plot=plot,
+        )
+    human = Console(stderr=as_json, highlight=False, soft_wrap=True)
+    for note in result.notes:
+        human.print(f"note: {note}")
+    if result.tracking_error:
+        human.print(f"[yellow]{result.tracking_error}[/yellow]")
+    if result.plot is not None:
+        human.print(f"score distributions: {result.plot}")
+    typer.echo(result.line())
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), default=_json_default))
+    if result.exceeds:
+        raise typer.Exit(1)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return str(value)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("audit")(audit_command)

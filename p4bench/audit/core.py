@@ -1,0 +1,207 @@
+"""`run_audit`: train with canaries, score them, bound epsilon from below.
+
+One training run gives (clients x canaries per client) independent trials; `runs`
+repeats training with seeds seed..seed+runs-1 (fresh canaries and bits each time) and
+pools the trials. The claimed epsilon is the run's own (ledger) figure; a lower bound
+above it means the privacy claim does not hold for this mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pluggy
+
+from p4bench.audit.canaries import AuditedMechanism, CanaryBank
+from p4bench.audit.stats import AuditBound, empirical_epsilon
+from p4bench.config import RunConfig
+from p4bench.errors import IncompatibleError, UsageError
+
+__all__ = ["AuditResult", "audit_config", "run_audit"]
+
+
+@dataclass
+class AuditResult:
+    """The pooled trials, the bound, and the claim it is compared with."""
+
+    config: RunConfig
+    bound: AuditBound
+    claimed_epsilon: float
+    certified: bool | None  # None: the runs did not say
+    accountant: str
+    neighbouring: str
+    runs: int
+    canaries_per_client: int
+    scores: np.ndarray  # (N,) every trial's score, runs pooled
+    included: np.ndarray  # (N,) bool, the canaries' true bits
+    summaries: list[dict[str, Any]]  # each run's summary
+    notes: list[str] = field(default_factory=list)
+    plot: Path | None = None
+    tracking_error: str | None = None
+
+    @property
+    def exceeds(self) -> bool:
+        """The audit refutes the claim: the lower bound is above the claimed epsilon."""
+        return self.bound.epsilon_lower > self.claimed_epsilon
+
+    @property
+    def claim_label(self) -> str:
+        return {True: "certified", False: "uncertified", None: "claimed"}[self.certified]
+
+    def line(self) -> str:
+        b = self.bound
+        verdict = "EXCEEDS the claimed epsilon: the privacy claim does not hold" if self.exceeds else "consistent"
+        runs = f"{self.runs} run" + ("s" if self.runs != 1 else "")
+        return (
+            f"audit {self.config.method} on {self.config.dataset}: empirical epsilon >= {b.epsilon_lower:.2f} "
+            f"at {_percent(b.confidence)} confidence ({b.trials} trials in {runs}) vs {self.claim_label} epsilon "
+            f"{self.claimed_epsilon:.2f} ({self.accountant}, {self.neighbouring}): {verdict}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.config.method,
+            "dataset": self.config.dataset,
+            "epsilon_lower": self.bound.epsilon_lower,
+            "claimed_epsilon": self.claimed_epsilon,
+            "epsilon_certified": self.certified,
+            "exceeds": self.exceeds,
+            "accountant": self.accountant,
+            "neighbouring": self.neighbouring,
+            "runs": self.runs,
+            "canaries_per_client": self.canaries_per_client,
+            "seeds": [s["seed"] for s in self.summaries],
+            "run_ids": [s.get("run_id") for s in self.summaries],
+            "noise_multiplier": self.summaries[0].get("noise_multiplier"),
+            **{k: v for k, v in self.bound.as_dict().items() if k != "epsilon_lower"},
+            "notes": self.notes,
+            "plot": str(self.plot) if self.plot else None,
+            "tracking_uri": self.summaries[-1].get("tracking_uri"),
+            "tracking_error": self.tracking_error,
+        }
+
+
+def _percent(confidence: float) -> str:
+    return f"{100 * confidence:.6g}%"
+
+
+def audit_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
+    """The config the audit trains with, and notes on what it changed. Refuses
+    non-private runs: there is no claim to audit."""
+    if not config.private:
+        raise UsageError("the audit needs a private run: give --epsilon or --noise-multiplier")
+    notes = []
+    if config.method == "p4" and config.options.get("fused") not in (False, "off"):
+        config = config.replace(options={**config.options, "fused": False})
+        notes.append("p4 is audited with -o fused=false: its fused paths add noise outside DPMechanism.release, "
+                     "where canaries cannot be inserted (same releases, unfused)")
+    return config, notes
+
+
+def run_audit(
+    config: RunConfig,
+    *,
+    runs: int = 1,
+    canaries_per_client: int | None = None,
+    confidence: float = 0.95,
+    wrap_mechanism: Callable[[Any], Any] | None = None,
+    observers: Sequence[object] = (),
+    plugin_manager: pluggy.PluginManager | None = None,
+    track: bool = True,
+    plot: str | Path | None = None,
+    on_run: Callable[[int, dict[str, Any]], None] | None = None,
+) -> AuditResult:
+    """Audit `config`'s method: `runs` trainings with canaries, then the bound.
+
+    `wrap_mechanism` replaces the run's DP mechanism before the audit wraps it (tests
+    plant a faulty mechanism there). With `track` each run is an MLflow run, and the
+    audit's figures, tags and plot are added to every one of them. `plot` (a PNG path)
+    defaults to the last run's results folder when tracked, else no plot.
+    """
+    from p4bench.plugin_manager import Registry, create_plugin_manager
+    from p4bench.runner import resolve_run_config, run
+
+    if runs < 1:
+        raise UsageError(f"--runs must be >= 1, got {runs}")
+    if canaries_per_client is not None and canaries_per_client < 1:
+        raise UsageError(f"--canaries-per-client must be >= 1, got {canaries_per_client}")
+    if not 0.0 < confidence < 1.0:
+        raise UsageError(f"--confidence must be in (0, 1), got {confidence}")
+    plugin_manager = plugin_manager or create_plugin_manager()
+    config, notes = audit_config(resolve_run_config(config, Registry(plugin_manager)))  # DP methods: their default epsilon
+    scores, included, summaries, claims, deltas, sizes = [], [], [], [], [], []
+    for index in range(runs):
+        run_config = config.replace(seed=config.seed + index)
+        state: dict[str, Any] = {}
+
+        def on_prepared(prepared, state=state, seed=run_config.seed) -> None:
+            bank = CanaryBank(prepared.job.data.num_clients, canaries_per_client, seed)
+            existing = prepared.job.wrap_mechanism
+
+            def wrap(mechanism):
+                if wrap_mechanism is not None:
+                    mechanism = wrap_mechanism(mechanism)
+                if existing is not None:
+                    mechanism = existing(mechanism)
+                return AuditedMechanism(mechanism, bank)
+
+            prepared.job.wrap_mechanism = wrap
+            state.update(bank=bank, ledger=prepared.ledger)
+
+        result = run(run_config, observers=observers, plugin_manager=plugin_manager, track=track, on_prepared=on_prepared)
+        bank, ledger = state["bank"], state["ledger"]
+        _check_observed(run_config.method, bank, ledger)
+        claimed = float(result.summary["epsilon"])
+        # every client whose own epsilon is within the claim (the reported ones at least)
+        epsilons = ledger.epsilons()
+        chosen = (bank.releases.numpy() > 0) & (epsilons <= claimed * (1 + 1e-9) + 1e-12)
+        scores.append(bank.scores.numpy()[chosen].reshape(-1))
+        included.append(bank.included.numpy()[chosen].reshape(-1))
+        summaries.append(result.summary)
+        claims.append(claimed)
+        deltas.append(float(result.summary["delta"]))
+        sizes.append(bank.per_client)
+        if on_run is not None:
+            on_run(index, result.summary)
+
+    all_scores, all_included = np.concatenate(scores), np.concatenate(included)
+    bound = empirical_epsilon(all_scores, all_included, delta=max(deltas), confidence=confidence, seed=config.seed)
+    certified_flags = [s.get("epsilon_certified") for s in summaries]
+    certified = None if any(f is None for f in certified_flags) else all(bool(f) for f in certified_flags)
+    last = summaries[-1]
+    audit = AuditResult(
+        config=config, bound=bound, claimed_epsilon=max(claims), certified=certified,
+        accountant=str(last.get("accountant")), neighbouring=str(last.get("neighbouring")), runs=runs,
+        canaries_per_client=max(sizes), scores=all_scores, included=all_included, summaries=summaries, notes=notes,
+    )
+    from p4bench.audit.report import log_audit, plot_scores
+
+    folder = last.get("results_dir") if track else None
+    target = Path(plot) if plot is not None else (Path(folder) / "audit_scores.png" if folder else None)
+    if target is not None:
+        audit.plot = plot_scores(audit, target)
+    if track:
+        audit.tracking_error = log_audit(audit)
+    return audit
+
+
+def _check_observed(method: str, bank: CanaryBank, ledger) -> None:
+    """Refuse when the ledger counted releases the canaries never went through."""
+    counted = np.zeros(bank.num_clients, dtype=np.int64)
+    for key in ledger.keys:
+        counted += ledger.steps[key]
+    observed = bank.releases.numpy()
+    missing = int(np.clip(counted - observed, 0, None).sum())
+    if bank.bypassed or missing or not observed.any():
+        how = f" (calls to {', '.join(bank.bypassed)})" if bank.bypassed else ""
+        raise IncompatibleError(
+            f"method '{method}' made {missing} of {int(counted.sum())} ledger releases outside DPMechanism.release{how}, "
+            f"so the audit could not insert or observe its canaries there; no bound would be meaningful"
+        )
+    if math.isnan(float(bank.scores.sum())):
+        raise IncompatibleError(f"method '{method}': canary scores are not finite (the mechanism reported zero noise?)")

@@ -1,0 +1,95 @@
+"""Whether a run's epsilon holds: the privacy boundary of DESIGN.md, checked per run.
+
+The accountants are exact for the releases they are told about. A run's epsilon is
+*certified* only when every step that touches a client's records is either a ledger
+release (the DP mechanism) or post-processing of releases and public values, and when
+the mechanism's randomness is secret from whoever receives the releases. Otherwise the
+run still reports the accountant's figure, but as *uncertified*, with the reasons:
+
+- the method declares a data-dependent step outside the ledger
+  (`Method.uncertified_steps`, e.g. P4/ProxyFL distilling the DP proxy from the non-DP
+  private model);
+- preprocessing computed from a client's records outside the ledger (ScatterNet
+  features normalised with each client's own statistics);
+- seeded DP randomness where the clients are separate parties (devices): every peer
+  holds the seed, so it can recompute a neighbour's noise and batches.
+
+Non-private runs carry no epsilon; they are reported as such, never as certified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Certification", "certify", "RANDOMNESS_LABELS"]
+
+RANDOMNESS_LABELS = {
+    "seeded": "seeded (reproducible, not secret)",
+    "secure": "secret (per-client AES-CTR generator keyed from the OS CSPRNG)",
+}
+
+
+@dataclass(frozen=True)
+class Certification:
+    """The verdict on a run's privacy claim.
+
+    Attributes:
+        private: the run trains through the DP mechanism.
+        certified: its epsilon holds (False for non-private runs: there is no claim).
+        reasons: why not, one line each (empty when certified).
+        randomness: ``"seeded"`` or ``"secret"``, the DP noise and batch selection source.
+    """
+
+    private: bool
+    certified: bool
+    reasons: tuple[str, ...]
+    randomness: str
+
+    @property
+    def reason(self) -> str | None:
+        """The reasons joined in one line, or None."""
+        return "; ".join(self.reasons) if self.reasons else None
+
+    def summary_fields(self) -> dict[str, Any]:
+        """The keys every run summary (and `--json` line) carries."""
+        return {
+            "private": self.private,
+            "epsilon_certified": self.certified,
+            "uncertified_reason": self.reason,
+            "dp_randomness": self.randomness,
+        }
+
+    def tags(self) -> dict[str, str]:
+        """MLflow tags: `dp.private`, `dp.certified`, `dp.randomness`, `dp.uncertified_reason`."""
+        tags = {
+            "dp.private": str(self.private).lower(),
+            "dp.certified": str(self.certified).lower(),
+            "dp.randomness": self.randomness,
+        }
+        if self.reason:
+            tags["dp.uncertified_reason"] = self.reason
+        return tags
+
+
+def certify(config: Any, method_reasons: list[str], separate_parties: bool) -> Certification:
+    """The certification of a run whose config is resolved (`runner.resolve_run_config`).
+
+    `method_reasons` are the method's own `uncertified_steps()`; `separate_parties` says
+    whether the runtime's clients are separate parties (devices).
+    """
+    randomness = "secret" if config.noise_source == "secure" else "seeded"
+    if not config.private:
+        return Certification(False, False, ("non-private run: no DP, no epsilon",), randomness)
+    reasons = list(method_reasons)
+    if config.features == "scatter" and config.feature_norm == "client":
+        reasons.append(
+            "feature_norm=client: ScatterNet features normalised with each client's own training statistics "
+            "outside the ledger (every record's input depends on every other record)"
+        )
+    if separate_parties and randomness == "seeded":
+        reasons.append(
+            "device simulation with seeded DP randomness: every peer holds the seed and can recompute "
+            "a neighbour's noise and batches"
+        )
+    return Certification(True, not reasons, tuple(reasons), randomness)

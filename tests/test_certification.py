@@ -1,0 +1,74 @@
+"""Every run says whether its epsilon holds: summary, `--json`, MLflow tags, and the
+summary table, where an uncertified figure is never shown as a plain number."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from p4bench.cli import main
+from p4bench.config import RunConfig
+from p4bench.engine import DEFAULT_EPSILON
+from p4bench.privacy.certification import certify
+from p4bench.runner import run
+
+
+def invoke(args, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    out, err = capsys.readouterr()
+    return info.value.code or 0, out, err
+
+
+def test_dp_methods_are_private_by_default_and_certified(small_config):
+    for method in ("p4", "proxyfl", "dp-dsgt", "dp-dsgd"):
+        summary = run(small_config(method=method, rounds=2), track=False).summary
+        assert summary["private"] and summary["epsilon_certified"] and summary["uncertified_reason"] is None, method
+        assert 0 < summary["epsilon"] <= DEFAULT_EPSILON and summary["dp_randomness"] == "seeded", method
+
+
+def test_no_dp_opts_out_and_says_so(small_config):
+    summary = run(small_config(method="p4", rounds=1, no_dp=True), track=False).summary
+    assert summary["private"] is False and summary["epsilon"] is None and summary["epsilon_certified"] is False
+    assert "non-private" in summary["uncertified_reason"]
+    fedavg = run(small_config(method="fedavg", rounds=1), track=False).summary  # not a DP method: non-private
+    assert fedavg["private"] is False and fedavg["epsilon"] is None
+
+
+def test_paper_teacher_is_reported_uncertified_in_summary_and_tags(small_config, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    config = small_config(method="p4", rounds=2, epsilon=8.0, tracking_uri=uri, options={"teacher": "private", "alpha": 0.5})
+    summary = run(config).summary
+    assert summary["epsilon_certified"] is False and "teacher=private" in summary["uncertified_reason"]
+    tags = MlflowClient(uri).get_run(summary["run_id"]).data.tags
+    assert tags["dp.certified"] == "false" and "teacher=private" in tags["dp.uncertified_reason"]
+    assert tags["dp.private"] == "true" and tags["dp.randomness"] == "seeded"
+
+
+def test_certify_names_each_step_outside_the_ledger():
+    private = RunConfig(method="fedavg", epsilon=4.0, noise_source="seeded")
+    assert certify(private, [], separate_parties=False).certified
+    scatter = certify(private.replace(features="scatter", feature_norm="client"), [], separate_parties=False)
+    assert not scatter.certified and "feature_norm=client" in scatter.reason
+    assert certify(private.replace(features="scatter"), [], separate_parties=False).certified  # per-sample default
+    devices = certify(private, [], separate_parties=True)
+    assert not devices.certified and "seeded" in devices.reason
+    assert certify(private.replace(noise_source="secure"), [], separate_parties=True).certified
+    both = certify(private, ["a method step"], separate_parties=True)
+    assert both.reasons[0] == "a method step" and len(both.reasons) == 2
+
+
+def test_cli_shows_uncertified_epsilon_in_red_words(capsys, results_dir):
+    args = ["run", "--method", "proxyfl", "--clients", "6", "--rounds", "1", "--epsilon", "8", "--results-dir", results_dir]
+    code, out, _ = invoke([*args, "-o", "teacher=private", "--json"], capsys)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and summary["epsilon_certified"] is False and "teacher=private" in summary["uncertified_reason"]
+    code, out, err = invoke(args, capsys)
+    assert code == 0 and "certified" in out and "UNCERTIFIED" not in out
+
+
+def test_no_dp_with_epsilon_exits_2(capsys):
+    code, _, err = invoke(["run", "--method", "p4", "--no-dp", "--epsilon", "3"], capsys)
+    assert code == 2 and "--no-dp" in err
