@@ -22,7 +22,7 @@ POINTS = 0.10  # "an accuracy drop below 10% indicates good defense performance"
 @dataclass(frozen=True)
 class ClaimCheck:
     claim: str
-    status: str  # yes | no | not checked
+    status: str  # yes | no | not checked | not tested (a quick smoke run: figures, no verdict)
     detail: str = ""
 
 
@@ -34,11 +34,13 @@ class ClaimContext:
 
 
 def _means(table, **where: Any) -> dict[tuple, float]:
-    """{remaining key values: mean} of the rows matching `where` (values compared as text)."""
+    """{remaining key values: mean} of the rows matching `where` (values compared as text);
+    the `privacy` mark column (p4bench.equal_privacy) is not a key."""
     rows = table
     for key, value in where.items():
         rows = rows[rows[key].astype(str) == str(value)]
-    keys = rows.drop(columns=["mean", "std", "n", *where]).itertuples(index=False)
+    marks = [c for c in ("privacy",) if c in rows.columns]
+    keys = rows.drop(columns=["mean", "std", "n", *where, *marks]).itertuples(index=False)
     return {tuple(k): float(m) for k, m in zip(keys, rows["mean"])}
 
 

@@ -5,6 +5,11 @@ run of a config wins, so a config run twice counts once), grouped by the chosen 
 aggregated over what is left, normally seeds: mean, sample standard deviation and n.
 Keys are tags (method, attack, defense, dataset, variant, ...) or run options
 (`similarity`, `epsilon`, `options.group_size`, ...).
+
+Equal privacy (`p4bench.equal_privacy`): private runs under different neighbouring relations,
+or with an uncertified epsilon, are refused (UsageError naming them) unless
+`allow_mixed_privacy`; whenever the runs do not all carry the same privacy mark (e.g. private
+methods next to non-private local training) a `privacy` group column marks each row.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from p4bench.equal_privacy import COLUMN as PRIVACY_COLUMN
 from p4bench.errors import UsageError
 
 __all__ = ["Comparison", "compare_experiment", "aggregate", "default_group_by", "format_table", "plot_comparison",
@@ -34,6 +40,7 @@ class Comparison:
     table: Any  # pandas DataFrame: group keys, mean, std, n
     group_by: list[str]
     metric: str
+    privacy: Any = None  # p4bench.equal_privacy.PrivacyCheck of the compared runs
 
 
 def dedupe(runs):
@@ -46,7 +53,7 @@ def dedupe(runs):
 def column_for(runs, key: str) -> str:
     """The DataFrame column holding `key` (a tag, a run option, or options.<name>)."""
     key = key.strip()
-    candidates = [key] if key in _TAG_KEYS or key in ("seed", "sweep") else []
+    candidates = [key] if key in _TAG_KEYS or key in ("seed", "sweep", PRIVACY_COLUMN) else []
     name = key.replace("-", "_")
     candidates += [f"params.{name}", f"params.{key}"]
     for column in candidates:
@@ -97,9 +104,24 @@ def _sorted(table, keys: list[str]):
     return table.iloc[order].reset_index(drop=True)
 
 
+def mark_privacy(runs, keys: list[str], *, allow_mixed: bool = False, what: str = "this table"):
+    """Apply the equal-privacy rule to the runs of a table (UsageError unless it holds or
+    `allow_mixed`); where the runs carry different marks, add the `privacy` column to the
+    runs and to the group keys. Returns (runs, keys, check)."""
+    from p4bench.equal_privacy import check_privacy, from_row
+
+    verdict = check_privacy([from_row(row) for row in runs.to_dict("records")], allow_mixed=allow_mixed, what=what)
+    if verdict.needs_column or PRIVACY_COLUMN in keys:
+        runs = runs.assign(**{PRIVACY_COLUMN: [r.mark for r in verdict.runs]})
+        if PRIVACY_COLUMN not in keys:
+            keys = [*keys, PRIVACY_COLUMN]
+    return runs, keys, verdict
+
+
 def compare_experiment(uri: str, experiment: str, group_by: Sequence[str] | None = None,
-                       metric: str = DEFAULT_METRIC, config_hashes: Sequence[str] | None = None) -> Comparison:
-    """Read the experiment's finished runs and aggregate them."""
+                       metric: str = DEFAULT_METRIC, config_hashes: Sequence[str] | None = None,
+                       allow_mixed_privacy: bool = False) -> Comparison:
+    """Read the experiment's finished runs, check they compare at equal privacy, aggregate."""
     from p4bench.results import load_runs
 
     runs = dedupe(load_runs(uri, experiment))
@@ -108,7 +130,8 @@ def compare_experiment(uri: str, experiment: str, group_by: Sequence[str] | None
     if runs.empty:
         raise UsageError(f"experiment '{experiment}' has no finished runs to compare")
     keys = list(group_by) if group_by else default_group_by(runs)
-    return Comparison(experiment, uri, runs, aggregate(runs, keys, metric), keys, metric)
+    runs, keys, verdict = mark_privacy(runs, keys, allow_mixed=allow_mixed_privacy, what=f"experiment '{experiment}'")
+    return Comparison(experiment, uri, runs, aggregate(runs, keys, metric), keys, metric, verdict)
 
 
 def _cell(value: Any, digits: int = 4) -> str:

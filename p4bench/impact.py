@@ -16,6 +16,10 @@ non-evaluation clients) unless another metric is named; for another metric the
 unattacked side is that metric as logged (no per-client matching). Runs are identified by their
 tags (method, attack, defense, dataset, seed) and parameters; when the same config was
 run twice, the latest finished run counts. Seeds are paired first, then averaged.
+
+Equal privacy (`p4bench.equal_privacy`): the experiment's private runs must share one
+neighbouring relation and be certified, else the table is refused (UsageError naming the runs)
+unless `allow_mixed_privacy` (`--allow-mixed-privacy`), which adds a `privacy` column.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ if TYPE_CHECKING:
 DEFAULT_METRIC = "final_accuracy_mean"
 TAGS = ("method", "attack", "defense", "dataset", "seed")
 DETECTION = ("detection_precision_total", "detection_recall_total")
+DP_TAGS = ("dp.private", "dp.certified", "dp.neighbouring", "dp.uncertified_reason")
+PRIVACY = "privacy"
 # never part of a config's identity: where it was logged, and what tags say better
 _NOT_CONFIG = {"experiment", "tracking_uri", "results_dir", "attack", "defense", "method", "dataset", "seed"}
 
@@ -64,6 +70,7 @@ def load_runs(experiment: str, tracking_uri: str, metric: str = DEFAULT_METRIC) 
         for r in page:
             row: dict[str, Any] = {"run_id": r.info.run_id, "start_time": r.info.start_time}
             row.update({tag: r.data.tags.get(tag, "none") for tag in TAGS})
+            row.update({tag: r.data.tags.get(tag) for tag in DP_TAGS})
             row["accuracy"] = r.data.metrics.get(metric, float("nan"))
             row.update({name: r.data.metrics.get(name, float("nan")) for name in DETECTION})
             row.update({f"param.{k}": v for k, v in r.data.params.items()})
@@ -154,7 +161,8 @@ def group_columns(paired: "pd.DataFrame") -> list[str]:
     between the attacked runs (other than the seed)."""
     params = _key_columns(paired, ())
     varying = [c for c in params if paired[c].nunique(dropna=False) > 1]
-    return ["dataset", "method", *varying, "attack", "defense"]
+    marked = [PRIVACY] if PRIVACY in paired.columns else []
+    return ["dataset", "method", *marked, *varying, "attack", "defense"]
 
 
 def impact_table(paired: "pd.DataFrame") -> "pd.DataFrame":
@@ -224,21 +232,39 @@ def plot_impact(table: "pd.DataFrame", path: Path, title: str = "") -> Path:
 
 def group_columns_of(table: "pd.DataFrame") -> list[str]:
     """The grouping columns present in an impact table."""
-    return [c for c in table.columns if c in ("dataset", "method", "attack", "defense") or c.startswith("param.")]
+    return [c for c in table.columns if c in ("dataset", "method", PRIVACY, "attack", "defense") or c.startswith("param.")]
 
 
-def compute_impact(experiment: str, tracking_uri: str, metric: str = DEFAULT_METRIC) -> tuple["pd.DataFrame", "pd.DataFrame"]:
-    """(per-run pairs, table) for an experiment; UsageError if it has no attacked run."""
+def check_privacy_of(runs: "pd.DataFrame", experiment: str, allow_mixed: bool = False):
+    """The equal-privacy rule on the runs (UsageError naming them unless it holds or
+    `allow_mixed`); where their marks differ, a `privacy` column is added. (runs, check)."""
+    from p4bench.equal_privacy import check_privacy, from_row
+
+    verdict = check_privacy([from_row(row, params="param.") for row in runs.to_dict("records")],
+                            allow_mixed=allow_mixed, what=f"experiment '{experiment}'")
+    if verdict.needs_column:
+        runs = runs.assign(**{PRIVACY: [r.mark for r in verdict.runs]})
+    return runs, verdict
+
+
+def compute_impact(experiment: str, tracking_uri: str, metric: str = DEFAULT_METRIC,
+                   allow_mixed_privacy: bool = False) -> tuple["pd.DataFrame", "pd.DataFrame"]:
+    """(per-run pairs, table) for an experiment; UsageError if it has no attacked run, or
+    if its runs do not compare at equal privacy (unless `allow_mixed_privacy`)."""
     runs = load_runs(experiment, tracking_uri, metric)
     if runs.empty or not (runs["attack"] != "none").any():
         raise UsageError(f"experiment '{experiment}' has no finished run with an attack; nothing to compare")
+    runs, verdict = check_privacy_of(runs, experiment, allow_mixed_privacy)
     clients = load_client_accuracies(tracking_uri, runs["run_id"]) if metric == DEFAULT_METRIC else None
     paired = pair_runs(runs, plugin_option_names("attack"), plugin_option_names("defense"), clients)
-    return paired, impact_table(paired)
+    table = impact_table(paired)
+    table.attrs["privacy"] = verdict  # the note and warning impact_command prints
+    return paired, table
 
 
 def impact_command(
-    experiment: str, tracking_uri: str | None, results_dir: str, metric: str, plot: Path | None, csv: Path | None, as_json: bool
+    experiment: str, tracking_uri: str | None, results_dir: str, metric: str, plot: Path | None, csv: Path | None, as_json: bool,
+    allow_mixed_privacy: bool = False,
 ) -> None:
     """Adapter behind `p4bench impact`."""
     import json
@@ -248,17 +274,22 @@ def impact_command(
     from p4bench.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(results_dir)
-    paired, table = compute_impact(experiment, uri, metric)
+    paired, table = compute_impact(experiment, uri, metric, allow_mixed_privacy)
     plot = plot or Path(results_dir) / f"impact-{experiment}.png"
     plot_impact(table, plot, title=f"attack impact, experiment {experiment} ({metric})")
     if csv is not None:
         table.to_csv(csv, index=False)
     missing = int(paired["clean_accuracy"].isna().sum())
+    verdict = table.attrs.get("privacy")
+    if verdict is not None and verdict.warning:
+        typer.echo(f"warning: {verdict.warning}", err=True)
     if as_json:
         typer.echo(json.dumps({"experiment": experiment, "metric": metric, "plot": str(plot), "unpaired_attacked_runs": missing,
                                "rows": json.loads(table.to_json(orient="records"))}))
         return
     typer.echo(format_table(table))
+    if verdict is not None and any(r.private for r in verdict.runs):
+        typer.echo(verdict.note())
     if missing:
         typer.echo(f"{missing} attacked run(s) have no unattacked run of the same config and seed (impact shown as -)")
     typer.echo(f"bar chart: {plot}")
@@ -276,9 +307,13 @@ def register_commands(app):
         plot: Optional[Path] = typer.Option(None, help="PNG for the bar chart (default <results-dir>/impact-<experiment>.png)"),
         csv: Optional[Path] = typer.Option(None, help="also write the table as CSV here"),
         as_json: bool = typer.Option(False, "--json", help="print the table as one JSON object"),
+        allow_mixed_privacy: bool = typer.Option(
+            False, "--allow-mixed-privacy",
+            help="compare private runs under different neighbouring relations or uncertified epsilons, marked"),
     ) -> None:
         """Attack impact (no attack - attack) and ideal-defense gap (ideal - defense) per
-        method, attack and defense, averaged over seeds, with a bar chart."""
-        impact_command(experiment, tracking_uri, results_dir, metric, plot, csv, as_json)
+        method, attack and defense, averaged over seeds, with a bar chart. Private runs must
+        share one neighbouring relation and be certified (else exit 2, naming them)."""
+        impact_command(experiment, tracking_uri, results_dir, metric, plot, csv, as_json, allow_mixed_privacy)
 
     app.command("impact")(impact)

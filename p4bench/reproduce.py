@@ -19,12 +19,31 @@ UnknownNameError instead. A dataset whose files are missing falls back to `digit
 notice (`p4bench data download NAME` fetches it). `quick` keeps the grid's shape but runs 3
 rounds, one seed and shorter epsilon / fraction lists: a smoke run, not a reproduction.
 
-Choices the paper leaves open (documented here and visible in every run's parameters):
-the heterogeneity and privacy comparisons run P4 without secure aggregation (defense none:
-those results predate the defense, and with no attacker it only discards honest updates);
-local and centralized training are non-private (nothing leaves a client; the paper's local
-baseline is "the non-DP version of local training"); all methods get the same input
-features (ScatterNet, "HC") in the heterogeneity comparison. Shard-based runs use the
+Equal privacy and tuning (the paper's protocol):
+
+- One neighbouring relation for every private run of a preset, named in its base
+  (`Preset.neighbouring`, add-remove for all five presets: P4's own default replace-one would
+  give P4 about twice the noise of every baseline at the same epsilon) and one target epsilon;
+  the table is refused (exit 2, naming the runs) if any private run is uncertified or under
+  another relation, unless `allow_mixed_privacy`. The output states which methods are private.
+- The local step size `lr` of every method is tuned on the evaluation clients before the
+  runs (`p4bench.tune`: reported clients' test splits withheld): grid `TUNE_GRID`
+  (`QUICK_TUNE_GRID` with `quick`), one tuning seed (the first seed: the same federation),
+  at the preset's tuning setting (`Preset.tune_at`, e.g. alpha 50% for heterogeneity) with
+  the preset's rounds (fewer with `tune_rounds`), one tuned lr per method (and feature
+  set) used at every level. Tuning runs go to the experiment `<experiment>-tune` and resume
+  like any sweep. `tune=False` (`--no-tune`), or an explicit `lr` override, skips it.
+- A run without an attack has no defense (P4's default secure aggregation would discard
+  honest updates when nobody attacks): the heterogeneity, privacy and ablation comparisons
+  and the defense preset's no-attack baseline run P4 with defense none.
+- Local and centralized training are non-private (nothing leaves a client; the paper's local
+  baseline is "the non-DP version of local training"; centralized is a pooled reference,
+  not a rival in any claim), as in `bench/compare_digits.py`; the table's `privacy` column
+  and the privacy line say so.
+- With `quick` no claim is a verdict: yes/no become "not tested (quick smoke run)".
+
+Other choices the paper leaves open (visible in every run's parameters): all methods get the
+same input features (ScatterNet, "HC") in the heterogeneity comparison. Shard-based runs use the
 client count nearest to the dataset's M for which M*N/L is an integer, and R rounded down
 to a multiple of N, as the shards partitioner needs.
 """
@@ -38,6 +57,8 @@ from typing import Any
 
 from p4bench import claims
 from p4bench.claims import ABLATIONS, ATTACKS, ClaimCheck, ClaimContext
+from p4bench.config import FIELD_NAMES
+from p4bench.equal_privacy import UnequalPrivacyError
 from p4bench.errors import UnknownNameError, UsageError
 from p4bench.sweep import PlannedRun, SweepReport, SweepSpec, expand, option_key, run_sweep, unknown_names
 
@@ -57,7 +78,10 @@ EPSILONS = (3.0, 5.0, 8.0, 10.0, 15.0, 20.0)
 # The existing defenses of the paper's RQ2 (FedSecurity's), then P4's own and the oracle.
 DEFENSES = ("none", "m-krum", "krum", "bulyan", "anomaly-detection", "median", "trimmed-mean", "geometric-median",
             "norm-clipping", "centered-clipping", "foolsgold", "p4-secure", "ideal")
-NON_PRIVATE = {"epsilon": "none"}
+NON_PRIVATE = {"epsilon": "none", **({"no_dp": True} if "no_dp" in FIELD_NAMES else {})}
+RELATION = "add-remove"  # every preset's neighbouring relation (see the module docstring)
+TUNE_GRID = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # lr candidates, on the evaluation clients
+QUICK_TUNE_GRID = (0.1, 1.0)
 
 
 @dataclass(frozen=True)
@@ -70,6 +94,9 @@ class Preset:
     group_by: tuple[str, ...]
     claims: Callable[[Any, "ClaimContext"], list[ClaimCheck]]
     per_method: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    neighbouring: str = RELATION  # the one relation of every private run
+    tune_at: Mapping[str, Any] = field(default_factory=dict)  # the setting lr is tuned at (a `variant` or options)
+    baselines: str = ""  # which local / centralized baselines are private, and why
 
 
 # -- data settings ----------------------------------------------------------------------
@@ -151,16 +178,20 @@ PRESETS: dict[str, Preset] = {
                ("cifar10", "cifar100", "femnist"), {"epsilon": 15.0, "features": "scatter", "model": "linear",
                                                     "defense": "none"},
                _heterogeneity_variants, ("variant", "method"), claims.heterogeneity_claims,
-               per_method={"local": NON_PRIVATE, "centralized": NON_PRIVATE}),
+               per_method={"local": NON_PRIVATE, "centralized": NON_PRIVATE}, tune_at={"variant": "alpha 50%"},
+               baselines="local and centralized training are non-private (local: nothing leaves a client, the paper's "
+                         "non-DP local training; centralized: a pooled reference, not a rival in the claims)"),
         Preset("privacy", "P4 (HC) at epsilon 3..20 against non-private local training, alpha 50%",
                ("cifar10", "femnist"), {"partitioner": "alpha", "similarity": 0.5, "model": "linear"},
-               _privacy_variants, ("variant", "epsilon"), claims.privacy_claims),
+               _privacy_variants, ("variant", "epsilon"), claims.privacy_claims, tune_at={"epsilon": 15.0},
+               baselines="local training (raw and HC) is non-private, as the paper's \"non-DP version of local training\""),
         Preset("ablation", "P4 with grouping, ScatterNet or the proxy switched off, alpha 50%, epsilon 3..20",
                ("cifar10",), {"partitioner": "alpha", "similarity": 0.5, "model": "linear"},
-               _ablation_variants, ("variant", "epsilon"), claims.ablation_claims),
+               _ablation_variants, ("variant", "epsilon"), claims.ablation_claims, tune_at={"epsilon": 15.0},
+               baselines="local training (HC) is non-private"),
         Preset("defense", "P4 under four attacks at 30% malicious clients with every defense, epsilon 15",
                ("cifar10", "cifar100", "femnist"), {"epsilon": 15.0, "features": "scatter", "model": "linear"},
-               _defense_variants, ("attack", "defense"), claims.defense_claims),
+               _defense_variants, ("attack", "defense"), claims.defense_claims, tune_at={"variant": "no attack"}),
         Preset("malicious", "10..50% malicious clients: P4 with secure aggregation vs the ideal defense, epsilon 15",
                ("cifar100", "femnist"), {"epsilon": 15.0, "features": "scatter", "model": "linear"},
                _malicious_variants, ("attack", "malicious_fraction", "defense"), claims.malicious_claims),
@@ -181,6 +212,9 @@ class ReproduceReport:
     sweep: SweepReport
     comparison: Any  # p4bench.compare.Comparison, or None when nothing finished
     claims: list[ClaimCheck]
+    tuning: Any = None  # p4bench.tune.TuneResult, or None when lr was not tuned
+    tuned_lr: dict[str, float] = field(default_factory=dict)  # tuning key -> lr used
+    privacy: list[str] = field(default_factory=list)  # lines stating who is private, under which relation
 
 
 def _dataset_choice(preset: Preset, requested: str | None, registry: Any, notices: list[str], check: bool) -> str:
@@ -214,7 +248,7 @@ def plan_preset(name: str, dataset: str | None = None, quick: bool = False, *, s
     settings = data_settings(chosen, quick)
     scale = QUICK if quick else FULL
     base = {"dataset": chosen, "clients": settings["clients"], "samples_per_client": settings["samples_per_client"],
-            "rounds": scale["rounds"], **preset.base}
+            "rounds": scale["rounds"], "neighbouring": preset.neighbouring, **preset.base}
     experiment = f"reproduce-{name}-{chosen}{'-quick' if quick else ''}"
     spec = SweepSpec(experiment, base, {"seed": scale["seeds"]}, tuple(preset.variants(chosen, quick)), preset.per_method)
     spec = spec.with_base(**dict(overrides or {}))
@@ -234,10 +268,18 @@ def plan_preset(name: str, dataset: str | None = None, quick: bool = False, *, s
             if label not in skipped:
                 skipped.append(label)
         if not missing:
-            runs.append(run)
+            runs.append(_undefended_without_attack(run))
     if skipped:
         notices.append(f"not registered yet, their runs are skipped: {', '.join(skipped)} (use --strict to fail instead)")
     return PresetPlan(spec, runs, notices, chosen, skipped)
+
+
+def _undefended_without_attack(run: PlannedRun) -> PlannedRun:
+    """No attack, no defense: a method's default defense (P4's secure aggregation) would
+    only discard honest updates."""
+    if run.config.attack is None and run.config.defense is None:
+        return PlannedRun(run.config.replace(defense="none"), run.tags)
+    return run
 
 
 @dataclass
@@ -266,12 +308,65 @@ def _matches(config: Any, key: str, values: Sequence[Any]) -> bool:
     return False
 
 
+def tuning_key(config: Any, features_vary: bool) -> str:
+    """The label lr is tuned under: the method, with its features where they vary."""
+    return f"{config.method} ({config.features})" if features_vary else config.method
+
+
+def _keys(runs: Sequence[PlannedRun]) -> list[str]:
+    features: dict[str, set[str]] = {}
+    for run in runs:
+        features.setdefault(run.config.method, set()).add(run.config.features)
+    return [tuning_key(r.config, len(features[r.config.method]) > 1) for r in runs]
+
+
+def _at(run: PlannedRun, where: Mapping[str, Any]) -> bool:
+    return all(run.tags.get("variant") == value if key == "variant" else _matches(run.config, key, [value])
+               for key, value in where.items())
+
+
+def plan_lr_tuning(preset: Preset, runs: Sequence[PlannedRun], experiment: str, grid: Sequence[float],
+                   rounds: int | None = None) -> list[tuple[str, PlannedRun]]:
+    """(key, tuning run) for every lr of `grid` and every tuning key (method, plus features
+    where a method runs with several): at the key's first run that matches the preset's
+    `tune_at` (else its first run), with the preset's first seed and `rounds` if given."""
+    chosen: dict[str, PlannedRun] = {}
+    for key, run in zip(_keys(runs), runs):
+        if key not in chosen or (not _at(chosen[key], preset.tune_at) and _at(run, preset.tune_at)):
+            chosen[key] = run
+    seed = min(r.config.seed for r in runs) if runs else 0
+    planned = []
+    for key, run in chosen.items():
+        for lr in grid:
+            config = run.config.replace(lr=float(lr), seed=seed, experiment=experiment,
+                                        **({"rounds": rounds} if rounds else {}))
+            tags = {"sweep": experiment, "tune_method": key, "tune_point": f"lr={float(lr):g}",
+                    **({"variant": run.tags["variant"]} if "variant" in run.tags else {})}
+            planned.append((key, PlannedRun(config, tags)))
+    return planned
+
+
+def apply_tuned_lr(runs: Sequence[PlannedRun], lrs: Mapping[str, float]) -> list[PlannedRun]:
+    """The runs with each tuning key's lr (keys without one keep theirs)."""
+    return [PlannedRun(run.config.replace(lr=float(lrs[key])), run.tags) if key in lrs else run
+            for key, run in zip(_keys(runs), runs)]
+
+
+def quick_claims(checks: Sequence[ClaimCheck]) -> list[ClaimCheck]:
+    """A smoke run tests no claim: its yes / no become "not tested", figures kept."""
+    return [ClaimCheck(c.claim, "not tested", "quick smoke run" + (f"; figures: {c.detail}" if c.detail else ""))
+            if c.status in ("yes", "no") else c for c in checks]
+
+
 def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, backend: Any = None,
               results_dir: str | None = None, tracking_uri: str | None = None, strict: bool = False,
               progress: Any = None, overrides: Mapping[str, Any] | None = None,
               only: Mapping[str, Sequence[Any]] | None = None,
-              on_notice: Callable[[str], None] | None = None) -> ReproduceReport:
-    """Run a preset (resuming finished runs), aggregate it from MLflow and check the claims."""
+              on_notice: Callable[[str], None] | None = None, tune: bool = True,
+              tune_grid: Sequence[float] | None = None, tune_rounds: int | None = None,
+              tune_progress: Any = None, allow_mixed_privacy: bool = False) -> ReproduceReport:
+    """Tune lr per method on the evaluation clients, run a preset (resuming finished runs),
+    aggregate it from MLflow at equal privacy and check the claims."""
     from pathlib import Path
 
     from p4bench.compare import compare_experiment
@@ -280,23 +375,93 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
 
     plan = plan_preset(name, dataset, quick, strict=strict, overrides=overrides, only=only)
     spec, runs, notices, chosen, skipped = plan.spec, plan.runs, plan.notices, plan.dataset, plan.skipped
+    say = on_notice or (lambda text: None)
     for notice in notices:
-        (on_notice or (lambda text: None))(notice)
+        say(notice)
     base_dir = str(Path(results_dir or RunConfig.results_dir).resolve())
     uri = tracking_uri_for(tracking_uri, base_dir)
     located = [PlannedRun(r.config.replace(results_dir=base_dir, tracking_uri=uri), r.tags) for r in runs]
-    report = run_sweep(spec, backend, results_dir=base_dir, tracking_uri=uri, progress=progress, planned=located)
     preset = PRESETS[name]
+    tuning, tuned_lr = None, {}
+    fixed = any(option_key(k) == "lr" for k in (overrides or {}))
+    if tune and fixed:
+        notices.append("lr is set explicitly (--set lr=...): not tuned")
+        say(notices[-1])
+    elif tune and located:
+        tuning, tuned_lr = _tune_lr(preset, spec, located, backend, base_dir, uri, quick, tune_grid, tune_rounds,
+                                    tune_progress, allow_mixed_privacy, say, notices)
+        located = apply_tuned_lr(located, tuned_lr)
+    elif not tune:
+        notices.append(f"lr not tuned (--no-tune): every method at lr={located[0].config.lr:g}" if located else
+                       "lr not tuned (--no-tune)")
+        say(notices[-1])
+    report = run_sweep(spec, backend, results_dir=base_dir, tracking_uri=uri, progress=progress, planned=located,
+                       allow_mixed_privacy=allow_mixed_privacy)
     context = ClaimContext(chosen, quick, tuple(skipped))
     hashes = [r.config_hash for r in located]
     try:
-        comparison = compare_experiment(uri, spec.name, list(preset.group_by), config_hashes=hashes)
+        comparison = compare_experiment(uri, spec.name, list(preset.group_by), config_hashes=hashes,
+                                        allow_mixed_privacy=allow_mixed_privacy)
+    except UnequalPrivacyError:
+        raise
     except UsageError as exc:
         notices.append(str(exc))
         comparison = None
     checks = preset.claims(comparison.table, context) if comparison is not None else [
         ClaimCheck("every claim of this preset", "not checked", "no run finished")]
-    return ReproduceReport(preset, chosen, quick, spec.name, notices + report.notices, report, comparison, checks)
+    if quick:
+        checks = quick_claims(checks)
+    privacy = _privacy_lines(preset, spec, comparison, located)
+    return ReproduceReport(preset, chosen, quick, spec.name, notices + report.notices, report, comparison, checks,
+                           tuning, tuned_lr, privacy)
+
+
+def _tune_lr(preset: Preset, spec: SweepSpec, runs: Sequence[PlannedRun], backend: Any, base_dir: str, uri: str,
+             quick: bool, grid: Sequence[float] | None, rounds: int | None, progress: Any, allow_mixed: bool,
+             say: Callable[[str], None], notices: list[str]) -> tuple[Any, dict[str, float]]:
+    """Tune lr on the evaluation clients (p4bench.tune); (TuneResult, key -> chosen lr)."""
+    from p4bench.tune import TuneSpec, tune_planned
+
+    grid = tuple(grid or (QUICK_TUNE_GRID if quick else TUNE_GRID))
+    experiment = f"{spec.name}-tune"
+    planned = plan_lr_tuning(preset, runs, experiment, grid, rounds)
+    keys = list(dict.fromkeys(key for key, _ in planned))
+    at = ", ".join(f"{k}={v}" for k, v in preset.tune_at.items()) or "each method's first setting"
+    scale = f"{rounds} rounds" if rounds else "the runs' rounds"
+    notices.append(f"tuning lr over {', '.join(f'{v:g}' for v in grid)} for {', '.join(keys)} on the evaluation "
+                   f"clients ({at}, seed {planned[0][1].config.seed}, {scale}; experiment '{experiment}')")
+    say(notices[-1])
+    tune_spec = TuneSpec(experiment, dict(spec.base), {key: {"lr": grid} for key in keys},
+                         (planned[0][1].config.seed,))
+    result = tune_planned(tune_spec, planned, backend, results_dir=base_dir, tracking_uri=uri, progress=progress,
+                          allow_mixed_privacy=allow_mixed)
+    lrs = {key: float(values["lr"]) for key, values in result.best.items()}
+    for key in keys:
+        if key not in lrs:
+            notices.append(f"no tuning run of {key} finished: it keeps lr={runs[0].config.lr:g}")
+            say(notices[-1])
+    return result, lrs
+
+
+def _privacy_lines(preset: Preset, spec: SweepSpec, comparison: Any, runs: Sequence[PlannedRun]) -> list[str]:
+    """Who is private, under which relation and epsilon; which baselines are not."""
+    lines = []
+    verdict = getattr(comparison, "privacy", None)
+    if verdict is not None:
+        lines.append(verdict.note())
+        if verdict.warning:
+            lines.append("WARNING: " + verdict.warning)
+    relation = spec.base.get("neighbouring")
+    private = [r.config for r in runs if r.config.epsilon is not None]
+    epsilons = sorted({c.epsilon for c in private})
+    accountants = sorted({c.accountant for c in private})
+    if relation:
+        lines.append(f"one neighbouring relation for the preset: {relation}; target epsilon "
+                     f"{', '.join(f'{e:g}' for e in epsilons) if epsilons else '-'}"
+                     + (f" (accountant {', '.join(accountants)})" if accountants else ""))
+    if preset.baselines:
+        lines.append(preset.baselines)
+    return lines
 
 
 def describe_presets() -> list[tuple[str, str, str]]:

@@ -20,6 +20,11 @@ Precedence for each run: defaults < base < included tuned values < per_method < 
 variant. For `defense`, `none` means no defense and a null (`~`) the method's default.
 A variant's `label` becomes the run's `variant` tag (not part of its config).
 
+Equal privacy (`p4bench.equal_privacy`): the study uses one neighbouring relation for all its
+private runs. A private run that names none gets the one the sweep names, or add-remove when
+the sweep names none (said in the output); runs naming different relations are refused before
+anything trains unless `allow_mixed_privacy` (`--allow-mixed-privacy`).
+
 Resuming: a run whose config hash already has a FINISHED run in the experiment is skipped,
 so running an interrupted sweep again only does the missing runs. A failing run is recorded
 (FAILED in MLflow, listed in the summary) and the others go on.
@@ -178,26 +183,77 @@ def _combinations(grid: Mapping[str, Any]) -> list[list[tuple[str, Any]]]:
     return [list(combo) for combo in itertools.product(*items)]
 
 
-def expand(spec: SweepSpec, overrides: Mapping[str, Any] | None = None) -> list[PlannedRun]:
+def expand(spec: SweepSpec, overrides: Mapping[str, Any] | None = None, registry: Any = None) -> list[PlannedRun]:
     """Every run of the sweep in a stable order (variants, then axes), duplicates removed.
 
     `overrides` (results_dir, tracking_uri, ...) apply to every run after everything else.
+    Private runs that name no neighbouring relation get the study's one
+    (`p4bench.equal_privacy.settle_relation`).
     """
-    planned: list[PlannedRun] = []
-    seen: set[str] = set()
+    from p4bench.equal_privacy import settle_relation
+
+    combos: list[tuple[RunConfig, dict[str, str]]] = []
     for variant in spec.variants or ({},):
         label = variant.get(LABEL)
         grid = {k: v for k, v in variant.items() if k != LABEL}
         for variant_combo in _combinations(grid):
             for axes_combo in _combinations(spec.axes):
                 config = _config(spec, axes_combo, variant_combo, overrides or {})
-                key = config.config_hash()
-                if key in seen:
-                    continue
-                seen.add(key)
                 tags = {"sweep": spec.name, **({"variant": str(label)} if label is not None else {})}
-                planned.append(PlannedRun(config, tags))
+                combos.append((config, tags))
+    configs, _, _ = settle_relation([c for c, _ in combos], registry)
+    planned: list[PlannedRun] = []
+    seen: set[str] = set()
+    for config, (_, tags) in zip(configs, combos):
+        key = config.config_hash()
+        if key in seen:
+            continue
+        seen.add(key)
+        planned.append(PlannedRun(config, tags))
     return planned
+
+
+def names_relation(spec: SweepSpec) -> bool:
+    """Whether the sweep file names a neighbouring relation anywhere."""
+    keys = [*spec.base, *spec.axes, *(k for v in spec.variants for k in v), *(k for v in spec.per_method.values() for k in v)]
+    return any(str(k).replace("-", "_") == "neighbouring" for k in keys)
+
+
+def study_privacy(spec: SweepSpec, planned: Sequence[PlannedRun], registry: Any = None, *,
+                  allow_mixed: bool = False, what: str | None = None) -> list[str]:
+    """Check before anything trains that the private runs share one neighbouring relation
+    (UsageError naming the runs otherwise, unless `allow_mixed`); the notices to show."""
+    from p4bench.equal_privacy import check_privacy, from_config
+
+    statuses = [from_config(run.config, describe_run(run), registry) for run in planned]
+    verdict = check_privacy(statuses, allow_mixed=allow_mixed, what=what or f"sweep '{spec.name}'", certification=False)
+    if not any(s.private for s in statuses):
+        return []
+    if verdict.relation is None:
+        return [verdict.warning or ""]
+    origin = ("named by the study" if names_relation(spec) else
+              "the study default, as the study names none; set `neighbouring` in its base to choose")
+    return [f"one neighbouring relation for every private run of this study: {verdict.relation} ({origin}); "
+            + verdict.note(certification=False)]  # certification is known once the runs ran
+
+
+def uncertified_notice(planned: Sequence[PlannedRun], records: Sequence[RunRecord]) -> str | None:
+    """A notice naming the finished runs whose epsilon is uncertified."""
+    from p4bench.equal_privacy import check_privacy
+
+    statuses = [record_privacy(p, r) for p, r in zip(planned, records)]
+    verdict = check_privacy([s for s in statuses if s is not None], allow_mixed=True)
+    bad = [p for p in verdict.problems if p.startswith("uncertified")]
+    return f"{bad[0]}; tables of these runs are refused unless --allow-mixed-privacy" if bad else None
+
+
+def record_privacy(planned: PlannedRun, record: RunRecord):
+    """The privacy of a finished (or skipped) run from its record, None for other records."""
+    from p4bench.equal_privacy import from_summary
+
+    if record.status not in ("finished", "skipped"):
+        return None
+    return from_summary({"method": planned.config.method, **record.summary}, describe_run(planned))
 
 
 def _config(spec: SweepSpec, axes_combo, variant_combo, overrides: Mapping[str, Any]) -> RunConfig:
@@ -290,11 +346,14 @@ def run_sweep(
     progress: Progress | None = None,
     track: bool = True,
     planned: Sequence[PlannedRun] | None = None,
+    allow_mixed_privacy: bool = False,
 ) -> SweepReport:
     """Plan, skip what already finished, execute the rest on `backend`, report.
 
-    Unknown plugin names fail before anything runs (UnknownNameError); runs whose attack or
-    defense cannot be used with their method are listed as incompatible and not run.
+    Unknown plugin names fail before anything runs (UnknownNameError), and so do private
+    runs under different neighbouring relations (UsageError, unless `allow_mixed_privacy`);
+    runs whose attack or defense cannot be used with their method are listed as
+    incompatible and not run.
     """
     from p4bench.plugin_manager import DISABLE_AUTOLOAD_ENV, default_registry
     from p4bench.results import ensure_experiment, finished_runs, tracking_uri_for
@@ -306,12 +365,13 @@ def run_sweep(
                         or RunConfig.results_dir).resolve())
     uri = tracking_uri_for(tracking_uri or spec.base.get("tracking_uri") or spec.base.get("tracking-uri"), base_dir)
     if planned is None:
-        planned = expand(spec, {"results_dir": base_dir, "tracking_uri": uri})
+        planned = expand(spec, {"results_dir": base_dir, "tracking_uri": uri}, registry)
     planned = list(planned)
     for run in planned:
         for kind, name in unknown_names(run.config, registry):
             registry.get(kind, name)  # raises UnknownNameError with the registered names
-    notices: list[str] = []
+    notices: list[str] = study_privacy(spec, planned, registry, allow_mixed=allow_mixed_privacy,
+                                       what=f"{'tuning' if tuning else 'sweep'} '{spec.name}'")
     done: dict[tuple[str, bool], dict[str, Any]] = {}
     if track:
         try:
@@ -351,6 +411,9 @@ def run_sweep(
     lost = [i for i, r in enumerate(records) if r is None]
     for index in lost:  # a backend that returned without an answer for some run
         records[index] = RunRecord(planned[index].config_hash, "failed", error="no result came back")
+    uncertified = uncertified_notice(planned, records)  # type: ignore[arg-type]
+    if uncertified:
+        notices.append(uncertified)
     return SweepReport(spec.name, uri, planned, records, notices)  # type: ignore[arg-type]
 
 
@@ -359,8 +422,14 @@ def _skipped(run: PlannedRun, row: Mapping[str, Any]) -> RunRecord:
         value = row.get(f"metrics.{name}")
         return None if value is None or value != value else float(value)
 
+    from p4bench.equal_privacy import from_row
+
+    privacy = from_row({"method": run.config.method, **row})
     summary = {"run_id": row.get("run_id"), "accuracy_mean": metric("final_accuracy_mean"),
-               "method": run.config.method, "seed": run.config.seed}
+               "method": run.config.method, "seed": run.config.seed, "private": privacy.private}
+    if privacy.private:
+        summary.update(neighbouring=privacy.neighbouring, epsilon_certified=privacy.certified,
+                       uncertified_reason=privacy.reason)
     return RunRecord(run.config_hash, "skipped", summary=summary, evaluation_accuracy=metric("accuracy_evaluation_mean"),
                      mlflow_run_id=row.get("run_id"), tags=dict(run.tags))
 

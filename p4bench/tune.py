@@ -30,6 +30,11 @@ A tuning file::
       fedavg:
       p4: {local_steps: [1, 5]}
 
+Equal privacy (`p4bench.equal_privacy`): the candidates' private runs share one neighbouring
+relation (the one the tuning base names, else add-remove for the whole study) and must be
+certified; otherwise tuning refuses (UsageError naming the runs) unless `allow_mixed_privacy`,
+and then each point's privacy is shown.
+
 The result is a YAML file with a `tuned` mapping (method -> chosen values) that sweep files
 can `include`, plus every point's score for the record.
 """
@@ -71,6 +76,11 @@ class PointScore:
     values: dict[str, Any]
     scores: list[float] = field(default_factory=list)  # one per seed that finished
     failed: int = 0
+    marks: list[str] = field(default_factory=list)  # privacy marks of its runs (see p4bench.equal_privacy)
+
+    @property
+    def privacy(self) -> str:
+        return " / ".join(dict.fromkeys(self.marks)) or "-"
 
     @property
     def mean(self) -> float:
@@ -87,6 +97,7 @@ class TuneResult:
     points: dict[str, list[PointScore]]  # method -> points in grid order
     best: dict[str, dict[str, Any]]  # method -> chosen values
     report: SweepReport
+    privacy: Any = None  # p4bench.equal_privacy.PrivacyCheck of the tuning runs
 
 
 def load_tune(path: str | Path) -> TuneSpec:
@@ -174,6 +185,7 @@ def run_tuning(
     tracking_uri: str | None = None,
     progress: Progress | None = None,
     track: bool = True,
+    allow_mixed_privacy: bool = False,
 ) -> TuneResult:
     """Run every tuning run (resuming finished ones) and choose each method's best point."""
     from p4bench.results import tracking_uri_for
@@ -181,18 +193,47 @@ def run_tuning(
     base_dir = str(Path(results_dir or spec.base.get("results_dir") or RunConfig.results_dir).resolve())
     uri = tracking_uri_for(tracking_uri or spec.base.get("tracking_uri"), base_dir)
     planned = plan_tuning(spec, {"results_dir": base_dir, "tracking_uri": uri})
+    return tune_planned(spec, planned, backend, results_dir=base_dir, tracking_uri=uri, progress=progress, track=track,
+                        allow_mixed_privacy=allow_mixed_privacy)
+
+
+def tune_planned(
+    spec: TuneSpec,
+    planned: Sequence[tuple[str, PlannedRun]],
+    backend: Backend | None = None,
+    *,
+    results_dir: str,
+    tracking_uri: str,
+    progress: Progress | None = None,
+    track: bool = True,
+    allow_mixed_privacy: bool = False,
+) -> TuneResult:
+    """Run given tuning runs, (key, run) with `spec.grids[key]` naming the tuned options of
+    each key (a method, or any label of a group of runs tuned together), as tuning runs
+    into the experiment `spec.name`; score every point on the evaluation clients and keep
+    each key's best. Refuses (UsageError, naming the runs) candidates under unequal privacy
+    unless `allow_mixed_privacy`."""
+    from p4bench.equal_privacy import check_privacy
+    from p4bench.sweep import record_privacy
+
     sweep = SweepSpec(spec.name, spec.base)
-    report = run_sweep(sweep, backend, results_dir=base_dir, tracking_uri=uri, tuning=True, progress=progress,
-                       track=track, planned=[run for _, run in planned])
+    report = run_sweep(sweep, backend, results_dir=results_dir, tracking_uri=tracking_uri, tuning=True,
+                       progress=progress, track=track, planned=[run for _, run in planned],
+                       allow_mixed_privacy=allow_mixed_privacy)
+    statuses = [record_privacy(run, record) for (_, run), record in zip(planned, report.records)]
+    verdict = check_privacy([s for s in statuses if s is not None], allow_mixed=allow_mixed_privacy,
+                            what=f"tuning '{spec.name}'")
     points: dict[str, list[PointScore]] = {}
     index: dict[tuple[str, tuple], PointScore] = {}
-    for (method, run), record in zip(planned, report.records):
+    for (method, run), record, status in zip(planned, report.records, statuses):
         grid = spec.grids[method]
         values = {key: _value(run.config, key) for key in grid}
         key = (method, tuple(repr(values[k]) for k in grid))
         if key not in index:
             index[key] = PointScore(values)
             points.setdefault(method, []).append(index[key])
+        if status is not None:
+            index[key].marks.append(status.mark)
         score = record.evaluation_accuracy
         if record.status in ("finished", "skipped") and score is not None and not math.isnan(score):
             index[key].scores.append(float(score))
@@ -203,7 +244,7 @@ def run_tuning(
         candidates = [p for p in scored if p.scores]
         if candidates:
             best[method] = dict(max(candidates, key=lambda p: p.mean).values)  # max keeps the first of ties
-    return TuneResult(spec, points, best, report)
+    return TuneResult(spec, points, best, report, verdict)
 
 
 def write_tuned(result: TuneResult, path: str | Path) -> Path:
@@ -218,10 +259,12 @@ def write_tuned(result: TuneResult, path: str | Path) -> Path:
             "experiment": spec.name,
             "seeds": list(spec.seeds),
             "base": dict(spec.base),
+            **({"privacy": result.privacy.note()} if result.privacy is not None and result.privacy.runs else {}),
         },
         "scores": {
             method: [{**p.values, "mean": _round(p.mean), "std": _round(p.std), "n": len(p.scores),
-                      **({"failed": p.failed} if p.failed else {})} for p in scored]
+                      **({"failed": p.failed} if p.failed else {}), **({"privacy": p.privacy} if p.marks else {})}
+                     for p in scored]
             for method, scored in result.points.items()
         },
     }

@@ -52,7 +52,7 @@ def audit_command(
     noise_multiplier: Optional[float] = typer.Option(None, help="DP noise multiplier (default: calibrated from --epsilon)"),
     clip: Optional[float] = typer.Option(None, help="DP per-example clipping norm C"),
     neighbouring: Optional[str] = typer.Option(None, help="add-remove | replace-one (default: the method's)"),
-    accountant: Optional[str] = typer.Option(None, help="privacy accountant: rdp | prv | noble"),
+    accountant: Optional[str] = typer.Option(None, help="privacy accountant: pld (default) | rdp | prv | noble"),
     seed: Optional[int] = typer.Option(None, help="seed of the first run (runs use seed..seed+runs-1)"),
     option: list[str] = typer.Option([], "--option", "-o", help="plugin option KEY=VALUE (repeatable)"),
     runs: int = typer.Option(1, "--runs", help="training runs; their trials are pooled"),

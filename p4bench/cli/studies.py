@@ -24,6 +24,9 @@ _ADDRESS = typer.Option(None, "--address", help="Ray cluster address (default: s
 _RESULTS = typer.Option(None, "--results-dir", help="folder for local copies and the default MLflow store")
 _URI = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: SQLite in the results dir)")
 _SET = typer.Option([], "--set", help="base run option KEY=VALUE for every run (repeatable)")
+_MIXED = typer.Option(False, "--allow-mixed-privacy",
+                      help="compare private runs under different neighbouring relations or with uncertified epsilons "
+                           "(refused otherwise, exit 2); the table marks each run's privacy")
 
 
 class RunsProgress:
@@ -102,19 +105,21 @@ def sweep_command(
     set_: list[str] = _SET,
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs and what would be skipped; run nothing"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON line per run after the summary"),
+    allow_mixed_privacy: bool = _MIXED,
 ) -> None:
-    """Run every combination of a sweep file into one MLflow experiment; finished runs are skipped."""
+    """Run every combination of a sweep file into one MLflow experiment; finished runs are skipped.
+    Private runs share one neighbouring relation (the sweep's, else add-remove)."""
     from p4bench.backends import make_backend
     from p4bench.sweep import describe_run, load_sweep, run_sweep
 
     spec = load_sweep(file)
     spec = spec.with_base(**_sets(set_))
     if dry_run:
-        _dry_run(spec, results_dir, tracking_uri)
+        _dry_run(spec, results_dir, tracking_uri, allow_mixed_privacy)
         return
     keys = tuple(k for k in spec.axes if k not in ("method", "attack", "defense", "seed"))
     report = run_sweep(spec, make_backend(backend, jobs, address), results_dir=results_dir, tracking_uri=tracking_uri,
-                       progress=RunsProgress(f"sweep {spec.name}", keys))
+                       progress=RunsProgress(f"sweep {spec.name}", keys), allow_mixed_privacy=allow_mixed_privacy)
     _print_sweep_summary(report)
     if as_json:
         for planned, record in zip(report.planned, report.records):
@@ -125,17 +130,19 @@ def sweep_command(
         raise typer.Exit(1)
 
 
-def _dry_run(spec, results_dir: Optional[str], tracking_uri: Optional[str]) -> None:
+def _dry_run(spec, results_dir: Optional[str], tracking_uri: Optional[str], allow_mixed_privacy: bool = False) -> None:
     """List the planned runs, marking those a sweep would skip; creates no store."""
     from p4bench.config import RunConfig
     from p4bench.results import finished_runs, tracking_uri_for
-    from p4bench.sweep import describe_run, expand
+    from p4bench.sweep import describe_run, expand, study_privacy
 
     folder = results_dir or spec.base.get("results_dir") or RunConfig.results_dir
     uri = tracking_uri_for(tracking_uri or spec.base.get("tracking_uri"), folder)
     exists = not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).exists()
     done = finished_runs(uri, spec.name) if exists else {}
     planned = expand(spec)
+    for notice in study_privacy(spec, planned, allow_mixed=allow_mixed_privacy):
+        err.print(f"[yellow]notice:[/yellow] {notice}", highlight=False)
     for run in planned:
         mark = "finished" if (run.config_hash, False) in done else "to run"
         out.print(f"{run.config_hash}  {mark:8}  {describe_run(run)}", highlight=False)
@@ -156,8 +163,10 @@ def tune_command(
     results_dir: Optional[str] = _RESULTS,
     tracking_uri: Optional[str] = _URI,
     set_: list[str] = _SET,
+    allow_mixed_privacy: bool = _MIXED,
 ) -> None:
-    """Grid-search each method's hyperparameters on the evaluation clients only; write the best."""
+    """Grid-search each method's hyperparameters on the evaluation clients only; write the best.
+    Candidates share one neighbouring relation and must be certified (else exit 2)."""
     from p4bench.backends import make_backend
     from p4bench.tune import TuneSpec, load_tune, parse_grid_options, parse_tune, run_tuning, write_tuned
 
@@ -181,31 +190,48 @@ def tune_command(
     experiment = name or (spec.name if file is not None else f"tune-{base.get('dataset', 'digits')}")
     spec = TuneSpec(experiment, base, spec.grids, chosen_seeds, spec.shared)
     result = run_tuning(spec, make_backend(backend, jobs, address), results_dir=results_dir, tracking_uri=tracking_uri,
-                        progress=RunsProgress(f"tune {spec.name}"))
+                        progress=RunsProgress(f"tune {spec.name}"), allow_mixed_privacy=allow_mixed_privacy)
     _print_sweep_summary(result.report, err)
-    for method_name, points in result.points.items():
-        table = Table(title=f"{method_name}: mean final accuracy of the evaluation clients (over {len(spec.seeds)} seeds)")
-        keys = list(spec.grids[method_name])
-        for column in [*keys, "mean", "std", "n", ""]:
-            table.add_column(column)
-        for point in points:
-            chosen = point.values == result.best.get(method_name)
-            table.add_row(*[str(point.values[k]) for k in keys], _num(point.mean), _num(point.std), str(len(point.scores)),
-                          "[green]best[/green]" if chosen else "")
-        out.print(table)
+    print_tuning(result, f"over {len(spec.seeds)} seeds")
     path = write_tuned(result, output)
     out.print(f"tuned config written to {path} (include it in a sweep file with `include: {path.name}`)")
     if result.report.failures:
         raise typer.Exit(1)
 
 
+def print_tuning(result, over: str) -> None:
+    """One table per tuned method (or key): every point's score, the best marked; a
+    `privacy` column where the candidates' privacy marks differ."""
+    verdict = result.privacy
+    if verdict is not None and verdict.warning:
+        err.print(f"[yellow]warning:[/yellow] {verdict.warning}", highlight=False)
+    marked = verdict is not None and verdict.needs_column
+    for method_name, points in result.points.items():
+        table = Table(title=f"{method_name}: mean final accuracy of the evaluation clients ({over})")
+        keys = list(result.spec.grids[method_name])
+        for column in [*keys, *(["privacy"] if marked else []), "mean", "std", "n", ""]:
+            table.add_column(column)
+        for point in points:
+            chosen = point.values == result.best.get(method_name)
+            table.add_row(*[str(point.values[k]) for k in keys], *([point.privacy] if marked else []), _num(point.mean),
+                          _num(point.std), str(len(point.scores)), "[green]best[/green]" if chosen else "")
+        out.print(table)
+    if verdict is not None and any(r.private for r in verdict.runs):
+        out.print(verdict.note(), highlight=False)
+
+
 def _num(value: float) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
 
 
-def _print_comparison(comparison, fmt: str) -> None:
+def _print_comparison(comparison, fmt: str, privacy_note: bool = True) -> None:
     from p4bench.compare import format_table
 
+    verdict = comparison.privacy if privacy_note else None
+    if verdict is not None and verdict.warning:
+        err.print(f"[yellow]warning:[/yellow] {verdict.warning}", highlight=False)
+    if verdict is not None and any(r.private for r in verdict.runs):
+        err.print(verdict.note(), highlight=False)
     if fmt != "table":
         out.print(format_table(comparison, fmt), markup=False, highlight=False)
         return
@@ -228,8 +254,10 @@ def compare_command(
     plot: Optional[Path] = typer.Option(None, "--plot", help="save accuracy-per-round curves and a bar chart here"),
     results_dir: Optional[str] = _RESULTS,
     tracking_uri: Optional[str] = _URI,
+    allow_mixed_privacy: bool = _MIXED,
 ) -> None:
-    """Aggregate an experiment's runs over seeds (mean, std, n) per group, print and plot."""
+    """Aggregate an experiment's runs over seeds (mean, std, n) per group, print and plot.
+    Private runs must share one neighbouring relation and be certified (else exit 2)."""
     from p4bench.compare import compare_experiment, plot_comparison
     from p4bench.config import RunConfig
     from p4bench.results import tracking_uri_for
@@ -238,7 +266,7 @@ def compare_command(
         raise UsageError(f"unknown format '{fmt}'; choose table, markdown or csv")
     uri = tracking_uri_for(tracking_uri, results_dir or RunConfig.results_dir)
     keys = [k.strip() for k in group_by.split(",") if k.strip()] if group_by else None
-    comparison = compare_experiment(uri, experiment, keys, metric)
+    comparison = compare_experiment(uri, experiment, keys, metric, allow_mixed_privacy=allow_mixed_privacy)
     _print_comparison(comparison, fmt)
     if plot is not None:
         err.print(f"plot written to {plot_comparison(comparison, plot)}")
@@ -258,8 +286,13 @@ def reproduce_command(
     tracking_uri: Optional[str] = _URI,
     set_: list[str] = _SET,
     only: list[str] = typer.Option([], "--only", help="keep runs whose option is one of KEY=V1,V2,... (repeatable)"),
+    no_tune: bool = typer.Option(False, "--no-tune", help="do not tune lr on the evaluation clients first"),
+    tune_rounds: Optional[int] = typer.Option(None, "--tune-rounds", help="rounds of the lr tuning runs (default: the preset's)"),
+    allow_mixed_privacy: bool = _MIXED,
 ) -> None:
-    """Rebuild one of the paper's experiments and state whether each of its claims holds."""
+    """Rebuild one of the paper's experiments and state whether each of its claims holds.
+    lr is tuned per method on the evaluation clients first; every private run shares one
+    neighbouring relation and target epsilon, and must be certified (else exit 2)."""
     from p4bench.backends import make_backend
     from p4bench.compare import plot_comparison
     from p4bench.reproduce import reproduce
@@ -271,17 +304,28 @@ def reproduce_command(
     def notice(text: str) -> None:
         err.print(f"[yellow]notice:[/yellow] {text}")
 
-    report = reproduce(name, dataset, quick, backend=make_backend(backend, jobs, address), results_dir=results_dir,
+    run_backend = make_backend(backend, jobs, address)
+    report = reproduce(name, dataset, quick, backend=run_backend, results_dir=results_dir,
                        tracking_uri=tracking_uri, strict=strict, progress=RunsProgress(f"reproduce {name}"),
-                       overrides=_sets(set_), only=parse_grid_options(only), on_notice=notice)
+                       overrides=_sets(set_), only=parse_grid_options(only), on_notice=notice, tune=not no_tune,
+                       tune_rounds=tune_rounds, tune_progress=RunsProgress(f"tune lr for {name}"),
+                       allow_mixed_privacy=allow_mixed_privacy)
+    if report.tuning is not None:
+        _print_sweep_summary(report.tuning.report, err)
+        print_tuning(report.tuning, "lr tuned on the evaluation clients, reported clients' test data withheld")
+    if report.tuned_lr:
+        out.print("lr per method (tuned): " + ", ".join(f"{k} {v:g}" for k, v in report.tuned_lr.items()),
+                  highlight=False)
     _print_sweep_summary(report.sweep, err)
     if report.comparison is not None:
-        _print_comparison(report.comparison, fmt)
+        _print_comparison(report.comparison, fmt, privacy_note=False)  # report.privacy says it below
         if plot is not None:
             err.print(f"plot written to {plot_comparison(report.comparison, plot)}")
+    for line in report.privacy:
+        out.print(line, highlight=False, markup=False)
     scale = "quick smoke run" if report.quick else "full run"
     out.print(f"\n[bold]claims of the paper on {report.dataset} ({scale}):[/bold]")
-    colours = {"yes": "green", "no": "red", "not checked": "yellow"}
+    colours = {"yes": "green", "no": "red", "not checked": "yellow", "not tested": "yellow"}
     for check in report.claims:
         detail = f" ({check.detail})" if check.detail else ""
         out.print(f"- {check.claim}: [{colours[check.status]}]{check.status}[/{colours[check.status]}]{detail}",
