@@ -45,6 +45,7 @@ from p4bench.backends import Backend, LocalBackend, RunRecord, RunTask
 from p4bench.config import FIELD_NAMES, RunConfig
 from p4bench.errors import ConfigError, UsageError
 from p4bench.hookspecs import hookimpl
+from p4bench.sweep_privacy import study_privacy, uncertified_notice
 
 __all__ = [
     "SweepSpec", "PlannedRun", "SweepReport", "load_sweep", "parse_sweep", "expand", "run_sweep",
@@ -211,49 +212,6 @@ def expand(spec: SweepSpec, overrides: Mapping[str, Any] | None = None, registry
         seen.add(key)
         planned.append(PlannedRun(config, tags))
     return planned
-
-
-def names_relation(spec: SweepSpec) -> bool:
-    """Whether the sweep file names a neighbouring relation anywhere."""
-    keys = [*spec.base, *spec.axes, *(k for v in spec.variants for k in v), *(k for v in spec.per_method.values() for k in v)]
-    return any(str(k).replace("-", "_") == "neighbouring" for k in keys)
-
-
-def study_privacy(spec: SweepSpec, planned: Sequence[PlannedRun], registry: Any = None, *,
-                  allow_mixed: bool = False, what: str | None = None) -> list[str]:
-    """Check before anything trains that the private runs share one neighbouring relation
-    (UsageError naming the runs otherwise, unless `allow_mixed`); the notices to show."""
-    from p4bench.equal_privacy import check_privacy, from_config
-
-    statuses = [from_config(run.config, describe_run(run), registry) for run in planned]
-    verdict = check_privacy(statuses, allow_mixed=allow_mixed, what=what or f"sweep '{spec.name}'", certification=False)
-    if not any(s.private for s in statuses):
-        return []
-    if verdict.relation is None:
-        return [verdict.warning or ""]
-    origin = ("named by the study" if names_relation(spec) else
-              "the study default, as the study names none; set `neighbouring` in its base to choose")
-    return [f"one neighbouring relation for every private run of this study: {verdict.relation} ({origin}); "
-            + verdict.note(certification=False)]  # certification is known once the runs ran
-
-
-def uncertified_notice(planned: Sequence[PlannedRun], records: Sequence[RunRecord]) -> str | None:
-    """A notice naming the finished runs whose epsilon is uncertified."""
-    from p4bench.equal_privacy import check_privacy
-
-    statuses = [record_privacy(p, r) for p, r in zip(planned, records)]
-    verdict = check_privacy([s for s in statuses if s is not None], allow_mixed=True)
-    bad = [p for p in verdict.problems if p.startswith("uncertified")]
-    return f"{bad[0]}; tables of these runs are refused unless --allow-mixed-privacy" if bad else None
-
-
-def record_privacy(planned: PlannedRun, record: RunRecord):
-    """The privacy of a finished (or skipped) run from its record, None for other records."""
-    from p4bench.equal_privacy import from_summary
-
-    if record.status not in ("finished", "skipped"):
-        return None
-    return from_summary({"method": planned.config.method, **record.summary}, describe_run(planned))
 
 
 def _config(spec: SweepSpec, axes_combo, variant_combo, overrides: Mapping[str, Any]) -> RunConfig:

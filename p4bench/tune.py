@@ -214,7 +214,7 @@ def tune_planned(
     each key's best. Refuses (UsageError, naming the runs) candidates under unequal privacy
     unless `allow_mixed_privacy`."""
     from p4bench.equal_privacy import check_privacy
-    from p4bench.sweep import record_privacy
+    from p4bench.sweep_privacy import record_privacy
 
     sweep = SweepSpec(spec.name, spec.base)
     report = run_sweep(sweep, backend, results_dir=results_dir, tracking_uri=tracking_uri, tuning=True,

@@ -171,7 +171,7 @@ def _randomness_text(summary: dict[str, Any]) -> str:
 def _privacy_text(summary: dict[str, Any]) -> str:
     if summary.get("epsilon") is None:
         return "non-private"
-    pld = f", {summary['epsilon_pld']:.3f} max (pld)" if summary.get("epsilon_pld") is not None else ""
+    pld = f", {summary['epsilon_pld']:.3f} max (pld)" if summary.get("epsilon_pld") is not None and summary["accountant"] != "pld" else ""
     label = summary["accountant"]
     if label == "noble":
         label += "; bound stated for fixed-size sampling without replacement, runs use Poisson batches"

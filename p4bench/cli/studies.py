@@ -134,7 +134,8 @@ def _dry_run(spec, results_dir: Optional[str], tracking_uri: Optional[str], allo
     """List the planned runs, marking those a sweep would skip; creates no store."""
     from p4bench.config import RunConfig
     from p4bench.results import finished_runs, tracking_uri_for
-    from p4bench.sweep import describe_run, expand, study_privacy
+    from p4bench.sweep import describe_run, expand
+    from p4bench.sweep_privacy import study_privacy
 
     folder = results_dir or spec.base.get("results_dir") or RunConfig.results_dir
     uri = tracking_uri_for(tracking_uri or spec.base.get("tracking_uri"), folder)

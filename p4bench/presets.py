@@ -1,0 +1,159 @@
+"""The presets of `p4bench reproduce`: the P4 paper's experiments as sweep grids.
+
+Data settings (`shared/reference/p4.md` section 8; digits is the offline fallback), the
+variants of each preset and the `Preset` records themselves. How they run, are tuned and
+checked is `p4bench.reproduce`'s business (see its docstring for the equal-privacy rules
+every preset follows: one relation, `RELATION`; non-private local and centralized).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from math import gcd
+from typing import Any
+
+from p4bench import claims
+from p4bench.claims import ABLATIONS, ATTACKS, ClaimCheck, ClaimContext
+
+__all__ = [
+    "DATASETS", "DEFENSES", "EPSILONS", "FULL", "NON_PRIVATE", "PRESETS", "Preset", "QUICK", "QUICK_DIGITS", "RELATION",
+    "alpha_variant", "data_settings", "describe_presets", "shard_variant",
+]
+
+# The paper's data settings (p4.md section 8); digits is the offline fallback.
+DATASETS: dict[str, dict[str, int]] = {
+    "cifar10": {"classes": 10, "clients": 260, "samples_per_client": 200},
+    "femnist": {"classes": 47, "clients": 200, "samples_per_client": 300},
+    "cifar100": {"classes": 100, "clients": 60, "samples_per_client": 250},
+    "digits": {"classes": 10, "clients": 20, "samples_per_client": 80},
+}
+QUICK_DIGITS = {"clients": 10}
+FULL = {"rounds": 100, "seeds": (0, 1, 2)}
+QUICK = {"rounds": 3, "seeds": (0,)}
+EPSILONS = (3.0, 5.0, 8.0, 10.0, 15.0, 20.0)
+# The existing defenses of the paper's RQ2 (FedSecurity's), then P4's own and the oracle.
+DEFENSES = ("none", "m-krum", "krum", "bulyan", "anomaly-detection", "median", "trimmed-mean", "geometric-median",
+            "norm-clipping", "centered-clipping", "foolsgold", "p4-secure", "ideal")
+NON_PRIVATE = {"epsilon": "none", "no_dp": True}  # also for DP methods, private by default
+RELATION = "add-remove"  # every preset's neighbouring relation (see the module docstring)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    summary: str
+    datasets: tuple[str, ...]  # the paper's; the first is the default
+    base: Mapping[str, Any]
+    variants: Callable[[str, bool], list[dict[str, Any]]]  # (dataset, quick) -> variants
+    group_by: tuple[str, ...]
+    claims: Callable[[Any, "ClaimContext"], list[ClaimCheck]]
+    per_method: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    neighbouring: str = RELATION  # the one relation of every private run
+    tune_at: Mapping[str, Any] = field(default_factory=dict)  # the setting lr is tuned at (a `variant` or options)
+    baselines: str = ""  # which local / centralized baselines are private, and why
+
+
+# -- data settings ----------------------------------------------------------------------
+
+
+def data_settings(dataset: str, quick: bool) -> dict[str, int]:
+    settings = dict(DATASETS.get(dataset, {"classes": 0, "clients": 20, "samples_per_client": 80}))
+    if quick and dataset == "digits":
+        settings.update(QUICK_DIGITS)
+    return settings
+
+
+def shard_variant(dataset: str, quick: bool, per_client: int) -> dict[str, Any]:
+    """Shards with N classes per client at the nearest valid client count (M*N/L integer)."""
+    settings = data_settings(dataset, quick)
+    classes, clients, samples = settings["classes"], settings["clients"], settings["samples_per_client"]
+    variant: dict[str, Any] = {"label": f"shards N={per_client}", "partitioner": "shards",
+                               "options.shards_per_client": per_client}
+    if classes:
+        step = classes // gcd(classes, per_client)
+        variant["clients"] = max(step, int(round(clients / step)) * step)
+        variant["samples_per_client"] = samples - samples % per_client
+    return variant
+
+
+def alpha_variant(similarity: float) -> dict[str, Any]:
+    return {"label": f"alpha {int(round(similarity * 100))}%", "partitioner": "alpha", "similarity": similarity}
+
+
+def _non_iid(dataset: str, quick: bool) -> dict[str, Any]:
+    """The attack experiments' one setting: 50% similarity on CIFAR-10, N = 4 elsewhere."""
+    if dataset in ("cifar100", "femnist"):
+        return {k: v for k, v in shard_variant(dataset, quick, 4).items() if k != "label"}
+    return {"partitioner": "alpha", "similarity": 0.5}
+
+
+# -- presets ----------------------------------------------------------------------------
+
+
+def _heterogeneity_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
+    methods = ["p4", "proxyfl", "dp-dsgt", "scaffold", "fedavg", "local", "centralized"]
+    alphas = [{**alpha_variant(s), "method": methods} for s in (0.25, 0.5, 0.75)]
+    shards = [{**shard_variant(dataset, quick, n), "method": methods} for n in (2, 4, 8)]
+    return alphas + shards
+
+
+def _privacy_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
+    epsilons = [3.0, 15.0] if quick else list(EPSILONS)
+    return [
+        {"label": "p4 (HC)", "method": "p4", "features": "scatter", "defense": "none", "epsilon": epsilons},
+        {"label": "local", "method": "local", "features": "raw", **NON_PRIVATE},
+        {"label": "local (HC)", "method": "local", "features": "scatter", **NON_PRIVATE},
+    ]
+
+
+def _ablation_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
+    epsilons = [3.0, 15.0] if quick else [3.0, 5.0, 10.0, 15.0, 20.0]
+    p4 = {"method": "p4", "features": "scatter", "defense": "none", "epsilon": epsilons}
+    return [{"label": "p4", **p4}, *({"label": k, **p4, **v} for k, v in ABLATIONS.items()),
+            {"label": "local (HC)", "method": "local", "features": "scatter", **NON_PRIVATE}]
+
+
+def _defense_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
+    setting = {**_non_iid(dataset, quick), "method": "p4", "client_rate": 1.0, "malicious_fraction": 0.3}
+    return [{"label": "no attack", **setting, "attack": "none", "defense": "none"},
+            {"label": "attacked", **setting, "attack": list(ATTACKS), "defense": list(DEFENSES)}]
+
+
+def _malicious_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
+    fractions = [0.1, 0.3, 0.5] if quick else [0.1, 0.2, 0.3, 0.4, 0.5]
+    return [{**_non_iid(dataset, quick), "method": "p4", "client_rate": 1.0, "attack": list(ATTACKS),
+             "defense": ["p4-secure", "ideal"], "malicious_fraction": fractions}]
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("heterogeneity", "all methods under alpha (25/50/75%) and shard (N=2/4/8) heterogeneity, epsilon 15",
+               ("cifar10", "cifar100", "femnist"), {"epsilon": 15.0, "features": "scatter", "model": "linear",
+                                                    "defense": "none"},
+               _heterogeneity_variants, ("variant", "method"), claims.heterogeneity_claims,
+               per_method={"local": NON_PRIVATE, "centralized": NON_PRIVATE}, tune_at={"variant": "alpha 50%"},
+               baselines="local and centralized training are non-private (local: nothing leaves a client, the paper's "
+                         "non-DP local training; centralized: a pooled reference, not a rival in the claims)"),
+        Preset("privacy", "P4 (HC) at epsilon 3..20 against non-private local training, alpha 50%",
+               ("cifar10", "femnist"), {"partitioner": "alpha", "similarity": 0.5, "model": "linear"},
+               _privacy_variants, ("variant", "epsilon"), claims.privacy_claims, tune_at={"epsilon": 15.0},
+               baselines="local training (raw and HC) is non-private, as the paper's \"non-DP version of local training\""),
+        Preset("ablation", "P4 with grouping, ScatterNet or the proxy switched off, alpha 50%, epsilon 3..20",
+               ("cifar10",), {"partitioner": "alpha", "similarity": 0.5, "model": "linear"},
+               _ablation_variants, ("variant", "epsilon"), claims.ablation_claims, tune_at={"epsilon": 15.0},
+               baselines="local training (HC) is non-private"),
+        Preset("defense", "P4 under four attacks at 30% malicious clients with every defense, epsilon 15",
+               ("cifar10", "cifar100", "femnist"), {"epsilon": 15.0, "features": "scatter", "model": "linear"},
+               _defense_variants, ("attack", "defense"), claims.defense_claims, tune_at={"variant": "no attack"}),
+        Preset("malicious", "10..50% malicious clients: P4 with secure aggregation vs the ideal defense, epsilon 15",
+               ("cifar100", "femnist"), {"epsilon": 15.0, "features": "scatter", "model": "linear"},
+               _malicious_variants, ("attack", "malicious_fraction", "defense"), claims.malicious_claims),
+    )
+}
+
+
+def describe_presets() -> list[tuple[str, str, str]]:
+    """(name, paper datasets, summary) of every preset, for help texts."""
+    return [(p.name, ", ".join(p.datasets), p.summary) for p in PRESETS.values()]
