@@ -22,8 +22,8 @@ rounds, one seed and shorter epsilon / fraction lists: a smoke run, not a reprod
 Equal privacy and tuning (the paper's protocol):
 
 - One neighbouring relation for every private run of a preset, named in its base
-  (`Preset.neighbouring`, add-remove for all five presets: P4's own default replace-one would
-  give P4 about twice the noise of every baseline at the same epsilon) and one target epsilon;
+  (`Preset.neighbouring`, add-remove for all five presets: P4's own default is replace-one,
+  and the same epsilon under another relation is another guarantee) and one target epsilon;
   the table is refused (exit 2, naming the runs) if any private run is uncertified or under
   another relation, unless `allow_mixed_privacy`. The output states which methods are private.
 - The local step size `lr` of every method is tuned on the evaluation clients before the

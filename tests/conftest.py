@@ -27,3 +27,14 @@ def small_config(results_dir):
         return RunConfig(**base)
 
     return make
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    """The process-wide plugin registry built anew (without autoload) for the test."""
+    from p4bench.plugin_manager import reset_default
+
+    monkeypatch.setenv("P4BENCH_DISABLE_PLUGIN_AUTOLOAD", "1")
+    reset_default()
+    yield
+    reset_default()

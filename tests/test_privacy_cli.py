@@ -7,15 +7,9 @@ import json
 import pytest
 
 from p4bench.cli import main
-from p4bench.plugin_manager import reset_default
 
 
-@pytest.fixture(autouse=True)
-def _no_autoload(monkeypatch):
-    monkeypatch.setenv("P4BENCH_DISABLE_PLUGIN_AUTOLOAD", "1")
-    reset_default()
-    yield
-    reset_default()
+pytestmark = pytest.mark.usefixtures("fresh_registry")
 
 
 def invoke(args, capsys):

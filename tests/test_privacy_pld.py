@@ -16,7 +16,6 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from p4bench.cli import main
-from p4bench.plugin_manager import reset_default
 from p4bench.privacy import PRVAccountant, RDPAccountant, ReleaseSegment, get_accountant
 from p4bench.privacy.accountants import Accountant, accounted_epsilon
 from p4bench.privacy.ledger import PrivacyLedger
@@ -24,12 +23,7 @@ from p4bench.privacy.mechanism import DPSettings, Release
 from p4bench.privacy.pld import PLDAccountant, pld_epsilon
 
 
-@pytest.fixture(autouse=True)
-def _no_autoload(monkeypatch):
-    monkeypatch.setenv("P4BENCH_DISABLE_PLUGIN_AUTOLOAD", "1")
-    reset_default()
-    yield
-    reset_default()
+pytestmark = pytest.mark.usefixtures("fresh_registry")
 
 
 def invoke(args, capsys) -> tuple[int, str]:
