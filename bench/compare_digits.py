@@ -4,8 +4,8 @@ neighbouring relation (add-remove) for every private
 run, lr tuned per method on the evaluation clients only, then 3 seeds.
 
 Equal privacy (as `p4bench reproduce heterogeneity`, see p4bench/equal_privacy.py): every
-private run uses `--neighbouring` (add-remove by default; P4's own default replace-one would
-give it about twice the noise of the baselines at the same epsilon) and must have a
+private run uses `--neighbouring` (add-remove by default; P4's own default is replace-one,
+and the same epsilon under another relation is another guarantee) and must have a
 certified epsilon; otherwise the script refuses (exit 2, naming the runs) unless
 `--allow-mixed-privacy`, and the table marks each method's privacy. Local and centralized
 training are non-private, as in `reproduce` (nothing leaves a client; centralized is a

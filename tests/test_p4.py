@@ -142,3 +142,28 @@ def test_single_shared_dp_model_ablation(small_config):
     result = run(small_config(method="p4", clients=8, rounds=2, epsilon=10.0, options={"proxy": False}), track=False)
     assert "accuracy_proxy_mean" not in result.summary  # the deployed model is the shared DP model itself
     assert torch.equal(result.outcome.final_params["weight"], result.outcome.final_state["proxy"]["weight"])
+
+
+def test_first_cotraining_round_starts_every_member_from_the_aggregators_proxy(small_config, monkeypatch):
+    """Deltas are taken from the model they are added to: at the first upload every member
+    of a group holds the same reference proxy (the aggregator's), not its own phase-1 one."""
+    from p4bench.plugins.p4.method import P4
+
+    seen = []
+    original = P4._send_upload
+
+    def spy(self, state, ctx):
+        if ctx.round == 0:
+            seen.append(({k: v.clone() for k, v in state["group_proxy"].items()}, state["members"].clone()))
+        return original(self, state, ctx)
+
+    monkeypatch.setattr(P4, "_send_upload", spy)
+    run(small_config(method="p4", clients=8, rounds=1, epsilon=8.0, options={"group_size": 4}), track=False)
+    (reference, members), = seen
+    flat = torch.cat([v.flatten(start_dim=1) for v in reference.values()], dim=1)
+    firsts = []
+    for row in members.unique(dim=0):
+        group = row.nonzero().squeeze(1)
+        assert len(group) == 4 and torch.equal(flat[group], flat[group[:1]].expand(len(group), -1))
+        firsts.append(int(group[0]))
+    assert len(firsts) == 2 and not torch.equal(flat[firsts[0]], flat[firsts[1]])  # one start per group
