@@ -75,8 +75,8 @@ class RunConfig:
     noise_source: str = field(
         default="auto",
         metadata=_meta(
-            "DP randomness (noise and Poisson batches): seeded (reproducible, not secret), secure (OS CSPRNG, per "
-            "client), auto (secure where clients are separate parties, e.g. devices; seeded in simulation)",
+            "DP randomness (noise and Poisson batches): seeded (reproducible, not secret), secure (a secret "
+            "generator per client, keyed from the OS CSPRNG), auto (secure where clients are separate parties, e.g. devices; seeded in simulation)",
             choices=("auto", "seeded", "secure"),
         ),
     )

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from p4bench.equal_privacy import COLUMN as PRIVACY
 from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
 
@@ -38,7 +39,6 @@ DEFAULT_METRIC = "final_accuracy_mean"
 TAGS = ("method", "attack", "defense", "dataset", "seed")
 DETECTION = ("detection_precision_total", "detection_recall_total")
 DP_TAGS = ("dp.private", "dp.certified", "dp.neighbouring", "dp.uncertified_reason")
-PRIVACY = "privacy"
 # never part of a config's identity: where it was logged, and what tags say better
 _NOT_CONFIG = {"experiment", "tracking_uri", "results_dir", "attack", "defense", "method", "dataset", "seed"}
 

@@ -55,14 +55,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p4bench.claims import ClaimCheck, ClaimContext
-from p4bench.presets import (  # noqa: F401  (re-exported: the presets are part of this command's API)
+from p4bench.presets import (  # the presets are part of this command's API (re-exported)
     DATASETS, FULL, PRESETS, QUICK, Preset, data_settings, shard_variant,
 )
 from p4bench.equal_privacy import UnequalPrivacyError
 from p4bench.errors import UnknownNameError, UsageError
 from p4bench.sweep import PlannedRun, SweepReport, SweepSpec, expand, option_key, run_sweep, unknown_names
 
-__all__ = ["PRESETS", "Preset", "PresetPlan", "ClaimCheck", "ReproduceReport", "plan_preset", "reproduce"]
+__all__ = ["DATASETS", "PRESETS", "Preset", "PresetPlan", "ClaimCheck", "ReproduceReport", "plan_preset", "reproduce", "shard_variant"]
 
 TUNE_GRID = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # lr candidates, on the evaluation clients
 QUICK_TUNE_GRID = (0.1, 1.0)

@@ -9,14 +9,14 @@ audit, 1 when the lower bound exceeds it (the claim is refuted), 2 for bad input
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from p4bench.cli.run import json_default
 from p4bench.config import parse_key_values, resolve_config
 from p4bench.hookspecs import hookimpl
 
@@ -99,15 +99,9 @@ def audit_command(
         human.print(f"score distributions: {result.plot}")
     typer.echo(result.line())
     if as_json:
-        typer.echo(json.dumps(result.as_dict(), default=_json_default))
+        typer.echo(json.dumps(result.as_dict(), default=json_default))
     if result.exceeds:
         raise typer.Exit(1)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return str(value)
 
 
 def register(app: typer.Typer) -> None:

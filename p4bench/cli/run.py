@@ -71,7 +71,7 @@ def run_command(
     clip: Optional[float] = typer.Option(None, help="DP per-example clipping norm C"),
     neighbouring: Optional[str] = typer.Option(None, help="add-remove | replace-one (default: the method's)"),
     accountant: Optional[str] = typer.Option(None, help="privacy accountant: pld (default) | rdp | prv | noble"),
-    noise_source: Optional[str] = typer.Option(None, help="DP noise and batches: auto (default: secure on devices, seeded in simulation) | seeded (reproducible, not secret) | secure (OS CSPRNG)"),
+    noise_source: Optional[str] = typer.Option(None, help="DP noise and batches: auto (default: secure on devices, seeded in simulation) | seeded (reproducible, not secret) | secure (secret per client, keyed from the OS CSPRNG)"),
     device_simulation: bool = typer.Option(False, "--device-simulation", help="device runtime: allow seeded DP randomness (a simulation on devices; epsilon uncertified)"),
     feature_norm: Optional[str] = typer.Option(None, help="scatter features: sample (default, per-sample group norm) | client (the paper's, uncertified) | none"),
     eval_fraction: Optional[float] = typer.Option(None, help="fraction of clients reserved for tuning"),
@@ -118,10 +118,11 @@ def run_command(
     result = run(resolved, observers=[ProgressDisplay(Console(stderr=True))], plugin_manager=pm)
     print_summary(human, result.summary)
     if as_json:
-        typer.echo(json.dumps(result.summary, default=_json_default))
+        typer.echo(json.dumps(result.summary, default=json_default))
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """`json.dumps` fallback for summaries: NaN as null, anything else as its string."""
     if isinstance(value, float) and math.isnan(value):
         return None
     return str(value)

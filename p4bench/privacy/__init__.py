@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from p4bench.privacy.accountants import (
-    BUILTIN_ACCOUNTANTS,
     Accountant,
     NobleAccountant,
     PRVAccountant,
@@ -38,6 +37,9 @@ from p4bench.privacy.analysis import (
 )
 from p4bench.privacy.calibration import calibrate_accountant, calibrate_noise
 from p4bench.privacy.pld import PLDAccountant, pld_epsilon
+
+BUILTIN_ACCOUNTANTS: tuple[type[Accountant], ...] = (RDPAccountant, PRVAccountant, PLDAccountant, NobleAccountant)
+"""The accountants p4bench registers itself (`p4bench.privacy.builtin`)."""
 
 __all__ = [
     "DEFAULT_ORDERS",

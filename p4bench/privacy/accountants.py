@@ -43,7 +43,6 @@ __all__ = [
     "RDPAccountant",
     "PRVAccountant",
     "NobleAccountant",
-    "BUILTIN_ACCOUNTANTS",
     "NEIGHBOURING",
     "native_relations",
     "accounted_epsilon",
@@ -256,15 +255,3 @@ def accounted_epsilon(accountant: Accountant, history: Sequence[ReleaseSegment],
             break
         inner_delta = next_delta
     return 2.0 * accountant.epsilon(doubled, inner_delta, **context)
-
-
-BUILTIN_ACCOUNTANTS: tuple[type[Accountant], ...]
-"""rdp, prv, pld and noble (resolved on first use: :mod:`p4bench.privacy.pld` imports this module)."""
-
-
-def __getattr__(name: str) -> Any:
-    if name == "BUILTIN_ACCOUNTANTS":
-        from p4bench.privacy.pld import PLDAccountant
-
-        return (RDPAccountant, PRVAccountant, PLDAccountant, NobleAccountant)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

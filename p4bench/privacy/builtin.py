@@ -1,7 +1,7 @@
 """Registers the built-in accountants and the `p4bench privacy` commands."""
 
 from p4bench.hookspecs import hookimpl
-from p4bench.privacy.accountants import BUILTIN_ACCOUNTANTS
+from p4bench.privacy import BUILTIN_ACCOUNTANTS
 
 
 @hookimpl
