@@ -89,3 +89,27 @@ def test_proxyfl_teacher_counterexample(neighbours, teacher, moves):
     moved = _movement(model, proxy, teacher_of, method.proxy_loss, neighbours)
     assert (moved > 0.05) if moves else moved == 0.0
     assert bool(method.uncertified_steps()) == moves
+
+
+def test_feature_normalisation_counterexample():
+    """Finding 3: with per-client statistics one record changes every other record's
+    features; per-sample normalisation (the default) leaves them exactly as they were."""
+    import numpy as np
+
+    from p4bench.data.federated import ClientTensors, FederatedData
+    from p4bench.features import normalize_federated, normalize_samples
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(1, 10, 81, 2, 2, generator=gen) * 5
+    y, n = torch.zeros(1, 10, dtype=torch.long), torch.tensor([10])
+    x2 = x.clone()
+    x2[0, 0] = torch.rand(81, 2, 2, generator=gen) * 50  # record z replaced
+    others = slice(1, 10)
+
+    def features(data_x, normalise):
+        tensors = ClientTensors(data_x, y, n)
+        data = FederatedData(tensors, tensors, torch.zeros(1, dtype=torch.bool), 10, (81, 2, 2), (), (np.arange(10),))
+        return normalise(data).train.x[0, others]
+
+    assert torch.equal(features(x, normalize_samples), features(x2, normalize_samples))
+    assert not torch.allclose(features(x, normalize_federated), features(x2, normalize_federated), atol=1e-3)
