@@ -44,6 +44,7 @@ from p4bench.engine.runtime import SimulationRuntime
 from p4bench.models import LinearSoftmax
 from p4bench.plugins.p4.method import P4
 from p4bench.plugins.p4.span import span_is_cheaper
+from p4bench.privacy.groups import attach_mechanisms
 from p4bench.privacy.mechanism import DPSettings
 
 FEATURES, CLASSES, TRAIN, TEST = (243, 8, 8), 10, 160, 40
@@ -118,8 +119,8 @@ def engine_round(clients: int, rounds: int, data: FederatedData) -> tuple[float,
     config = RunConfig(method="p4", clients=clients, rounds=rounds, local_steps=5, data_rate=0.5, client_rate=1.0,
                        lr=0.5, noise_multiplier=1.0, options={"group_size": 8, "samples": 35})
     model = LinearSoftmax(FEATURES, CLASSES)
-    job = Job(config=config, method=P4(config, model, clients), model=model, data=data,
-              dp=DPSettings(clip=1.0, noise_multiplier=1.0, neighbouring="replace-one"))
+    job = Job(config=config, method=P4(config, model, clients), model=model, data=data)
+    attach_mechanisms(job, DPSettings(clip=1.0, noise_multiplier=1.0, neighbouring="replace-one"))
     times: list[float] = []
     SimulationRuntime().execute(job, lambda report: times.append(report.seconds) if report.phase == "cotraining" else None)
     return float(np.median(times[1:] if len(times) > 1 else times)), times

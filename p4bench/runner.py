@@ -23,6 +23,7 @@ from p4bench.errors import IncompatibleError, UsageError
 from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
 from p4bench.privacy.certification import Certification, certify
+from p4bench.privacy.groups import attach_mechanisms
 from p4bench.privacy.mechanism import DPSettings
 
 # Seed-derived numpy streams for harness decisions (never shared with training noise).
@@ -218,7 +219,7 @@ def _setup_privacy(config: RunConfig, registry: Registry, method: Method, data: 
         sigma = calibrate_noise(planned_epsilon, config.epsilon, tolerance=min(0.01, 0.01 * config.epsilon))
     settings = DPSettings(clip=config.clip, noise_multiplier=float(sigma), neighbouring=neighbouring)
     ledger = PrivacyLedger(settings, accountant, reference, config.clients, delta, config.epsilon, context, pld=pld)
-    job.dp = settings
+    attach_mechanisms(job, settings)
     job.release_allowed = ledger.allowed
     return ledger
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from p4bench.engine.network import InProcessNetwork
 from p4bench.engine.runtimes import SimulationRuntime
 from p4bench.engine.training import batched_loss_and_grad
 from p4bench.errors import ConfigError, IncompatibleError
@@ -222,10 +223,16 @@ def test_sequential_matrices_reproduce_the_authors_in_place_loops():
 class RecordingRuntime(SimulationRuntime):
     """The simulator, recording every delivered message with the senders' private models."""
 
-    def deliver(self, exchange, round_index, messages):
-        state = self.groups[0].state
-        self.log.append((exchange, round_index, messages, {k: v.clone() for k, v in state["private"].items()}))
-        return super().deliver(exchange, round_index, messages)
+    def network(self):
+        runtime = self
+
+        class Recording(InProcessNetwork):
+            def exchange(self, exchange, phase, round_index, outgoing):
+                state = runtime.driver.groups[0].state if runtime.driver else None
+                runtime.log.append((exchange, round_index, outgoing, {k: v.clone() for k, v in state["private"].items()}))
+                return super().exchange(exchange, phase, round_index, outgoing)
+
+        return Recording()
 
 
 @pytest.mark.parametrize("mode", ["average", "replace"])

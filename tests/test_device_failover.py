@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from p4bench.engine.network import BytesNetwork, Delivery
 from p4bench.engine.runtime import BytesRuntime
 from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.runner import prepare
@@ -14,23 +15,31 @@ from p4bench.runner import prepare
 CUT, FROM_ROUND = 2, 1  # client 2 is cut off from co-training round 1 on
 
 
+class CutOffNetwork(BytesNetwork):
+    """Byte frames; from `FROM_ROUND` of co-training on, every message from or to client
+    `CUT` is lost (as if its device disappeared)."""
+
+    def exchange(self, exchange, phase, round_index, outgoing):
+        delivery = super().exchange(exchange, phase, round_index, outgoing)
+        if exchange in ("announce", "upload", "distribute") and round_index >= FROM_ROUND:
+            inbox = delivery.inbox
+            keep = ((inbox.src != CUT) & (inbox.dst != CUT)) | (inbox.src == inbox.dst)
+            return Delivery(inbox.select(keep), delivery.inbox_sizes[keep], delivery.sent_sizes)
+        return delivery
+
+
 class CutOffRuntime(BytesRuntime):
-    """One node per client with byte frames; from `FROM_ROUND` of co-training on, every
-    message from or to client `CUT` is lost (as if its device disappeared)."""
+    """One node per client with byte frames over the cut-off network."""
 
     name = "cut-off-test"
 
-    def deliver(self, exchange, round_index, messages):
-        delivered, sizes = super().deliver(exchange, round_index, messages)
-        if exchange in ("announce", "upload", "distribute") and round_index >= FROM_ROUND:
-            keep = ((delivered.src != CUT) & (delivered.dst != CUT)) | (delivered.src == delivered.dst)
-            return delivered.select(keep), sizes[keep]
-        return delivered, sizes
+    def network(self):
+        return CutOffNetwork()
 
 
 def _snapshot(runtime):
     return {int(g.rows[0]): {k: (v.clone() if torch.is_tensor(v) else {n: t.clone() for n, t in v.items()})
-                             for k, v in g.state.items()} for g in runtime.groups}
+                             for k, v in g.state.items()} for g in runtime.driver.groups}
 
 
 def test_next_member_takes_over_a_lost_aggregator(small_config):

@@ -17,7 +17,7 @@ from p4bench.engine.messages import Messages, encode
 from p4bench.errors import ConfigError, UsageError
 from p4bench.plugins.device.launcher import free_ports
 from p4bench.plugins.device.measure import PowerMeter, RoundClock
-from p4bench.plugins.device.node import consistent_messages
+from p4bench.plugins.device.network import consistent_messages
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.protocol import (
     KIND_END, KIND_MESSAGE, FrameError, Limits, RejectedFrame, dump_json, load_json, pack, read_frame,

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from safetensors.torch import load as st_load
 
+from p4bench.engine.driver import schedule
 from p4bench.engine.method import Phase
 from p4bench.engine.runtime import Job, Outcome, RoundReport, Runtime
 from p4bench.engine.state import State, cat_rows, unflatten
@@ -284,16 +285,16 @@ class Launcher:
         self.totals: dict[str, dict[str, dict[str, Any]]] = {p.id: {} for p in self.peers.peers}
         reports: list[RoundReport] = []
         total_bytes = 0
-        for phase in job.method.phases():
-            if phase.setup:
-                total_bytes += sum(int(_number(r.get("bytes_sent"))) for r in self._gather("setup", phase, -1).values())
-            for round_index in range(phase.rounds):
-                report = self._round_report(phase, round_index, len(reports) + 1)
-                total_bytes += report.bytes_sent
-                reports.append(report)
-                on_round(report)
-                if not self.active:
-                    raise DeviceError(f"every peer dropped out ({self.dropped})")
+        for block in schedule(job.method):  # the peers' drivers walk the same blocks
+            if block.kind == "setup":
+                total_bytes += sum(int(_number(r.get("bytes_sent"))) for r in self._gather("setup", block.phase, -1).values())
+                continue
+            report = self._round_report(block.phase, block.round, len(reports) + 1)
+            total_bytes += report.bytes_sent
+            reports.append(report)
+            on_round(report)
+            if not self.active:
+                raise DeviceError(f"every peer dropped out ({self.dropped})")
         self.where = ("final", -1)
         self._wait(lambda: self.active <= set(self.finals), self.limits.round_timeout_s)
         self.finishing = True

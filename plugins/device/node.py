@@ -1,10 +1,10 @@
 """One peer of a device run: `p4bench device serve`.
 
 A peer holds one client's row (or, for server-based methods, the server) and runs the
-method's phases, rounds and steps in lockstep with the other peers, exactly as the
-simulator's `GroupedRuntime` does for a group of one client: the same method code. Only
-the exchanges differ: messages go out as safetensors frames over TLS and come back from
-the other peers (see `transport`).
+method's phases, rounds and steps in lockstep with the other peers with the engine's
+`RoundDriver`, the very driver every runtime uses. Only the network it hands the
+driver differs: messages go out as safetensors frames over TLS and come back from the
+other peers (`network.TLSNetwork` over `transport`).
 
 A peer is a separate party: its client's private draws (DP noise, Poisson batches, the
 peers it samples) come from its own secret source (`p4bench.rng.SecretRng`), never from
@@ -30,8 +30,6 @@ import logging
 import queue
 import secrets
 import time
-from collections import Counter
-from functools import partial
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -39,18 +37,18 @@ import numpy as np
 import torch
 from safetensors.torch import save as st_save
 
-from p4bench.engine.messages import PROTOCOL_VERSION, Messages, encode
-from p4bench.engine.method import Phase
-from p4bench.engine.runtime import STREAM_TRAINING, GroupedRuntime, Job
+from p4bench.engine.driver import ClientGroup, RoundDriver
+from p4bench.engine.messages import PROTOCOL_VERSION
+from p4bench.engine.runtime import Job
 from p4bench.engine.state import flatten
-from p4bench.engine.threats import Aggregator
-from p4bench.engine.training import batched_loss_and_grad
 from p4bench.errors import UsageError
-from p4bench.plugins.device.measure import PowerMeter, RoundClock
+from p4bench.plugins.device.measure import PowerMeter
+from p4bench.plugins.device.network import TLSNetwork, consistent_messages
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.protocol import Limits
 from p4bench.plugins.device.transport import PeerTransport
-from p4bench.rng import SERVER_ID, client_rng, secret_draws
+from p4bench.records import RoundReport
+from p4bench.rng import SERVER_ID
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
@@ -64,71 +62,34 @@ class Aborted(Exception):
     """The launcher stopped the run."""
 
 
-def payload_schema(message: Messages) -> tuple:
-    """(key, dtype, per-message shape) of every payload tensor."""
-    return tuple(sorted((k, str(v.dtype), tuple(v.shape[1:])) for k, v in message.payload.items()))
-
-
-def consistent_messages(own: list[Messages], received: list[Messages]) -> tuple[list[Messages], list[Messages]]:
-    """(kept, dropped): received messages whose payload layout matches this exchange's.
-
-    The layout is that of this node's own messages in the exchange when it sent any
-    (every node runs the same method), else the most common one among those received
-    (ties: the earliest)."""
-    if not received:
-        return [], []
-    schemas = [payload_schema(m) for m in received]
-    if own:
-        reference = payload_schema(own[0])
-    else:
-        counts = Counter(schemas)
-        reference = max(counts, key=lambda s: (counts[s], -schemas.index(s)))
-    kept = [m for m, s in zip(received, schemas) if s == reference]
-    dropped = [m for m, s in zip(received, schemas) if s != reference]
-    return kept, dropped
-
-
-class DeviceNode(GroupedRuntime):
-    """The driver of one peer: a `GroupedRuntime` whose only group is this peer's
-    client (or none, on the server's peer), with exchanges over the transport."""
-
-    name = "device-node"
-    separate_parties = True
+class DeviceNode:
+    """One peer of a device run: the engine's `RoundDriver` holding this peer's client
+    (or only the server, on the server's peer), exchanging over a `TLSNetwork`, and
+    reporting every round to the launcher."""
 
     def __init__(self, me: PeerSpec, peers: PeersFile, transport: PeerTransport, meter: PowerMeter | None = None) -> None:
-        self.me, self.peers, self.transport, self.meter = me, peers, transport, meter
-        self.peer_of = {p.node: p.id for p in peers.peers}
-        self.others = {p.id for p in peers.peers if p.id != me.id}
-        self.seq = 0
-        self.absent_round: set[str] = set()
-        self.absences: list[dict[str, Any]] = []
-        self.receive_errors = 0
+        self.me, self.peers, self.transport = me, peers, transport
+        self.network = TLSNetwork(me, peers, transport, meter)
         self.releases: list[dict[str, Any]] = []
-        self.clock = RoundClock()
-        self.ledger = None
+        self.ledger: Any = None
+        self.driver: RoundDriver | None = None
 
     @property
     def is_server(self) -> bool:
         return self.me.node == SERVER_ID
 
-    # -- setup (mirrors GroupedRuntime.execute for this node's rows) -------------------
-    def setup(self, job: Job, ledger=None) -> None:
-        method, config = job.method, job.config
-        self.job, self.ledger = job, ledger
-        self.aggregator = Aggregator(job.defense)
-        self._loss_and_grad = partial(batched_loss_and_grad, job.model)
-        count = job.data.num_clients
-        self._malicious = job.malicious if job.malicious is not None else torch.zeros(count, dtype=torch.bool)
-        job.report_release = self._record_release
-        self.groups = [] if self.is_server else [self._make_group(torch.tensor([self.me.node]))]
-        server_rows = torch.tensor([SERVER_ID])
-        secret = secret_draws(config.noise_source, self.separate_parties)  # the server peer is a party too
-        self.server_rng = client_rng(config.seed, server_rows, STREAM_TRAINING, secret)
-        self.server_state = (
-            method.init_server_state(self._context(server_rows, self.server_rng, "init", -1)) if self.is_server else {}
-        )
+    @property
+    def groups(self) -> list[ClientGroup]:
+        return self.driver.groups if self.driver is not None else []
 
-    def _record_release(self, release) -> None:
+    def setup(self, job: Job, ledger: Any = None) -> None:
+        """Build this peer's client state (or the server's) for `job`."""
+        self.job, self.ledger = job, ledger
+        job.report_release = self._record_release
+        rows = [] if self.is_server else [torch.tensor([self.me.node])]
+        self.driver = RoundDriver(job, self.network, rows, holds_server=self.is_server, separate_parties=True)
+
+    def _record_release(self, release: Any) -> None:
         if self.ledger is not None:  # this peer's own budget decisions need its history
             self.ledger.privacy_release(run=None, release=release)
         self.releases.append(
@@ -136,61 +97,43 @@ class DeviceNode(GroupedRuntime):
              "noise_multiplier": float(release.noise_multiplier), "steps": int(release.steps), "phase": str(release.phase)}
         )
 
-    # -- the schedule ---------------------------------------------------------------------
     def run(self) -> None:
-        """Every phase, round and step; one report to the launcher per round."""
-        method = self.job.method
-        for phase in method.phases():
-            self._node_sent = self._node_received = 0
-            self._round_losses = []
-            if phase.setup:
-                self._round("setup", phase, -1, phase.setup)
-            for round_index in range(phase.rounds):
-                if round_index:
-                    self._node_sent = self._node_received = 0
-                self._round("round", phase, round_index, method.round_steps(phase, round_index))
-                self._poll_control()
-        accuracy, extra = self.evaluate() if self.groups else (np.zeros(0), {})
+        """The run's schedule through the driver; one report to the launcher per round and
+        per setup, then the final one with this client's state."""
+        assert self.driver is not None, "setup() first"
+        outcome = self.driver.run(on_round=lambda report: self._report("round", report), on_setup=lambda report: self._report("setup", report))
         state = None
         if self.groups:
             flat = {k: v.detach().contiguous().clone() for k, v in flatten(self.groups[0].state, sep="/").items()}
             state = st_save(flat, metadata={"p4bench_protocol": PROTOCOL_VERSION, "node": str(self.me.node)})
         self.transport.report(
-            {"type": "final", "node": self.me.node, **self._accuracy_fields(accuracy, extra),
-             "receive_errors": self.receive_errors, "transport": self.transport.snapshot()},
+            {"type": "final", "node": self.me.node, **self._accuracy_fields(outcome.accuracy, outcome.extra_accuracy),
+             "receive_errors": self.driver.receive_errors, "transport": self.transport.snapshot()},
             state,
         )
 
-    def _round(self, kind: str, phase: Phase, round_index: int, steps) -> None:
-        self.transport.new_round()
-        self.absent_round = set()
-        self._round_losses = []
-        self._exchange_absent: list[dict[str, Any]] = []
-        before = self.transport.snapshot()
-        self.clock = RoundClock()
-        sent = self._run_steps(steps, phase, round_index)
-        figures = self.clock.finish(self.meter)
-        evaluated = time.perf_counter()
-        accuracy, extra = self.evaluate() if self.groups and kind == "round" else (np.zeros(0), {})
-        figures["eval_s"] = time.perf_counter() - evaluated
-        after = self.transport.snapshot()
-        for key in ("wire_bytes_sent", "wire_bytes_received"):
-            figures[key] = int(after.get(key, 0) - before.get(key, 0))
-        losses = torch.cat(self._round_losses).tolist() if self._round_losses else []
+    def _report(self, kind: str, report: RoundReport) -> None:
+        assert self.driver is not None
+        figures = dict(self.network.figures)
+        figures["eval_s"] = time.perf_counter() - self.network.steps_done_at  # the driver evaluated since
         releases, self.releases = self.releases, []
+        losses = report.losses if report.losses is not None else np.zeros(0)
         self.transport.report({
-            "type": kind, "node": self.me.node, "phase": phase.name, "round": round_index,
-            **self._accuracy_fields(accuracy, extra),
-            "losses": [float(x) for x in losses], "bytes_sent": int(sent),
-            "node_bytes_sent": int(self._node_sent), "node_bytes_received": int(self._node_received),
-            "measure": figures, "releases": releases, "absent": self._exchange_absent,
-            "receive_errors": self.receive_errors,
+            "type": kind, "node": self.me.node, "phase": report.phase, "round": report.round,
+            **self._accuracy_fields(report.accuracy, report.extra_accuracy),
+            "losses": [float(x) for x in losses], "bytes_sent": int(report.bytes_sent),
+            "node_bytes_sent": int(report.bytes_sent), "node_bytes_received": int(report.bytes_received),
+            "measure": figures, "releases": releases, "absent": self.network.absences,
+            "receive_errors": self.driver.receive_errors,
         })
-        if self.ledger is not None and kind == "round":  # rounds elapsed matter to some accountants' budgets
-            reported = np.zeros(self.job.data.num_clients, dtype=bool)
-            reported[self.me.node] = True
-            self.ledger.round_finished(run=SimpleNamespace(reported=reported),
-                                       report=SimpleNamespace(phase=phase.name, round=round_index, metrics={}))
+        if kind == "round":
+            if self.ledger is not None:  # rounds elapsed matter to some accountants' budgets
+                reported = np.zeros(self.job.data.num_clients, dtype=bool)
+                if not self.is_server:
+                    reported[self.me.node] = True
+                self.ledger.round_finished(run=SimpleNamespace(reported=reported),
+                                           report=SimpleNamespace(phase=report.phase, round=report.round, metrics={}))
+            self._poll_control()
 
     @staticmethod
     def _accuracy_fields(accuracy: np.ndarray, extra: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -205,111 +148,6 @@ class DeviceNode(GroupedRuntime):
                 raise Aborted("the launcher stopped the run")
             if message.get("type") == "launcher-closed":
                 log.warning("the launcher disconnected; finishing the run for the other peers")
-
-    def _local_update(self, group, phase: Phase, round_index: int) -> None:
-        with self.clock.compute():
-            super()._local_update(group, phase, round_index)
-
-    def _server_context(self, phase: Phase, round_index: int):
-        return self._context(torch.tensor([SERVER_ID]), self.server_rng, phase.name, round_index)
-
-    # -- one exchange over the network -----------------------------------------------------
-    def _exchange(self, exchange: str, phase: Phase, round_index: int) -> int:
-        method = self.job.method
-        self.seq += 1
-        started, computed = time.perf_counter(), self.clock.compute_s
-        with self.clock.compute():  # as GroupedRuntime._exchange, for this node's rows (attacks included)
-            parts = self._group_outgoing(exchange, phase, round_index)
-            if self.is_server:
-                parts.append(method.server_outgoing(exchange, self.server_state, self._server_context(phase, round_index)))
-            outgoing = Messages.concat(parts)
-
-        own, frames = [], {}
-        sent = sent_raw = 0
-        for message in outgoing.split() if len(outgoing) else []:
-            destination = int(message.dst[0])
-            if destination == self.me.node:
-                own.append(message)  # a node does not send to itself over the network
-                continue
-            peer = self.peer_of.get(destination)
-            if peer is None:
-                log.error("exchange %s: message to node %d, which no peer holds; dropped", exchange, destination)
-                continue
-            frame = encode(exchange, round_index, message)
-            frames.setdefault(peer, []).append(frame)
-            sent += len(frame)
-            sent_raw += int(message.payload_nbytes()[0])
-
-        marker = {"exchange": exchange, "round": round_index, "phase": phase.name}
-        result = self.transport.exchange(self.seq, frames, marker, self.others - self.absent_round, set(self.others))
-
-        received, received_bytes, received_raw = [], 0, 0
-        for peer in sorted(result.received):
-            their_marker, items = result.received[peer]
-            if (their_marker["exchange"], their_marker["round"], their_marker["phase"]) != (exchange, round_index, phase.name):
-                self.transport.rejects.reject("out of step", peer, f"marker {their_marker} during {phase.name}/{round_index}/{exchange}")
-                result.absent.add(peer)
-                continue
-            if their_marker["count"] != len(items):
-                log.warning("exchange %s: %d of %d messages from %s were valid", exchange, len(items), their_marker["count"], peer)
-            for got_exchange, got_round, message, nbytes in items:
-                if (got_exchange, got_round) != (exchange, round_index):
-                    self.transport.rejects.reject("out of step", peer, f"message for {got_exchange}/{got_round}")
-                    continue
-                received.append((message, nbytes))
-        kept, dropped = consistent_messages(own, [m for m, _ in received])
-        for message in dropped:
-            self.transport.rejects.reject("payload layout", str(int(message.src[0])), f"{payload_schema(message)} in {exchange}")
-        kept_ids = {id(m) for m in kept}
-        for message, nbytes in received:
-            if id(message) in kept_ids:
-                received_bytes += nbytes
-                received_raw += int(message.payload_nbytes()[0])
-        delivered = Messages.concat(own + kept).sorted()
-
-        with self.clock.compute():
-            foreign = len(kept) > 0
-            for group in self.groups:
-                inbox = delivered.select(torch.isin(delivered.dst, group.rows))
-                ctx = self._context(group.rows, group.rng, phase.name, round_index, group.dp)
-                state = self._safe_receive(lambda box: method.receive(exchange, group.state, box, ctx), inbox, foreign, exchange)
-                if state is not None:
-                    group.state = state
-            if self.is_server:
-                inbox = delivered.select(delivered.dst == SERVER_ID)
-                ctx = self._server_context(phase, round_index)
-                state = self._safe_receive(lambda box: method.server_receive(exchange, self.server_state, box, ctx), inbox, foreign, exchange)
-                if state is not None:
-                    self.server_state = state
-
-        missing = result.absent | result.unreachable
-        if missing:
-            self.absent_round |= missing
-            self._exchange_absent.append({"exchange": exchange, "peers": sorted(missing)})
-            log.warning("%s/%d/%s: absent this round: %s", phase.name, round_index, exchange, ", ".join(sorted(missing)))
-        self._node_sent += sent
-        self._node_received += received_bytes
-        self.clock.exchange(
-            exchange, wall_s=time.perf_counter() - started, compute_s=self.clock.compute_s - computed, count=1,
-            messages_sent=sum(len(f) for f in frames.values()), frame_bytes_sent=sent, raw_bytes_sent=sent_raw,
-            messages_received=len(kept), frame_bytes_received=received_bytes, raw_bytes_received=received_raw,
-            wire_bytes_sent=result.wire_bytes_sent,
-        )
-        return sent
-
-    def _safe_receive(self, receive, inbox: Messages, foreign: bool, exchange: str):
-        """The method's new state, or None to keep the old one when `receive` fails."""
-        try:
-            return receive(inbox)
-        except Exception:  # noqa: BLE001 - what other peers send must not stop this one
-            self.receive_errors += 1
-            log.exception("receive of exchange %s failed on %d message(s)", exchange, len(inbox))
-        if foreign:
-            try:
-                return receive(inbox.select(inbox.src == self.me.node))
-            except Exception:  # noqa: BLE001
-                log.exception("receive of exchange %s failed on this node's own messages too; state kept", exchange)
-        return None
 
 
 # -- the serve loop -------------------------------------------------------------------------

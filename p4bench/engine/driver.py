@@ -1,0 +1,342 @@
+"""The round driver: the one place that executes a method's phases, rounds and steps.
+
+Every runtime runs this code; runtimes differ only in the `Network` they hand it and
+in which clients this process holds (all of them in one batched group for the
+simulator, one client per group for the reference and bytes runtimes, a single client
+or only the server on a device peer). Local updates, outgoing messages, the run's
+attack, delivery, defenses (inside `receive`), the DP mechanism of each group, the
+communication ledger and evaluation are all driven here, so "the same protocol in
+every runtime" holds by construction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from p4bench.engine.memory import keep_freed_memory
+from p4bench.engine.messages import Messages
+from p4bench.engine.method import Exchange, LocalUpdate, Phase, Step, StepContext
+from p4bench.engine.network import Network
+from p4bench.engine.state import State, cat_rows, put_rows, take_rows, vectorize
+from p4bench.engine.threats import UPDATE_PREFIX, Aggregator
+from p4bench.engine.training import accuracy, batched_loss_and_grad, reference_loss_and_grad
+from p4bench.models import Params
+from p4bench.records import Outcome, RoundReport
+from p4bench.rng import SERVER_ID, ClientRng, client_rng, node_keys, secret_draws
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
+    from p4bench.engine.job import Job
+    from p4bench.privacy.mechanism import DPMechanism
+
+__all__ = ["Block", "ClientGroup", "RoundDriver", "schedule", "STREAM_TRAINING", "STREAM_ATTACK"]
+
+# Independent stream families derived from one run seed.
+STREAM_TRAINING, STREAM_ATTACK = 0, 2
+
+
+@dataclass(frozen=True)
+class Block:
+    """A stretch of steps the driver runs and reports as one: a phase's setup
+    (`round` = -1) or one round."""
+
+    kind: str  # "setup" | "round"
+    phase: Phase
+    round: int
+    steps: Sequence[Step]
+
+
+def schedule(method) -> Iterator[Block]:
+    """The method's blocks in execution order; every process of a run walks the same
+    sequence (the device launcher collects reports in this order)."""
+    for phase in method.phases():
+        if phase.setup:
+            yield Block("setup", phase, -1, phase.setup)
+        for round_index in range(phase.rounds):
+            yield Block("round", phase, round_index, method.round_steps(phase, round_index))
+
+
+@dataclass
+class ClientGroup:
+    """Clients one batched call handles: their rows, state, data and random streams."""
+
+    rows: torch.Tensor
+    state: State
+    train: "ClientTensors"
+    test: "ClientTensors"
+    rng: ClientRng
+    attack_rng: ClientRng
+    dp: "DPMechanism | None" = None
+
+
+class RoundDriver:
+    """Executes one run's schedule for the clients (and server) this process holds."""
+
+    def __init__(
+        self, job: "Job", network: Network, group_rows: Sequence[torch.Tensor], *, holds_server: bool,
+        batched_gradients: bool = True, separate_parties: bool = False,
+    ) -> None:
+        self.job, self.network = job, network
+        self.method, self.config = job.method, job.config
+        self.aggregator = Aggregator(job.defense)
+        self.separate_parties = separate_parties
+        self.holds_server = holds_server and job.method.capabilities.uses_server
+        gradient = batched_loss_and_grad if batched_gradients else reference_loss_and_grad
+        self._loss_and_grad = partial(gradient, job.model)
+        count = job.data.num_clients
+        self._malicious = job.malicious if job.malicious is not None else torch.zeros(count, dtype=torch.bool)
+        self.receive_errors = 0
+        self.groups = [self._make_group(rows) for rows in group_rows]
+        server_rows = torch.tensor([SERVER_ID])
+        secret = secret_draws(self.config.noise_source, separate_parties)  # a server peer is a party too
+        self.server_rng = client_rng(self.config.seed, server_rows, STREAM_TRAINING, secret)
+        self.server_state: State = (
+            self.method.init_server_state(self._context(server_rows, self.server_rng, "init", -1)) if self.holds_server else {}
+        )
+
+    # -- the schedule ------------------------------------------------------------------
+    def run(
+        self, on_round: Callable[[RoundReport], None], on_setup: Callable[[RoundReport], None] | None = None
+    ) -> Outcome:
+        """Every block of the schedule; `on_round` after each round (with evaluation),
+        `on_setup` after each phase's setup steps."""
+        keep_freed_memory()  # large per-step temporaries: reuse freed memory instead of faulting it in again
+        reports: list[RoundReport] = []
+        total_bytes = 0
+        for block in schedule(self.method):
+            report = self._run_block(block, len(reports) + 1)
+            total_bytes += report.bytes_sent
+            if block.kind == "round":
+                reports.append(report)
+                on_round(report)
+            elif on_setup is not None:
+                on_setup(report)
+        accuracy_now, extra = self.evaluate()
+        final_state = take_rows(cat_rows([g.state for g in self.groups]), self._order()) if self.groups else None
+        return Outcome(accuracy_now, extra, reports, self.deployed_params(), total_bytes, final_state)
+
+    def _run_block(self, block: Block, step: int) -> RoundReport:
+        count = self.job.data.num_clients
+        self._losses: list[torch.Tensor] = []
+        self._sent, self._received = np.zeros(count, np.int64), np.zeros(count, np.int64)
+        self._bytes_sent = self._bytes_received = 0
+        self.network.begin_round(block.phase.name, block.round)
+        started = time.perf_counter()
+        for item in block.steps:
+            if isinstance(item, LocalUpdate):
+                for group in self.groups:
+                    with self.network.computing():
+                        self._local_update(group, block.phase, block.round)
+            elif isinstance(item, Exchange):
+                self._exchange(item.name, block.phase, block.round)
+            else:
+                raise TypeError(f"unknown step {item!r}")
+        seconds = time.perf_counter() - started  # training and communication, not evaluation
+        self.network.steps_finished(block.phase.name, block.round)
+        losses = torch.cat(self._losses) if self._losses else torch.zeros(0, dtype=torch.float64)
+        accuracy_now, extra = self.evaluate() if block.kind == "round" else (np.zeros(0), {})
+        return RoundReport(
+            phase=block.phase.name, round=block.round, step=step, accuracy=accuracy_now,
+            train_loss=float(losses.mean()) if len(losses) else float("nan"), seconds=seconds,
+            bytes_sent=self._bytes_sent, bytes_received=self._bytes_received,
+            client_bytes_sent=self._sent, client_bytes_received=self._received,
+            extra_accuracy=extra, losses=losses.numpy(),
+        )
+
+    # -- groups and contexts -----------------------------------------------------------
+    def _make_group(self, rows: torch.Tensor) -> ClientGroup:
+        job, config = self.job, self.config
+        train, test = job.data.train.rows(rows), job.data.test.rows(rows)
+        if job.attack is not None:
+            bad = self._malicious[rows]
+            if bool(bad.any()):
+                poisoned = torch.where(bad.unsqueeze(1), job.attack.poison_labels(train.y), train.y)
+                train = replace(train, y=poisoned)
+        # Each client's private draws (batches, sampled peers, DP noise): secret where the
+        # run says so, else reproducible from the seed. The attack stream is the harness's.
+        secret = secret_draws(config.noise_source, self.separate_parties)
+        rng = client_rng(config.seed, rows, STREAM_TRAINING, secret)
+        group = ClientGroup(rows, {}, train, test, rng, ClientRng(node_keys(config.seed, rows, STREAM_ATTACK)))
+        if job.dp_factory is not None:
+            group.dp = job.dp_factory(rows, secret)
+        group.state = self.method.init_client_state(train, self._context(rows, rng, "init", -1, group.dp))
+        return group
+
+    def _context(
+        self, rows: torch.Tensor, rng: ClientRng, phase: str, round_index: int, dp: "DPMechanism | None" = None
+    ) -> StepContext:
+        job = self.job
+        return StepContext(
+            config=job.config, model=job.model, phase=phase, round=round_index, rows=rows, rng=rng,
+            loss_and_grad=self._loss_and_grad, aggregator=self.aggregator, num_clients=job.data.num_clients, dp=dp,
+        )
+
+    def _server_context(self, phase: Phase, round_index: int) -> StepContext:
+        return self._context(torch.tensor([SERVER_ID]), self.server_rng, phase.name, round_index)
+
+    def _order(self) -> torch.Tensor:
+        return torch.argsort(torch.cat([g.rows for g in self.groups]))
+
+    # -- steps -------------------------------------------------------------------------
+    def _local_update(self, group: ClientGroup, phase: Phase, round_index: int) -> None:
+        ctx = self._context(group.rows, group.rng, phase.name, round_index, group.dp)
+        active = self.method.participants(group.state, ctx).nonzero().squeeze(1)
+        if len(active) == 0:
+            return
+        if len(active) == len(group.rows):
+            group.state, losses = self.method.local_update(group.state, group.train, ctx)
+        else:
+            sub_rng = group.rng.take(active)
+            sub_dp = group.dp.take(active) if group.dp is not None else None
+            sub_ctx = self._context(group.rows[active], sub_rng, phase.name, round_index, sub_dp)
+            new_state, losses = self.method.local_update(take_rows(group.state, active), group.train.rows(active), sub_ctx)
+            group.state = put_rows(group.state, active, new_state)
+            group.rng.put(active, sub_rng)
+        self._losses.append(losses.detach().double())
+
+    def _exchange(self, exchange: str, phase: Phase, round_index: int) -> None:
+        method = self.method
+        self.network.start_exchange(exchange)
+        with self.network.computing():
+            parts = self._group_outgoing(exchange, phase, round_index)
+            if self.holds_server:
+                parts.append(method.server_outgoing(exchange, self.server_state, self._server_context(phase, round_index)))
+            outgoing = Messages.concat(parts)
+        delivery = self.network.exchange(exchange, phase.name, round_index, outgoing)
+        self._account(outgoing, delivery.sent_sizes, delivery.inbox, delivery.inbox_sizes)
+        inbox = delivery.inbox.sorted()  # by (dst, src): the order every runtime delivers in
+        foreign = bool((inbox.src != inbox.dst).any()) if len(inbox) else False
+        with self.network.computing():
+            for group in self.groups:
+                mine = inbox.select(torch.isin(inbox.dst, group.rows))
+                ctx = self._context(group.rows, group.rng, phase.name, round_index, group.dp)
+                state = self._receive(lambda box: method.receive(exchange, group.state, box, ctx), mine, foreign, exchange)
+                if state is not None:
+                    group.state = state
+            if self.holds_server:
+                mine = inbox.select(inbox.dst == SERVER_ID)
+                ctx = self._server_context(phase, round_index)
+                state = self._receive(lambda box: method.server_receive(exchange, self.server_state, box, ctx), mine, foreign, exchange)
+                if state is not None:
+                    self.server_state = state
+        self.network.finish_exchange(exchange)
+
+    def _account(self, outgoing: Messages, sent_sizes: torch.Tensor, inbox: Messages, inbox_sizes: torch.Tensor) -> None:
+        """Communication ledger: bytes each client sent and received over the network (a
+        node does not send to itself over the network; the server, id -1, has no row)."""
+        if len(outgoing):
+            wire = outgoing.src != outgoing.dst
+            self._bytes_sent += int(sent_sizes[wire].sum())
+            client = wire & (outgoing.src >= 0)
+            np.add.at(self._sent, outgoing.src[client].numpy(), sent_sizes[client].numpy())
+        if len(inbox):
+            wire = inbox.src != inbox.dst
+            self._bytes_received += int(inbox_sizes[wire].sum())
+            client = wire & (inbox.dst >= 0)
+            np.add.at(self._received, inbox.dst[client].numpy(), inbox_sizes[client].numpy())
+
+    def _receive(self, receive: Callable[[Messages], State], inbox: Messages, foreign: bool, exchange: str) -> State | None:
+        """The new state; on an untrusted network a `receive` that fails on what other
+        parties sent falls back to this process's own messages (None: keep the state)."""
+        if not self.network.untrusted:
+            return receive(inbox)
+        try:
+            return receive(inbox)
+        except Exception:  # noqa: BLE001 - what other peers send must not stop this one
+            self.receive_errors += 1
+            self.network.receive_failed(exchange, len(inbox))
+        if foreign:
+            own = torch.isin(inbox.src, torch.cat([g.rows for g in self.groups] + [torch.tensor([SERVER_ID])]))
+            try:
+                return receive(inbox.select(own))
+            except Exception:  # noqa: BLE001
+                self.network.receive_failed(exchange, int(own.sum()))
+        return None
+
+    # -- attacks -----------------------------------------------------------------------
+    def _group_outgoing(self, exchange: str, phase: Phase, round_index: int) -> list[Messages]:
+        """Each group's messages of `exchange`, after the run's attack."""
+        method, attack = self.method, self.job.attack
+        outgoing = [
+            method.outgoing(exchange, g.state, self._context(g.rows, g.rng, phase.name, round_index, g.dp))
+            for g in self.groups
+        ]
+        if attack is not None and attack.acts_in(phase.name):
+            # omniscient attacks see every honest message this process holds (all of them in
+            # the simulator and the in-process runtimes; none for a lone node on a device)
+            knowledge = self._knowledge(outgoing) if attack.omniscient else [{} for _ in outgoing]
+            outgoing = [
+                self._tamper(exchange, g, messages, method.update_reference(exchange, g.state), **known)
+                if len(messages) else messages
+                for g, messages, known in zip(self.groups, outgoing, knowledge)
+            ]
+        return outgoing
+
+    def _is_malicious(self, messages: Messages) -> torch.Tensor:
+        return (messages.src >= 0) & self._malicious[messages.src.clamp_min(0)]
+
+    def _knowledge(self, outgoing: list[Messages]) -> list[dict[str, Messages]]:
+        """Per group, what omniscient attackers know besides their own messages: `observed`,
+        the benign update messages of the exchange, and `colluding`, the honest messages
+        of the malicious clients held by other groups."""
+        benign = Messages.concat([m.select(~self._is_malicious(m)) for m in outgoing if _carries_updates(m)])
+        attackers = [m.select(self._is_malicious(m)) if _carries_updates(m) else Messages.empty() for m in outgoing]
+        return [
+            {"observed": benign, "colluding": Messages.concat([a for j, a in enumerate(attackers) if j != i])}
+            for i in range(len(outgoing))
+        ]
+
+    def _tamper(
+        self, exchange: str, group: ClientGroup, messages: Messages, reference: Params | None,
+        observed: Messages | None = None, colluding: Messages | None = None,
+    ) -> Messages:
+        bad = self._is_malicious(messages)
+        if not bool(bad.any()) or not _carries_updates(messages):
+            return messages  # attacks act on model updates only
+        attack = self.job.attack
+        assert attack is not None
+        index = bad.nonzero().squeeze(1)
+        position = torch.searchsorted(group.rows, messages.src[index])
+        rng = group.attack_rng.take(position)
+        base = vectorize(reference)[position] if reference is not None else None
+        known = {} if observed is None else {"observed": observed, "colluding": colluding if colluding is not None else Messages.empty()}
+        tampered = attack.tamper(exchange, messages.select(index), rng, base, **known)
+        group.attack_rng.put(position, rng)
+        payload = {k: v.clone() for k, v in messages.payload.items()}
+        for key, value in tampered.payload.items():
+            payload[key][index] = value.to(payload[key].dtype)
+        return Messages(messages.src, messages.dst, payload)
+
+    # -- evaluation --------------------------------------------------------------------
+    def evaluate(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Each held client's deployed model (and the method's extra models) on its own
+        test split, in client order."""
+        if not self.groups:
+            return np.zeros(0), {}
+        model, method, order = self.job.model, self.method, self._order()
+
+        def on_every_client(params_of: Callable[[State], Params]) -> np.ndarray:
+            parts = [accuracy(model, params_of(g.state), g.test.x, g.test.y, g.test.n) for g in self.groups]
+            return torch.cat(parts)[order].numpy()
+
+        names = method.extra_models(self.groups[0].state).keys()
+        extra = {name: on_every_client(lambda s, n=name: method.extra_models(s)[n]) for name in names}
+        return on_every_client(method.deployed_params), extra
+
+    def deployed_params(self) -> Params:
+        if not self.groups:
+            return {}
+        stacked = cat_rows([self.method.deployed_params(g.state) for g in self.groups])
+        order = self._order()
+        return {k: v[order] for k, v in stacked.items()}
+
+
+def _carries_updates(messages: Messages) -> bool:
+    return len(messages) > 0 and any(k.startswith(UPDATE_PREFIX) for k in messages.payload)
