@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from p4bench.engine.messages import Messages
+from p4bench.engine.messages import Messages, update_keys
 from p4bench.engine.threats import pad_by_destination, update_vectors, with_update_vectors
 
 
@@ -51,7 +51,7 @@ def honest_pools(messages: Messages, observed: Messages | None, colluding: Messa
     """Pools for the malicious `messages` (their honest content), given the `observed`
     benign messages and the `colluding` attackers' honest messages held elsewhere."""
     targets = torch.unique(messages.dst)
-    keys = sorted(k for k in messages.payload if k.startswith("update."))
+    keys = update_keys(messages.payload)
 
     def relevant(others: Messages | None) -> Messages:
         if others is None or not len(others):
@@ -80,4 +80,4 @@ def honest_vectors(messages: Messages) -> torch.Tensor:
 
 def update_dtype(messages: Messages) -> torch.dtype:
     """The dtype of the ``update.*`` payload."""
-    return messages.payload[next(k for k in sorted(messages.payload) if k.startswith("update."))].dtype
+    return messages.payload[update_keys(messages.payload)[0]].dtype

@@ -15,6 +15,7 @@ import torch
 
 from p4bench.attacks._honest import honest_pools, send, update_dtype
 from p4bench.engine import Attack
+from p4bench.options import Option
 
 
 def alie_z(total: torch.Tensor, malicious: torch.Tensor) -> torch.Tensor:
@@ -30,12 +31,15 @@ class ALittleIsEnough(Attack):
 
     name = "alie"
     description = "A Little Is Enough: malicious clients send mean + z*std of the honest updates"
-    option_names = Attack.option_names + ("alie_z",)
+    options = Attack.options + (
+        Option("alie_z", float, None, "z, the standard deviations added to the honest mean; default: the "
+               "paper's z_max from the updates n and attackers m at each receiver"),
+    )
     omniscient = True
 
     def tamper(self, exchange, messages, rng, reference=None, observed=None, colluding=None):
         pools = honest_pools(messages, observed, colluding)
-        fixed = self.config.options.get("alie_z")
+        fixed = self.option_values["alie_z"]
         z = torch.full((len(pools.total),), float(fixed), dtype=torch.float64) if fixed is not None else alie_z(pools.total, pools.malicious)
         crafted = pools.mean() + z.unsqueeze(1) * pools.std()
         dtype = update_dtype(messages)

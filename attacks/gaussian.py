@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from p4bench.attacks._honest import honest_vectors, send
 from p4bench.engine import Attack
-from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 
 class Gaussian(Attack):
@@ -18,14 +18,14 @@ class Gaussian(Attack):
 
     name = "gaussian"
     description = "malicious clients send i.i.d. Gaussian noise N(mean, std^2) as their update"
-    option_names = Attack.option_names + ("gaussian_mean", "gaussian_std")
+    options = Attack.options + (
+        Option("gaussian_mean", float, 0.0, "mean of the noise sent per coordinate"),
+        Option("gaussian_std", float, 1.0, "standard deviation of the noise sent per coordinate", low=0),
+    )
 
     def __init__(self, config, num_classes: int) -> None:
         super().__init__(config, num_classes)
-        self.mean = float(config.options.get("gaussian_mean", 0.0))
-        self.std = float(config.options.get("gaussian_std", 1.0))
-        if self.std < 0:
-            raise ConfigError("options.gaussian_std", f"must be >= 0, got {self.std}")
+        self.mean, self.std = self.option_values["gaussian_mean"], self.option_values["gaussian_std"]
 
     def tamper(self, exchange, messages, rng, reference=None):
         honest = honest_vectors(messages)

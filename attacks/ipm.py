@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from p4bench.attacks._honest import honest_pools, send, update_dtype
 from p4bench.engine import Attack
-from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 
 class InnerProductManipulation(Attack):
@@ -20,14 +20,15 @@ class InnerProductManipulation(Attack):
 
     name = "ipm"
     description = "inner-product manipulation: malicious clients send -epsilon * the mean honest update"
-    option_names = Attack.option_names + ("ipm_epsilon",)
+    options = Attack.options + (
+        Option("ipm_epsilon", float, 0.1, "epsilon: attackers send -epsilon * the mean honest update "
+               "(large values such as 100 target the median)", low=0, low_open=True),
+    )
     omniscient = True
 
     def __init__(self, config, num_classes: int) -> None:
         super().__init__(config, num_classes)
-        self.epsilon = float(config.options.get("ipm_epsilon", 0.1))
-        if self.epsilon <= 0:
-            raise ConfigError("options.ipm_epsilon", f"must be > 0, got {self.epsilon}")
+        self.epsilon = self.option_values["ipm_epsilon"]
 
     def tamper(self, exchange, messages, rng, reference=None, observed=None, colluding=None):
         pools = honest_pools(messages, observed, colluding)

@@ -17,6 +17,7 @@ import torch
 
 from p4bench.engine import Attack
 from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 _FIELD = "options.label_map"
 
@@ -56,11 +57,14 @@ class LabelFlip(Attack):
 
     name = "label-flip"
     description = "data poisoning: malicious clients train on flipped labels (c -> L-1-c, or option label_map)"
-    option_names = Attack.option_names + ("label_map",)
+    options = Attack.options + (
+        Option("label_map", object, None, "explicit flips: a mapping {from: to} (other classes keep their label) "
+               "or a list of L targets; default: c -> L-1-c"),
+    )
 
     def __init__(self, config, num_classes: int) -> None:
         super().__init__(config, num_classes)
-        self.mapping = label_mapping(config.options.get("label_map"), num_classes)
+        self.mapping = label_mapping(self.option_values["label_map"], num_classes)
 
     def poison_labels(self, labels: torch.Tensor) -> torch.Tensor:
         valid = (labels >= 0) & (labels < self.num_classes)  # leave padding values untouched

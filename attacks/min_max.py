@@ -16,7 +16,7 @@ import torch
 
 from p4bench.attacks._honest import HonestPools, honest_pools, send, update_dtype
 from p4bench.engine import Attack
-from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 DIRECTIONS = ("std", "unit-vec", "sign")
 _TOLERANCE = 1e-5
@@ -53,17 +53,16 @@ class MinMax(Attack):
 
     name = "min-max"
     description = "min-max (Shejwalkar & Houmansadr): mean - gamma*std with the largest gamma that stays within the honest spread"
-    option_names = Attack.option_names + ("minmax_direction", "minmax_gamma")
+    options = Attack.options + (
+        Option("minmax_direction", str, "std", "perturbation direction p: coordinate-wise std, mu/||mu|| or sign(mu)",
+               choices=DIRECTIONS),
+        Option("minmax_gamma", float, 10.0, "gamma the search starts from", low=0, low_open=True),
+    )
     omniscient = True
 
     def __init__(self, config, num_classes: int) -> None:
         super().__init__(config, num_classes)
-        self.direction = str(config.options.get("minmax_direction", "std"))
-        self.start = float(config.options.get("minmax_gamma", 10.0))
-        if self.direction not in DIRECTIONS:
-            raise ConfigError("options.minmax_direction", f"must be one of {', '.join(DIRECTIONS)}, got {self.direction!r}")
-        if self.start <= 0:
-            raise ConfigError("options.minmax_gamma", f"must be > 0, got {self.start}")
+        self.direction, self.start = self.option_values["minmax_direction"], self.option_values["minmax_gamma"]
 
     def perturbation(self, pools: HonestPools) -> torch.Tensor:
         """(D, P) the direction p of each pool."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from p4bench.attacks._honest import honest_pools, honest_vectors, send
 from p4bench.engine import Attack
-from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 SOURCES = ("own", "mean")
 
@@ -21,15 +21,16 @@ class SignFlip(Attack):
 
     name = "sign-flip"
     description = "malicious clients send their update negated (option: the negated honest mean)"
-    option_names = Attack.option_names + ("sign_flip_scale", "sign_flip_source")
+    options = Attack.options + (
+        Option("sign_flip_scale", float, 1.0, "s: attackers send -s times the update"),
+        Option("sign_flip_source", str, "own", "which update is negated: the attacker's own, or the mean honest "
+               "update its receiver gets (omniscient)", choices=SOURCES),
+    )
     omniscient = True
 
     def __init__(self, config, num_classes: int) -> None:
         super().__init__(config, num_classes)
-        self.scale = float(config.options.get("sign_flip_scale", 1.0))
-        self.source = str(config.options.get("sign_flip_source", "own"))
-        if self.source not in SOURCES:
-            raise ConfigError("options.sign_flip_source", f"must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        self.scale, self.source = self.option_values["sign_flip_scale"], self.option_values["sign_flip_source"]
 
     def tamper(self, exchange, messages, rng, reference=None, observed=None, colluding=None):
         honest = honest_vectors(messages)

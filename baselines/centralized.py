@@ -29,12 +29,14 @@ import torch
 
 from p4bench.baselines.common import draw_batch, prefixed_vectors, replicate, unpack
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method
+from p4bench.engine.messages import MODEL_PREFIX
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize, vectorize
-from p4bench.privacy.mechanism import NoiseStreams, Release, clipped_gradient_sum
+from p4bench.privacy.mechanism import NoiseStreams, clipped_gradient_sum
+from p4bench.privacy.releases import Releases
 from p4bench.rng import SERVER_ID
 
-MODEL, GRADIENT = "model.", "gradient."
+MODEL, GRADIENT = MODEL_PREFIX, "gradient."
 
 
 class Centralized(Method):
@@ -73,10 +75,10 @@ class Centralized(Method):
             active = torch.ones(len(ctx.rows), dtype=torch.bool)
             return {**state, "sums": sums, "size": size, "active": active}, loss.detach().double()
         rate = ctx.config.data_rate
-        active = ctx.dp.allowed(ctx.rows, rate, ctx.phase)
+        with Releases(ctx.dp, ctx, rate) as releases:  # budget and ledger; the server adds the noise
+            active = releases.admitted[0]
+            releases.delegate()
         sums, losses = clipped_gradient_sum(ctx.model, params, x, y, mask.float(), ctx.dp.settings.clip)
-        if bool(active.any()):
-            ctx.dp.report(Release(tuple(ctx.rows[active].tolist()), rate, ctx.dp.settings.noise_multiplier, 1, ctx.phase))
         size = rate * train.n.double() * active  # expected share: the analysis divides by s * N
         loss = (losses * mask).sum(1).double() / mask.sum(1).clamp_min(1)
         return {**state, "sums": sums, "size": size, "active": active}, loss

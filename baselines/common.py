@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from p4bench.engine.messages import Messages
+from p4bench.engine.messages import Messages, prefixed_keys
 from p4bench.engine.state import unvectorize
-from p4bench.engine.training import gather_batch, sample_batches
+from p4bench.engine.training import gather_batch, noble_local_lr, sample_batches  # noble_local_lr: re-exported
 from p4bench.errors import ConfigError
 from p4bench.models import Params
 
@@ -33,12 +33,6 @@ def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
 
 
-def noble_local_lr(config) -> float:
-    """eta_l = lr / (max(round(K * s), 1) * eta_g), the local step size of Noble et al.'s
-    DP-FedAvg/DP-SCAFFOLD code (the CLI's lr is a tuned multiplier there; P4 reuses it)."""
-    return config.lr / (max(round(config.local_steps * config.data_rate), 1) * config.global_lr)
-
-
 def draw_batch(ctx, train) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x, y, mask) of one batch per row: Poisson sampling at rate s when the run is
     private (what the DP analysis assumes), else round(s * n_i) samples without replacement."""
@@ -49,7 +43,7 @@ def draw_batch(ctx, train) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def prefixed_vectors(payload: Mapping[str, torch.Tensor], prefix: str) -> torch.Tensor:
     """(n, P): the payload entries named `prefix`* flattened in key order (the order of
     `p4bench.engine.state.vectorize` for the same parameter names)."""
-    keys = sorted(k for k in payload if k.startswith(prefix))
+    keys = prefixed_keys(payload, prefix)
     return torch.cat([payload[k].flatten(start_dim=1) for k in keys], dim=1)
 
 
@@ -100,12 +94,13 @@ class GraphSchedule:
     """
 
     def __init__(self, name: str, options: Mapping[str, Any] | None, num_clients: int, seed: int) -> None:
+        from p4bench.plugin_manager import default_registry  # plugins may read the host's registry
         from p4bench.topology import get_topology
 
         if not isinstance(options or {}, Mapping):
             raise ConfigError("options.topology_options", f"must be a mapping of topology options, got {options!r}")
         self.name = name
-        self.topology = get_topology(name, dict(options or {}))
+        self.topology = get_topology(name, dict(options or {}), registry=default_registry())
         self.num_clients = num_clients
         self.seed = seed
         self.time_varying = bool(self.topology.time_varying)

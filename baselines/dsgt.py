@@ -47,15 +47,17 @@ from p4bench.baselines.common import (
     weighted_inbox_sum,
 )
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
+from p4bench.engine.messages import UPDATE_PREFIX
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient
 from p4bench.errors import ConfigError
+from p4bench.options import Option, resolve_options
 from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
 
 SYNCHRONOUS, SEQUENTIAL = "synchronous", "sequential"
 MIXINGS = ("metropolis", "uniform")
-UPDATE, TRACKER, CORRECTION = "update.", "tracker.", "correction."
+UPDATE, TRACKER, CORRECTION = UPDATE_PREFIX, "tracker.", "correction."
 
 
 def mixing_matrix(adjacency: np.ndarray, kind: str) -> np.ndarray:
@@ -84,24 +86,24 @@ class _Consensus(Method):
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, personalized=False)
     default_epsilon = DEFAULT_EPSILON  # DP-DSGD and DP-DSGT are private by default
     tracking: ClassVar[bool] = False
+    options = (
+        Option("topology", str, "complete", "communication graph: a topology plugin (see `p4bench list`)"),
+        Option("topology_options", dict, None, "the topology's own options, e.g. {k: 4}"),
+        Option("mixing", str, "metropolis", "mixing matrix W: metropolis (1/(1+max(deg_i, deg_j))) or uniform "
+               "(1/(1+indeg_i))", choices=MIXINGS),
+        Option("mixing_order", str, SYNCHRONOUS, "synchronous (the papers) or sequential (the authors' in-place "
+               "Gauss-Seidel loop)", choices=(SYNCHRONOUS, SEQUENTIAL)),
+        Option("iterations", int, None, "gossip + gradient iterations per round; default: local_steps K", low=1),
+        Option("lr_final", float, None, "step size at the last iteration (geometric decay from lr); default: lr",
+               low=0, low_open=True),
+    )
 
     def validate_options(self) -> None:
-        options, config = self.config.options, self.config
-        self.iterations = int(options.get("iterations", config.local_steps))
-        self.lr_final = float(options.get("lr_final", config.lr))
-        self.order = str(options.get("mixing_order", SYNCHRONOUS))
-        self.mixing = str(options.get("mixing", "metropolis"))
-        if self.iterations < 1:
-            raise ConfigError("options.iterations", f"must be >= 1, got {self.iterations}")
-        if not self.lr_final > 0:
-            raise ConfigError("options.lr_final", f"must be > 0, got {self.lr_final}")
-        if self.order not in (SYNCHRONOUS, SEQUENTIAL):
-            raise ConfigError("options.mixing_order", f"must be {SYNCHRONOUS} or {SEQUENTIAL}, got {self.order!r}")
-        if self.mixing not in MIXINGS:
-            raise ConfigError("options.mixing", f"must be one of {', '.join(MIXINGS)}, got {self.mixing!r}")
-        self.graph = GraphSchedule(
-            str(options.get("topology", "complete")), options.get("topology_options"), self.num_clients, config.seed
-        )
+        values, config = resolve_options(self.options, self.config.options), self.config
+        self.iterations = values["iterations"] if values["iterations"] is not None else config.local_steps
+        self.lr_final = values["lr_final"] if values["lr_final"] is not None else config.lr
+        self.order, self.mixing = values["mixing_order"], values["mixing"]
+        self.graph = GraphSchedule(values["topology"], values["topology_options"], self.num_clients, config.seed)
         if not self.graph.time_varying and not is_connected(self.graph.adjacency(0)):
             raise ConfigError("options.topology", f"graph '{self.graph.name}' is not connected: no consensus possible")
         self.total_iterations = config.rounds * self.iterations

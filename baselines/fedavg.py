@@ -21,13 +21,13 @@ import torch
 
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.baselines.common import prefixed_vectors
+from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
 from p4bench.engine.state import flatten, unvectorize
-from p4bench.engine.training import local_sgd
-from p4bench.errors import ConfigError
+from p4bench.engine.training import local_sgd, noble_local_lr
+from p4bench.options import Option, resolve_options
 from p4bench.rng import SERVER_ID
 
-MODEL = "model."
-UPDATE = "update."
+MODEL, UPDATE = MODEL_PREFIX, UPDATE_PREFIX
 
 
 class FedAvg(Method):
@@ -36,14 +36,14 @@ class FedAvg(Method):
     name = "fedavg"
     description = "FedAvg: sampled clients, K local steps, sample-weighted average at a server"
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, uses_server=True)
+    options = (
+        Option("lr_scaling", str, "noble", "local step size: noble = lr / (max(round(K s), 1) eta_g) as Noble et "
+               "al.'s code, none = lr", choices=("noble", "none")),
+    )
 
     def validate_options(self) -> None:
-        scaling = str(self.config.options.get("lr_scaling", "noble"))
-        if scaling not in ("noble", "none"):
-            raise ConfigError("options.lr_scaling", f"must be noble or none, got {scaling!r}")
-        c = self.config
-        divisor = max(round(c.local_steps * c.data_rate), 1) * c.global_lr if scaling == "noble" else 1.0
-        self.local_lr = c.lr / divisor
+        scaling = resolve_options(FedAvg.options, self.config.options)["lr_scaling"]
+        self.local_lr = noble_local_lr(self.config) if scaling == "noble" else self.config.lr
 
     def phases(self):
         return [Phase("train", self.config.rounds, setup=(Exchange("broadcast"),))]

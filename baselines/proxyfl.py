@@ -40,13 +40,14 @@ from p4bench.baselines.common import (
     weighted_inbox_sum,
 )
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
+from p4bench.engine.messages import UPDATE_PREFIX
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient, distillation_loss, logits_of
-from p4bench.errors import ConfigError
+from p4bench.options import Option, resolve_options
 from p4bench.topology import uniform_averaging
 
-UPDATE = "update."
+UPDATE = UPDATE_PREFIX
 PROXY_UPDATES = ("average", "replace")
 TEACHERS = ("none", "last-proxy", "private")
 
@@ -64,21 +65,20 @@ class ProxyFL(Method):
     description = "ProxyFL (Kalra et al.): private model + DP proxy, mutual distillation, exponential-graph pushes"
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=False, personalized=True)
     default_epsilon = DEFAULT_EPSILON
+    options = (
+        Option("dml_weight", float, 0.5, "w, the distillation weight of deep mutual learning", low=0, high=1),
+        Option("teacher", str, "none", "what the DP proxy distils from: none, last-proxy (a DP output) or private "
+               "(the paper's; epsilon uncertified)", choices=TEACHERS),
+        Option("proxy_update", str, "average", "handling of received proxies: average (the paper) or replace (the "
+               "authors' code)", choices=PROXY_UPDATES),
+        Option("topology", str, "exponential", "communication graph: a topology plugin (see `p4bench list`)"),
+        Option("topology_options", dict, None, "the topology's own options"),
+    )
 
     def validate_options(self) -> None:
-        options = self.config.options
-        self.weight = float(options.get("dml_weight", 0.5))
-        self.proxy_update = str(options.get("proxy_update", "average"))
-        self.teacher = str(options.get("teacher", "none"))
-        if self.teacher not in TEACHERS:
-            raise ConfigError("options.teacher", f"must be one of {', '.join(TEACHERS)}, got {self.teacher!r}")
-        if not 0 <= self.weight <= 1:
-            raise ConfigError("options.dml_weight", f"must be in [0, 1], got {self.weight}")
-        if self.proxy_update not in PROXY_UPDATES:
-            raise ConfigError("options.proxy_update", f"must be one of {', '.join(PROXY_UPDATES)}, got {self.proxy_update!r}")
-        self.graph = GraphSchedule(
-            str(options.get("topology", "exponential")), options.get("topology_options"), self.num_clients, self.config.seed
-        )
+        values = resolve_options(self.options, self.config.options)
+        self.weight, self.proxy_update, self.teacher = values["dml_weight"], values["proxy_update"], values["teacher"]
+        self.graph = GraphSchedule(values["topology"], values["topology_options"], self.num_clients, self.config.seed)
         self.loss = mutual_learning_loss(self.weight)
         self.proxy_loss = mutual_learning_loss(self.weight if self.teacher != "none" else 0.0)
 

@@ -31,13 +31,14 @@ import torch
 from p4bench.baselines.common import draw_batch, per_row, unpack
 from p4bench.baselines.fedavg import FedAvg
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Phase
+from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten
 from p4bench.engine.training import batch_gradient
-from p4bench.errors import ConfigError
+from p4bench.options import Option, resolve_options
 from p4bench.rng import SERVER_ID
 
-MODEL, UPDATE, CONTROL = "model.", "update.", "control."
+MODEL, UPDATE, CONTROL = MODEL_PREFIX, UPDATE_PREFIX, "control."
 WARMUP, TRAIN = "warmup", "train"
 
 
@@ -51,14 +52,16 @@ class Scaffold(FedAvg):
     name = "scaffold"
     description = "DP-SCAFFOLD (Noble et al.): FedAvg with Option II control variates; optional counted warm start"
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, uses_server=True)
+    options = FedAvg.options + (
+        Option("warm_start", bool, False, "a counted warm-up round that sets the control variates c_i and c"),
+        Option("control_update", str, "paper", "Option II control update; noble-code scales Delta_i / (K' eta_l) by "
+               "s in non-private runs, as that code does", choices=("paper", "noble-code")),
+    )
 
     def validate_options(self) -> None:
         super().validate_options()
-        options = self.config.options
-        self.warm_start = bool(options.get("warm_start", False))
-        self.control_update = str(options.get("control_update", "paper"))
-        if self.control_update not in ("paper", "noble-code"):
-            raise ConfigError("options.control_update", f"must be paper or noble-code, got {self.control_update!r}")
+        values = resolve_options(self.options, self.config.options)
+        self.warm_start, self.control_update = values["warm_start"], values["control_update"]
 
     # -- schedule ----------------------------------------------------------------------
     def phases(self):

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 
 from p4bench.defenses._common import PairMemory, ReceiverMemory, receivers_or_default
-from p4bench.defenses.krum import assumed_byzantine, assumed_fraction, krum_scores, lowest
+from p4bench.defenses.krum import ASSUMED_FRACTION, assumed_byzantine, krum_scores, lowest
 from p4bench.engine import Defense
-from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 VARIANTS = ("paper", "fedml")
 
@@ -50,21 +50,24 @@ class AnomalyDetection(Defense):
 
     name = "anomaly-detection"
     description = "drop updates whose distance to a Krum-seeded reference exceeds mean + lambda*std (paper: 3 sigma; option FedML's)"
-    option_names = ("anomaly_variant", "anomaly_lambda", "cosine_bound", "assumed_fraction")
+    options = (
+        Option("anomaly_variant", str, "paper", "the paper's 3-sigma rule (stateless) or FedML's (running reference, "
+               "cosine check)", choices=VARIANTS),
+        Option("anomaly_lambda", float, None, "lambda of the mean + lambda * std rule; default: 3 (paper), 0.5 (fedml)",
+               low=0),
+        Option("cosine_bound", float, 0.5, "fedml variant: least cosine similarity of an unflagged update",
+               low=-1, high=1),
+        ASSUMED_FRACTION,
+    )
     uses_identities = True
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.variant = str(config.options.get("anomaly_variant", "paper"))
-        if self.variant not in VARIANTS:
-            raise ConfigError("options.anomaly_variant", f"must be paper or fedml, got {self.variant!r}")
-        self.factor = float(config.options.get("anomaly_lambda", 3.0 if self.variant == "paper" else 0.5))
-        self.cosine_bound = float(config.options.get("cosine_bound", 0.5))
-        if self.factor < 0:
-            raise ConfigError("options.anomaly_lambda", f"must be >= 0, got {self.factor}")
-        if not -1 <= self.cosine_bound <= 1:
-            raise ConfigError("options.cosine_bound", f"must be in [-1, 1], got {self.cosine_bound}")
-        assumed_fraction(config)
+        values = self.option_values
+        self.variant = values["anomaly_variant"]
+        self.factor = values["anomaly_lambda"] if values["anomaly_lambda"] is not None else (
+            3.0 if self.variant == "paper" else 0.5)
+        self.cosine_bound = values["cosine_bound"]
         self.references = ReceiverMemory()  # FedML variant: running reference per receiver
         self.accepted = PairMemory()  # FedML variant: last accepted update per (receiver, sender)
 

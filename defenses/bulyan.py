@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from p4bench.defenses._common import sorted_coordinates, gather_rank
-from p4bench.defenses.krum import assumed_byzantine, assumed_fraction, krum_scores_from, squared_distances
+from p4bench.defenses.krum import ASSUMED_FRACTION, assumed_byzantine, krum_scores_from, squared_distances
 from p4bench.engine import Defense
 
 
@@ -51,11 +51,7 @@ class Bulyan(Defense):
 
     name = "bulyan"
     description = "Bulyan: iterated Krum selects n-2f updates, then a per-coordinate trimmed mean around the median"
-    option_names = ("assumed_fraction",)
-
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        assumed_fraction(config)
+    options = (ASSUMED_FRACTION,)
 
     def aggregate(self, updates, weights, mask, **identities):
         n = mask.sum(dim=1)

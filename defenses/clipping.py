@@ -22,7 +22,7 @@ from p4bench.defenses._common import ReceiverMemory, receivers_or_default
 from p4bench.defenses.median import coordinate_median
 from p4bench.engine import Defense
 from p4bench.engine.threats import weighted_mean
-from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 
 def clip_rows(vectors: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
@@ -36,15 +36,13 @@ class NormClipping(Defense):
 
     name = "norm-clipping"
     description = "scale every update to L2 norm at most tau (default: the median norm), then average"
-    option_names = ("norm_bound",)
+    options = (Option("norm_bound", float, None, "tau, the largest L2 norm kept; default: the median norm of the "
+                      "updates each receiver gets", low=0, low_open=True),)
     filters = False
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        bound = config.options.get("norm_bound")
-        self.bound = None if bound is None else float(bound)
-        if self.bound is not None and self.bound <= 0:
-            raise ConfigError("options.norm_bound", f"must be > 0, got {self.bound}")
+        self.bound = self.option_values["norm_bound"]
 
     def aggregate(self, updates, weights, mask, **identities):
         x = updates.double()
@@ -62,18 +60,16 @@ class CenteredClipping(Defense):
 
     name = "centered-clipping"
     description = "centered clipping: v += mean(clip_tau(x_i - v)) from the receiver's previous aggregate"
-    option_names = ("cclip_tau", "cclip_iterations")
+    options = (
+        Option("cclip_tau", float, 10.0, "tau, the clipping radius around the previous aggregate", low=0, low_open=True),
+        Option("cclip_iterations", int, 1, "clipping iterations per aggregation", low=1),
+    )
     filters = False
     uses_identities = True
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.tau = float(config.options.get("cclip_tau", 10.0))
-        self.iterations = int(config.options.get("cclip_iterations", 1))
-        if self.tau <= 0:
-            raise ConfigError("options.cclip_tau", f"must be > 0, got {self.tau}")
-        if self.iterations < 1:
-            raise ConfigError("options.cclip_iterations", f"must be >= 1, got {self.iterations}")
+        self.tau, self.iterations = self.option_values["cclip_tau"], self.option_values["cclip_iterations"]
         self.previous = ReceiverMemory()
 
     def aggregate(self, updates, weights, mask, **identities):

@@ -18,7 +18,7 @@ import torch
 from p4bench.defenses._common import PairMemory, receivers_or_default
 from p4bench.engine import Defense
 from p4bench.engine.threats import weighted_mean
-from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 
 def foolsgold_weights(histories: torch.Tensor, mask: torch.Tensor, kappa: float = 1.0) -> torch.Tensor:
@@ -48,14 +48,12 @@ class FoolsGold(Defense):
 
     name = "foolsgold"
     description = "FoolsGold: down-weight senders whose accumulated updates are too similar (sybils)"
-    option_names = ("foolsgold_kappa",)
+    options = (Option("foolsgold_kappa", float, 1.0, "kappa, the confidence of the logit weighting", low=0, low_open=True),)
     uses_identities = True
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.kappa = float(config.options.get("foolsgold_kappa", 1.0))
-        if self.kappa <= 0:
-            raise ConfigError("options.foolsgold_kappa", f"must be > 0, got {self.kappa}")
+        self.kappa = self.option_values["foolsgold_kappa"]
         self.histories = PairMemory()
 
     def aggregate(self, updates, weights, mask, **identities):

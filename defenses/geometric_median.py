@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from p4bench.engine import Defense
-from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 
 def weiszfeld(
@@ -41,19 +41,17 @@ class GeometricMedian(Defense):
 
     name = "geometric-median"
     description = "geometric median of the updates by smoothed Weiszfeld iterations (RFA)"
-    option_names = ("geomed_iterations", "geomed_nu", "geomed_tolerance")
+    options = (
+        Option("geomed_iterations", int, 100, "most Weiszfeld steps", low=1),
+        Option("geomed_nu", float, 1e-6, "nu, the smallest distance a step divides by", low=0, low_open=True),
+        Option("geomed_tolerance", float, 1e-6, "stop when z moves by less than this times its norm"),
+    )
     filters = False
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        options = config.options
-        self.iterations = int(options.get("geomed_iterations", 100))
-        self.nu = float(options.get("geomed_nu", 1e-6))
-        self.tolerance = float(options.get("geomed_tolerance", 1e-6))
-        if self.iterations < 1:
-            raise ConfigError("options.geomed_iterations", f"must be >= 1, got {self.iterations}")
-        if self.nu <= 0:
-            raise ConfigError("options.geomed_nu", f"must be > 0, got {self.nu}")
+        values = self.option_values
+        self.iterations, self.nu, self.tolerance = values["geomed_iterations"], values["geomed_nu"], values["geomed_tolerance"]
 
     def aggregate(self, updates, weights, mask, **identities):
         z = weiszfeld(updates, weights, mask, self.iterations, self.nu, self.tolerance)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import torch
 
 from p4bench.engine import Defense
-from p4bench.errors import ConfigError
+from p4bench.options import Option
+
+ASSUMED_FRACTION = Option("assumed_fraction", float, 0.3, "share f/n of Byzantine updates the defender plans for "
+                          "(the paper's share of malicious clients)", low=0, high=0.5, high_open=True)
 
 
 def squared_distances(updates: torch.Tensor) -> torch.Tensor:
@@ -42,10 +45,7 @@ def krum_scores(updates: torch.Tensor, mask: torch.Tensor, f: torch.Tensor) -> t
 
 def assumed_fraction(config) -> float:
     """Option `assumed_fraction` (default 0.3, the paper's share of malicious clients)."""
-    fraction = float(config.options.get("assumed_fraction", 0.3))
-    if not 0 <= fraction < 0.5:
-        raise ConfigError("options.assumed_fraction", f"must be in [0, 0.5), got {fraction}")
-    return fraction
+    return ASSUMED_FRACTION.resolve(config.options.get("assumed_fraction"), "options.assumed_fraction")
 
 
 def assumed_byzantine(config, n: torch.Tensor) -> torch.Tensor:
@@ -64,15 +64,11 @@ class MultiKrum(Defense):
 
     name = "m-krum"
     description = "m-Krum: average the m updates closest to their n-f-2 nearest neighbours"
-    option_names = ("assumed_fraction", "krum_m")
+    options = (ASSUMED_FRACTION, Option("krum_m", int, None, "m, the updates kept; default: n - f", low=1))
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        assumed_fraction(config)  # validate before training
-        m = config.options.get("krum_m")
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise ConfigError("options.krum_m", f"must be an integer >= 1, got {m!r}")
-        self.m = m
+        self.m = self.option_values.get("krum_m")  # Krum declares no krum_m
 
     def keep_count(self, n: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         if self.m is None:
@@ -90,10 +86,11 @@ class Krum(MultiKrum):
 
     name = "krum"
     description = "Krum: keep the one update closest to its n-f-2 nearest neighbours"
-    option_names = ("assumed_fraction",)
+    options = (ASSUMED_FRACTION,)
 
     def keep_count(self, n, f):
         return torch.ones_like(n)
 
 
-__all__ = ["Krum", "MultiKrum", "krum_scores", "krum_scores_from", "squared_distances", "lowest", "assumed_byzantine"]
+__all__ = ["Krum", "MultiKrum", "krum_scores", "krum_scores_from", "squared_distances", "lowest", "assumed_byzantine",
+           "ASSUMED_FRACTION"]

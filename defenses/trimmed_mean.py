@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from p4bench.defenses._common import sorted_coordinates
-from p4bench.defenses.krum import assumed_fraction
+from p4bench.defenses.krum import ASSUMED_FRACTION
 from p4bench.engine import Defense
-from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 
 def trimmed_mean(updates: torch.Tensor, mask: torch.Tensor, trim: torch.Tensor) -> torch.Tensor:
@@ -33,15 +33,17 @@ class TrimmedMean(Defense):
 
     name = "trimmed-mean"
     description = "coordinate-wise trimmed mean: per coordinate drop the b largest and b smallest values"
-    option_names = ("trim_fraction", "assumed_fraction")
+    options = (
+        Option("trim_fraction", float, None, "b/n, the share trimmed on each side; default: assumed_fraction",
+               low=0, high=0.5, high_open=True),
+        ASSUMED_FRACTION,
+    )
     filters = False
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        default = assumed_fraction(config)
-        self.fraction = float(config.options.get("trim_fraction", default))
-        if not 0 <= self.fraction < 0.5:
-            raise ConfigError("options.trim_fraction", f"must be in [0, 0.5), got {self.fraction}")
+        given = self.option_values["trim_fraction"]
+        self.fraction = given if given is not None else self.option_values["assumed_fraction"]
 
     def aggregate(self, updates, weights, mask, **identities):
         trim = torch.floor(self.fraction * mask.sum(1).double()).long()

@@ -4,7 +4,6 @@ Plugins implement the hooks in `p4bench.hookspecs` with `p4bench.hookimpl`.
 """
 
 from p4bench.hookspecs import hookimpl
-
-__version__ = "0.1.0"
+from p4bench.version import __version__
 
 __all__ = ["__version__", "hookimpl"]

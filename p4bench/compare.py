@@ -69,7 +69,7 @@ def default_group_by(runs) -> list[str]:
     keys = [k for k in _TAG_KEYS if k in runs and runs[k].fillna("-").nunique() > 1]
     for column in sorted(c for c in runs if c.startswith("params.")):
         name = column[len("params."):]
-        if name in _NOT_GROUPS or name in keys:
+        if name in _NOT_GROUPS or name in keys or name.startswith("option."):  # resolved plugin options: derived
             continue
         if runs[column].fillna("-").nunique() > 1:
             keys.append(name)

@@ -36,8 +36,12 @@ class UnknownNameError(UsageError):
         self.kind, self.name, self.available = kind, name, names
 
 
-class DuplicateNameError(P4BenchError):
-    """Two plugins registered the same name for the same kind."""
+class DuplicateNameError(UsageError):
+    """Two plugins registered the same name for the same kind; exits with code 2."""
+
+
+class PluginError(UsageError):
+    """A plugin name whose registration is broken (not a class of its kind, ...)."""
 
 
 class IncompatibleError(UsageError):

@@ -13,17 +13,19 @@ Observation hooks are *collect-all* too and their return values are ignored: the
 trackers and displays listen to a run without touching its control flow.
 """
 
+# A hook specification is a signature with a docstring: pluggy never calls its body.
+# mypy: disable-error-code="empty-body"
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import pluggy
 
-if TYPE_CHECKING:  # imported for annotations only, to keep this module import-light
+if TYPE_CHECKING:  # annotations only: the contract stays import-light, its records sit below it
     import typer
 
-    from p4bench.privacy.mechanism import Release
-    from p4bench.runner import RoundReport, RunInfo, RunResult
+    from p4bench.records import Release, RoundReport, RunInfo, RunResult
 
 hookspec = pluggy.HookspecMarker("p4bench")
 hookimpl = pluggy.HookimplMarker("p4bench")
@@ -100,7 +102,7 @@ def register_runtimes() -> list[type]:
 
 
 @hookspec
-def register_commands(app: "typer.Typer") -> None:
+def register_commands(app: typer.Typer) -> None:
     """Add commands to the ``p4bench`` command-line app (a ``typer.Typer``).
 
     Called once while the CLI is built; the return value is ignored.
@@ -111,7 +113,7 @@ def register_commands(app: "typer.Typer") -> None:
 
 
 @hookspec
-def run_started(run: "RunInfo") -> None:
+def run_started(run: RunInfo) -> None:
     """Called after the run's data, method and runtime are set up, before round one.
 
     ``run`` holds the resolved config, run id, client roles and the phase plan.
@@ -119,12 +121,12 @@ def run_started(run: "RunInfo") -> None:
 
 
 @hookspec
-def round_finished(run: "RunInfo", report: "RoundReport") -> None:
+def round_finished(run: RunInfo, report: RoundReport) -> None:
     """Called after every round of every phase with that round's metrics."""
 
 
 @hookspec
-def privacy_release(run: "RunInfo", release: "Release") -> None:
+def privacy_release(run: RunInfo, release: Release) -> None:
     """Called for every noisy release (one DP step of some clients), in any phase.
 
     ``release`` names the clients, the Poisson sampling rate, the noise multiplier and
@@ -133,7 +135,7 @@ def privacy_release(run: "RunInfo", release: "Release") -> None:
 
 
 @hookspec
-def run_finished(run: "RunInfo", result: "RunResult") -> None:
+def run_finished(run: RunInfo, result: RunResult) -> None:
     """Called once with the final result (per-client accuracies, summary, timings)."""
 
 

@@ -1,4 +1,4 @@
-"""Attack impact and ideal-defense gap across MLflow runs, and `p4bench impact`.
+"""Attack impact and ideal-defense gap across MLflow runs (`p4bench impact`, in `p4bench.cli.impact`).
 
 The P4 paper's robustness metrics, computed from finished runs of one experiment:
 
@@ -26,11 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from p4bench.equal_privacy import COLUMN as PRIVACY
 from p4bench.errors import UsageError
-from p4bench.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,7 +48,7 @@ def plugin_option_names(kind: str) -> set[str]:
 
     names: set[str] = set()
     for entry in default_registry().entries(kind):
-        names.update(getattr(entry.cls, "option_names", ()))
+        names.update(o.name for o in getattr(entry.cls, "options", ()))
     return names
 
 
@@ -110,7 +109,10 @@ def matched_accuracy(clean: "pd.DataFrame", attacked: "pd.DataFrame") -> float:
 
 def _key_columns(runs: "pd.DataFrame", ignore: Iterable[str]) -> list[str]:
     ignored = set(_NOT_CONFIG) | set(ignore)
-    return sorted(c for c in runs.columns if c.startswith("param.") and c[len("param."):] not in ignored)
+    # `option.*` are resolved plugin options: derived from the plugins and `options.*`, and
+    # only logged for the plugins a run uses (an attack's exist on attacked runs only)
+    return sorted(c for c in runs.columns if c.startswith("param.") and not c.startswith("param.option.")
+                  and c[len("param."):] not in ignored)
 
 
 def _latest(runs: "pd.DataFrame", key: list[str]) -> "pd.DataFrame":
@@ -260,60 +262,3 @@ def compute_impact(experiment: str, tracking_uri: str, metric: str = DEFAULT_MET
     table = impact_table(paired)
     table.attrs["privacy"] = verdict  # the note and warning impact_command prints
     return paired, table
-
-
-def impact_command(
-    experiment: str, tracking_uri: str | None, results_dir: str, metric: str, plot: Path | None, csv: Path | None, as_json: bool,
-    allow_mixed_privacy: bool = False,
-) -> None:
-    """Adapter behind `p4bench impact`."""
-    import json
-
-    import typer
-
-    from p4bench.tracking import default_tracking_uri
-
-    uri = tracking_uri or default_tracking_uri(results_dir)
-    paired, table = compute_impact(experiment, uri, metric, allow_mixed_privacy)
-    plot = plot or Path(results_dir) / f"impact-{experiment}.png"
-    plot_impact(table, plot, title=f"attack impact, experiment {experiment} ({metric})")
-    if csv is not None:
-        table.to_csv(csv, index=False)
-    missing = int(paired["clean_accuracy"].isna().sum())
-    verdict = table.attrs.get("privacy")
-    if verdict is not None and verdict.warning:
-        typer.echo(f"warning: {verdict.warning}", err=True)
-    if as_json:
-        typer.echo(json.dumps({"experiment": experiment, "metric": metric, "plot": str(plot), "unpaired_attacked_runs": missing,
-                               "rows": json.loads(table.to_json(orient="records"))}))
-        return
-    typer.echo(format_table(table))
-    if verdict is not None and any(r.private for r in verdict.runs):
-        typer.echo(verdict.note())
-    if missing:
-        typer.echo(f"{missing} attacked run(s) have no unattacked run of the same config and seed (impact shown as -)")
-    typer.echo(f"bar chart: {plot}")
-
-
-@hookimpl
-def register_commands(app):
-    import typer
-
-    def impact(
-        experiment: str = typer.Option(..., help="MLflow experiment holding the attacked, unattacked and ideal-defense runs"),
-        tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
-        results_dir: str = typer.Option("p4bench-runs", help="results folder (default store and plot location)"),
-        metric: str = typer.Option(DEFAULT_METRIC, help="benign-accuracy metric to compare"),
-        plot: Optional[Path] = typer.Option(None, help="PNG for the bar chart (default <results-dir>/impact-<experiment>.png)"),
-        csv: Optional[Path] = typer.Option(None, help="also write the table as CSV here"),
-        as_json: bool = typer.Option(False, "--json", help="print the table as one JSON object"),
-        allow_mixed_privacy: bool = typer.Option(
-            False, "--allow-mixed-privacy",
-            help="compare private runs under different neighbouring relations or uncertified epsilons, marked"),
-    ) -> None:
-        """Attack impact (no attack - attack) and ideal-defense gap (ideal - defense) per
-        method, attack and defense, averaged over seeds, with a bar chart. Private runs must
-        share one neighbouring relation and be certified (else exit 2, naming them)."""
-        impact_command(experiment, tracking_uri, results_dir, metric, plot, csv, as_json, allow_mixed_privacy)
-
-    app.command("impact")(impact)

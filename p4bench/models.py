@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from p4bench.errors import IncompatibleError
 from p4bench.hookspecs import hookimpl
+from p4bench.options import Option
 
 Params = dict[str, torch.Tensor]
 
@@ -21,6 +22,7 @@ class Model(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()  # declared `config.options` keys (p4bench.options)
 
     def __init__(self, feature_shape: tuple[int, ...], num_classes: int) -> None:
         self.feature_shape = tuple(feature_shape)

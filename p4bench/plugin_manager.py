@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from types import ModuleType
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 import pluggy
 
 from p4bench import hookspecs
-from p4bench.errors import DuplicateNameError, UnknownNameError
+from p4bench.errors import DuplicateNameError, P4BenchError, PluginError, UnknownNameError
 
 DISABLE_AUTOLOAD_ENV = "P4BENCH_DISABLE_PLUGIN_AUTOLOAD"
 ENTRY_POINT_GROUP = "p4bench"
@@ -39,11 +39,9 @@ BUILTIN_MODULES = (
     "p4bench.plugins.device",  # the device runtime and `p4bench device` commands
     "p4bench.attacks",
     "p4bench.defenses",
-    "p4bench.impact",  # `p4bench impact`: attack impact and ideal-defense gap from MLflow
     "p4bench.privacy.builtin",
-    "p4bench.audit.builtin",  # `p4bench audit`: empirical privacy audit with canaries
     "p4bench.topology.builtin",
-    "p4bench.sweep",  # sweep / tune / compare / reproduce commands
+    "p4bench.cli.builtin",  # data, privacy, topology, audit, impact, sweep/tune/compare/reproduce commands
 )
 
 
@@ -61,29 +59,162 @@ class Entry:
     def description(self) -> str:
         return str(getattr(self.cls, "description", "") or (self.cls.__doc__ or "").strip().split("\n")[0])
 
+    @property
+    def qualname(self) -> str:
+        return f"{self.cls.__module__}.{self.cls.__qualname__}"
+
+
+@dataclass(frozen=True)
+class PluginProblem:
+    """Why (part of) a third-party plugin is not used; `name` is the plugin name concerned, if any."""
+
+    distribution: str
+    version: str
+    kind: str  # a KINDS key, or "plugin" (loading) / "command" (register_commands)
+    name: str | None
+    message: str
+
+    def line(self) -> str:
+        """One line for users: `plugin <distribution> <version>: <message>`."""
+        return f"plugin {self.distribution} {self.version}: {self.message}"
+
+
+@dataclass(frozen=True)
+class PluginSource:
+    """Where a registered plugin object comes from. `strict` sources (p4bench itself and
+    plugins passed in code) raise on a bad registration; installed ones are reported."""
+
+    distribution: str
+    version: str
+    strict: bool
+
+
+class PluginManager(pluggy.PluginManager):
+    """A pluggy manager that remembers each plugin's distribution and the problems met
+    while loading installed plugins."""
+
+    def __init__(self) -> None:
+        super().__init__("p4bench")
+        self.sources: dict[str, PluginSource] = {}
+        self.problems: list[PluginProblem] = []
+
+
+def source_of(pm: pluggy.PluginManager, plugin_name: str) -> PluginSource:
+    """The source of a registered plugin; p4bench itself where the manager does not know."""
+    sources: dict[str, PluginSource] = getattr(pm, "sources", {})
+    return sources.get(plugin_name) or PluginSource("p4bench", _own_version(), strict=True)
+
 
 class Registry:
-    """Named plugin classes of every kind, built from the registration hooks."""
+    """Named plugin classes of every kind, built from the registration hooks.
+
+    A bad registration of an installed plugin (hook raises or returns no list, an entry
+    that is no class of its kind or has no name, a name taken twice) never stops the
+    others: it becomes a `PluginProblem`, and only using the name concerned fails (exit
+    code 2). Built-in registrations and plugins passed in code still raise: a bug.
+    """
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self.pm = pm
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
-        sources = _plugin_sources(pm)
+        self._problems: list[PluginProblem] = []
+        # names that fail when used: broken registrations and ambiguous duplicates
+        self._unusable: dict[str, dict[str, P4BenchError]] = {kind: {} for kind in KINDS}
+        self._pending: dict[str, dict[str, P4BenchError]] = {kind: {} for kind in KINDS}
+        bases = _kind_bases()
         for kind, hook_name in KINDS.items():
+            candidates: list[tuple[Entry, bool]] = []
             for impl in getattr(pm.hook, hook_name).get_hookimpls():
-                distribution, version = sources.get(id(impl.plugin), ("unknown", ""))
-                for cls in impl.function() or []:
-                    self._add(Entry(_name_of(cls, kind), kind, cls, distribution, version), impl.plugin_name)
+                if impl.hookwrapper or impl.wrapper:
+                    continue  # wrappers return no classes of their own
+                source = source_of(pm, impl.plugin_name)
+                for cls in self._call(impl, hook_name, kind, source):
+                    entry = self._check(cls, kind, bases[kind], source)
+                    if entry is not None:
+                        candidates.append((entry, source.strict))
+            owned: set[str] = set()  # names of strict sources: never taken over
+            for entry, strict in sorted(candidates, key=lambda c: not c[1]):  # strict first
+                self._add(entry, strict, owned)
+            for name, error in self._pending[kind].items():  # a broken class named like a good one is just dropped
+                if name not in self._entries[kind]:
+                    self._unusable[kind].setdefault(name, error)
 
-    def _add(self, entry: Entry, plugin_name: str) -> None:
-        existing = self._entries[entry.kind].get(entry.name)
-        if existing is not None:
-            raise DuplicateNameError(
-                f"{entry.kind} '{entry.name}' is registered twice: by {existing.cls.__module__}."
-                f"{existing.cls.__qualname__} ({existing.distribution}) and by {entry.cls.__module__}."
-                f"{entry.cls.__qualname__} ({entry.distribution}, plugin '{plugin_name}')"
+    # -- building ---------------------------------------------------------------------
+    def _report(self, source: PluginSource, kind: str, name: str | None, message: str) -> None:
+        if source.strict:
+            raise TypeError(message)
+        problem = PluginProblem(source.distribution, source.version, kind, name, message)
+        self._problems.append(problem)
+        if name is not None:
+            self._pending[kind].setdefault(name, PluginError(f"{kind} '{name}' cannot be used: {problem.line()}"))
+
+    def _call(self, impl: Any, hook_name: str, kind: str, source: PluginSource) -> list[Any]:
+        try:
+            returned = impl.function()
+        except Exception as exc:
+            if source.strict:
+                raise
+            self._report(source, kind, None, f"{hook_name} raised {_one_line(exc)}")
+            return []
+        if returned is None:
+            return []  # pluggy's "no result"
+        if not isinstance(returned, (list, tuple)):
+            named = getattr(returned, "name", None) if isinstance(returned, type) else None  # `--method <it>` says why
+            self._report(source, kind, named if isinstance(named, str) and named else None,
+                         f"{hook_name} returned {_describe(returned)}, not a list of classes")
+            return []
+        return list(returned)
+
+    def _check(self, cls: Any, kind: str, base: type, source: PluginSource) -> Entry | None:
+        if not isinstance(cls, type):
+            self._report(source, kind, None, f"{KINDS[kind]} returned {_describe(cls)} in its list, not a class")
+            return None
+        name = getattr(cls, "name", None)
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        if not isinstance(name, str) or not name:
+            self._report(source, kind, None, f"{kind} class {where} has no string attribute 'name'")
+            return None
+        if not issubclass(cls, base):
+            self._report(source, kind, name, f"{kind} '{name}' ({where}) is not a subclass of "
+                         f"{base.__module__}.{base.__qualname__}")
+            return None
+        return Entry(name, kind, cls, source.distribution, source.version)
+
+    def _add(self, entry: Entry, strict: bool, owned: set[str]) -> None:
+        kind, name = entry.kind, entry.name
+        existing = self._entries[kind].get(name)
+        if strict:
+            if existing is not None:
+                raise DuplicateNameError(
+                    f"{kind} '{name}' is registered twice: by {existing.qualname} ({existing.distribution}) "
+                    f"and by {entry.qualname} ({entry.distribution})"
+                )
+            self._entries[kind][name] = entry
+            owned.add(name)
+            return
+        if name in owned:  # a built-in keeps its name; the installed class is ignored
+            assert existing is not None  # an owned name is never removed from the entries
+            message = f"{kind} '{name}' ({entry.qualname}) is ignored: {existing.distribution} registers '{name}' itself"
+        elif existing is None and name not in self._unusable[kind]:
+            self._entries[kind][name] = entry
+            return
+        elif existing is not None:  # two installed plugins claim the name: neither is used
+            del self._entries[kind][name]
+            self._unusable[kind][name] = DuplicateNameError(
+                f"{kind} '{name}' is registered by {existing.distribution} {existing.version} ({existing.qualname}) "
+                f"and by {entry.distribution} {entry.version} ({entry.qualname}); uninstall one of them"
             )
-        self._entries[entry.kind][entry.name] = entry
+            message = (f"{kind} '{name}' ({entry.qualname}) is also registered by {existing.distribution} "
+                       f"{existing.version}; neither is used")
+        else:
+            message = f"{kind} '{name}' ({entry.qualname}) is registered by other installed plugins too; none is used"
+        self._problems.append(PluginProblem(entry.distribution, entry.version, kind, name, message))
+
+    # -- reading ----------------------------------------------------------------------
+    @property
+    def problems(self) -> list[PluginProblem]:
+        """Problems of installed plugins: loading them (kept by the manager) and their registrations."""
+        return list(getattr(self.pm, "problems", [])) + self._problems
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._entries[kind])
@@ -91,39 +222,64 @@ class Registry:
     def entries(self, kind: str) -> list[Entry]:
         return [self._entries[kind][name] for name in self.names(kind)]
 
-    def get(self, kind: str, name: str) -> type:
-        """The class registered as `name`, or an error listing the registered names."""
+    def entry(self, kind: str, name: str) -> Entry:
+        """The entry registered as `name`; PluginError or DuplicateNameError (exit code 2)
+        for a broken or ambiguous registration, else UnknownNameError listing the names."""
         try:
-            return self._entries[kind][name].cls
+            return self._entries[kind][name]
         except KeyError:
+            if name in self._unusable[kind]:
+                raise self._unusable[kind][name] from None
             raise UnknownNameError(kind, name, self._entries[kind]) from None
 
-    def as_dict(self) -> dict[str, list[dict[str, str]]]:
-        return {
+    def get(self, kind: str, name: str) -> type:
+        """The class registered as `name` (errors as `entry`)."""
+        return self.entry(kind, name).cls
+
+    def as_dict(self) -> dict[str, Any]:
+        """`{kind: [{name, distribution, version, description}], "problems": [...]}`."""
+        listing: dict[str, Any] = {
             kind: [
                 {"name": e.name, "distribution": e.distribution, "version": e.version, "description": e.description}
                 for e in self.entries(kind)
             ]
             for kind in KINDS
         }
+        listing["problems"] = [asdict(p) for p in self.problems]
+        return listing
 
 
-def _name_of(cls: type, kind: str) -> str:
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{kind} class {cls.__module__}.{cls.__qualname__} has no string attribute 'name'")
-    return name
+def _kind_bases() -> dict[str, type]:
+    """The base class of each kind, imported late: these modules import the plugin host."""
+    from p4bench.data.base import Dataset, Partitioner
+    from p4bench.engine.method import Method
+    from p4bench.engine.runtime import Runtime
+    from p4bench.engine.threats import Attack, Defense
+    from p4bench.models import Model
+    from p4bench.privacy.accountants import Accountant
+    from p4bench.topology.graphs import Topology
+
+    return {
+        "method": Method, "attack": Attack, "defense": Defense, "dataset": Dataset, "partitioner": Partitioner,
+        "model": Model, "topology": Topology, "accountant": Accountant, "runtime": Runtime,
+    }
 
 
-def _plugin_sources(pm: pluggy.PluginManager) -> dict[int, tuple[str, str]]:
-    """Map each registered plugin object to (distribution, version)."""
-    own = ("p4bench", _own_version())
-    sources = {id(plugin): own for plugin in pm.get_plugins()}
-    for plugin, dist in pm.list_plugin_distinfo():
-        sources[id(plugin)] = (dist.metadata["name"], dist.version)
-    return sources
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
 
 
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, type):
+        return f"the class {value.__module__}.{value.__qualname__}"
+    return f"{type(value).__name__} {value!r:.80}"
+
+
+@lru_cache(maxsize=1)
 def _own_version() -> str:
     try:
         return importlib.metadata.version("p4bench")
@@ -131,33 +287,81 @@ def _own_version() -> str:
         return "0+unknown"
 
 
-def create_plugin_manager(extra_plugins: tuple[Any, ...] = (), autoload: bool | None = None) -> pluggy.PluginManager:
+def load_entry_points(pm: PluginManager, group: str = ENTRY_POINT_GROUP) -> None:
+    """Register every installed plugin of `group`, one entry point at a time: one that
+    fails to import or register becomes a problem of `pm` and the others still load."""
+    for ep in importlib.metadata.entry_points(group=group):
+        dist = ep.dist
+        distribution = (dist.metadata["Name"] or ep.module) if dist is not None else ep.module
+        version = dist.version if dist is not None else ""
+        if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
+            pm.problems.append(PluginProblem(distribution, version, "plugin", None,
+                                             f"entry point '{ep.name}' is skipped: a plugin of that name is registered"))
+            continue
+        try:
+            plugin = ep.load()
+            if pm.is_registered(plugin):
+                continue  # a second entry point to the same module
+            name = pm.register(plugin, name=ep.name)
+        except Exception as exc:  # a broken plugin must not take the others down
+            if distribution == "p4bench":
+                raise
+            pm.problems.append(PluginProblem(distribution, version, "plugin", None,
+                                             f"cannot be loaded (entry point '{ep.name} = {ep.value}'): {_one_line(exc)}"))
+            continue
+        if name is not None:
+            pm.sources[name] = PluginSource(distribution, version, strict=distribution == "p4bench")
+
+
+def add_plugin_commands(pm: pluggy.PluginManager, app: Any) -> None:
+    """Call every `register_commands` implementation; an installed plugin's failure
+    becomes a problem of `pm` instead of breaking every command."""
+    for impl in pm.hook.register_commands.get_hookimpls():
+        if impl.hookwrapper or impl.wrapper:
+            continue
+        source = source_of(pm, impl.plugin_name)
+        try:
+            impl.function(**{arg: app for arg in impl.argnames})
+        except Exception as exc:
+            problems = getattr(pm, "problems", None)
+            if source.strict or not isinstance(problems, list):
+                raise
+            problem = PluginProblem(source.distribution, source.version, "command", None,
+                                    f"register_commands raised {_one_line(exc)}")
+            if problem not in problems:  # the app may be built more than once per manager
+                problems.append(problem)
+
+
+def create_plugin_manager(extra_plugins: tuple[Any, ...] = (), autoload: bool | None = None) -> PluginManager:
     """A plugin manager with the built-ins, entry-point plugins (unless disabled) and extras.
 
     Autoloading of third-party plugins is skipped when the environment variable
     ``P4BENCH_DISABLE_PLUGIN_AUTOLOAD`` is set to a non-empty value, or `autoload` is False.
     """
-    pm = pluggy.PluginManager("p4bench")
+    pm = PluginManager()
     pm.add_hookspecs(hookspecs)
+    own = PluginSource("p4bench", _own_version(), strict=True)
     for module_name in BUILTIN_MODULES:
         module: ModuleType = __import__(module_name, fromlist=["_"])
-        pm.register(module, name=module_name)
+        pm.sources[pm.register(module, name=module_name) or module_name] = own
     if autoload is None:
         autoload = not os.environ.get(DISABLE_AUTOLOAD_ENV)
     if autoload:
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        load_entry_points(pm)
     for plugin in extra_plugins:
-        pm.register(plugin)
+        name = pm.register(plugin)
+        if name is not None:
+            pm.sources[name] = own  # passed in code: a bad registration is the caller's bug
     return pm
 
 
 @lru_cache(maxsize=1)
-def _default() -> tuple[pluggy.PluginManager, Registry]:
+def _default() -> tuple[PluginManager, Registry]:
     pm = create_plugin_manager()
     return pm, Registry(pm)
 
 
-def default_plugin_manager() -> pluggy.PluginManager:
+def default_plugin_manager() -> PluginManager:
     """The process-wide plugin manager (built once, on first use)."""
     return _default()[0]
 

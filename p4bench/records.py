@@ -1,14 +1,103 @@
-"""Record types at the bottom of the import graph."""
+"""Record types: what a run reports to its observers (the arguments of the observation hooks).
+
+This module sits at the bottom of the import graph. `p4bench.hookspecs` annotates with
+these types, and the engine, the privacy ledger, trackers and plugins all read them, so
+it imports nothing that imports p4bench modules above it: only the run config, the
+federated data and the certification verdict. Values that belong to upper layers (a
+method's phases, the method itself) are typed here by what records read of them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-__all__ = ["RoundReport", "Outcome"]
+from p4bench.config import RunConfig
+from p4bench.data.federated import FederatedData
+from p4bench.privacy.certification import Certification
+
+__all__ = ["Release", "RunInfo", "RunResult", "PhaseView", "ArtifactWriter", "RoundReport", "Outcome"]
+
+
+@dataclass(frozen=True)
+class Release:
+    """One noisy release by some clients: `steps` DP steps at Poisson rate `sample_rate`."""
+
+    clients: tuple[int, ...]
+    sample_rate: float
+    noise_multiplier: float
+    steps: int = 1
+    phase: str = ""
+
+
+class PhaseView(Protocol):
+    """What records read of a method's phase (`p4bench.engine.Phase`, a layer above)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def rounds(self) -> int: ...
+
+
+class ArtifactWriter(Protocol):
+    """What records call on a method (`p4bench.engine.Method`, a layer above)."""
+
+    def write_artifacts(self, state: Any, folder: Path) -> list[Path]: ...
+
+
+@dataclass
+class RunInfo:
+    """What observers know about a run once it is set up."""
+
+    run_id: str
+    config: RunConfig
+    evaluation: np.ndarray  # (M,) bool
+    malicious: np.ndarray  # (M,) bool
+    phases: list[PhaseView]  # the method's `Phase` values, in order
+    num_parameters: int
+    defense: str | None
+    started_at: float
+    data: FederatedData | None = None
+    tracking: dict[str, Any] = field(default_factory=dict)  # filled by trackers
+    certification: Certification | None = None  # whether the run's epsilon holds
+    # Hash of the config as requested: resolution (`resolve_run_config`) is a pure function
+    # of it, and sweeps find finished runs by it.
+    config_hash: str = ""
+    # {kind: {name, distribution, version}} of every plugin the run uses (provenance)
+    plugins: dict[str, dict[str, str]] = field(default_factory=dict)
+    # {kind: {option: value}}: every used plugin's declared options, resolved (p4bench.options)
+    plugin_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def reported(self) -> np.ndarray:
+        """Clients whose results are reported: benign and not used for tuning."""
+        return ~self.evaluation & ~self.malicious
+
+    @property
+    def total_rounds(self) -> int:
+        return sum(p.rounds for p in self.phases)
+
+
+@dataclass
+class RunResult:
+    """A finished run: its info, the runtime's outcome, wall time and headline summary."""
+
+    info: RunInfo
+    outcome: Outcome
+    wall_time_s: float
+    summary: dict[str, Any]
+    method: ArtifactWriter | None = None
+
+    def write_method_artifacts(self, folder: Path) -> list[Path]:
+        """Method-specific files (e.g. P4's groups) written into `folder`."""
+        if self.method is None or self.outcome.final_state is None:
+            return []
+        return self.method.write_artifacts(self.outcome.final_state, folder)
 
 
 @dataclass

@@ -240,7 +240,10 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
 
     from p4bench.compare import compare_experiment
     from p4bench.config import RunConfig
+    from p4bench.options import validate_planned
+    from p4bench.plugin_manager import default_registry
     from p4bench.results import tracking_uri_for
+    from p4bench.sweep import describe_run
 
     plan = plan_preset(name, dataset, quick, strict=strict, overrides=overrides, only=only)
     spec, runs, notices, chosen, skipped = plan.spec, plan.runs, plan.notices, plan.dataset, plan.skipped
@@ -250,6 +253,7 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     base_dir = str(Path(results_dir or RunConfig.results_dir).resolve())
     uri = tracking_uri_for(tracking_uri, base_dir)
     located = [PlannedRun(r.config.replace(results_dir=base_dir, tracking_uri=uri), r.tags) for r in runs]
+    validate_planned(located, default_registry(), describe_run)  # bad plugin options: before tuning starts
     preset = PRESETS[name]
     tuning, tuned_lr = None, {}
     fixed = any(option_key(k) == "lr" for k in (overrides or {}))

@@ -25,9 +25,15 @@ import threading
 import numpy as np
 import torch
 
-__all__ = ["philox4x32", "node_keys", "ClientRng", "SecretSource", "SecretRng", "client_rng", "secret_draws", "SERVER_ID"]
+__all__ = [
+    "philox4x32", "node_keys", "ClientRng", "SecretSource", "SecretRng", "client_rng", "secret_draws", "SERVER_ID",
+    "SEED_PARTITION", "SEED_MALICIOUS", "harness_rng",
+]
 
 SERVER_ID = -1
+# Seed-derived numpy streams for harness decisions, never shared with training noise: the
+# runner and `p4bench data partition` draw the same partition from SEED_PARTITION.
+SEED_PARTITION, SEED_MALICIOUS = 7, 11
 _MASK32 = 0xFFFFFFFF
 _MUL = (0xD2511F53, 0xCD9E8D57)
 _WEYL = (0x9E3779B9, 0xBB67AE85)
@@ -223,3 +229,8 @@ def secret_draws(noise_source: str, separate_parties: bool) -> bool:
     clients are separate parties (the runner resolves `auto` the same way beforehand;
     this covers configs that reach a runtime unresolved, e.g. on a device peer)."""
     return noise_source == "secure" or (noise_source == "auto" and separate_parties)
+
+
+def harness_rng(seed: int, stream: int) -> np.random.Generator:
+    """The public numpy stream `stream` (e.g. `SEED_PARTITION`) of a run seed."""
+    return np.random.default_rng(np.random.SeedSequence([seed, stream]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,60 +18,16 @@ from p4bench.data import FederatedData, build_federated_data
 from p4bench.data.base import load_dataset, run_partitioner
 from p4bench.data.paths import _data_dir
 from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
-from p4bench.engine import Job, Method, Outcome, Phase, RoundReport
+from p4bench.engine import Job, Method, Outcome, RoundReport
 from p4bench.errors import IncompatibleError, UsageError
+from p4bench.options import validate_run_options
 from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
-from p4bench.privacy.certification import Certification, certify
+from p4bench.privacy.certification import certify
 from p4bench.privacy.groups import attach_mechanisms
 from p4bench.privacy.mechanism import DPSettings
-
-# Seed-derived numpy streams for harness decisions (never shared with training noise).
-_SEED_PARTITION, _SEED_MALICIOUS = 7, 11
-
-
-@dataclass
-class RunInfo:
-    """What observers know about a run once it is set up."""
-
-    run_id: str
-    config: RunConfig
-    evaluation: np.ndarray  # (M,) bool
-    malicious: np.ndarray  # (M,) bool
-    phases: list[Phase]
-    num_parameters: int
-    defense: str | None
-    started_at: float
-    data: FederatedData | None = None
-    tracking: dict[str, Any] = field(default_factory=dict)  # filled by trackers
-    certification: Certification | None = None  # whether the run's epsilon holds
-    # Hash of the config as requested: resolution (`resolve_run_config`) is a pure function
-    # of it, and sweeps find finished runs by it.
-    config_hash: str = ""
-
-    @property
-    def reported(self) -> np.ndarray:
-        """Clients whose results are reported: benign and not used for tuning."""
-        return ~self.evaluation & ~self.malicious
-
-    @property
-    def total_rounds(self) -> int:
-        return sum(p.rounds for p in self.phases)
-
-
-@dataclass
-class RunResult:
-    info: RunInfo
-    outcome: Outcome
-    wall_time_s: float
-    summary: dict[str, Any]
-    method: Method | None = None
-
-    def write_method_artifacts(self, folder: Path) -> list[Path]:
-        """Method-specific files (e.g. P4's groups) written into `folder`."""
-        if self.method is None or self.outcome.final_state is None:
-            return []
-        return self.method.write_artifacts(self.outcome.final_state, folder)
+from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
+from p4bench.rng import SEED_MALICIOUS, SEED_PARTITION, harness_rng
 
 
 def reported_mean(accuracy: np.ndarray, reported: np.ndarray) -> float:
@@ -120,10 +76,24 @@ def resolve_run_config(config: RunConfig, registry: Registry) -> RunConfig:
     return config.replace(**changes) if changes else config
 
 
+def plugin_provenance(config: RunConfig, registry: Registry, defense: str | None) -> dict[str, dict[str, str]]:
+    """`{kind: {name, distribution, version}}` of the plugins a (resolved) run uses."""
+    used = {"method": config.method, "attack": config.attack, "defense": defense, "dataset": config.dataset,
+            "partitioner": config.partitioner, "model": config.model, "runtime": config.runtime,
+            "accountant": config.accountant if config.private else None}
+    provenance = {}
+    for kind, name in used.items():
+        if name not in (None, "none"):
+            entry = registry.entry(kind, name)
+            provenance[kind] = {"name": name, "distribution": entry.distribution, "version": entry.version}
+    return provenance
+
+
 def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
     """Resolve every plugin name and check compatibility before any data or training."""
     requested_hash = config.config_hash()
     config = resolve_run_config(config, registry)
+    plugin_options = validate_run_options(config, registry)  # unknown keys and bad values: before any data
     method_cls: type[Method] = registry.get("method", config.method)
     dataset_cls = registry.get("dataset", config.dataset)
     partitioner_cls = registry.get("partitioner", config.partitioner)
@@ -142,7 +112,7 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
     dataset = load_dataset(dataset_cls, Path(_data_dir()), config)
     if config.features == "scatter":
         dataset = scatter_dataset(dataset)
-    rng = np.random.default_rng(np.random.SeedSequence([config.seed, _SEED_PARTITION]))
+    rng = harness_rng(config.seed, SEED_PARTITION)
     partition = run_partitioner(partitioner_cls, dataset, config.clients, config.samples_per_client, rng, config)
     data: FederatedData = build_federated_data(dataset, partition, config.eval_fraction, rng)
     if config.features == "scatter" and config.feature_norm == "client":
@@ -152,7 +122,7 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
 
     malicious = np.zeros(config.clients, dtype=bool)
     if attack_cls is not None:
-        chooser = np.random.default_rng(np.random.SeedSequence([config.seed, _SEED_MALICIOUS]))
+        chooser = harness_rng(config.seed, SEED_MALICIOUS)
         malicious[chooser.permutation(config.clients)[: int(round(config.malicious_fraction * config.clients))]] = True
 
     model = model_cls(data.feature_shape, data.num_classes)
@@ -181,6 +151,8 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         started_at=time.time(),
         certification=certification,
         config_hash=requested_hash,
+        plugins=plugin_provenance(config, registry, defense_name),
+        plugin_options=plugin_options,
     )
     ledger = _setup_privacy(config, registry, method, data, job) if config.private else None
     return PreparedRun(config, job, runtime_cls(), info, ledger)
@@ -351,6 +323,7 @@ def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, 
         "client_bytes_received": _client_total(outcome.reports, "client_bytes_received"),
         "wall_time_s": round(wall_time_s, 4),
         "config_hash": info.config_hash or config.config_hash(),
+        "plugins": info.plugins,
     }
 
 

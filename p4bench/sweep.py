@@ -7,15 +7,17 @@ A sweep file::
     axes:                      # Cartesian product; `none` = no attack / no defense
       method: [local, fedavg, p4]
       attack: [none, label-flip]
-      options.group_size: [4, 8]
       seed: [0, 1, 2]
     variants:                  # optional: a union of sub-grids, each crossed with `axes`
       - {label: "alpha 25%", partitioner: alpha, similarity: 0.25}
       - {label: "shards N=2", partitioner: shards, options.shards_per_client: 2}
     include: tuned.yaml        # optional: per-method values written by `p4bench tune`
-    per_method: {local: {epsilon: none}}   # optional: explicit per-method values
+    per_method: {local: {epsilon: none}, p4: {options.group_size: 4}}   # optional: per-method values
 
 Keys are run options (hyphens or underscores) or `options.<name>` for plugin options.
+Every run's plugin options must be declared by a plugin it uses (`p4bench.options`), and
+all runs are checked before the first starts: give a method's own options in `per_method`
+(or a variant that names the method), not on an axis crossed with other methods.
 Precedence for each run: defaults < base < included tuned values < per_method < axes <
 variant. For `defense`, `none` means no defense and a null (`~`) the method's default.
 A variant's `label` becomes the run's `variant` tag (not part of its config).
@@ -35,80 +37,25 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from p4bench.backends import Backend, LocalBackend, RunRecord, RunTask
-from p4bench.config import FIELD_NAMES, RunConfig
+from p4bench.config import RunConfig
 from p4bench.errors import ConfigError, UsageError
-from p4bench.hookspecs import hookimpl
+from p4bench.options import validate_planned
+from p4bench.sweep_plan import LABEL, PlannedRun, SweepSpec, apply_option, describe_run, option_key  # re-exported
 from p4bench.sweep_privacy import study_privacy, uncertified_notice
 
 __all__ = [
     "SweepSpec", "PlannedRun", "SweepReport", "load_sweep", "parse_sweep", "expand", "run_sweep",
-    "unknown_names", "option_key", "apply_option",
+    "unknown_names", "option_key", "apply_option", "describe_run",
 ]
 
-_OPTIONAL = {f.name for f in fields(RunConfig) if "None" in str(f.type)} - {"attack", "defense"}
 _SPEC_KEYS = ("name", "base", "axes", "variants", "include", "per_method")
-LABEL = "label"
-
-
-def option_key(key: str) -> str:
-    """A run option's canonical name: a RunConfig field or `options.<plugin option>`."""
-    name = str(key).replace("-", "_")
-    if name.startswith("options."):
-        return "options." + str(key)[len("options.") :]
-    if name not in FIELD_NAMES:
-        raise ConfigError(str(key), f"unknown run option; valid options: {', '.join(FIELD_NAMES)}, "
-                                    "or options.<name> for a plugin option")
-    return name
-
-
-def apply_option(values: dict[str, Any], key: str, value: Any) -> None:
-    """Set one option in a RunConfig keyword mapping (plugin options merge key by key)."""
-    name = option_key(key)
-    if name.startswith("options."):
-        values.setdefault("options", {})[name[len("options.") :]] = value
-    elif name == "options":
-        if not isinstance(value, Mapping):
-            raise ConfigError("options", f"must be a mapping of option names to values, got {value!r}")
-        values.setdefault("options", {}).update(value)
-    elif name in _OPTIONAL and isinstance(value, str) and value.strip().lower() in ("none", "null"):
-        values[name] = None
-    else:
-        values[name] = value
-
-
-@dataclass(frozen=True)
-class SweepSpec:
-    """A parsed sweep file (see the module docstring)."""
-
-    name: str
-    base: Mapping[str, Any] = field(default_factory=dict)
-    axes: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    variants: tuple[Mapping[str, Any], ...] = ()
-    per_method: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-    def with_base(self, **changes: Any) -> "SweepSpec":
-        """This sweep with some base options replaced (e.g. from `--set` on the CLI)."""
-        base = dict(self.base)
-        for key, value in changes.items():
-            base[key] = value
-        return SweepSpec(self.name, base, self.axes, self.variants, self.per_method)
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    config: RunConfig
-    tags: Mapping[str, str]
-
-    @property
-    def config_hash(self) -> str:
-        return self.config.config_hash()
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
@@ -308,7 +255,8 @@ def run_sweep(
 ) -> SweepReport:
     """Plan, skip what already finished, execute the rest on `backend`, report.
 
-    Unknown plugin names fail before anything runs (UnknownNameError), and so do private
+    Unknown plugin names fail before anything runs (UnknownNameError), and so do plugin
+    options no plugin of a run declares or with bad values (ConfigError), and private
     runs under different neighbouring relations (UsageError, unless `allow_mixed_privacy`);
     runs whose attack or defense cannot be used with their method are listed as
     incompatible and not run.
@@ -328,6 +276,7 @@ def run_sweep(
     for run in planned:
         for kind, name in unknown_names(run.config, registry):
             registry.get(kind, name)  # raises UnknownNameError with the registered names
+    validate_planned(planned, registry, describe_run)  # every run's plugin options, before the first starts
     notices: list[str] = study_privacy(spec, planned, registry, allow_mixed=allow_mixed_privacy,
                                        what=f"{'tuning' if tuning else 'sweep'} '{spec.name}'")
     done: dict[tuple[str, bool], dict[str, Any]] = {}
@@ -390,30 +339,3 @@ def _skipped(run: PlannedRun, row: Mapping[str, Any]) -> RunRecord:
                        uncertified_reason=privacy.reason)
     return RunRecord(run.config_hash, "skipped", summary=summary, evaluation_accuracy=metric("accuracy_evaluation_mean"),
                      mlflow_run_id=row.get("run_id"), tags=dict(run.tags))
-
-
-@hookimpl
-def register_commands(app):
-    from p4bench.cli.studies import register  # typer is only needed when the CLI is built
-
-    register(app)
-
-
-def describe_run(planned: PlannedRun, keys: Sequence[str] = ()) -> str:
-    """A short human label of a run: method, attack, defense, the given keys, seed."""
-    c = planned.config
-    parts = [c.method]
-    if c.attack:
-        parts.append(f"attack={c.attack}")
-    if c.defense is not None:
-        parts.append(f"defense={c.defense}")
-    for tag in ("variant", "tune_point"):
-        if tag in planned.tags:
-            parts.append(planned.tags[tag])
-    for key in keys:
-        name = option_key(key)
-        value = c.options.get(name[len("options."):]) if name.startswith("options.") else getattr(c, name)
-        parts.append(f"{key}={value}")
-    parts.append(f"seed={c.seed}")
-    return " ".join(parts)
-

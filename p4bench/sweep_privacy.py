@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from p4bench.equal_privacy import check_privacy, from_config, from_summary
+from p4bench.sweep_plan import PlannedRun, SweepSpec, describe_run
 
 if TYPE_CHECKING:
     from p4bench.backends import RunRecord
-    from p4bench.sweep import PlannedRun, SweepSpec
 
 __all__ = ["names_relation", "record_privacy", "study_privacy", "uncertified_notice"]
 
@@ -26,8 +26,6 @@ def study_privacy(spec: SweepSpec, planned: Sequence[PlannedRun], registry: Any 
                   allow_mixed: bool = False, what: str | None = None) -> list[str]:
     """Check before anything trains that the private runs share one neighbouring relation
     (UsageError naming the runs otherwise, unless `allow_mixed`); the notices to show."""
-    from p4bench.sweep import describe_run
-
     statuses = [from_config(run.config, describe_run(run), registry) for run in planned]
     verdict = check_privacy(statuses, allow_mixed=allow_mixed, what=what or f"sweep '{spec.name}'", certification=False)
     if not any(s.private for s in statuses):
@@ -50,8 +48,6 @@ def uncertified_notice(planned: Sequence[PlannedRun], records: Sequence[RunRecor
 
 def record_privacy(planned: PlannedRun, record: RunRecord):
     """The privacy of a finished (or skipped) run from its record, None for other records."""
-    from p4bench.sweep import describe_run
-
     if record.status not in ("finished", "skipped"):
         return None
     return from_summary({"method": planned.config.method, **record.summary}, describe_run(planned))

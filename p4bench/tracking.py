@@ -59,10 +59,15 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def _flat_params(config: RunConfig) -> dict[str, str]:
+def _flat_params(config: RunConfig, plugin_options: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
+    """The config as MLflow params: fields, `options.<key>` as given, and `option.<key>`
+    for every used plugin's resolved option (defaults included)."""
+    from p4bench.options import option_params
+
     params = {k: ("none" if v is None else str(v)) for k, v in config.to_dict().items() if k != "options"}
     for key, value in config.options.items():
         params[f"options.{key}"] = json.dumps(value, default=str)
+    params.update(option_params(plugin_options or {}))
     return params
 
 
@@ -115,7 +120,7 @@ class Tracker:
             experiment_id = experiment.experiment_id
         if self.client is None:
             return
-        from p4bench import __version__
+        from p4bench.version import __version__
 
         config = self.config
         tags = {
@@ -128,6 +133,8 @@ class Tracker:
             "p4bench_version": __version__,
             "config_hash": run.config_hash or config.config_hash(),
             "local_run_id": run.run_id,
+            # which distribution and version provided each plugin, e.g. plugin.method = "p4bench 0.1.0"
+            **{f"plugin.{kind}": f"{p['distribution']} {p['version']}" for kind, p in getattr(run, "plugins", {}).items()},
         }
         commit = _git_commit()
         if commit:
@@ -146,8 +153,9 @@ class Tracker:
         self.mlflow_run_id = created.info.run_id
         from mlflow.entities import Param
 
-        params = [Param(k, v) for k, v in _flat_params(config).items()]
-        self._mlflow("log params", self.client.log_batch, self.mlflow_run_id, params=params)
+        params = [Param(k, v) for k, v in _flat_params(config, getattr(run, "plugin_options", None)).items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self._mlflow("log params", self.client.log_batch, self.mlflow_run_id, params=params[start : start + 100])
 
     # -- observation hooks ------------------------------------------------------------
     @hookimpl
@@ -230,7 +238,7 @@ class Tracker:
 
 def write_partition_summary(run, folder: Path) -> None:
     """partition.csv (per client: role, sizes, class counts) and a client-by-class heatmap."""
-    from p4bench.data.cli import plot_partition_heatmap
+    from p4bench.data.summary import plot_partition_heatmap
 
     data = run.data
     classes = data.num_classes

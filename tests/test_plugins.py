@@ -16,6 +16,8 @@ from p4bench.engine import Attack, Defense
 from p4bench.engine.runtime import SimulationRuntime
 from p4bench.errors import DuplicateNameError, UnknownNameError
 from p4bench.models import LinearSoftmax
+from p4bench.privacy.accountants import Accountant
+from p4bench.topology.graphs import Topology
 from p4bench.plugin_manager import KINDS, Registry, create_plugin_manager
 from p4bench.runner import run
 
@@ -36,12 +38,12 @@ class WideLinear(LinearSoftmax):
     name = "wide-linear"
 
 
-class Ring:
+class Ring(Topology):
     name = "test-ring"
     description = "a ring"
 
 
-class Counting:
+class Counting(Accountant):
     name = "test-accountant"
     description = "counts releases"
 
@@ -180,7 +182,7 @@ def test_duplicate_names_name_both_sources():
 
 def test_autoload_switch(monkeypatch):
     seen = []
-    monkeypatch.setattr("pluggy.PluginManager.load_setuptools_entrypoints", lambda self, group: seen.append(group))
+    monkeypatch.setattr("p4bench.plugin_manager.load_entry_points", lambda pm, group="p4bench": seen.append(group))
     monkeypatch.setenv("P4BENCH_DISABLE_PLUGIN_AUTOLOAD", "1")
     create_plugin_manager()
     assert seen == []

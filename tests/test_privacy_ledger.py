@@ -10,7 +10,7 @@ import torch
 
 from p4bench import hookimpl
 from p4bench.models import LinearSoftmax
-from p4bench.plugin_manager import create_plugin_manager
+from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.privacy import get_accountant
 from p4bench.privacy.accountants import RDPAccountant, ReleaseSegment
 from p4bench.privacy.ledger import accounted_epsilon
@@ -180,7 +180,7 @@ def test_budget_stops_a_clients_releases_and_logs_it(small_config):
     for release in recorder.releases:
         steps[list(release.clients)] += release.steps
     assert (steps < 10).all()  # fewer than the 5 x 2 planned steps
-    budget = get_accountant(summary["accountant"])
+    budget = get_accountant(summary["accountant"], registry=Registry(pm))
     spent = accounted_epsilon(budget, [ReleaseSegment(1.0, 0.3, int(steps.max()) + 1)], summary["delta"], "add-remove")
     assert spent > 1.0  # one more step would have exceeded the budget, under the run's accountant
 

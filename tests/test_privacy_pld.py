@@ -16,6 +16,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from p4bench.cli import main
+from p4bench.plugin_manager import default_registry
 from p4bench.privacy import PRVAccountant, RDPAccountant, ReleaseSegment, get_accountant
 from p4bench.privacy.accountants import Accountant, accounted_epsilon
 from p4bench.privacy.ledger import PrivacyLedger
@@ -128,7 +129,7 @@ def test_relations_interface():
             return 0.0
 
     assert Legacy.relations == ("replace-one",)
-    assert isinstance(get_accountant("pld"), PLDAccountant)
+    assert isinstance(get_accountant("pld", registry=default_registry()), PLDAccountant)
 
 
 @pytest.mark.parametrize("neighbouring", ["add-remove", "replace-one"])

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from p4bench.audit.core import AuditResult
+    from p4bench.audit.result import AuditResult
 
 __all__ = ["log_audit", "plot_scores"]
 

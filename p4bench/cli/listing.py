@@ -1,21 +1,31 @@
-"""`p4bench list`: every registered plugin by kind, with where it comes from."""
+"""`p4bench list`: every registered plugin by kind, with where it comes from, and the
+problems of installed plugins that are (partly) not used."""
 
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from p4bench.plugin_manager import KINDS, default_registry
 
 
-def list_plugins(as_json: bool = typer.Option(False, "--json", help="print one JSON object keyed by kind")) -> None:
+def list_plugins(
+    name: Optional[str] = typer.Argument(None, help="show one plugin in detail (as `p4bench describe NAME`)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object keyed by kind"),
+) -> None:
     """Show every registered method, attack, defense, dataset, ... and its distribution."""
+    if name is not None:
+        from p4bench.cli.describe import show
+
+        return show(name, as_json=as_json)
     registry = default_registry()
     if as_json:
-        typer.echo(json.dumps(registry.as_dict()))
+        typer.echo(json.dumps(registry.as_dict()))  # includes "problems": [{distribution, version, kind, name, message}]
         return
     table = Table(title="registered plugins")
     for column in ("kind", "name", "distribution", "version", "description"):
@@ -23,7 +33,12 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print one J
     for kind in KINDS:
         for entry in registry.entries(kind):
             table.add_row(kind, entry.name, entry.distribution, entry.version, entry.description)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if registry.problems:
+        console.print(f"[yellow]{len(registry.problems)} plugin problem(s)[/yellow] (those parts are not used):")
+        for problem in registry.problems:
+            console.print(f"  {escape(problem.line())}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

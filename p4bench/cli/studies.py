@@ -133,6 +133,8 @@ def sweep_command(
 def _dry_run(spec, results_dir: Optional[str], tracking_uri: Optional[str], allow_mixed_privacy: bool = False) -> None:
     """List the planned runs, marking those a sweep would skip; creates no store."""
     from p4bench.config import RunConfig
+    from p4bench.options import validate_planned
+    from p4bench.plugin_manager import default_registry
     from p4bench.results import finished_runs, tracking_uri_for
     from p4bench.sweep import describe_run, expand
     from p4bench.sweep_privacy import study_privacy
@@ -142,6 +144,7 @@ def _dry_run(spec, results_dir: Optional[str], tracking_uri: Optional[str], allo
     exists = not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).exists()
     done = finished_runs(uri, spec.name) if exists else {}
     planned = expand(spec)
+    validate_planned(planned, default_registry(), describe_run)  # a dry run reports bad options too
     for notice in study_privacy(spec, planned, allow_mixed=allow_mixed_privacy):
         err.print(f"[yellow]notice:[/yellow] {notice}", highlight=False)
     for run in planned:

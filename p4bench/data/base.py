@@ -11,6 +11,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
+    from p4bench.options import Option
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Dataset(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     uses_run_config: ClassVar[bool] = False
+    options: ClassVar[tuple["Option", ...]] = ()  # declared `config.options` keys (p4bench.options)
 
     @abstractmethod
     def load(self, data_dir: Path) -> ArrayDataset:
@@ -104,6 +106,7 @@ class Partitioner(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    options: ClassVar[tuple["Option", ...]] = ()  # declared `config.options` keys, read with resolve_options
     # True for partitioners that need per-sample writer ids (`natural`): callers then
     # pass `writers=dataset.pooled_writers()` as a keyword argument.
     needs_writers: ClassVar[bool] = False

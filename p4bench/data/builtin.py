@@ -1,4 +1,5 @@
-"""Registers the built-in datasets, partitioners and the `p4bench data` commands through the public hooks."""
+"""Registers the built-in datasets and partitioners through the public hooks (their
+`p4bench data` commands are registered by `p4bench.cli.builtin`)."""
 
 from p4bench.data.digits import DigitsDataset
 from p4bench.data.partitioners import (
@@ -35,10 +36,3 @@ def register_datasets():
 @hookimpl
 def register_partitioners():
     return [IIDPartitioner, AlphaPartitioner, ShardsPartitioner, DirichletPartitioner, NaturalPartitioner]
-
-
-@hookimpl
-def register_commands(app):
-    from p4bench.data.cli import register
-
-    register(app)

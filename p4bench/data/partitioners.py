@@ -3,13 +3,12 @@ plus the P4 paper's dataset presets."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from p4bench.config import RunConfig
 from p4bench.data.base import Partitioner
-from p4bench.errors import ConfigError, DataError
+from p4bench.errors import DataError
+from p4bench.options import Option, resolve_options
 
 
 class IIDPartitioner(Partitioner):
@@ -88,31 +87,12 @@ def _largest_feasible(fits, upper: int) -> int:
     return low
 
 
-# --- options ------------------------------------------------------------------------
-# Partitioner options live in `config.options`, since RunConfig's fields are fixed.
-PARTITIONER_OPTIONS: dict[str, str] = {
-    "shards_per_client": "shards: distinct classes (one shard each) per client, default 2",
-    "shards_per_class": "shards: shards per class P; default derived as clients * N / classes",
-    "dirichlet_alpha": "dirichlet: concentration alpha of the per-client class proportions, default 0.5",
-    "dirichlet_retries": "dirichlet: redraws per client before a size counts as infeasible, default 100",
-}
-
 # Table I of the P4 paper: clients M and samples per client R (train + test).
 PRESETS: dict[str, dict[str, int]] = {
     "femnist": {"clients": 200, "samples_per_client": 300, "num_classes": 47},
     "cifar10": {"clients": 260, "samples_per_client": 200, "num_classes": 10},
     "cifar100": {"clients": 60, "samples_per_client": 250, "num_classes": 100},
 }
-
-
-def _option(config: RunConfig, name: str, default: float, *, integer: bool, low: float, low_open: bool = False) -> float:
-    value = config.options.get(name, default)
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    valid = numeric and (not integer or float(value).is_integer()) and (value > low if low_open else value >= low)
-    if not valid:
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(name, f"must be {kind} {'>' if low_open else '>='} {low:g}, got {value!r}")
-    return int(value) if integer else float(value)
 
 
 def _class_pools(labels: np.ndarray, num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -134,9 +114,17 @@ class ShardsPartitioner(Partitioner):
 
     name = "shards"
     description = "N random classes per client, one shard of each (option shards_per_client N, default 2)"
+    # Partitioner options live in `config.options`, since RunConfig's fields are fixed.
+    options = (
+        Option("shards_per_client", int, 2, "N, distinct classes (one shard each) per client (--shards-per-client)",
+               low=1),
+        Option("shards_per_class", int, None, "P, shards per class; default: derived as M * N / L (a given value "
+               "must agree)", low=1),
+    )
 
     def partition(self, labels, num_classes, num_clients, samples_per_client, rng, config):
-        per_client = _option(config, "shards_per_client", 2, integer=True, low=1)
+        values = resolve_options(self.options, config.options)
+        per_client = values["shards_per_client"]
         if per_client > num_classes:
             raise DataError(f"shards partitioner: {per_client} classes per client, but the dataset has {num_classes}")
         total_shards = num_clients * per_client
@@ -147,7 +135,7 @@ class ShardsPartitioner(Partitioner):
                 f"classes cannot be cut into equal numbers of shards; use a number of clients that is a multiple of {valid}"
             )
         per_class = total_shards // num_classes
-        given = config.options.get("shards_per_class")
+        given = values["shards_per_class"]
         if given is not None and given != per_class:
             raise DataError(
                 f"shards partitioner: shards_per_class={given!r} contradicts "
@@ -219,10 +207,15 @@ class DirichletPartitioner(Partitioner):
 
     name = "dirichlet"
     description = "per-client class proportions ~ Dir(alpha) (option dirichlet_alpha, default 0.5)"
+    options = (
+        Option("dirichlet_alpha", float, 0.5, "concentration alpha of the per-client class proportions",
+               low=0, low_open=True),
+        Option("dirichlet_retries", int, 100, "redraws per client before a size counts as infeasible", low=1),
+    )
 
     def partition(self, labels, num_classes, num_clients, samples_per_client, rng, config):
-        alpha = _option(config, "dirichlet_alpha", 0.5, integer=False, low=0, low_open=True)
-        retries = _option(config, "dirichlet_retries", 100, integer=True, low=1)
+        values = resolve_options(self.options, config.options)
+        alpha, retries = values["dirichlet_alpha"], values["dirichlet_retries"]
         available = np.bincount(labels, minlength=num_classes)[:num_classes]
         # Every attempted size replays the same seeded stream, so the result depends only on the seed.
         state = rng.bit_generator.state

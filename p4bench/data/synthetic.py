@@ -21,24 +21,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from p4bench.data.base import ArrayDataset, Dataset
-from p4bench.errors import ConfigError
+from p4bench.options import Option, resolve_options
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
 
 _SEED_SYNTHETIC = 13  # separates this stream from the runner's partition/malicious streams
 
-# option name -> (default, type); `None` defaults come from the run config.
-SYNTHETIC_OPTIONS: dict[str, tuple[Any, type]] = {
-    "synthetic_alpha": (1.0, float),
-    "synthetic_beta": (1.0, float),
-    "synthetic_dim": (60, int),
-    "synthetic_classes": (10, int),
-    "synthetic_clients": (None, int),  # default: config.clients
-    "synthetic_samples": (None, int),  # default: config.samples_per_client, else 100
-    "synthetic_iid": (False, bool),  # FedProx's Synthetic-IID: one shared model, v_k = 0
-}
 DEFAULT_SAMPLES = 100
+# `None` defaults come from the run config.
+SYNTHETIC_OPTIONS: tuple[Option, ...] = (
+    Option("synthetic_alpha", float, 1.0, "alpha: how much the clients' models differ", low=0),
+    Option("synthetic_beta", float, 1.0, "beta: how much the clients' inputs differ", low=0),
+    Option("synthetic_dim", int, 60, "d, input features", low=1),
+    Option("synthetic_classes", int, 10, "L, classes", low=2),
+    Option("synthetic_clients", int, None, "generated clients; default: --clients", low=1),
+    Option("synthetic_samples", int, None, f"samples per generated client; default: --samples-per-client, else "
+           f"{DEFAULT_SAMPLES}", low=2),
+    Option("synthetic_iid", bool, False, "FedProx's Synthetic-IID: one shared model, v_k = 0"),
+)
 
 
 def generate_synthetic(
@@ -73,28 +74,11 @@ def generate_synthetic(
 
 
 def synthetic_options(config: "RunConfig | None") -> dict[str, Any]:
-    """The generator's parameters from `config.options` (names in SYNTHETIC_OPTIONS)."""
+    """The generator's parameters from `config.options` (SYNTHETIC_OPTIONS)."""
     from p4bench.config import RunConfig
 
     config = config or RunConfig()
-    values: dict[str, Any] = {}
-    for name, (default, kind) in SYNTHETIC_OPTIONS.items():
-        value = config.options.get(name, default)
-        if value is None:
-            values[name] = None
-            continue
-        if kind is bool:
-            if not isinstance(value, bool):
-                raise ConfigError(name, f"must be true or false, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-            raise ConfigError(name, f"must be a{'n integer' if kind is int else ' number'}, got {value!r}")
-        values[name] = kind(value)
-    for name in ("synthetic_alpha", "synthetic_beta"):
-        if values[name] < 0:
-            raise ConfigError(name, f"must be >= 0, got {values[name]}")
-    for name, low in (("synthetic_dim", 1), ("synthetic_classes", 2), ("synthetic_clients", 1), ("synthetic_samples", 2)):
-        if values[name] is not None and values[name] < low:
-            raise ConfigError(name, f"must be >= {low}, got {values[name]}")
+    values: dict[str, Any] = resolve_options(SYNTHETIC_OPTIONS, config.options)
     values["synthetic_clients"] = values["synthetic_clients"] or config.clients
     values["synthetic_samples"] = values["synthetic_samples"] or config.samples_per_client or DEFAULT_SAMPLES
     values["seed"] = config.seed
@@ -113,6 +97,7 @@ class SyntheticDataset(Dataset):
     name = "synthetic"
     description = "Synthetic(alpha, beta) of Li et al. (FedProx), generated from the seed; client ids as writers"
     uses_run_config = True
+    options = SYNTHETIC_OPTIONS
 
     def load(self, data_dir: Path, config: "RunConfig | None" = None) -> ArrayDataset:
         o = synthetic_options(config)

@@ -1,6 +1,6 @@
 """The engine: method interface, messages, threats and runtimes."""
 
-from p4bench.engine.messages import Messages, MessageFormatError, decode, encode
+from p4bench.engine.messages import MessageFormatError, Messages, decode, encode
 from p4bench.engine.method import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method, Phase, StepContext
 from p4bench.engine.runtime import GroupedRuntime, Job, Outcome, RoundReport, Runtime
 from p4bench.engine.state import State

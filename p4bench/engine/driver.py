@@ -22,7 +22,7 @@ import torch
 
 from p4bench.engine.memory import keep_freed_memory
 from p4bench.engine.messages import Messages
-from p4bench.engine.method import Exchange, LocalUpdate, Phase, Step, StepContext
+from p4bench.engine.method import Exchange, LocalUpdate, Method, Phase, Step, StepContext
 from p4bench.engine.network import Network
 from p4bench.engine.state import State, cat_rows, put_rows, take_rows, vectorize
 from p4bench.engine.threats import UPDATE_PREFIX, Aggregator
@@ -53,7 +53,7 @@ class Block:
     steps: Sequence[Step]
 
 
-def schedule(method) -> Iterator[Block]:
+def schedule(method: Method) -> Iterator[Block]:
     """The method's blocks in execution order; every process of a run walks the same
     sequence (the device launcher collects reports in this order)."""
     for phase in method.phases():
@@ -69,18 +69,18 @@ class ClientGroup:
 
     rows: torch.Tensor
     state: State
-    train: "ClientTensors"
-    test: "ClientTensors"
+    train: ClientTensors
+    test: ClientTensors
     rng: ClientRng
     attack_rng: ClientRng
-    dp: "DPMechanism | None" = None
+    dp: DPMechanism | None = None
 
 
 class RoundDriver:
     """Executes one run's schedule for the clients (and server) this process holds."""
 
     def __init__(
-        self, job: "Job", network: Network, group_rows: Sequence[torch.Tensor], *, holds_server: bool,
+        self, job: Job, network: Network, group_rows: Sequence[torch.Tensor], *, holds_server: bool,
         batched_gradients: bool = True, separate_parties: bool = False,
     ) -> None:
         self.job, self.network = job, network
@@ -170,7 +170,7 @@ class RoundDriver:
         return group
 
     def _context(
-        self, rows: torch.Tensor, rng: ClientRng, phase: str, round_index: int, dp: "DPMechanism | None" = None
+        self, rows: torch.Tensor, rng: ClientRng, phase: str, round_index: int, dp: DPMechanism | None = None
     ) -> StepContext:
         job = self.job
         return StepContext(
@@ -217,7 +217,8 @@ class RoundDriver:
             for group in self.groups:
                 mine = inbox.select(torch.isin(inbox.dst, group.rows))
                 ctx = self._context(group.rows, group.rng, phase.name, round_index, group.dp)
-                state = self._receive(lambda box: method.receive(exchange, group.state, box, ctx), mine, foreign, exchange)
+                # `_receive` calls the lambda before the loop moves on: binding `group` late is safe.
+                state = self._receive(lambda box: method.receive(exchange, group.state, box, ctx), mine, foreign, exchange)  # noqa: B023
                 if state is not None:
                     group.state = state
             if self.holds_server:
@@ -327,7 +328,10 @@ class RoundDriver:
             return torch.cat(parts)[order].numpy()
 
         names = method.extra_models(self.groups[0].state).keys()
-        extra = {name: on_every_client(lambda s, n=name: method.extra_models(s)[n]) for name in names}
+        def extra_model(name: str) -> Callable[[State], Params]:
+            return lambda s: method.extra_models(s)[name]
+
+        extra = {name: on_every_client(extra_model(name)) for name in names}
         return on_every_client(method.deployed_params), extra
 
     def deployed_params(self) -> Params:

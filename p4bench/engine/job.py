@@ -15,7 +15,8 @@ from p4bench.models import Model
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
     from p4bench.data import FederatedData
-    from p4bench.privacy.mechanism import DPMechanism, DPSettings, Release
+    from p4bench.privacy.mechanism import DPMechanism, DPSettings
+    from p4bench.records import Release
 
 __all__ = ["Job", "MechanismFactory"]
 
@@ -25,7 +26,7 @@ __all__ = ["Job", "MechanismFactory"]
 MechanismFactory = Callable[[torch.Tensor, bool], "DPMechanism"]
 
 
-def _report_nothing(release: "Release") -> None:
+def _report_nothing(release: Release) -> None:
     """Default `Job.report_release`: nobody listens (runs without a ledger)."""
 
 
@@ -38,17 +39,17 @@ def _allow_all(clients: torch.Tensor, rate: float, phase: str) -> torch.Tensor:
 class Job:
     """Everything a runtime needs to execute one run."""
 
-    config: "RunConfig"
+    config: RunConfig
     method: Method
     model: Model
-    data: "FederatedData"
+    data: FederatedData
     attack: Attack | None = None
     defense: Defense | None = None
     malicious: torch.Tensor | None = None  # (M,) bool, known to the harness only
-    dp: "DPSettings | None" = None
-    report_release: Callable[["Release"], None] = _report_nothing
+    dp: DPSettings | None = None
+    report_release: Callable[[Release], None] = _report_nothing
     release_allowed: Callable[[torch.Tensor, float, str], torch.Tensor] = _allow_all
     # Replaces each group's DP mechanism by a wrapper around it (the privacy audit's canaries).
-    wrap_mechanism: Callable[["DPMechanism"], "DPMechanism"] | None = None
+    wrap_mechanism: Callable[[DPMechanism], DPMechanism] | None = None
     # Builds each group's DP mechanism; set with `dp` (p4bench.privacy.mechanism.attach_mechanisms).
     dp_factory: MechanismFactory | None = None

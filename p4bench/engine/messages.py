@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,23 @@ from safetensors.torch import save as st_save
 
 PROTOCOL_VERSION = "1"
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+# Payload naming, shared by every method, attack and defense: `update.*` entries are the
+# model or model update a message carries (what message attacks replace and defenses
+# inspect); `model.*` entries are a model sent to be used as is (a server's or an
+# aggregator's broadcast), which defenses do not filter.
+UPDATE_PREFIX = "update."
+MODEL_PREFIX = "model."
+
+
+def prefixed_keys(payload: Mapping[str, object], prefix: str) -> list[str]:
+    """The payload keys named `prefix`*, sorted (the order parameters are flattened in)."""
+    return sorted(k for k in payload if k.startswith(prefix))
+
+
+def update_keys(payload: Mapping[str, object]) -> list[str]:
+    """The ``update.*`` keys of a payload, sorted."""
+    return prefixed_keys(payload, UPDATE_PREFIX)
 
 
 class MessageFormatError(ValueError):

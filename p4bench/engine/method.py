@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from p4bench.engine.capabilities import Capabilities as Capabilities  # re-exported: it was defined here
 from p4bench.engine.messages import Messages
 from p4bench.engine.state import State
 from p4bench.engine.training import LossAndGrad
@@ -28,22 +29,13 @@ if TYPE_CHECKING:
     from p4bench.config import RunConfig
     from p4bench.data import ClientTensors
     from p4bench.engine.threats import Aggregator
+    from p4bench.options import Option
     from p4bench.privacy.mechanism import DPMechanism
 
 
 DEFAULT_EPSILON = 8.0
 """The suite-wide target epsilon of DP methods that run private by default: one value,
 so that default runs of different DP methods compare at equal privacy."""
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a method exposes, so attacks and defenses can check compatibility up front."""
-
-    shares_individual_updates: bool = False  # receivers see single clients' updates
-    has_aggregator: bool = False  # somebody averages updates (a server or a peer)
-    personalized: bool = False  # each client deploys its own model (else a consensus model)
-    uses_server: bool = False  # a central server node takes part in exchanges
 
 
 @dataclass(frozen=True)
@@ -87,16 +79,16 @@ class PlannedRelease:
 class StepContext:
     """What a method may use inside one step. Built by the runtime."""
 
-    config: "RunConfig"
+    config: RunConfig
     model: Model
     phase: str
     round: int
     rows: torch.Tensor  # global node ids of the state rows (-1 = server)
     rng: ClientRng
     loss_and_grad: LossAndGrad
-    aggregator: "Aggregator"
+    aggregator: Aggregator
     num_clients: int
-    dp: "DPMechanism | None" = None  # set when the run is private
+    dp: DPMechanism | None = None  # set when the run is private
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -106,6 +98,8 @@ class Method(ABC):
     Subclasses set `name`, `description`, `capabilities` and implement
     `init_client_state`, `local_update` and `deployed_params`; exchange-based methods
     also implement `outgoing`/`receive` (and the `server_*` pair when they use a server).
+    They declare their `config.options` keys in `options` and read typed values with
+    `p4bench.options.resolve_options(self.options, self.config.options)`.
     """
 
     name: ClassVar[str]
@@ -116,8 +110,9 @@ class Method(ABC):
     # A DP method runs private at this target epsilon unless the run gives its own
     # epsilon or noise multiplier, or opts out with `no_dp` (None: non-private by default).
     default_epsilon: ClassVar[float | None] = None
+    options: ClassVar[tuple[Option, ...]] = ()  # declared `config.options` keys (p4bench.options)
 
-    def __init__(self, config: "RunConfig", model: Model, num_clients: int) -> None:
+    def __init__(self, config: RunConfig, model: Model, num_clients: int) -> None:
         self.config = config
         self.model = model
         self.num_clients = num_clients
@@ -125,7 +120,8 @@ class Method(ABC):
 
     # -- configuration -----------------------------------------------------------------
     def validate_options(self) -> None:
-        """Check method-specific `config.options`; raise ConfigError on bad values."""
+        """Read the declared `options` (resolve_options) and check what declarations cannot
+        (cross-field rules, ranges that depend on the run); raise ConfigError on bad values."""
 
     def initial_params(self) -> Params:
         """The common initialisation every client starts from (a function of the seed only)."""
@@ -153,7 +149,7 @@ class Method(ABC):
 
     # -- client side -----------------------------------------------------------------
     @abstractmethod
-    def init_client_state(self, train: "ClientTensors", ctx: StepContext) -> State:
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         """Initial state of the clients in `ctx.rows` (leading axis = those clients)."""
 
     def participants(self, state: State, ctx: StepContext) -> torch.Tensor:
@@ -161,7 +157,7 @@ class Method(ABC):
         return torch.ones(len(ctx.rows), dtype=torch.bool)
 
     @abstractmethod
-    def local_update(self, state: State, train: "ClientTensors", ctx: StepContext) -> tuple[State, torch.Tensor]:
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         """Train the participating rows; return the new state and each row's mean loss."""
 
     def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:

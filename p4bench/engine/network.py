@@ -39,7 +39,7 @@ class Delivery:
     sent_sizes: torch.Tensor  # (len(outgoing),) int64 bytes each outgoing message took
 
     @staticmethod
-    def local(outgoing: Messages, sizes: torch.Tensor) -> "Delivery":
+    def local(outgoing: Messages, sizes: torch.Tensor) -> Delivery:
         """Everything sent is received in this process."""
         return Delivery(outgoing, sizes, sizes)
 

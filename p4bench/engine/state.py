@@ -18,7 +18,8 @@ def tree_map(fn: Callable[[torch.Tensor], torch.Tensor], tree: Any) -> Any:
 
 def take_rows(state: State, rows: torch.Tensor) -> State:
     """The sub-state of the clients at positions `rows`."""
-    return tree_map(lambda t: t[rows], state)
+    sub: State = tree_map(lambda t: t[rows], state)
+    return sub
 
 
 def put_rows(state: State, rows: torch.Tensor, sub: State) -> State:
@@ -31,7 +32,8 @@ def put_rows(state: State, rows: torch.Tensor, sub: State) -> State:
         out[rows] = part.to(out.dtype)
         return out
 
-    return merge(state, sub)
+    merged: State = merge(state, sub)
+    return merged
 
 
 def cat_rows(states: list[State]) -> State:

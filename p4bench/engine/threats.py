@@ -21,28 +21,28 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from p4bench.engine.messages import Messages
-from p4bench.errors import ConfigError
+from p4bench.engine.messages import UPDATE_PREFIX as UPDATE_PREFIX  # re-exported: defined with the messages
+from p4bench.engine.messages import Messages, update_keys
+from p4bench.options import Option, resolve_options
 from p4bench.rng import ClientRng
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
-    from p4bench.engine.method import Capabilities
+    from p4bench.engine.capabilities import Capabilities
 
-UPDATE_PREFIX = "update."
 TIMINGS = ("after-grouping", "before-grouping")
 
 
 def update_vectors(payload: dict[str, torch.Tensor]) -> torch.Tensor:
     """(n, P): the ``update.*`` entries of each message flattened in key order."""
-    keys = sorted(k for k in payload if k.startswith(UPDATE_PREFIX))
+    keys = update_keys(payload)
     return torch.cat([payload[k].flatten(start_dim=1) for k in keys], dim=1)
 
 
 def with_update_vectors(payload: dict[str, torch.Tensor], vectors: torch.Tensor) -> dict[str, torch.Tensor]:
     """A copy of `payload` whose ``update.*`` entries are taken from `vectors` (n, P)."""
     out, offset = dict(payload), 0
-    for key in sorted(k for k in payload if k.startswith(UPDATE_PREFIX)):
+    for key in update_keys(payload):
         shape = payload[key].shape
         size = int(torch.Size(shape[1:]).numel())
         out[key] = vectors[:, offset : offset + size].reshape(shape).to(payload[key].dtype)
@@ -51,20 +51,26 @@ def with_update_vectors(payload: dict[str, torch.Tensor], vectors: torch.Tensor)
 
 
 class Attack(ABC):
-    """Base class of attack plugins. Override `poison_labels` or `tamper` (or both)."""
+    """Base class of attack plugins. Override `poison_labels` or `tamper` (or both).
+
+    Subclasses extend `options` (`Attack.options + (Option(...),)`); the constructor
+    resolves them into `self.option_values`.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
     needs_individual_updates: ClassVar[bool] = False
-    option_names: ClassVar[tuple[str, ...]] = ("attack_timing",)  # its keys in config.options
+    options: ClassVar[tuple[Option, ...]] = (
+        Option("attack_timing", str, "after-grouping", "phases message attacks act in: after-grouping skips a "
+               "method's grouping phase (P4's phase 1), before-grouping acts in it too", choices=TIMINGS),
+    )
     omniscient: ClassVar[bool] = False  # True: `tamper` also gets `observed` and `colluding`
 
     def __init__(self, config: "RunConfig", num_classes: int) -> None:
         self.config = config
         self.num_classes = num_classes
-        self.timing = str(config.options.get("attack_timing", "after-grouping"))
-        if self.timing not in TIMINGS:
-            raise ConfigError("options.attack_timing", f"must be one of {', '.join(TIMINGS)}, got {self.timing!r}")
+        self.option_values = resolve_options(self.options, config.options)
+        self.timing = self.option_values["attack_timing"]
 
     @classmethod
     def incompatibility(cls, capabilities: "Capabilities") -> str | None:
@@ -123,7 +129,7 @@ class Defense(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     needs_individual_updates: ClassVar[bool] = True
-    option_names: ClassVar[tuple[str, ...]] = ()  # its keys in config.options
+    options: ClassVar[tuple[Option, ...]] = ()  # declared config.options keys, resolved into `option_values`
     filters: ClassVar[bool] = True  # drops updates (so detection precision/recall apply)
     # True: `select`/`aggregate` get keywords receivers (B,) and senders (B, n) (-1 =
     # padding): the node ids a receiver always knows, for defenses with per-peer memory.
@@ -132,6 +138,7 @@ class Defense(ABC):
 
     def __init__(self, config: "RunConfig") -> None:
         self.config = config
+        self.option_values = resolve_options(self.options, config.options)
 
     def reveal_malicious(self, malicious: torch.Tensor) -> None:
         """Harness only, for defenses with `needs_oracle`: the (M,) malicious mask."""

@@ -196,6 +196,13 @@ def batch_gradient(
     return grads, value.detach().double(), torch.ones(len(ctx.rows))
 
 
+def noble_local_lr(config) -> float:
+    """eta_l = lr / (max(round(K * s), 1) * eta_g), the local step size of Noble et al.'s
+    DP-FedAvg/DP-SCAFFOLD code (the CLI's lr is a tuned multiplier there): FedAvg's
+    default (option lr_scaling = noble), SCAFFOLD through it, and P4, which builds on that code."""
+    return config.lr / (max(round(config.local_steps * config.data_rate), 1) * config.global_lr)
+
+
 def local_sgd(ctx, params: Params, train, steps: int, lr: float) -> tuple[Params, torch.Tensor]:
     """`steps` SGD steps for every row of `params`, each on a fresh batch of round(s * n_i)
     samples drawn without replacement from the client's own stream (`ctx.rng`).

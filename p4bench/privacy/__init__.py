@@ -69,14 +69,12 @@ __all__ = [
 ]
 
 
-def get_accountant(name: str, *, registry: Any = None) -> Accountant:
-    """An instance of the registered accountant `name`.
+def get_accountant(name: str, *, registry: Any) -> Accountant:
+    """An instance of the accountant `name` registered in `registry` (a
+    `p4bench.plugin_manager.Registry`, e.g. `default_registry()`; passed in, as this
+    package sits below the plugin host).
 
     Raises :class:`p4bench.errors.UnknownNameError` (listing the registered names) for
-    an unknown name. `registry` defaults to the process-wide one.
+    an unknown name.
     """
-    if registry is None:
-        from p4bench.plugin_manager import default_registry
-
-        registry = default_registry()
     return registry.get("accountant", name)()

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from p4bench.errors import ConfigError
+from p4bench.options import Option
 from p4bench.privacy import analysis
 from p4bench.privacy.analysis import VIEWS, _count, _delta, _positive, _rate
 
@@ -132,10 +133,12 @@ class Accountant(ABC):
     (default: the first, also available as `relation`). A subclass may set either
     attribute; the other follows. `uses_rounds` says whether epsilon depends on the
     rounds offered (`ReleaseSegment.rounds`) and not only on the steps taken.
+    `options` declares the run options (`config.options`) the accountant reads.
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
+    options: ClassVar[tuple[Option, ...]] = ()
     relation: ClassVar[str] = "add-remove"
     relations: ClassVar[tuple[str, ...]] = ("add-remove",)
     uses_rounds: ClassVar[bool] = False
@@ -190,6 +193,9 @@ class NobleAccountant(Accountant):
     description = "Noble et al. 2022 nested bound (client ratio outside, data ratio inside); has a noise floor"
     relations = ("replace-one",)  # subsampling without replacement (WBK19) and sensitivity 2C/b
     uses_rounds = True
+    # read by the runner into every release segment's `view`
+    options = (Option("noble_view", str, "aggregator", "who observes the noise: aggregator (whoever sees one "
+                      "client's update, as a P2P neighbour) or third-party (only the aggregate)", choices=VIEWS),)
 
     def _curve(self, history: Sequence[ReleaseSegment], max_order: int, infinite_noise: bool) -> np.ndarray:
         total = np.zeros(max_order + 1)

@@ -161,7 +161,7 @@ def rdp_privacy_spent(
 def _one_step_rdp(sample_rate: float, noise_multiplier: float, orders: tuple[float, ...]) -> np.ndarray:
     from opacus.accountants.analysis.rdp import compute_rdp
 
-    curve = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(orders))
+    curve: np.ndarray = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(orders))
     curve.setflags(write=False)
     return curve
 
@@ -260,7 +260,8 @@ def prv_epsilon(
 
 
 def _log_binom(n: int, k: np.ndarray | int) -> np.ndarray:
-    return gammaln(n + 1) - gammaln(np.asarray(k) + 1) - gammaln(n - np.asarray(k) + 1)
+    log_binom: np.ndarray = gammaln(n + 1) - gammaln(np.asarray(k) + 1) - gammaln(n - np.asarray(k) + 1)
+    return log_binom
 
 
 def wbk_subsampled_log_moment(*, order: int, ratio: float, base_rdp: Callable[[int], float] | np.ndarray) -> float:

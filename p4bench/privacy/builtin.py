@@ -1,4 +1,4 @@
-"""Registers the built-in accountants and the `p4bench privacy` commands."""
+"""Registers the built-in accountants (`p4bench privacy` is registered by `p4bench.cli.builtin`)."""
 
 from p4bench.hookspecs import hookimpl
 from p4bench.privacy import BUILTIN_ACCOUNTANTS
@@ -7,10 +7,3 @@ from p4bench.privacy import BUILTIN_ACCOUNTANTS
 @hookimpl
 def register_accountants():
     return list(BUILTIN_ACCOUNTANTS)
-
-
-@hookimpl
-def register_commands(app):
-    from p4bench.privacy.cli import register  # typer is only needed when the CLI is built
-
-    register(app)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["attach_mechanisms"]
 
 
-def attach_mechanisms(job: "Job", settings: DPSettings) -> None:
+def attach_mechanisms(job: Job, settings: DPSettings) -> None:
     """Make `job` private with `settings`: each group's mechanism draws its clients' noise
     (secret per client where the runtime says so) and reports every release through
     `job.report_release`, subject to `job.release_allowed`, both looked up at each
@@ -27,7 +27,7 @@ def attach_mechanisms(job: "Job", settings: DPSettings) -> None:
     job.dp_factory = _factory(job, settings)
 
 
-def _factory(job: "Job", settings: DPSettings) -> "MechanismFactory":
+def _factory(job: Job, settings: DPSettings) -> MechanismFactory:
     def build(rows: torch.Tensor, secret: bool) -> DPMechanism:
         noise = NoiseStreams(job.config.seed, rows.tolist(), secure=secret)
         mechanism = DPMechanism(

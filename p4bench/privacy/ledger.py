@@ -27,7 +27,8 @@ import torch
 
 from p4bench.hookspecs import hookimpl
 from p4bench.privacy.accountants import Accountant, ReleaseSegment, accounted_epsilon
-from p4bench.privacy.mechanism import DPSettings, Release
+from p4bench.privacy.mechanism import DPSettings
+from p4bench.records import Release, RoundReport, RunInfo
 
 __all__ = ["PrivacyLedger", "accounted_epsilon"]  # accounted_epsilon: re-exported from accountants
 
@@ -60,8 +61,8 @@ class PrivacyLedger:
         self.rounds: dict[str, int] = {}
         self.stopped = np.zeros(num_clients, dtype=bool)
         self.stop_log: list[tuple[str, int, list[int]]] = []
-        self._cache: dict[tuple, float] = {}
-        self._max_steps: dict[tuple, int] = {}
+        self._cache: dict[tuple[str, tuple[int, ...]], float] = {}
+        self._max_steps: dict[tuple[tuple[str, float, float], tuple[tuple[object, int], ...]], int] = {}
         self._current_phase = ""
         self._current_round = -1
 
@@ -86,13 +87,13 @@ class PrivacyLedger:
         """Whether the bound depends on elapsed rounds, not only on steps taken (noble)."""
         return bool(getattr(accountant, "uses_rounds", accountant.name == "noble"))
 
-    def _signature(self, client: int, accountant: Accountant) -> tuple:
+    def _signature(self, client: int, accountant: Accountant) -> tuple[int, ...]:
         steps = tuple(int(self.steps[key][client]) for key in self.keys)
         if self._uses_rounds(accountant):
             return steps + tuple(self.rounds.get(k[0], 0) for k in self.keys)
         return steps
 
-    def _epsilon(self, accountant: Accountant, history: list[ReleaseSegment], signature: tuple) -> float:
+    def _epsilon(self, accountant: Accountant, history: list[ReleaseSegment], signature: tuple[int, ...]) -> float:
         cache_key = (accountant.name, signature)
         if cache_key not in self._cache:
             self._cache[cache_key] = accounted_epsilon(accountant, history, self.delta, self.settings.neighbouring)
@@ -128,7 +129,9 @@ class PrivacyLedger:
 
     def _affordable(self, client: int, key: tuple[str, float, float]) -> int:
         """Largest step count under `key` that keeps the client within budget."""
-        others = tuple((k, int(self.steps[k][client])) for k in self.keys if k != key)
+        budget = self.budget
+        assert budget is not None  # `allowed` asks only when there is a budget
+        others: tuple[tuple[object, int], ...] = tuple((k, int(self.steps[k][client])) for k in self.keys if k != key)
         if self._uses_rounds(self.accountant):
             others += tuple(sorted(self.rounds.items()))
         cache_key = (key, others)
@@ -139,7 +142,7 @@ class PrivacyLedger:
             counts = {k: int(self.steps[k][client]) for k in self.keys if k != key}
             counts[key] = n
             history = [self._segment(k, c) for k, c in counts.items() if c > 0]
-            return accounted_epsilon(self.accountant, history, self.delta, self.settings.neighbouring) <= self.budget
+            return accounted_epsilon(self.accountant, history, self.delta, self.settings.neighbouring) <= budget
 
         low, high = 0, 1
         while fits(high) and high < 10_000_000:
@@ -152,7 +155,7 @@ class PrivacyLedger:
 
     # -- hooks -------------------------------------------------------------------------
     @hookimpl
-    def privacy_release(self, run, release: Release) -> None:
+    def privacy_release(self, run: RunInfo, release: Release) -> None:
         key = (release.phase, float(release.sample_rate), float(release.noise_multiplier))
         if key not in self.steps:
             self.keys.append(key)
@@ -160,7 +163,7 @@ class PrivacyLedger:
         np.add.at(self.steps[key], np.array(release.clients, dtype=np.int64), release.steps)
 
     @hookimpl(tryfirst=True)
-    def round_finished(self, run, report) -> None:
+    def round_finished(self, run: RunInfo, report: RoundReport) -> None:
         self.rounds[report.phase] = self.rounds.get(report.phase, 0) + 1
         self._current_round = report.round + 1
         reported = run.reported

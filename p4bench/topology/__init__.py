@@ -59,14 +59,12 @@ __all__ = [
 ]
 
 
-def get_topology(name: str, options: Mapping[str, Any] | None = None, *, registry: Any = None) -> Topology:
-    """The registered topology `name`, built with `options`.
+def get_topology(name: str, options: Mapping[str, Any] | None = None, *, registry: Any) -> Topology:
+    """The topology `name` registered in `registry` (a `p4bench.plugin_manager.Registry`,
+    e.g. `default_registry()`; passed in, as this package sits below the plugin host),
+    built with `options`.
 
     Raises :class:`p4bench.errors.UnknownNameError` (listing the registered names) for
-    an unknown name. `registry` defaults to the process-wide one.
+    an unknown name.
     """
-    if registry is None:
-        from p4bench.plugin_manager import default_registry
-
-        registry = default_registry()
     return registry.get("topology", name)(options)

@@ -1,4 +1,4 @@
-"""Registers the built-in topologies and the `p4bench topology` commands."""
+"""Registers the built-in topologies (`p4bench topology` is registered by `p4bench.cli.builtin`)."""
 
 from p4bench.hookspecs import hookimpl
 from p4bench.topology.graphs import BUILTIN_TOPOLOGIES
@@ -8,10 +8,3 @@ from p4bench.topology.groups import GroupsGraph
 @hookimpl
 def register_topologies():
     return [*BUILTIN_TOPOLOGIES, GroupsGraph]
-
-
-@hookimpl
-def register_commands(app):
-    from p4bench.topology.cli import register  # typer is only needed when the CLI is built
-
-    register(app)

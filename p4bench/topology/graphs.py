@@ -9,8 +9,10 @@ A static topology (``time_varying = False``) is meant to be drawn once per run: 
 runner calls :meth:`Topology.edges` once and reuses the result, and ``round_index`` is
 ignored. Random static graphs depend only on the generator they are given.
 
-Plugin-specific settings come from the run config's free-form ``options`` mapping and
-are validated by the constructor (unknown keys are refused, naming the valid ones).
+Plugin-specific settings are declared in the class attribute ``options``
+(:class:`p4bench.options.Option`); the constructor resolves a mapping of them into
+``option_values`` (unknown keys are refused, naming the valid ones). A method's run
+gives them as its ``topology_options``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 from scipy.sparse.csgraph import connected_components
 
 from p4bench.errors import ConfigError
+from p4bench.options import Option, resolve_options
 
 __all__ = [
     "Topology",
@@ -131,40 +134,22 @@ class Topology(ABC):
     """Base of topology plugins.
 
     Class attributes: `name`, `description`, `time_varying` (the graph changes with
-    the round), `directed` (edges need not be symmetric) and `option_help` (valid
-    keys of the options mapping and what they mean).
+    the round), `directed` (edges need not be symmetric) and `options` (the declared
+    keys of the options mapping; resolved values are in `option_values`).
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
     time_varying: ClassVar[bool] = False
     directed: ClassVar[bool] = False
-    option_help: ClassVar[Mapping[str, str]] = {}
+    options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        self.options = dict(options or {})
-        unknown = sorted(set(self.options) - set(self.option_help))
-        if unknown:
-            valid = ", ".join(sorted(self.option_help)) or "(none)"
-            raise ConfigError(f"options.{unknown[0]}", f"unknown option of topology '{self.name}'; valid: {valid}")
+        self.option_values = resolve_options(self.options, options or {}, strict=True, owner=f"topology '{self.name}'")
 
     @abstractmethod
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
         """Boolean adjacency (M, M) at `round_index`; ``A[i, j]``: i sends to j."""
-
-    def _option(self, key: str, default: Any, kind: type, check: Any = None, expect: str = "") -> Any:
-        value = self.options.get(key, default)
-        if value is None:
-            return None
-        try:
-            converted = kind(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"options.{key}", f"expected {expect or kind.__name__}, got {value!r}") from None
-        if kind is int and converted != value:
-            raise ConfigError(f"options.{key}", f"expected an integer, got {value!r}")
-        if check is not None and not check(converted):
-            raise ConfigError(f"options.{key}", f"expected {expect}, got {value!r}")
-        return converted
 
 
 def _undirected(num_clients: int, pairs: Any) -> np.ndarray:
@@ -211,7 +196,10 @@ class TorusGraph(Topology):
 
     name = "torus"
     description = "2-D torus (wrap-around grid, degree 4); M must factor as rows x cols"
-    option_help = {"rows": "grid rows (default: most square factorisation)", "cols": "grid columns"}
+    options = (
+        Option("rows", int, None, "grid rows; default: the most square factorisation of M", low=2),
+        Option("cols", int, None, "grid columns; default: M / rows", low=2),
+    )
 
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
         num_clients = _require_clients(num_clients, 4, self.name)
@@ -226,9 +214,7 @@ class TorusGraph(Topology):
 
     def shape(self, num_clients: int) -> tuple[int, int]:
         """(rows, cols) of the grid for `num_clients`."""
-        positive = lambda v: v >= 2  # noqa: E731
-        rows = self._option("rows", None, int, positive, "an integer >= 2")
-        cols = self._option("cols", None, int, positive, "an integer >= 2")
+        rows, cols = self.option_values["rows"], self.option_values["cols"]
         if rows is None and cols is None:
             rows, cols = torus_shape(num_clients)
             if rows == 1:
@@ -276,19 +262,22 @@ class EdgeListGraph(Topology):
 
     name = "edge-list"
     description = "custom graph from an edge-list file ('i j' per line, '#' comments); option path"
-    option_help = {"path": "edge-list file (required)", "directed": "read 'i j' as i -> j only (default false)"}
+    options = (
+        Option("path", str, None, "edge-list file (required)"),
+        Option("directed", bool, False, "read 'i j' as i -> j only"),
+    )
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
-        if not self.options.get("path"):
+        if not self.option_values["path"]:
             raise ConfigError("options.path", "the edge-list topology needs the option 'path' (an edge-list file)")
-        self.directed = bool(self.options.get("directed", False))  # instance-level override
+        self.directed = self.option_values["directed"]  # instance-level override
         self._pairs: list[tuple[int, int]] | None = None
 
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
         num_clients = _require_clients(num_clients, 1, self.name)
         if self._pairs is None:
-            self._pairs = read_edge_list(self.options["path"])
+            self._pairs = read_edge_list(self.option_values["path"])
         too_large = [max(p) for p in self._pairs if max(p) >= num_clients]
         if too_large:
             raise ConfigError(
@@ -308,11 +297,18 @@ class EdgeListGraph(Topology):
 
 
 class _RandomGraph(Topology):
-    """Shared option: ``resample`` makes the graph time-varying (a new draw per call)."""
+    """Shared options: ``max_tries`` and ``resample``, which makes the graph time-varying
+    (a new draw per call)."""
+
+    SHARED = (
+        Option("max_tries", int, 100, "redraws until connected", low=1),
+        Option("resample", bool, False, "draw a new graph at every call"),
+    )
+    options = SHARED
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
-        self.time_varying = bool(self.options.get("resample", False))  # instance-level override
+        self.time_varying = self.option_values["resample"]  # instance-level override
 
 
 class RandomRegularGraph(_RandomGraph):
@@ -326,15 +322,15 @@ class RandomRegularGraph(_RandomGraph):
 
     name = "k-regular"
     description = "random connected k-regular graph (option k, default 4)"
-    option_help = {
-        "k": "degree (default 4, or M-1 when M <= 4)",
-        "max_tries": "redraws until connected (default 100)",
-        "resample": "draw a new graph at every call (default false)",
-    }
+    options = (
+        Option("k", int, None, "degree, in [1, M-1]; default: 4, or M-1 when M <= 4", low=1),
+    ) + _RandomGraph.SHARED
 
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
         m = _require_clients(num_clients, 2, self.name)
-        k = self._option("k", min(4, m - 1), int, lambda v: 1 <= v < m, f"an integer in [1, {m - 1}]")
+        k = self.option_values["k"] if self.option_values["k"] is not None else min(4, m - 1)
+        if not 1 <= k < m:
+            raise ConfigError("options.k", f"expected an integer in [1, {m - 1}], got {k!r}")
         if (m * k) % 2:
             raise ConfigError("options.k", f"a {k}-regular graph on {m} clients needs M*k even")
         if k == 1 and m > 2:
@@ -344,7 +340,7 @@ class RandomRegularGraph(_RandomGraph):
         if k == 2:
             order = rng.permutation(m)
             return _undirected(m, ((order[i], order[(i + 1) % m]) for i in range(m)))
-        max_tries = self._option("max_tries", 100, int, lambda v: v >= 1, "an integer >= 1")
+        max_tries = self.option_values["max_tries"]
         for _ in range(max_tries):
             adjacency = self._swap_randomised(m, k, rng)
             if is_connected(adjacency):
@@ -375,17 +371,15 @@ class ErdosRenyiGraph(_RandomGraph):
 
     name = "erdos-renyi"
     description = "connected Erdos-Renyi graph G(M, p) (option p, default 2 ln(M)/M)"
-    option_help = {
-        "p": "edge probability in (0, 1] (default min(1, 2 ln(M)/M))",
-        "max_tries": "redraws until connected (default 100)",
-        "resample": "draw a new graph at every call (default false)",
-    }
+    options = (
+        Option("p", float, None, "edge probability; default: min(1, 2 ln(M)/M)", low=0, high=1, low_open=True),
+    ) + _RandomGraph.SHARED
 
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
         m = _require_clients(num_clients, 1, self.name)
         default_p = min(1.0, 2 * math.log(m) / m) if m > 1 else 1.0  # twice the connectivity threshold
-        p = self._option("p", default_p, float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
-        max_tries = self._option("max_tries", 100, int, lambda v: v >= 1, "an integer >= 1")
+        p = self.option_values["p"] if self.option_values["p"] is not None else default_p
+        max_tries = self.option_values["max_tries"]
         upper = np.triu(np.ones((m, m), dtype=bool), k=1)
         for _ in range(max_tries):
             draw = (rng.random((m, m)) < p) & upper

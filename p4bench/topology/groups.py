@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from p4bench.errors import ConfigError
+from p4bench.options import Option
 from p4bench.topology.graphs import Topology
 
 
@@ -22,16 +23,17 @@ class GroupsGraph(Topology):
 
     name = "groups"
     description = "dynamic groups produced by a method (P4's groups.json): complete graph inside each group; option path"
-    option_help = {"path": "groups.json written by a P4 run (required)"}
+    options = (Option("path", str, None, "groups.json written by a P4 run (required)"),)
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
-        if not self.options.get("path"):
+        path = self.option_values["path"]
+        if not path:
             raise ConfigError("options.path", "the groups topology needs the option 'path' (a P4 groups.json)")
         try:
-            self.groups = [list(map(int, g)) for g in json.loads(open(self.options["path"]).read())["groups"]]
+            self.groups = [list(map(int, g)) for g in json.loads(open(path).read())["groups"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError("options.path", f"cannot read groups from {self.options['path']}: {exc}") from None
+            raise ConfigError("options.path", f"cannot read groups from {path}: {exc}") from None
 
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
         members = sorted(c for g in self.groups for c in g)

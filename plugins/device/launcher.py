@@ -40,8 +40,9 @@ from p4bench.engine.method import Phase
 from p4bench.engine.runtime import Job, Outcome, RoundReport, Runtime
 from p4bench.engine.state import State, cat_rows, unflatten
 from p4bench.errors import P4BenchError, UsageError
+from p4bench.options import resolve_options
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
-from p4bench.plugins.device.protocol import KIND_STATE, Limits, RejectedFrame
+from p4bench.plugins.device.protocol import DEVICE_OPTIONS, KIND_STATE, Limits, RejectedFrame
 from p4bench.plugins.device.tls import init_tls_dir
 from p4bench.plugins.device.transport import LauncherLink, parse_report
 from p4bench.rng import SERVER_ID
@@ -316,7 +317,7 @@ class Launcher:
 
     def _account(self, peer: str, phase: str, report: dict[str, Any]) -> None:
         """Apply a report's DP releases and add its measurements to the phase totals."""
-        from p4bench.privacy.mechanism import Release
+        from p4bench.records import Release
 
         for entry in report.get("releases") or []:
             try:
@@ -432,9 +433,11 @@ class DeviceRuntime(Runtime):
     name = "device"
     description = "one process per client over TLS sockets (Raspberry Pis, or --local-peers N on 127.0.0.1)"
     separate_parties = True  # each peer's noise and batches come from its own secret source
+    options = DEVICE_OPTIONS
 
     def execute(self, job: Job, on_round: Callable[[RoundReport], None]) -> Outcome:
-        config, options = job.config, dict(job.config.options)
+        values = resolve_options(self.options, job.config.options)
+        config, options = job.config, {k: v for k, v in values.items() if v is not None}
         limits = Limits.from_options(options)
         uses_server = job.method.capabilities.uses_server
         local = options.get("device_local_peers")

@@ -30,7 +30,7 @@ log = logging.getLogger("p4bench.device")
 __all__ = ["TLSNetwork", "consistent_messages", "payload_schema"]
 
 
-def payload_schema(message: Messages) -> tuple:
+def payload_schema(message: Messages) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     """(key, dtype, per-message shape) of every payload tensor."""
     return tuple(sorted((k, str(v.dtype), tuple(v.shape[1:])) for k, v in message.payload.items()))
 

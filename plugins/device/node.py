@@ -52,6 +52,7 @@ from p4bench.rng import SERVER_ID
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
+    from p4bench.plugin_manager import Registry
 
 log = logging.getLogger("p4bench.device")
 
@@ -101,7 +102,9 @@ class DeviceNode:
         """The run's schedule through the driver; one report to the launcher per round and
         per setup, then the final one with this client's state."""
         assert self.driver is not None, "setup() first"
-        outcome = self.driver.run(on_round=lambda report: self._report("round", report), on_setup=lambda report: self._report("setup", report))
+        outcome = self.driver.run(
+            on_round=lambda report: self._report("round", report), on_setup=lambda report: self._report("setup", report)
+        )
         state = None
         if self.groups:
             flat = {k: v.detach().contiguous().clone() for k, v in flatten(self.groups[0].state, sep="/").items()}
@@ -160,7 +163,7 @@ def _parse_start(start: dict[str, Any], peers: PeersFile) -> tuple[dict[str, Any
     return start["config"], Limits.from_dict(start["limits"]), str(start.get("run_id", ""))
 
 
-def peer_config(config: "RunConfig") -> "RunConfig":
+def peer_config(config: RunConfig) -> RunConfig:
     """The config as this peer runs it: `auto` randomness resolved to `secure` (a peer is
     a separate party); seeded randomness refused unless the run is marked a simulation
     on devices (`device_simulation`), since every peer could then recompute the others'
@@ -175,7 +178,12 @@ def peer_config(config: "RunConfig") -> "RunConfig":
 
 
 def run_session(
-    transport: PeerTransport, me: PeerSpec, peers: PeersFile, start: dict[str, Any], meter: PowerMeter | None, registry=None
+    transport: PeerTransport,
+    me: PeerSpec,
+    peers: PeersFile,
+    start: dict[str, Any],
+    meter: PowerMeter | None,
+    registry: Registry | None = None,
 ) -> None:
     """One run: build the data and method from the config, wait for `go`, execute, report."""
     from p4bench.config import RunConfig
@@ -264,7 +272,7 @@ def serve(
         transport.close()
 
 
-def _warm_up():
+def _warm_up() -> Registry:
     """While waiting for the launcher: load every plugin and torch's lazily imported
     gradient machinery, so the run does not wait for them (no effect on results).
     Returns the plugin registry runs are prepared with."""

@@ -22,10 +22,12 @@ from typing import Any
 
 from p4bench.engine.messages import PROTOCOL_VERSION
 from p4bench.errors import ConfigError
+from p4bench.options import Option
 
 __all__ = [
     "WIRE_VERSION", "KIND_MESSAGE", "KIND_END", "KIND_CONTROL", "KIND_REPORT", "KIND_STATE",
-    "FrameError", "RejectedFrame", "Limits", "frame_header", "pack", "read_frame", "dump_json", "load_json",
+    "FrameError", "RejectedFrame", "Limits", "DEVICE_OPTIONS", "frame_header", "pack", "read_frame", "dump_json",
+    "load_json",
 ]
 
 WIRE_VERSION = 1
@@ -110,6 +112,39 @@ class Limits:
                 raise ConfigError("device_max_message_mb", f"must be a number, got {megabytes!r}")
             values["max_message_bytes"] = int(megabytes * 1024 * 1024)
         return Limits(**values)
+
+
+_LIMIT_HELP = {
+    "max_message_bytes": "largest frame body accepted, in bytes",
+    "exchange_timeout_s": "wait for every live peer's end-of-exchange marker",
+    "send_timeout_s": "send one batch of frames to one peer",
+    "connect_timeout_s": "TCP connect plus TLS handshake",
+    "retries": "extra attempts per send, with exponential backoff",
+    "backoff_s": "first backoff; doubles per attempt",
+    "round_timeout_s": "launcher: wait for a round report from a connected peer",
+    "startup_timeout_s": "launcher: peers reachable and ready (imports, data)",
+    "max_ahead": "exchanges a sender may run ahead of a peer",
+    "max_connections": "simultaneous inbound connections of a peer",
+}
+
+# The device runtime's run options: the transport limits (the same bounds as
+# Limits.__post_init__) and how the launcher finds its peers.
+def _limit_option(f: Any) -> Option:
+    integer = f.type in ("int", int)
+    low = 0 if f.name in ("retries", "backoff_s") else 1024 if f.name == "max_message_bytes" else 1 if integer else 1e-3
+    return Option(f"device_{f.name}", int if integer else float, f.default, _LIMIT_HELP[f.name], low=low)
+
+
+DEVICE_OPTIONS: tuple[Option, ...] = tuple(_limit_option(f) for f in fields(Limits)) + (
+    Option("device_max_message_mb", float, None, "largest frame body in MiB (sets device_max_message_bytes)",
+           low=0, low_open=True),
+    Option("device_local_peers", int, None, "run N peers on 127.0.0.1 (`--local-peers N`, N = --clients)", low=1),
+    Option("device_peers", str, None, "peers file (set by `p4bench device launch --peers`)"),
+    Option("device_tls_dir", str, None, "TLS folder (set by `p4bench device launch --tls-dir`)"),
+    Option("device_power_command", str, None, "local peers: a command printing watts, sampled while running"),
+    Option("device_power_interval_s", float, 1.0, "local peers: seconds between power samples", low=0, low_open=True),
+    Option("device_keep_logs", bool, False, "local peers: keep their log folder"),
+)
 
 
 def frame_header(kind: int, seq: int, body_length: int) -> bytes:

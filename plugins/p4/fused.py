@@ -12,8 +12,10 @@ path in `method.py` (tested equal), with fewer and cheaper passes over memory.
   ||g_i x_i^T|| = ||g_i|| ||x_i||), taken from a table computed once per dataset.
 - No gradient tensor: the step is applied inside the weight-gradient GEMM
   (W <- W - X^T-weighted sum, `baddbmm_`), and the DP noise is added to the proxy's
-  weights in place with the same per-client factor (`DPMechanism.add_scaled_noise`):
+  weights in place with the same per-client factor (`Releases.add_scaled_noise`):
   W - lr (S + std N) / E = (W - lr S / E) - (lr std / E) N, the same release.
+Each step is one `Releases` transaction (budget check and ledger, clipping norm, step
+sizes, noise): this module does the model math only.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 from p4bench.engine.training import Workspace, gather_batch, sample_batches
 from p4bench.models import Params
-from p4bench.privacy.mechanism import clip_scale
+from p4bench.privacy.releases import Releases
 
 BUCKET = 8  # rows of padding a bucket's GEMM may carry at most
 
@@ -122,25 +124,32 @@ class FusedCotraining(LinearCotraining):
     def _step(self, weight, bias, classes, order, index, mask, buckets, train, norms, expected, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of every row, applied in place to `weight`/`bias` (rows in `order`).
         Returns (proxy loss (C,), done (C,) float), both in `order`."""
-        sorted_ctx = replace(ctx, rows=ctx.rows[order], dp=ctx.dp.take(order)) if ctx.dp is not None else ctx
-        done = sorted_ctx.dp.admit(sorted_ctx, self.data_rate) if ctx.dp is not None else torch.ones(len(order), dtype=torch.bool)
-        # per-row step sizes: the proxy's DP mean divides by the expected batch, the private mean by the realised one
-        proxy_lr = self.lr * done.double() / (expected[order].clamp_min(1.0) if ctx.dp is not None else 1.0)
+        if ctx.dp is None:
+            done = torch.ones(len(order), dtype=torch.bool)
+            return self._buckets(weight, bias, order, index, mask, buckets, train, norms, None, self.lr * done.double(), done), done.float()
+        # each client's noise from its own stream, whatever its row in this step's order
+        sorted_ctx = replace(ctx, rows=ctx.rows[order], dp=ctx.dp.take(order))
+        with Releases(sorted_ctx.dp, sorted_ctx, self.data_rate) as releases:
+            done = releases.admitted[0]
+            # per-row step sizes: the proxy's DP mean divides by the expected batch, the private mean by the realised one
+            proxy_lr = releases.mean_step(self.lr, expected[order])[0]
+            losses = self._buckets(weight, bias, order, index, mask, buckets, train, norms, releases, proxy_lr, done)
+            releases.add_scaled_noise({"weight": weight[:, :classes], "bias": bias[:, :classes]}, -proxy_lr)
+        return losses, done.float()
+
+    def _buckets(self, weight, bias, order, index, mask, buckets, train, norms, releases, proxy_lr, done) -> torch.Tensor:
+        """Every bucket's step of both models (`_bucket`); returns the proxy losses (C,) in `order`."""
         losses = torch.empty(len(order), dtype=torch.float64)
         for start, end, width in buckets:
             rows = order[start:end]
             part = slice(start, end)
             losses[part] = self._bucket(
-                weight[part], bias[part], rows, index[rows, :width], mask[rows, :width].float(), train, norms, ctx,
+                weight[part], bias[part], rows, index[rows, :width], mask[rows, :width].float(), train, norms, releases,
                 proxy_lr[part].float(), self.lr * done[part].float(),
             )
-        if ctx.dp is not None:
-            # each client's noise from its own stream, whatever its row in this step's order
-            sorted_ctx.dp.add_scaled_noise({"weight": weight[:, :classes], "bias": bias[:, :classes]}, -proxy_lr)
-            sorted_ctx.dp.record(sorted_ctx, done, self.data_rate)
-        return losses, done.float()
+        return losses
 
-    def _bucket(self, weight, bias, rows, index, mask, train, norms, ctx, proxy_lr, private_lr) -> torch.Tensor:
+    def _bucket(self, weight, bias, rows, index, mask, train, norms, releases, proxy_lr, private_lr) -> torch.Tensor:
         """One SGD step of both models of one bucket of clients, in place; returns their proxy losses."""
         x = gather_batch(train.x, index, self.workspace, clients=rows).flatten(start_dim=2)  # (B, b, d)
         y = gather_batch(train.y, index, clients=rows)
@@ -152,8 +161,8 @@ class FusedCotraining(LinearCotraining):
         # per-example factors: proxy clipped (DP) or averaged, private averaged; times each row's step size
         count = mask.sum(dim=1, keepdim=True).clamp_min(1.0)
         scale = torch.empty(count_rows, width, 2, 1)
-        if ctx.dp is not None:
-            proxy_scale = clip_scale(grads[:, :, 0], gather_batch(norms, index, clients=rows), mask, ctx.dp.settings.clip)
+        if releases is not None:
+            proxy_scale = releases.clip_scale(grads[:, :, 0], gather_batch(norms, index, clients=rows), mask)
         else:
             proxy_scale = mask / count
         scale[:, :, 0, 0] = proxy_scale * proxy_lr.unsqueeze(1)

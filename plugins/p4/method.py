@@ -48,10 +48,12 @@ import numpy as np
 import torch
 
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
+from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, strip_prefix, unvectorize, vectorize
-from p4bench.engine.training import batch_gradient, gather_batch, logits_of, sample_batches
+from p4bench.engine.training import batch_gradient, gather_batch, logits_of, noble_local_lr, sample_batches
 from p4bench.errors import ConfigError
+from p4bench.options import Option, resolve_options
 from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, random_groups
 from p4bench.plugins.p4.losses import distillation_loss
 from p4bench.models import LinearSoftmax
@@ -59,7 +61,7 @@ from p4bench.plugins.p4.fused import FusedCotraining, LinearCotraining
 from p4bench.plugins.p4.span import NOISE_MODES, SpanCotraining, span_is_cheaper
 
 GROUPING, COTRAINING = "grouping", "cotraining"
-UPDATE, MODEL = "update.", "model."
+UPDATE, MODEL = UPDATE_PREFIX, MODEL_PREFIX
 GROUP_SIZE_DEFAULTS = {"cifar10": 8, "femnist": 8, "leaf-femnist": 8, "cifar100": 4}
 FUSED_MODES = ("auto", "span", "buckets", "off")
 TEACHERS = ("none", "last-proxy", "private")
@@ -77,40 +79,45 @@ class P4(Method):
     default_neighbouring = "replace-one"  # the paper's eq. 13: noise std 2 C sigma
     default_defense = "p4-secure"
     default_epsilon = DEFAULT_EPSILON
+    options = (
+        Option("group_size", int, None, "V, clients per group; default: 8 for cifar10/femnist/leaf-femnist, 4 for "
+               "others (at most M)", low=1),
+        Option("samples", int, None, "H, peers each client probes in phase 1; default: min(35, M-1)", low=1),
+        Option("teacher", str, "none", "what the DP proxy distils from: none (CE alone), last-proxy (the group's last "
+               "released proxy) or private (the paper's non-DP model: epsilon uncertified)", choices=TEACHERS),
+        Option("alpha", float, None, "the proxy's distillation weight; default: 0.5 with a teacher, 0 without (a "
+               "positive alpha needs a teacher)", low=0, high=1),
+        Option("beta", float, 0.5, "the private model's distillation weight", low=0, high=1),
+        Option("grouping", str, "similarity", "phase 1: similarity grouping, or random groups (ablation)",
+               choices=("similarity", "random")),
+        Option("proxy", bool, True, "false: one shared DP model instead of proxy + private (ablation)"),
+        Option("fused", str, "auto", "linear models: auto picks by FLOPs between the span and the bucketed fused "
+               "step; off runs the generic autograd step (true = auto, false = off)",
+               choices=FUSED_MODES + ("true", "false")),
+        Option("span_noise", str, "basis", "span path DP noise: basis (through an orthonormal basis of the client's "
+               "data, same distribution) or streams (the generic path's numbers)", choices=NOISE_MODES),
+    )
 
     def validate_options(self) -> None:
-        options, config = self.config.options, self.config
+        values, config = resolve_options(self.options, self.config.options), self.config
         default_size = min(GROUP_SIZE_DEFAULTS.get(config.dataset, 4), config.clients)  # small runs: one group
-        self.group_size = int(options.get("group_size", default_size))
-        self.samples = int(options.get("samples", min(35, config.clients - 1)))
-        self.teacher = str(options.get("teacher", "none"))
-        if self.teacher not in TEACHERS:
-            raise ConfigError("options.teacher", f"must be one of {', '.join(TEACHERS)}, got {self.teacher!r}")
-        if self.teacher == "none" and float(options.get("alpha", 0.0)) > 0:
+        self.group_size = values["group_size"] if values["group_size"] is not None else default_size
+        self.samples = values["samples"] if values["samples"] is not None else min(35, config.clients - 1)
+        self.teacher = values["teacher"]
+        if self.teacher == "none" and (values["alpha"] or 0.0) > 0:
             raise ConfigError("options.alpha", "weights the proxy's teacher: set -o teacher=last-proxy|private (default none: alpha = 0)")
-        self.alpha = float(options.get("alpha", 0.5)) if self.teacher != "none" else 0.0
-        self.beta = float(options.get("beta", 0.5))
-        self.grouping = str(options.get("grouping", "similarity"))
-        self.use_proxy = bool(options.get("proxy", True))
+        self.alpha = (values["alpha"] if values["alpha"] is not None else 0.5) if self.teacher != "none" else 0.0
+        self.beta, self.grouping, self.use_proxy = values["beta"], values["grouping"], values["proxy"]
         # linear models: a fused step (same math, fewer passes), auto-chosen by FLOPs unless forced
-        fused = options.get("fused", True)
-        self.fused = "auto" if fused is True else "off" if fused is False else str(fused)
-        if self.fused not in FUSED_MODES:
-            raise ConfigError("options.fused", f"must be one of {', '.join(FUSED_MODES)} (or true/false), got {fused!r}")
-        self.span_noise = str(options.get("span_noise", "basis"))
-        if self.span_noise not in NOISE_MODES:
-            raise ConfigError("options.span_noise", f"must be one of {', '.join(NOISE_MODES)}, got {self.span_noise!r}")
+        self.fused = {"true": "auto", "false": "off"}.get(values["fused"], values["fused"])
+        self.span_noise = values["span_noise"]
+        # ranges that depend on the run
         if not 1 <= self.group_size <= config.clients:
             raise ConfigError("options.group_size", f"must be in [1, {config.clients}], got {self.group_size}")
         if not 1 <= self.samples <= config.clients - 1:
             raise ConfigError("options.samples", f"must be in [1, {config.clients - 1}], got {self.samples}")
-        for field, value in (("alpha", self.alpha), ("beta", self.beta)):
-            if not 0 <= value <= 1:
-                raise ConfigError(f"options.{field}", f"must be in [0, 1], got {value}")
-        if self.grouping not in ("similarity", "random"):
-            raise ConfigError("options.grouping", f"must be one of similarity, random, got {self.grouping!r}")
         # Local step size as in Noble et al.'s code, which P4 builds on.
-        self.local_lr = config.lr / (max(round(config.local_steps * config.data_rate), 1) * config.global_lr)
+        self.local_lr = noble_local_lr(config)
         self.epoch_steps = math.ceil(1 / config.data_rate)
         if self.teacher == "last-proxy" and self.fused in ("span", "buckets"):
             raise ConfigError("options.fused", "teacher=last-proxy runs on the generic path only (-o fused=false)")

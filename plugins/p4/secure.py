@@ -15,7 +15,8 @@ class P4Secure(Defense):
 
     name = "p4-secure"
     description = "P4's secure aggregation: anomaly detection then m-Krum, per group"
-    option_names = tuple(dict.fromkeys(AnomalyDetection.option_names + MultiKrum.option_names))
+    # both layers read the run's options; assumed_fraction is shared
+    options = tuple({o.name: o for o in AnomalyDetection.options + MultiKrum.options}.values())
     uses_identities = True
 
     def __init__(self, config) -> None:

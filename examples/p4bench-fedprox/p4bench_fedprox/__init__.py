@@ -13,7 +13,7 @@ import torch
 from p4bench import hookimpl
 from p4bench.baselines.fedavg import FedAvg
 from p4bench.engine.training import gather_batch
-from p4bench.errors import ConfigError
+from p4bench.options import Option, resolve_options
 
 __version__ = "0.1.0"
 
@@ -23,12 +23,14 @@ class FedProx(FedAvg):
 
     name = "fedprox"
     description = "FedProx: FedAvg with a proximal term mu/2 ||w - w_global||^2 (example plugin)"
+    # declared options are checked before the run starts and shown by `p4bench describe fedprox`
+    options = FedAvg.options + (
+        Option("mu", float, 0.01, "weight of the proximal term (mu/2) ||w - w_global||^2", low=0),
+    )
 
     def validate_options(self) -> None:
-        mu = self.config.options.get("mu", 0.01)
-        if not isinstance(mu, (int, float)) or mu < 0:
-            raise ConfigError("options.mu", f"must be a number >= 0, got {mu!r}")
-        self.mu = float(mu)
+        super().validate_options()  # FedAvg's lr_scaling
+        self.mu = resolve_options(self.options, self.config.options)["mu"]
 
     def local_update(self, state, train, ctx):
         anchor = state["global"]

@@ -20,6 +20,8 @@ from typing import Any
 import typer
 
 from p4bench.errors import ConfigError
+from p4bench.plugin_manager import default_registry
+from p4bench.privacy import get_accountant
 from p4bench.privacy.accountants import NEIGHBOURING, Accountant, ReleaseSegment, accounted_epsilon, native_relations
 from p4bench.privacy.analysis import _count
 from p4bench.privacy.calibration import calibrate_accountant
@@ -132,9 +134,7 @@ def epsilon_command(
 ) -> None:
     """Epsilon spent by one client after `rounds` x `local-steps` noisy steps, for a
     neighbouring relation (sigma = std/C for add-remove, std/(2C) for replace-one)."""
-    from p4bench.privacy import get_accountant
-
-    acc = get_accountant(accountant)
+    acc = get_accountant(accountant, registry=default_registry())
     neighbouring = _neighbouring(neighbouring)
     segment = _segment(noise_multiplier, data_rate, local_steps, rounds, client_rate, clients, view)
     epsilon = accounted_epsilon(acc, [segment], delta, neighbouring)
@@ -167,9 +167,7 @@ def noise_command(
 ) -> None:
     """The smallest noise multiplier (to `tolerance`) whose epsilon stays <= the target,
     for a neighbouring relation (sigma = std/C for add-remove, std/(2C) for replace-one)."""
-    from p4bench.privacy import get_accountant
-
-    acc = get_accountant(accountant)
+    acc = get_accountant(accountant, registry=default_registry())
     neighbouring = _neighbouring(neighbouring)
     template = _segment(1.0, data_rate, local_steps, rounds, client_rate, clients, view)
     sigma = calibrate_accountant(

@@ -105,4 +105,5 @@ def audit_command(
 
 
 def register(app: typer.Typer) -> None:
+    """Add the `audit` command to the p4bench app."""
     app.command("audit")(audit_command)

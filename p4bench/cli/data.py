@@ -1,19 +1,24 @@
-"""`p4bench data info | download | partition`: inspect, fetch and partition datasets."""
+"""`p4bench data info | download | partition`: inspect, fetch and partition datasets.
+
+Thin adapters over `p4bench.data.summary`, `p4bench.data.download` and the partitioners.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from p4bench.data.summary import dataset_status, partition_counts, plot_partition_heatmap
 from p4bench.errors import DataError, UnknownNameError
+from p4bench.plugin_manager import default_registry
 
-__all__ = ["register", "dataset_status", "partition_counts", "plot_partition_heatmap"]
+__all__ = ["register"]
 
 _DATA_DIR_HELP = "data folder (default $P4BENCH_DATA_DIR or ~/.cache/p4bench/data)"
 
@@ -22,24 +27,6 @@ def _root(data_dir: Optional[Path]) -> Path:
     from p4bench.data.paths import data_dir as default_data_dir
 
     return Path(data_dir) if data_dir is not None else default_data_dir()
-
-
-def dataset_status(root: Path) -> list[dict[str, Any]]:
-    """Every registered dataset: name, whether its files are present, and where they go."""
-    from p4bench.plugin_manager import default_registry
-
-    rows = []
-    for entry in default_registry().entries("dataset"):
-        instance = entry.cls()
-        location = instance.location(root) if hasattr(instance, "location") else None
-        present = bool(instance.is_present(root)) if hasattr(instance, "is_present") else True
-        rows.append({
-            "name": entry.name,
-            "present": present,
-            "path": str(location) if location is not None else None,
-            "description": entry.description,
-        })
-    return rows
 
 
 def info_command(
@@ -51,7 +38,7 @@ def info_command(
     from p4bench.data.paths import cache_dir
 
     root = _root(data_dir)
-    rows = dataset_status(root)
+    rows = dataset_status(root, default_registry())
     if name is not None:
         chosen = [row for row in rows if row["name"] == name]
         if not chosen:
@@ -92,31 +79,6 @@ def download_command(
     download_dataset(name, _root(data_dir), force=force)
 
 
-def partition_counts(partition: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """(clients, classes) sample counts of a partition."""
-    if not partition:
-        return np.zeros((0, num_classes), np.int64)
-    return np.stack([np.bincount(labels[np.asarray(p)], minlength=num_classes) for p in partition])
-
-
-def plot_partition_heatmap(counts: np.ndarray, class_names: tuple[str, ...], path: Path, title: str = "") -> None:
-    """Client-by-class heatmap of sample counts, written as a PNG (Agg canvas, no display)."""
-    from matplotlib.figure import Figure
-
-    clients, classes = counts.shape
-    figure = Figure(figsize=(min(4 + 0.25 * classes, 30), min(3 + 0.06 * clients, 30)))
-    axes = figure.add_subplot()
-    image = axes.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
-    figure.colorbar(image, ax=axes, label="samples")
-    axes.set_xlabel("class")
-    axes.set_ylabel("client")
-    if classes <= 50:
-        axes.set_xticks(range(classes), labels=list(class_names), fontsize=7, rotation=90 if classes > 20 else 0)
-    axes.set_title(title)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-
-
 def partition_command(
     dataset: str = typer.Option("digits", help="dataset name (see `p4bench data info`)"),
     partitioner: str = typer.Option("iid", help="iid | alpha | shards | dirichlet | natural"),
@@ -134,8 +96,7 @@ def partition_command(
     from p4bench.config import parse_key_values, resolve_config
     from p4bench.data.base import load_dataset, run_partitioner
     from p4bench.data.partitioners import PRESETS
-    from p4bench.plugin_manager import default_registry
-    from p4bench.runner import _SEED_PARTITION
+    from p4bench.rng import SEED_PARTITION, harness_rng
 
     if preset and dataset in PRESETS:
         clients = clients if clients is not None else PRESETS[dataset]["clients"]
@@ -151,7 +112,7 @@ def partition_command(
     partitioner_cls = registry.get("partitioner", config.partitioner)
     data = load_dataset(dataset_cls, _root(data_dir), config)
     # The runner's partition stream, so this shows exactly the partition a run would use.
-    rng = np.random.default_rng(np.random.SeedSequence([config.seed, _SEED_PARTITION]))
+    rng = harness_rng(config.seed, SEED_PARTITION)
     partition = run_partitioner(partitioner_cls, data, config.clients, config.samples_per_client, rng, config)
     counts = partition_counts(partition, data.pooled_labels(), data.num_classes)
     if as_json:

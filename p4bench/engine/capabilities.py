@@ -1,0 +1,19 @@
+"""`Capabilities`: what a method exposes, in a module of its own so that attacks and
+defenses (`p4bench.engine.threats`) can check compatibility without importing the
+method interface, which refers to them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Capabilities"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method exposes, so attacks and defenses can check compatibility up front."""
+
+    shares_individual_updates: bool = False  # receivers see single clients' updates
+    has_aggregator: bool = False  # somebody averages updates (a server or a peer)
+    personalized: bool = False  # each client deploys its own model (else a consensus model)
+    uses_server: bool = False  # a central server node takes part in exchanges

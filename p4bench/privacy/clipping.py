@@ -1,0 +1,91 @@
+"""Per-example gradient clipping: flat L2 clipping to C across all parameters, summed
+over each client's batch.
+
+Per-example gradients are batched across clients and examples. For the linear model
+the clipped sum is computed from per-example logit gradients without materialising
+per-example weight gradients (||g_i x_i^T||^2 = ||g_i||^2 ||x_i||^2), so a DP step costs
+two GEMMs; other models use nested vmap. `clip_scale` is that linear-layer factor on
+its own, for fast paths that apply the clipped step inside their own GEMMs (through
+`Releases.clip_scale`, which supplies the run's C).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.func import grad, vmap
+
+from p4bench.data.federated import squared_norms
+from p4bench.engine.training import PerExampleLoss, cross_entropy
+from p4bench.models import LinearSoftmax, Model, Params
+
+__all__ = ["clip_scale", "clipped_gradient_sum", "logit_gradients"]
+
+
+def clipped_gradient_sum(
+    model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: float,
+    loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None, sq_norms: torch.Tensor | None = None,
+) -> tuple[Params, torch.Tensor]:
+    """Sum over each client's batch of per-example gradients clipped to L2 norm `clip`
+    (one norm across all parameters). Returns (sums (C, ...), per-example losses (C, b)).
+
+    `sq_norms` (C, b), the squared norms of the flattened inputs, saves the linear
+    path a pass over the batch when the caller has them precomputed.
+    """
+    if type(model) is LinearSoftmax:
+        return _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms)
+    return _generic_clipped_sum(model, params, x, y, mask, clip, loss, aux)
+
+
+def logit_gradients(
+    logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: PerExampleLoss, aux: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-example dloss/dlogits (C, b, L), per-example losses (C, b)) for a per-example loss."""
+    logits = logits.detach().requires_grad_(True)
+    count, width, classes = logits.shape
+    flat_aux = None if aux is None else aux.reshape(count * width, *aux.shape[2:])
+    losses = loss(logits.reshape(count * width, classes), y.reshape(-1), flat_aux).reshape(count, width)
+    (grads,) = torch.autograd.grad((losses * mask).sum(), logits)
+    return grads, losses.detach()
+
+
+def clip_scale(logit_grads: torch.Tensor, sq_norms: torch.Tensor, mask: torch.Tensor, clip: float) -> torch.Tensor:
+    """(C, b) factors min(1, C / ||g_i||) for a linear layer, where ||g_i||^2 = ||dlogits_i||^2 (||x_i||^2 + 1)."""
+    norms = torch.sqrt(logit_grads.pow(2).sum(-1) * (sq_norms + 1.0))
+    return (clip / norms.clamp_min(1e-12)).clamp(max=1.0) * mask
+
+
+def _linear_clipped_sum(
+    params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: float, loss: PerExampleLoss,
+    aux: torch.Tensor | None, sq_norms: torch.Tensor | None = None,
+) -> tuple[Params, torch.Tensor]:
+    features = x.flatten(start_dim=2)  # (C, b, d)
+    weight, bias = params["weight"], params["bias"]  # (C, L, d), (C, L)
+    logits = torch.baddbmm(bias.unsqueeze(1), features, weight.transpose(1, 2))
+    logit_grads, losses = logit_gradients(logits, y, mask, loss, aux)
+    with torch.no_grad():
+        scale = clip_scale(logit_grads, squared_norms(x) if sq_norms is None else sq_norms, mask, clip)
+        scaled = logit_grads * scale.unsqueeze(-1)
+        sums = {"weight": torch.bmm(scaled.transpose(1, 2), features), "bias": scaled.sum(dim=1)}
+    return sums, losses
+
+
+def _generic_clipped_sum(
+    model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: float, loss: PerExampleLoss,
+    aux: torch.Tensor | None,
+) -> tuple[Params, torch.Tensor]:
+    def one_example(p: Params, xi: torch.Tensor, yi: torch.Tensor, ai: torch.Tensor | None) -> torch.Tensor:
+        return loss(model.forward(p, xi.unsqueeze(0)), yi.unsqueeze(0), None if ai is None else ai.unsqueeze(0))[0]
+
+    if aux is None:
+        per_example = vmap(vmap(lambda p, xi, yi: grad(one_example)(p, xi, yi, None), in_dims=(None, 0, 0)))(params, x, y)
+    else:
+        per_example = vmap(vmap(grad(one_example), in_dims=(None, 0, 0, 0)))(params, x, y, aux)
+    with torch.no_grad():
+        norms = torch.sqrt(sum(g.flatten(start_dim=2).pow(2).sum(-1) for g in per_example.values()))
+        scale = (clip / norms.clamp_min(1e-12)).clamp(max=1.0) * mask
+        sums = {k: torch.einsum("cb,cb...->c...", scale, g) for k, g in per_example.items()}
+        logits = vmap(model.forward)(params, x)
+        count, width = y.shape
+        flat_aux = None if aux is None else aux.reshape(count * width, *aux.shape[2:])
+        losses = loss(logits.reshape(count * width, -1), y.reshape(-1), flat_aux).reshape(count, width)
+    return sums, losses
