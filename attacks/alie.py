@@ -40,7 +40,11 @@ class ALittleIsEnough(Attack):
     def tamper(self, exchange, messages, rng, reference=None, observed=None, colluding=None):
         pools = honest_pools(messages, observed, colluding)
         fixed = self.option_values["alie_z"]
-        z = torch.full((len(pools.total),), float(fixed), dtype=torch.float64) if fixed is not None else alie_z(pools.total, pools.malicious)
+        z = (
+            torch.full((len(pools.total),), float(fixed), dtype=torch.float64)
+            if fixed is not None
+            else alie_z(pools.total, pools.malicious)
+        )
         crafted = pools.mean() + z.unsqueeze(1) * pools.std()
         dtype = update_dtype(messages)
         return send(messages, crafted[pools.row].to(dtype))

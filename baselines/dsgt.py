@@ -43,7 +43,13 @@ import numpy as np
 import torch
 
 from p4bench.baselines.common import (
-    GraphSchedule, draw_batch, per_row, prefixed_vectors, received_any, replicate, send_along,
+    GraphSchedule,
+    draw_batch,
+    per_row,
+    prefixed_vectors,
+    received_any,
+    replicate,
+    send_along,
     weighted_inbox_sum,
 )
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method

@@ -17,10 +17,12 @@ P4 does); lr_scaling = none uses eta_l = lr.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
-from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.baselines.common import prefixed_vectors
+from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
 from p4bench.engine.state import flatten, unvectorize
 from p4bench.engine.training import local_sgd, noble_local_lr
@@ -36,7 +38,7 @@ class FedAvg(Method):
     name = "fedavg"
     description = "FedAvg: sampled clients, K local steps, sample-weighted average at a server"
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, uses_server=True)
-    options = (
+    options: ClassVar[tuple[Option, ...]] = (
         Option("lr_scaling", str, "noble", "local step size: noble = lr / (max(round(K s), 1) eta_g) as Noble et "
                "al.'s code, none = lr", choices=("noble", "none")),
     )

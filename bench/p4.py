@@ -181,7 +181,8 @@ def main() -> None:
     executed = executed_flops(args.clients)
     loop_s = loop_round(data, args.loop_clients) * args.clients / args.loop_clients
     print(f"phase-2 round {round_s:.3f} s (rounds: {[round(t, 3) for t in all_rounds]}); GEMM {gflops:.1f} GFLOP/s; "
-          f"FLOP bound {bound_s:.3f} s; the round's GEMMs alone {shapes_s:.3f} s; per-client opacus loop {loop_s:.2f} s (scaled from {args.loop_clients} clients)")
+          f"FLOP bound {bound_s:.3f} s; the round's GEMMs alone {shapes_s:.3f} s; "
+          f"per-client opacus loop {loop_s:.2f} s (scaled from {args.loop_clients} clients)")
     print(json.dumps({
         "benchmark": "p4", "clients": args.clients, "train_per_client": TRAIN, "features": list(FEATURES),
         "local_steps": 5, "data_rate": 0.5, "group_size": 8, "torch_threads": torch.get_num_threads(),

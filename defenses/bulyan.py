@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from p4bench.defenses._common import sorted_coordinates, gather_rank
+from p4bench.defenses._common import gather_rank, sorted_coordinates
 from p4bench.defenses.krum import ASSUMED_FRACTION, assumed_byzantine, krum_scores_from, squared_distances
 from p4bench.engine import Defense
 

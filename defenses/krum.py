@@ -8,6 +8,8 @@ floor(assumed_fraction * n), option `assumed_fraction` (default 0.3).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from p4bench.engine import Defense
@@ -64,7 +66,7 @@ class MultiKrum(Defense):
 
     name = "m-krum"
     description = "m-Krum: average the m updates closest to their n-f-2 nearest neighbours"
-    options = (ASSUMED_FRACTION, Option("krum_m", int, None, "m, the updates kept; default: n - f", low=1))
+    options: ClassVar[tuple[Option, ...]] = (ASSUMED_FRACTION, Option("krum_m", int, None, "m, the updates kept; default: n - f", low=1))
 
     def __init__(self, config) -> None:
         super().__init__(config)

@@ -72,7 +72,7 @@ def heterogeneity_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
         others = {m: v for m, v in scores.items() if m not in ("p4", "centralized")}
         if others:
             checked += 1
-            rival = max(others, key=others.get)
+            rival = max(others, key=others.__getitem__)
             if not scores["p4"] > others[rival]:
                 best_fail.append(f"{level}: p4 {_pct(scores['p4'])} vs {rival} {_pct(others[rival])}")
         if "local" in scores and not scores["p4"] > scores["local"]:
@@ -111,7 +111,7 @@ def privacy_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
     return checks
 
 
-ABLATIONS = {"p4 -grouping": {"options.grouping": "random"}, "p4 -scatternet": {"features": "raw"},
+ABLATIONS: dict[str, dict[str, Any]] = {"p4 -grouping": {"options.grouping": "random"}, "p4 -scatternet": {"features": "raw"},
              "p4 -proxy": {"options.proxy": False}}
 
 
@@ -156,9 +156,9 @@ def defense_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
         checks.append(_verdict(claim, bad, len(impacts), ", ".join(f"{a} {100 * i:.1f}" for a, i in impacts.items())))
     # The paper's RQ2 compares existing defenses: P4's combination and the oracle are not candidates.
 
-    def best(attack: str) -> tuple[str | None, dict[tuple, float]]:
+    def best(attack: str) -> tuple[str | None, dict[str, float]]:
         scores = {d: v for (d,), v in _means(table, attack=attack).items() if d not in ("p4-secure", "ideal")}
-        return (max(scores, key=scores.get) if scores else None), scores
+        return (max(scores, key=scores.__getitem__) if scores else None), scores
 
     for attack, expected, text in (
         ("label-flip", "none", "No defense is best (within 1 point) under label flipping"),

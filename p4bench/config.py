@@ -56,19 +56,24 @@ class RunConfig:
     model: str = field(default="linear", metadata=_meta("model architecture"))
     runtime: str = field(default="simulation", metadata=_meta("runtime plugin that executes the method"))
     epsilon: float | None = field(
-        default=None, metadata=_meta("target epsilon per client; sets the noise multiplier (none: non-private)", low=0, high=1e6, low_open=True)
+        default=None,
+        metadata=_meta("target epsilon per client; sets the noise multiplier (none: non-private)", low=0, high=1e6, low_open=True),
     )
     delta: float | None = field(
-        default=None, metadata=_meta("target delta; default 1/(training records of all clients)", low=0, high=1, low_open=True, high_open=True)
+        default=None,
+        metadata=_meta("target delta; default 1/(training records of all clients)", low=0, high=1, low_open=True, high_open=True),
     )
     noise_multiplier: float | None = field(
         default=None, metadata=_meta("DP noise multiplier sigma; default: calibrated from --epsilon", low=0, high=1e6, low_open=True)
     )
     clip: float = field(default=1.0, metadata=_meta("DP per-example clipping norm C", low=0, high=1e6, low_open=True))
     neighbouring: str | None = field(
-        default=None, metadata=_meta("DP neighbouring relation; default: the method's (P4: replace-one)", choices=("add-remove", "replace-one"))
+        default=None,
+        metadata=_meta("DP neighbouring relation; default: the method's (P4: replace-one)", choices=("add-remove", "replace-one")),
     )
-    accountant: str = field(default="pld", metadata=_meta("privacy accountant used for the budget and calibration (pld: tight for both relations)"))
+    accountant: str = field(
+        default="pld", metadata=_meta("privacy accountant used for the budget and calibration (pld: tight for both relations)")
+    )
     no_dp: bool = field(
         default=False, metadata=_meta("train a DP method without DP (it is private by default at its default epsilon)")
     )
@@ -76,7 +81,8 @@ class RunConfig:
         default="auto",
         metadata=_meta(
             "DP randomness (noise and Poisson batches): seeded (reproducible, not secret), secure (a secret "
-            "generator per client, keyed from the OS CSPRNG), auto (secure where clients are separate parties, e.g. devices; seeded in simulation)",
+            "generator per client, keyed from the OS CSPRNG), auto (secure where clients are separate parties, e.g. devices; "
+            "seeded in simulation)",
             choices=("auto", "seeded", "secure"),
         ),
     )
@@ -116,7 +122,7 @@ class RunConfig:
         data["options"] = dict(self.options)
         return data
 
-    def replace(self, **changes: Any) -> "RunConfig":
+    def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
     def config_hash(self) -> str:

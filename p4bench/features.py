@@ -109,7 +109,7 @@ def content_hash(x: np.ndarray) -> str:
     """SHA-256 of an array's dtype, shape and bytes (identifies a dataset's content)."""
     array = np.ascontiguousarray(x)
     digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
-    digest.update(memoryview(array.reshape(-1).view(np.uint8)))
+    digest.update(array.reshape(-1).view(np.uint8).data)
     return digest.hexdigest()
 
 
@@ -275,6 +275,7 @@ def normalize_client_tensors(
 def normalize_federated(data: FederatedData) -> FederatedData:
     """`data` with every client's features normalized by its own training statistics."""
     train, test = normalize_client_tensors(data.train, data.test)
+    assert test is not None  # data.test is given
     return dataclasses.replace(data, train=train, test=test)
 
 

@@ -52,7 +52,7 @@ def plugin_option_names(kind: str) -> set[str]:
     return names
 
 
-def load_runs(experiment: str, tracking_uri: str, metric: str = DEFAULT_METRIC) -> "pd.DataFrame":
+def load_runs(experiment: str, tracking_uri: str, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """One row per finished run of `experiment`: run_id, start_time, the tags, `metric`,
     detection totals and every parameter as a `param.<name>` column."""
     import pandas as pd
@@ -80,7 +80,7 @@ def load_runs(experiment: str, tracking_uri: str, metric: str = DEFAULT_METRIC) 
     return pd.DataFrame(rows)
 
 
-def load_client_accuracies(tracking_uri: str, run_ids: Iterable[str]) -> dict[str, "pd.DataFrame"]:
+def load_client_accuracies(tracking_uri: str, run_ids: Iterable[str]) -> dict[str, pd.DataFrame]:
     """Each run's `clients.csv` artifact (client, role, malicious, accuracy); runs
     without it are left out."""
     import tempfile
@@ -100,14 +100,14 @@ def load_client_accuracies(tracking_uri: str, run_ids: Iterable[str]) -> dict[st
     return tables
 
 
-def matched_accuracy(clean: "pd.DataFrame", attacked: "pd.DataFrame") -> float:
+def matched_accuracy(clean: pd.DataFrame, attacked: pd.DataFrame) -> float:
     """Mean accuracy in `clean` over the clients reported (benign, non-evaluation) in `attacked`."""
     benign = attacked[(attacked["role"] == "reported") & ~attacked["malicious"].astype(bool)]["client"]
     values = clean.set_index("client").reindex(benign)["accuracy"]
     return float(values.mean()) if values.notna().all() and len(values) else float("nan")
 
 
-def _key_columns(runs: "pd.DataFrame", ignore: Iterable[str]) -> list[str]:
+def _key_columns(runs: pd.DataFrame, ignore: Iterable[str]) -> list[str]:
     ignored = set(_NOT_CONFIG) | set(ignore)
     # `option.*` are resolved plugin options: derived from the plugins and `options.*`, and
     # only logged for the plugins a run uses (an attack's exist on attacked runs only)
@@ -115,13 +115,13 @@ def _key_columns(runs: "pd.DataFrame", ignore: Iterable[str]) -> list[str]:
                   and c[len("param."):] not in ignored)
 
 
-def _latest(runs: "pd.DataFrame", key: list[str]) -> "pd.DataFrame":
+def _latest(runs: pd.DataFrame, key: list[str]) -> pd.DataFrame:
     return runs.sort_values("start_time").drop_duplicates(subset=key, keep="last")
 
 
 def pair_runs(
-    runs: "pd.DataFrame", attack_options: set[str], defense_options: set[str], clients: dict[str, "pd.DataFrame"] | None = None
-) -> "pd.DataFrame":
+    runs: pd.DataFrame, attack_options: set[str], defense_options: set[str], clients: dict[str, pd.DataFrame] | None = None
+) -> pd.DataFrame:
     """Attacked runs with their unattacked and ideal-defense partners: columns accuracy,
     clean_accuracy, attack_impact, ideal_accuracy, ideal_gap (NaN where no partner).
     With `clients` (per-client accuracies by run id), the unattacked accuracy is taken
@@ -158,7 +158,7 @@ def pair_runs(
     return pd.DataFrame(paired)
 
 
-def group_columns(paired: "pd.DataFrame") -> list[str]:
+def group_columns(paired: pd.DataFrame) -> list[str]:
     """Grouping of seeds into one table row: the tags plus every parameter that varies
     between the attacked runs (other than the seed)."""
     params = _key_columns(paired, ())
@@ -167,7 +167,7 @@ def group_columns(paired: "pd.DataFrame") -> list[str]:
     return ["dataset", "method", *marked, *varying, "attack", "defense"]
 
 
-def impact_table(paired: "pd.DataFrame") -> "pd.DataFrame":
+def impact_table(paired: pd.DataFrame) -> pd.DataFrame:
     """Mean and std over seeds per config: accuracy, clean accuracy, attack impact,
     ideal gap, detection precision and recall (run totals)."""
     groups = group_columns(paired)
@@ -179,7 +179,7 @@ def impact_table(paired: "pd.DataFrame") -> "pd.DataFrame":
     return table.reset_index()
 
 
-def format_table(table: "pd.DataFrame") -> str:
+def format_table(table: pd.DataFrame) -> str:
     """The impact table as text: mean ± std columns, one row per config."""
     import pandas as pd
 
@@ -196,7 +196,7 @@ def format_table(table: "pd.DataFrame") -> str:
     return shown.to_string(index=False)
 
 
-def plot_impact(table: "pd.DataFrame", path: Path, title: str = "") -> Path:
+def plot_impact(table: pd.DataFrame, path: Path, title: str = "") -> Path:
     """Paper-style grouped bars: attack impact per attack (x) and defense (bars), one
     panel per dataset / method (and varying parameter), error bars = std over seeds."""
     import matplotlib
@@ -232,12 +232,12 @@ def plot_impact(table: "pd.DataFrame", path: Path, title: str = "") -> Path:
     return path
 
 
-def group_columns_of(table: "pd.DataFrame") -> list[str]:
+def group_columns_of(table: pd.DataFrame) -> list[str]:
     """The grouping columns present in an impact table."""
     return [c for c in table.columns if c in ("dataset", "method", PRIVACY, "attack", "defense") or c.startswith("param.")]
 
 
-def check_privacy_of(runs: "pd.DataFrame", experiment: str, allow_mixed: bool = False):
+def check_privacy_of(runs: pd.DataFrame, experiment: str, allow_mixed: bool = False):
     """The equal-privacy rule on the runs (UsageError naming them unless it holds or
     `allow_mixed`); where their marks differ, a `privacy` column is added. (runs, check)."""
     from p4bench.equal_privacy import check_privacy, from_row
@@ -250,7 +250,7 @@ def check_privacy_of(runs: "pd.DataFrame", experiment: str, allow_mixed: bool = 
 
 
 def compute_impact(experiment: str, tracking_uri: str, metric: str = DEFAULT_METRIC,
-                   allow_mixed_privacy: bool = False) -> tuple["pd.DataFrame", "pd.DataFrame"]:
+                   allow_mixed_privacy: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-run pairs, table) for an experiment; UsageError if it has no attacked run, or
     if its runs do not compare at equal privacy (unless `allow_mixed_privacy`)."""
     runs = load_runs(experiment, tracking_uri, metric)

@@ -63,12 +63,10 @@ class Option:
         if self.choices:
             return "one of " + ", ".join(_text(c) for c in self.choices)
         low, high = self.low, self.high
-        if low is None and high is None:
-            return ""
+        if low is None:
+            return "" if high is None else f"{'<' if self.high_open else '<='} {_num(high)}"
         if high is None:
             return f"{'>' if self.low_open else '>='} {_num(low)}"
-        if low is None:
-            return f"{'<' if self.high_open else '<='} {_num(high)}"
         return f"in {'(' if self.low_open else '['}{_num(low)}, {_num(high)}{')' if self.high_open else ']'}"
 
     def expected(self) -> str:
@@ -180,7 +178,7 @@ def declared_options(cls: Any) -> tuple[Option, ...]:
     return tuple(getattr(cls, "options", ()) or ())
 
 
-def run_plugins(config: "RunConfig", registry: Any) -> list[tuple[str, str, type]]:
+def run_plugins(config: RunConfig, registry: Any) -> list[tuple[str, str, type]]:
     """(kind, name, class) of every plugin `config` uses, the method's default defense
     included; unknown names raise UnknownNameError."""
     method = registry.get("method", config.method)
@@ -196,7 +194,7 @@ def run_plugins(config: "RunConfig", registry: Any) -> list[tuple[str, str, type
     return used
 
 
-def validate_run_options(config: "RunConfig", registry: Any) -> dict[str, dict[str, Any]]:
+def validate_run_options(config: RunConfig, registry: Any) -> dict[str, dict[str, Any]]:
     """Resolved options of every plugin `config` uses, keyed by kind ("method",
     "defense", ..., and "topology" for the graph a `topology` option names, with its
     `topology_options`). Refuses, before any data is loaded, keys no used plugin

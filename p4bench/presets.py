@@ -29,8 +29,8 @@ DATASETS: dict[str, dict[str, int]] = {
     "digits": {"classes": 10, "clients": 20, "samples_per_client": 80},
 }
 QUICK_DIGITS = {"clients": 10}
-FULL = {"rounds": 100, "seeds": (0, 1, 2)}
-QUICK = {"rounds": 3, "seeds": (0,)}
+FULL: dict[str, Any] = {"rounds": 100, "seeds": (0, 1, 2)}
+QUICK: dict[str, Any] = {"rounds": 3, "seeds": (0,)}
 EPSILONS = (3.0, 5.0, 8.0, 10.0, 15.0, 20.0)
 # The existing defenses of the paper's RQ2 (FedSecurity's), then P4's own and the oracle.
 DEFENSES = ("none", "m-krum", "krum", "bulyan", "anomaly-detection", "median", "trimmed-mean", "geometric-median",
@@ -47,7 +47,7 @@ class Preset:
     base: Mapping[str, Any]
     variants: Callable[[str, bool], list[dict[str, Any]]]  # (dataset, quick) -> variants
     group_by: tuple[str, ...]
-    claims: Callable[[Any, "ClaimContext"], list[ClaimCheck]]
+    claims: Callable[[Any, ClaimContext], list[ClaimCheck]]
     per_method: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     neighbouring: str = RELATION  # the one relation of every private run
     tune_at: Mapping[str, Any] = field(default_factory=dict)  # the setting lr is tuned at (a `variant` or options)

@@ -9,6 +9,7 @@ method's phases, the method itself) are typed here by what records read of them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,7 +59,7 @@ class RunInfo:
     config: RunConfig
     evaluation: np.ndarray  # (M,) bool
     malicious: np.ndarray  # (M,) bool
-    phases: list[PhaseView]  # the method's `Phase` values, in order
+    phases: Sequence[PhaseView]  # the method's `Phase` values, in order
     num_parameters: int
     defense: str | None
     started_at: float
@@ -76,7 +77,8 @@ class RunInfo:
     @property
     def reported(self) -> np.ndarray:
         """Clients whose results are reported: benign and not used for tuning."""
-        return ~self.evaluation & ~self.malicious
+        reported: np.ndarray = ~self.evaluation & ~self.malicious
+        return reported
 
     @property
     def total_rounds(self) -> int:

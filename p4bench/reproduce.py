@@ -55,11 +55,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p4bench.claims import ClaimCheck, ClaimContext
-from p4bench.presets import (  # the presets are part of this command's API (re-exported)
-    DATASETS, FULL, PRESETS, QUICK, Preset, data_settings, shard_variant,
-)
 from p4bench.equal_privacy import UnequalPrivacyError
 from p4bench.errors import UnknownNameError, UsageError
+from p4bench.presets import (  # the presets are part of this command's API (re-exported)
+    DATASETS,
+    FULL,
+    PRESETS,
+    QUICK,
+    Preset,
+    data_settings,
+    shard_variant,
+)
 from p4bench.sweep import PlannedRun, SweepReport, SweepSpec, expand, option_key, run_sweep, unknown_names
 
 __all__ = ["DATASETS", "PRESETS", "Preset", "PresetPlan", "ClaimCheck", "ReproduceReport", "plan_preset", "reproduce", "shard_variant"]
@@ -112,7 +118,8 @@ def plan_preset(name: str, dataset: str | None = None, quick: bool = False, *, s
     if name not in PRESETS:
         raise UsageError(f"unknown preset '{name}'; presets: {', '.join(PRESETS)}")
     registry = registry or default_registry()
-    preset, notices = PRESETS[name], []
+    preset = PRESETS[name]
+    notices: list[str] = []
     chosen = _dataset_choice(preset, dataset, registry, notices, check_data)
     settings = data_settings(chosen, quick)
     scale = QUICK if quick else FULL
@@ -255,7 +262,8 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     located = [PlannedRun(r.config.replace(results_dir=base_dir, tracking_uri=uri), r.tags) for r in runs]
     validate_planned(located, default_registry(), describe_run)  # bad plugin options: before tuning starts
     preset = PRESETS[name]
-    tuning, tuned_lr = None, {}
+    tuning: Any = None
+    tuned_lr: dict[str, float] = {}
     fixed = any(option_key(k) == "lr" for k in (overrides or {}))
     if tune and fixed:
         notices.append("lr is set explicitly (--set lr=...): not tuned")
@@ -326,7 +334,7 @@ def _privacy_lines(preset: Preset, spec: SweepSpec, comparison: Any, runs: Seque
             lines.append("WARNING: " + verdict.warning)
     relation = spec.base.get("neighbouring")
     private = [r.config for r in runs if r.config.epsilon is not None]
-    epsilons = sorted({c.epsilon for c in private})
+    epsilons = sorted({c.epsilon for c in private if c.epsilon is not None})
     accountants = sorted({c.accountant for c in private})
     if relation:
         lines.append(f"one neighbouring relation for the preset: {relation}; target epsilon "

@@ -131,11 +131,11 @@ class ClientRng:
         mask = torch.arange(order.shape[1]) < size.unsqueeze(1)
         return order, mask
 
-    def take(self, rows: torch.Tensor) -> "ClientRng":
+    def take(self, rows: torch.Tensor) -> ClientRng:
         """The streams of a subset of rows (a copy; write back with `put`)."""
         return ClientRng(self.keys[rows], self.calls[rows])
 
-    def put(self, rows: torch.Tensor, sub: "ClientRng") -> None:
+    def put(self, rows: torch.Tensor, sub: ClientRng) -> None:
         """Write back the advanced draw counters of a subset taken with `take`."""
         self.calls = self.calls.clone()
         self.calls[rows] = sub.calls
@@ -213,7 +213,7 @@ class SecretRng(ClientRng):
         self.calls = self.calls + 1
         return self.source.words(self.rows, n)
 
-    def take(self, rows: torch.Tensor) -> "SecretRng":
+    def take(self, rows: torch.Tensor) -> SecretRng:
         """The streams of a subset of rows (sharing the source; write back with `put`)."""
         return SecretRng(len(rows), self.calls[rows], self.source)
 

@@ -17,14 +17,14 @@ from p4bench.config import RunConfig
 from p4bench.data import FederatedData, build_federated_data
 from p4bench.data.base import load_dataset, run_partitioner
 from p4bench.data.paths import _data_dir
-from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
-from p4bench.engine import Job, Method, Outcome, RoundReport
+from p4bench.engine import Attack, Defense, Job, Method, Outcome, RoundReport
 from p4bench.errors import IncompatibleError, UsageError
+from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
 from p4bench.options import validate_run_options
 from p4bench.plugin_manager import Registry, create_plugin_manager
-from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
 from p4bench.privacy.certification import certify
 from p4bench.privacy.groups import attach_mechanisms
+from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
 from p4bench.privacy.mechanism import DPSettings
 from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
 from p4bench.rng import SEED_MALICIOUS, SEED_PARTITION, harness_rng
@@ -99,9 +99,9 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
     partitioner_cls = registry.get("partitioner", config.partitioner)
     model_cls = registry.get("model", config.model)
     runtime_cls = registry.get("runtime", config.runtime)
-    attack_cls = registry.get("attack", config.attack) if config.attack else None
+    attack_cls: type[Attack] | None = registry.get("attack", config.attack) if config.attack else None
     defense_name = config.defense if config.defense is not None else method_cls.default_defense
-    defense_cls = registry.get("defense", defense_name) if defense_name not in (None, "none") else None
+    defense_cls: type[Defense] | None = registry.get("defense", defense_name) if defense_name not in (None, "none") else None
     for kind, cls in (("defense", defense_cls), ("attack", attack_cls)):
         if cls is None:
             continue
@@ -128,6 +128,7 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
     model = model_cls(data.feature_shape, data.num_classes)
     method = method_cls(config, model, config.clients)
     certification = certify(config, method.uncertified_steps(), bool(getattr(runtime_cls, "separate_parties", False)))
+    malicious_mask = torch.from_numpy(malicious)
     job = Job(
         config=config,
         method=method,
@@ -135,10 +136,10 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         data=data,
         attack=attack_cls(config, data.num_classes) if attack_cls else None,
         defense=defense_cls(config) if defense_cls else None,
-        malicious=torch.from_numpy(malicious),
+        malicious=malicious_mask,
     )
     if job.defense is not None and job.defense.needs_oracle:
-        job.defense.reveal_malicious(job.malicious)  # the ideal defense: a harness oracle
+        job.defense.reveal_malicious(malicious_mask)  # the ideal defense: a harness oracle
     info = RunInfo(
         run_id=uuid.uuid4().hex[:12],
         config=config,
@@ -169,18 +170,19 @@ def _setup_privacy(config: RunConfig, registry: Registry, method: Method, data: 
     neighbouring = config.neighbouring or method.default_neighbouring
     delta = config.delta if config.delta is not None else 1.0 / int(data.train.n.sum())
     plan = method.privacy_plan()
+    # In P2P (and for an honest-but-curious server) the receiver sees individual
+    # updates, so the noble bound's honest default is the aggregator view.
+    view = str(config.options.get("noble_view", "aggregator"))
     context = {
         "local_steps": {p.phase: p.local_steps for p in plan},
         "client_rate": {p.phase: p.client_rate for p in plan},
         "clients": config.clients,
-        # In P2P (and for an honest-but-curious server) the receiver sees individual
-        # updates, so the noble bound's honest default is the aggregator view.
-        "view": str(config.options.get("noble_view", "aggregator")),
+        "view": view,
     }
 
     def planned_epsilon(sigma: float, of: Any = accountant) -> float:
         history = [
-            ReleaseSegment(sigma, p.sample_rate, p.steps, p.local_steps, p.rounds, p.client_rate, config.clients, context["view"])
+            ReleaseSegment(sigma, p.sample_rate, p.steps, p.local_steps, p.rounds, p.client_rate, config.clients, view)
             for p in plan
             if p.steps > 0
         ]
@@ -188,6 +190,7 @@ def _setup_privacy(config: RunConfig, registry: Registry, method: Method, data: 
 
     sigma = config.noise_multiplier
     if sigma is None:
+        assert config.epsilon is not None  # a private run without a noise multiplier has a target epsilon
         sigma = calibrate_noise(planned_epsilon, config.epsilon, tolerance=min(0.01, 0.01 * config.epsilon))
     settings = DPSettings(clip=config.clip, noise_multiplier=float(sigma), neighbouring=neighbouring)
     ledger = PrivacyLedger(settings, accountant, reference, config.clients, delta, config.epsilon, context, pld=pld)
@@ -238,6 +241,7 @@ def run(
             if report.client_bytes_sent is not None:
                 report.metrics["client_bytes_sent_mean"] = float(report.client_bytes_sent.mean())
                 report.metrics["client_bytes_sent_max"] = float(report.client_bytes_sent.max())
+                assert report.client_bytes_received is not None  # reported together with client_bytes_sent
                 report.metrics["client_bytes_received_mean"] = float(report.client_bytes_received.mean())
             pm.hook.round_finished(run=info, report=report)
 

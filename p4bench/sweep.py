@@ -39,7 +39,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -93,8 +93,8 @@ def parse_sweep(data: Any, source: str = "sweep", folder: Path | None = None) ->
     includes = data.get("include") or []
     for include in [includes] if isinstance(includes, (str, Path)) else includes:
         target = Path(include) if folder is None or Path(include).is_absolute() else folder / include
-        for method, values in load_tuned(target).items():
-            per_method.setdefault(method, {}).update(values)
+        for method, tuned in load_tuned(target).items():
+            per_method.setdefault(method, {}).update(tuned)
     for method, values in _mapping(data.get("per_method"), f"{source}: per_method").items():
         per_method.setdefault(str(method), {}).update(_mapping(values, f"{source}: per_method.{method}"))
     for key in [*base, *(k for v in variants for k in v if k != LABEL), *(k for v in per_method.values() for k in v)]:
@@ -201,6 +201,16 @@ def _incompatibility(config: RunConfig, registry: Any) -> str | None:
     return None
 
 
+class ProgressSink(Protocol):
+    """What receives a sweep's progress: `Progress` or anything with its methods."""
+
+    def start(self, total: int, skipped: int) -> None: ...
+
+    def advance(self, record: RunRecord, planned: PlannedRun) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class Progress:
     """Receives a sweep's progress (the CLI draws a bar); all methods optional."""
 
@@ -248,7 +258,7 @@ def run_sweep(
     tracking_uri: str | None = None,
     tuning: bool = False,
     registry: Any = None,
-    progress: Progress | None = None,
+    progress: ProgressSink | None = None,
     track: bool = True,
     planned: Sequence[PlannedRun] | None = None,
     allow_mixed_privacy: bool = False,

@@ -55,7 +55,7 @@ class SweepSpec:
     variants: tuple[Mapping[str, Any], ...] = ()
     per_method: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
-    def with_base(self, **changes: Any) -> "SweepSpec":
+    def with_base(self, **changes: Any) -> SweepSpec:
         """This sweep with some base options replaced (e.g. from `--set` on the CLI)."""
         base = dict(self.base)
         for key, value in changes.items():

@@ -172,6 +172,7 @@ class Tracker:
     @hookimpl
     def round_finished(self, run, report) -> None:
         mean = report.metrics.get("accuracy_mean", float("nan"))
+        assert self.local_dir is not None  # set by run_started
         with open(self.local_dir / "metrics.csv", "a", newline="") as handle:
             csv.writer(handle).writerow(
                 [report.step, report.phase, report.round, mean, report.train_loss, report.seconds, report.bytes_sent]
@@ -190,6 +191,7 @@ class Tracker:
     @hookimpl
     def run_finished(self, run, result) -> None:
         folder = self.local_dir
+        assert folder is not None  # set by run_started
         self._write_clients(run, result, folder / "clients.csv")
         plot_accuracy(folder / "metrics.csv", folder / "accuracy.png", title=f"{self.config.method} on {self.config.dataset}")
         summary = dict(result.summary)
@@ -203,7 +205,11 @@ class Tracker:
             final = {"final_accuracy_mean": result.summary["accuracy_mean"], "wall_time_s": result.wall_time_s,
                      "bytes_sent_total": float(result.summary.get("bytes_sent", 0))}
             if result.summary.get("epsilon") is not None:
-                final.update({k: float(result.summary[k]) for k in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_rdp_mean", "epsilon_pld") if k in result.summary})
+                final.update({
+                    k: float(result.summary[k])
+                    for k in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_rdp_mean", "epsilon_pld")
+                    if k in result.summary
+                })
                 # the resolved privacy setting (the config may have left it to the method / calibration)
                 for key in ("neighbouring", "noise_multiplier", "delta", "accountant", "clip"):
                     self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, f"dp.{key}", str(result.summary[key]))

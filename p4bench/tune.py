@@ -53,7 +53,7 @@ import yaml
 from p4bench.backends import Backend
 from p4bench.config import RunConfig
 from p4bench.errors import UsageError
-from p4bench.sweep import PlannedRun, Progress, SweepReport, SweepSpec, expand, option_key, run_sweep
+from p4bench.sweep import PlannedRun, ProgressSink, SweepReport, SweepSpec, expand, option_key, run_sweep
 
 __all__ = ["TuneSpec", "TuneResult", "PointScore", "load_tune", "parse_tune", "plan_tuning", "run_tuning",
            "write_tuned", "SELECTION_METRIC"]
@@ -183,7 +183,7 @@ def run_tuning(
     *,
     results_dir: str | None = None,
     tracking_uri: str | None = None,
-    progress: Progress | None = None,
+    progress: ProgressSink | None = None,
     track: bool = True,
     allow_mixed_privacy: bool = False,
 ) -> TuneResult:
@@ -204,7 +204,7 @@ def tune_planned(
     *,
     results_dir: str,
     tracking_uri: str,
-    progress: Progress | None = None,
+    progress: ProgressSink | None = None,
     track: bool = True,
     allow_mixed_privacy: bool = False,
 ) -> TuneResult:

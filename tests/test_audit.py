@@ -13,8 +13,14 @@ import torch
 from scipy.stats import binom
 
 from p4bench.audit import (
-    AuditedMechanism, CanaryBank, audit_config, clopper_pearson, empirical_epsilon, epsilon_from_rates,
-    release_scores, run_audit,
+    AuditedMechanism,
+    CanaryBank,
+    audit_config,
+    clopper_pearson,
+    empirical_epsilon,
+    epsilon_from_rates,
+    release_scores,
+    run_audit,
 )
 from p4bench.cli import main
 from p4bench.errors import IncompatibleError, UsageError
@@ -114,7 +120,8 @@ def test_wrapper_observes_exactly_noise_plus_canaries(neighbouring):
     signs = bank.included[:2].float() if neighbouring == "add-remove" else bank.included[:2].float() * 2 - 1
     assert bool(((coefficients.round() == 0) | (coefficients.round() == signs)).all())
     x = (flat_noise @ bank.directions.T + coefficients.round() * settings.clip) / settings.noise_std
-    assert bank.scores[:2].numpy() == pytest.approx(release_scores(x, 0.5, settings.clip / settings.noise_std, neighbouring).numpy(), abs=1e-4)
+    expected = release_scores(x, 0.5, settings.clip / settings.noise_std, neighbouring).numpy()
+    assert bank.scores[:2].numpy() == pytest.approx(expected, abs=1e-4)
     assert bank.releases.tolist() == [1, 1, 0] and float(bank.scores[2].abs().sum()) == 0.0
     # a sub-mechanism for some rows shares the canaries; noise outside `release` is recorded
     sub = audited.take(torch.tensor([1]))

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from p4bench.config import RunConfig, resolve_config
@@ -15,7 +17,7 @@ def test_defaults_then_file_then_overrides(tmp_path):
 
 def test_config_is_immutable_and_hash_ignores_logging_location():
     config = RunConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         config.clients = 3  # type: ignore[misc]
     assert config.config_hash() == config.replace(results_dir="elsewhere").config_hash()
     assert config.config_hash() != config.replace(seed=1).config_hash()

@@ -11,13 +11,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_data_loaders import make_cifar10
 
 from p4bench.cli import main
 from p4bench.data import download as download_module
 from p4bench.data.download import DOWNLOADS, DownloadSpec, Resource
 from p4bench.plugin_manager import reset_default
-
-from test_data_loaders import make_cifar10
 
 
 @pytest.fixture(autouse=True)

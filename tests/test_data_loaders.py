@@ -26,13 +26,14 @@ from p4bench.data.sources.mnist import EMNIST_BALANCED_CLASSES
 from p4bench.data.synthetic import SyntheticDataset, generate_synthetic
 from p4bench.errors import ConfigError, DataError
 
-
 # --- writers for the official formats -----------------------------------------------
 
 
 def write_cifar_batch(path: Path, images: np.ndarray, labels: list[int], label_key: bytes, protocol: int = 2) -> None:
     """A CIFAR python batch: dict with bytes keys, b'data' (N, 3072) uint8 rows."""
-    batch = {b"batch_label": b"test batch", label_key: labels, b"data": images.reshape(len(images), -1), b"filenames": [b"x.png"] * len(labels)}
+    batch = {
+        b"batch_label": b"test batch", label_key: labels, b"data": images.reshape(len(images), -1), b"filenames": [b"x.png"] * len(labels)
+    }
     with path.open("wb") as handle:
         pickle.dump(batch, handle, protocol=protocol)
 
@@ -263,7 +264,9 @@ def test_synthetic_statistics_follow_the_model():
 
 
 def test_synthetic_dataset_reads_options():
-    config = RunConfig(clients=6, samples_per_client=30, seed=2, options={"synthetic_dim": 8, "synthetic_classes": 3, "synthetic_alpha": 0.1})
+    config = RunConfig(
+        clients=6, samples_per_client=30, seed=2, options={"synthetic_dim": 8, "synthetic_classes": 3, "synthetic_alpha": 0.1}
+    )
     data = load_dataset(SyntheticDataset, Path("/nonexistent"), config)
     assert data.feature_shape == (8,) and data.num_classes == 3
     assert len(data.y_train) + len(data.y_test) == 180

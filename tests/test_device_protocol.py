@@ -20,7 +20,15 @@ from p4bench.plugins.device.measure import PowerMeter, RoundClock
 from p4bench.plugins.device.network import consistent_messages
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.protocol import (
-    KIND_END, KIND_MESSAGE, FrameError, Limits, RejectedFrame, dump_json, load_json, pack, read_frame,
+    KIND_END,
+    KIND_MESSAGE,
+    FrameError,
+    Limits,
+    RejectedFrame,
+    dump_json,
+    load_json,
+    pack,
+    read_frame,
 )
 from p4bench.plugins.device.tls import init_tls_dir
 from p4bench.plugins.device.transport import PeerTransport

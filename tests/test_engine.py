@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p4bench.engine import Messages, MessageFormatError, decode, encode
+from p4bench.engine import MessageFormatError, Messages, decode, encode
 from p4bench.engine.training import batched_loss_and_grad, reference_loss_and_grad
 from p4bench.models import LinearSoftmax
 from p4bench.runner import run

@@ -10,16 +10,14 @@ from mlflow.tracking import MlflowClient
 
 import p4bench.runner
 from p4bench.backends import Backend, RunRecord
+from p4bench.claims import ClaimCheck
 from p4bench.cli import main
 from p4bench.compare import compare_experiment
-from p4bench.equal_privacy import (RunPrivacy, UnequalPrivacyError, check_privacy, from_config, from_row,
-                                   settle_relation)
 from p4bench.config import RunConfig
+from p4bench.equal_privacy import RunPrivacy, UnequalPrivacyError, check_privacy, from_config, from_row, settle_relation
 from p4bench.errors import UsageError
 from p4bench.impact import compute_impact
-from p4bench.reproduce import (PRESETS, TUNE_GRID, apply_tuned_lr, plan_lr_tuning, plan_preset, quick_claims,
-                               reproduce)
-from p4bench.claims import ClaimCheck
+from p4bench.reproduce import PRESETS, TUNE_GRID, apply_tuned_lr, plan_lr_tuning, plan_preset, quick_claims, reproduce
 from p4bench.sweep import expand, parse_sweep, run_sweep
 from p4bench.tune import TuneSpec, run_tuning
 

@@ -159,7 +159,9 @@ def test_scatter_dataset_needs_images():
     from p4bench.data.base import ArrayDataset
     from p4bench.errors import IncompatibleError
 
-    flat = ArrayDataset("flat", np.zeros((2, 5), np.float32), np.zeros(2, np.int64), np.zeros((1, 5), np.float32), np.zeros(1, np.int64), ("a",))
+    flat = ArrayDataset(
+        "flat", np.zeros((2, 5), np.float32), np.zeros(2, np.int64), np.zeros((1, 5), np.float32), np.zeros(1, np.int64), ("a",)
+    )
     with pytest.raises(IncompatibleError, match="flat"):
         scatter_dataset(flat, use_cache=False)
 

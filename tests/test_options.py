@@ -11,7 +11,12 @@ from p4bench.cli import main
 from p4bench.config import RunConfig
 from p4bench.errors import ConfigError
 from p4bench.options import (
-    Option, UnknownOptionError, option_params, resolve_options, validate_run_options, with_option_reference,
+    Option,
+    UnknownOptionError,
+    option_params,
+    resolve_options,
+    validate_run_options,
+    with_option_reference,
 )
 from p4bench.plugin_manager import KINDS, Registry, create_plugin_manager, default_registry
 

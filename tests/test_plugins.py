@@ -16,10 +16,10 @@ from p4bench.engine import Attack, Defense
 from p4bench.engine.runtime import SimulationRuntime
 from p4bench.errors import DuplicateNameError, UnknownNameError
 from p4bench.models import LinearSoftmax
-from p4bench.privacy.accountants import Accountant
-from p4bench.topology.graphs import Topology
 from p4bench.plugin_manager import KINDS, Registry, create_plugin_manager
+from p4bench.privacy.accountants import Accountant
 from p4bench.runner import run
+from p4bench.topology.graphs import Topology
 
 
 class TinyDigits(DigitsDataset):

@@ -7,12 +7,12 @@ import math
 import pytest
 
 from p4bench.errors import ConfigError, UsageError
-from p4bench.plugin_manager import create_plugin_manager, Registry
+from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.privacy import (
     DEFAULT_ORDERS,
     NobleAccountant,
-    PRVAccountant,
     PrivacyAccountingError,
+    PRVAccountant,
     RDPAccountant,
     ReleaseSegment,
     calibrate_accountant,

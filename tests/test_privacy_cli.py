@@ -8,7 +8,6 @@ import pytest
 
 from p4bench.cli import main
 
-
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 
 

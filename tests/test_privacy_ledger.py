@@ -20,7 +20,10 @@ from p4bench.runner import run
 
 def _mechanism(rows, std_sigma=2.0, clip=0.5, neighbouring="add-remove", seed=0):
     settings = DPSettings(clip=clip, noise_multiplier=std_sigma, neighbouring=neighbouring)
-    allow = lambda clients, rate, phase: torch.ones(len(clients), dtype=torch.bool)
+
+    def allow(clients, rate, phase):
+        return torch.ones(len(clients), dtype=torch.bool)
+
     return DPMechanism(settings, NoiseStreams(seed, rows), lambda release: None, allow)
 
 
@@ -105,7 +108,8 @@ def test_releases_reserved_and_drawn_up_front_equal_releases_one_at_a_time():
     assert one_log == all_log and len(all_log) == steps
     for k, (admitted, target) in enumerate(separate):
         assert torch.equal(reserved[k], admitted)
-        assert torch.allclose(weight[:, k] * settings.noise_std, target["weight"]) and torch.allclose(bias[:, k] * settings.noise_std, target["bias"])
+        assert torch.allclose(weight[:, k] * settings.noise_std, target["weight"])
+        assert torch.allclose(bias[:, k] * settings.noise_std, target["bias"])
     assert reserved.sum(0).tolist() == [2, 3, 0]
 
 

@@ -23,7 +23,6 @@ from p4bench.privacy.ledger import PrivacyLedger
 from p4bench.privacy.mechanism import DPSettings, Release
 from p4bench.privacy.pld import PLDAccountant, pld_epsilon
 
-
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 
 

@@ -28,9 +28,9 @@ def test_alpha_partition_gives_skewed_clients(small_config):
 
 
 def test_reported_clients_exclude_evaluation_and_malicious(small_config):
+    from p4bench import hookimpl
     from p4bench.engine import Attack
     from p4bench.plugin_manager import create_plugin_manager
-    from p4bench import hookimpl
 
     class Nothing(Attack):
         name = "nothing"
@@ -56,9 +56,9 @@ def test_bad_requests_fail_before_training(small_config):
 
 
 def test_defense_on_a_method_without_aggregation_is_refused(small_config):
+    from p4bench import hookimpl
     from p4bench.engine import Defense
     from p4bench.plugin_manager import create_plugin_manager
-    from p4bench import hookimpl
 
     class KeepAll(Defense):
         name = "keep-all"

@@ -82,9 +82,12 @@ class CanaryBank:
             )
         return keys
 
-    def insert(self, rows: torch.Tensor, sums: dict[str, torch.Tensor], sample_rate: float, clip: float, neighbouring: str) -> tuple[str, ...]:
+    def insert(
+        self, rows: torch.Tensor, sums: dict[str, torch.Tensor], sample_rate: float, clip: float, neighbouring: str
+    ) -> tuple[str, ...]:
         """Add the sampled canaries' clipped gradients of `rows` to `sums`, in place."""
         keys = self._check(sums)
+        assert self.included is not None and self.directions is not None  # drawn by _check on the first release
         sampled = torch.rand(len(rows), self.per_client, generator=self._sampling) < sample_rate
         bits = self.included[rows]
         sign = bits.to(torch.float32) if neighbouring == "add-remove" else bits.to(torch.float32) * 2.0 - 1.0
@@ -104,6 +107,7 @@ class CanaryBank:
         """Score the (C, P) observations (noise + canaries) of the released rows."""
         if not bool(released.any()):
             return
+        assert self.directions is not None and self.scores is not None  # drawn by `insert`, which comes first
         chosen = rows[released]
         x = (observation[released] @ self.directions.T) / std  # (C', m) projections in units of the claimed std
         self.scores[chosen] += release_scores(x, sample_rate, mu, neighbouring)
@@ -134,10 +138,10 @@ class AuditedMechanism:
     def __getattr__(self, name: str) -> Any:  # settings, noise, report, allowed, ...
         return getattr(self.inner, name)
 
-    def take(self, positions: torch.Tensor) -> "AuditedMechanism":
+    def take(self, positions: torch.Tensor) -> AuditedMechanism:
         return AuditedMechanism(self.inner.take(positions), self.bank)
 
-    def _template(self) -> type:
+    def _template(self) -> type[DPMechanism]:
         """The class whose step/sgd to run: the innermost mechanism's, if it is one."""
         base = self.inner
         while isinstance(base, AuditedMechanism):
@@ -161,7 +165,8 @@ class AuditedMechanism:
         return self._template().step(self, ctx, params, x, y, mask, sample_rate, expected_batch, *args, **kwargs)
 
     def sgd(self, ctx, params, train, steps: int, lr: float, sample_rate: float | None = None):
-        return self._template().sgd(self, ctx, params, train, steps, lr, sample_rate)
+        # the inner class's sgd with this wrapper as `self` (duck-typed), so its releases come through `release`
+        return self._template().sgd(self, ctx, params, train, steps, lr, sample_rate)  # type: ignore[arg-type]
 
     # -- noise outside `release`: forwarded, but the audit cannot see these releases ---
     def _bypass(self, name: str) -> None:

@@ -138,5 +138,6 @@ def _check_observed(method: str, bank: CanaryBank, ledger) -> None:
             f"method '{method}' made {missing} of {int(counted.sum())} ledger releases outside DPMechanism.release{how}, "
             f"so the audit could not insert or observe its canaries there; no bound would be meaningful"
         )
+    assert bank.scores is not None  # drawn at the first observed release
     if math.isnan(float(bank.scores.sum())):
         raise IncompatibleError(f"method '{method}': canary scores are not finite (the mechanism reported zero noise?)")

@@ -23,7 +23,7 @@ __all__ = ["log_audit", "plot_scores"]
 log = logging.getLogger(__name__)
 
 
-def plot_scores(audit: "AuditResult", path: Path) -> Path:
+def plot_scores(audit: AuditResult, path: Path) -> Path:
     """Histograms of the canaries' scores, in vs out, with the test's threshold."""
     import matplotlib
 
@@ -37,7 +37,7 @@ def plot_scores(audit: "AuditResult", path: Path) -> Path:
     low, high = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
     if np.isfinite(bound.threshold):
         low, high = min(low, bound.threshold), max(high, bound.threshold)
-    bins = np.linspace(low, high if high > low else low + 1.0, 61)
+    bins = np.linspace(low, high if high > low else low + 1.0, 61).tolist()
     fig, axis = plt.subplots(figsize=(6.5, 3.8), dpi=100)
     axis.hist(scores[~included], bins=bins, alpha=0.55, label=f"out ({int((~included).sum())})", color="tab:blue")
     axis.hist(scores[included], bins=bins, alpha=0.55, label=f"in ({int(included.sum())})", color="tab:red")
@@ -61,7 +61,7 @@ def plot_scores(audit: "AuditResult", path: Path) -> Path:
     return path
 
 
-def log_audit(audit: "AuditResult") -> str | None:
+def log_audit(audit: AuditResult) -> str | None:
     """Add the audit to every tracked run it trained; the error text, or None."""
     tracked = [s for s in audit.summaries if s.get("tracked") and s.get("run_id") and s.get("tracking_uri")]
     if not tracked:

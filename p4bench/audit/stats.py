@@ -134,13 +134,13 @@ def empirical_epsilon(
         s, y = _oriented(scores[select], labels[select], direction)
         if not len(s):
             continue
-        thresholds, tp, fp = _sweep(s, y)
-        lower, _ = clopper_pearson(tp, int(y.sum()), alpha)
-        _, upper = clopper_pearson(fp, int((~y).sum()), alpha)
-        eps = epsilon_from_rates(lower, upper, delta)
-        i = int(np.argmax(eps))
-        if eps[i] > best[0]:
-            best = (float(eps[i]), direction, float(thresholds[i]))
+        thresholds, tps, fps = _sweep(s, y)
+        lower, _ = clopper_pearson(tps, int(y.sum()), alpha)
+        _, upper = clopper_pearson(fps, int((~y).sum()), alpha)
+        epsilons = epsilon_from_rates(lower, upper, delta)
+        i = int(np.argmax(epsilons))
+        if epsilons[i] > best[0]:
+            best = (float(epsilons[i]), direction, float(thresholds[i]))
     _, direction, threshold = best
 
     s, y = _oriented(scores[evaluate], labels[evaluate], direction)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -42,29 +41,29 @@ class RoundProgress:
 
 def audit_command(
     method: str = typer.Option(..., help="method name (see `p4bench list`)"),
-    dataset: Optional[str] = typer.Option(None, help="dataset name (default digits, offline)"),
-    clients: Optional[int] = typer.Option(None, help="number of clients M"),
-    rounds: Optional[int] = typer.Option(None, help="communication rounds T"),
-    local_steps: Optional[int] = typer.Option(None, help="local steps K per round"),
-    data_rate: Optional[float] = typer.Option(None, help="data sampling ratio s in (0, 1]"),
-    epsilon: Optional[float] = typer.Option(None, help="target epsilon per client (the claim to audit)"),
-    delta: Optional[float] = typer.Option(None, help="target delta (default 1 / training records)"),
-    noise_multiplier: Optional[float] = typer.Option(None, help="DP noise multiplier (default: calibrated from --epsilon)"),
-    clip: Optional[float] = typer.Option(None, help="DP per-example clipping norm C"),
-    neighbouring: Optional[str] = typer.Option(None, help="add-remove | replace-one (default: the method's)"),
-    accountant: Optional[str] = typer.Option(None, help="privacy accountant: pld (default) | rdp | prv | noble"),
-    seed: Optional[int] = typer.Option(None, help="seed of the first run (runs use seed..seed+runs-1)"),
+    dataset: str | None = typer.Option(None, help="dataset name (default digits, offline)"),
+    clients: int | None = typer.Option(None, help="number of clients M"),
+    rounds: int | None = typer.Option(None, help="communication rounds T"),
+    local_steps: int | None = typer.Option(None, help="local steps K per round"),
+    data_rate: float | None = typer.Option(None, help="data sampling ratio s in (0, 1]"),
+    epsilon: float | None = typer.Option(None, help="target epsilon per client (the claim to audit)"),
+    delta: float | None = typer.Option(None, help="target delta (default 1 / training records)"),
+    noise_multiplier: float | None = typer.Option(None, help="DP noise multiplier (default: calibrated from --epsilon)"),
+    clip: float | None = typer.Option(None, help="DP per-example clipping norm C"),
+    neighbouring: str | None = typer.Option(None, help="add-remove | replace-one (default: the method's)"),
+    accountant: str | None = typer.Option(None, help="privacy accountant: pld (default) | rdp | prv | noble"),
+    seed: int | None = typer.Option(None, help="seed of the first run (runs use seed..seed+runs-1)"),
     option: list[str] = typer.Option([], "--option", "-o", help="plugin option KEY=VALUE (repeatable)"),
     runs: int = typer.Option(1, "--runs", help="training runs; their trials are pooled"),
-    canaries_per_client: Optional[int] = typer.Option(
+    canaries_per_client: int | None = typer.Option(
         None, "--canaries-per-client", help="canaries per client (default: min(parameters, 1024)), at most the parameters"
     ),
     confidence: float = typer.Option(0.95, "--confidence", help="confidence of the lower bound, in (0, 1)"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of the score distributions (default: in the last run's results folder)"),
+    plot: Path | None = typer.Option(None, "--plot", help="PNG of the score distributions (default: in the last run's results folder)"),
     as_json: bool = typer.Option(False, "--json", help="end with one JSON line holding the figures"),
-    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
-    experiment: Optional[str] = typer.Option(None, help=f"MLflow experiment name (default {DEFAULT_EXPERIMENT})"),
-    results_dir: Optional[str] = typer.Option(None, help="folder for local copies of results"),
+    tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
+    experiment: str | None = typer.Option(None, help=f"MLflow experiment name (default {DEFAULT_EXPERIMENT})"),
+    results_dir: str | None = typer.Option(None, help="folder for local copies of results"),
 ) -> None:
     """Empirical privacy audit: an epsilon lower bound from canaries, next to the claimed epsilon."""
     from p4bench.audit.core import run_audit

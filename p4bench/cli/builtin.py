@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 @hookimpl
-def register_commands(app: "typer.Typer") -> None:
+def register_commands(app: typer.Typer) -> None:
     # imported here: building the plugin manager must not load every command module
     from p4bench.cli import audit, data, impact, privacy, studies, topology
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import typer
@@ -23,15 +22,15 @@ __all__ = ["register"]
 _DATA_DIR_HELP = "data folder (default $P4BENCH_DATA_DIR or ~/.cache/p4bench/data)"
 
 
-def _root(data_dir: Optional[Path]) -> Path:
+def _root(data_dir: Path | None) -> Path:
     from p4bench.data.paths import data_dir as default_data_dir
 
     return Path(data_dir) if data_dir is not None else default_data_dir()
 
 
 def info_command(
-    name: Optional[str] = typer.Argument(None, help="one dataset: exit 2 with where to put its files if it is missing"),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=_DATA_DIR_HELP),
+    name: str | None = typer.Argument(None, help="one dataset: exit 2 with where to put its files if it is missing"),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help=_DATA_DIR_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """List every dataset, whether its files are present, and where they live."""
@@ -70,7 +69,7 @@ def info_command(
 
 def download_command(
     name: str = typer.Argument(..., help="dataset name: cifar10, cifar100, mnist, femnist, leaf-femnist"),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=_DATA_DIR_HELP),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help=_DATA_DIR_HELP),
     force: bool = typer.Option(False, "--force", help="download again even if the files are present"),
 ) -> None:
     """Download, verify (MD5) and unpack a dataset's official files; resumes partial downloads."""
@@ -82,14 +81,14 @@ def download_command(
 def partition_command(
     dataset: str = typer.Option("digits", help="dataset name (see `p4bench data info`)"),
     partitioner: str = typer.Option("iid", help="iid | alpha | shards | dirichlet | natural"),
-    clients: Optional[int] = typer.Option(None, help="number of clients M"),
-    samples_per_client: Optional[int] = typer.Option(None, help="samples per client R (train + test)"),
-    similarity: Optional[float] = typer.Option(None, help="alpha partitioner: fraction of IID samples gamma"),
-    seed: Optional[int] = typer.Option(None, help="random seed"),
+    clients: int | None = typer.Option(None, help="number of clients M"),
+    samples_per_client: int | None = typer.Option(None, help="samples per client R (train + test)"),
+    similarity: float | None = typer.Option(None, help="alpha partitioner: fraction of IID samples gamma"),
+    seed: int | None = typer.Option(None, help="random seed"),
     option: list[str] = typer.Option([], "--option", "-o", help="partitioner/dataset option KEY=VALUE (repeatable)"),
     preset: bool = typer.Option(False, "--preset", help="use the P4 paper's M and R for this dataset unless given"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="write a client-by-class heatmap PNG here"),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=_DATA_DIR_HELP),
+    plot: Path | None = typer.Option(None, "--plot", help="write a client-by-class heatmap PNG here"),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help=_DATA_DIR_HELP),
     as_json: bool = typer.Option(False, "--json", help="print per-client class counts as JSON"),
 ) -> None:
     """Partition a dataset as a run would and print each client's samples and classes."""

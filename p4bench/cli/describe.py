@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -53,7 +53,7 @@ def capabilities(entry: Entry, registry: Any = None) -> dict[str, Any]:
     attacks and defenses their needs and the registered methods they can be used with."""
     cls, values = entry.cls, {}
     caps = getattr(cls, "capabilities", None)
-    if entry.kind == "method" and dataclasses.is_dataclass(caps):
+    if entry.kind == "method" and dataclasses.is_dataclass(caps) and not isinstance(caps, type):
         values.update(dataclasses.asdict(caps))
     for attr in TRAITS.get(entry.kind, ()):
         if hasattr(cls, attr):
@@ -116,7 +116,7 @@ def _print(console: Console, info: dict[str, Any]) -> None:
 
 def describe_command(
     name: str = typer.Argument(..., help="plugin name, e.g. p4, m-krum, shards"),
-    kind: Optional[str] = typer.Option(None, "--kind", help=f"only this kind: {', '.join(KINDS)}"),
+    kind: str | None = typer.Option(None, "--kind", help=f"only this kind: {', '.join(KINDS)}"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON list, one object per match"),
 ) -> None:
     """Show a plugin's kind, origin, capabilities and options (name, type, default, range, help)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -47,11 +46,11 @@ def register(app: typer.Typer) -> None:
 
     def impact(
         experiment: str = typer.Option(..., help="MLflow experiment holding the attacked, unattacked and ideal-defense runs"),
-        tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
+        tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
         results_dir: str = typer.Option("p4bench-runs", help="results folder (default store and plot location)"),
         metric: str = typer.Option(DEFAULT_METRIC, help="benign-accuracy metric to compare"),
-        plot: Optional[Path] = typer.Option(None, help="PNG for the bar chart (default <results-dir>/impact-<experiment>.png)"),
-        csv: Optional[Path] = typer.Option(None, help="also write the table as CSV here"),
+        plot: Path | None = typer.Option(None, help="PNG for the bar chart (default <results-dir>/impact-<experiment>.png)"),
+        csv: Path | None = typer.Option(None, help="also write the table as CSV here"),
         as_json: bool = typer.Option(False, "--json", help="print the table as one JSON object"),
         allow_mixed_privacy: bool = typer.Option(
             False, "--allow-mixed-privacy",

@@ -4,7 +4,6 @@ problems of installed plugins that are (partly) not used."""
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -15,7 +14,7 @@ from p4bench.plugin_manager import KINDS, default_registry
 
 
 def list_plugins(
-    name: Optional[str] = typer.Argument(None, help="show one plugin in detail (as `p4bench describe NAME`)"),
+    name: str | None = typer.Argument(None, help="show one plugin in detail (as `p4bench describe NAME`)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object keyed by kind"),
 ) -> None:
     """Show every registered method, attack, defense, dataset, ... and its distribution."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -41,50 +41,62 @@ class ProgressDisplay:
     @hookimpl
     def round_finished(self, run, report) -> None:
         mean = report.metrics.get("accuracy_mean", float("nan"))
+        assert self.progress is not None  # created by run_started
         self.progress.update(self.task, advance=1, acc=f"{mean:.3f}")
 
     @hookimpl
     def run_finished(self, run, result) -> None:
+        assert self.progress is not None  # created by run_started
         self.progress.stop()
 
 
 def run_command(
-    method: Optional[str] = typer.Option(None, help="method name (see `p4bench list`)"),
-    attack: Optional[str] = typer.Option(None, help="attack name, or none"),
-    defense: Optional[str] = typer.Option(None, help="defense name, or none"),
-    dataset: Optional[str] = typer.Option(None, help="dataset name (default digits, offline)"),
-    partitioner: Optional[str] = typer.Option(None, help="iid | alpha | ... (see `p4bench list`)"),
-    similarity: Optional[float] = typer.Option(None, help="alpha partitioner: fraction of IID samples, 0..1"),
-    clients: Optional[int] = typer.Option(None, help="number of clients M"),
-    samples_per_client: Optional[int] = typer.Option(None, help="samples per client R (train + test)"),
-    rounds: Optional[int] = typer.Option(None, help="communication rounds T"),
-    local_steps: Optional[int] = typer.Option(None, help="local steps K per round"),
-    client_rate: Optional[float] = typer.Option(None, help="client sampling ratio l in (0, 1]"),
-    data_rate: Optional[float] = typer.Option(None, help="data sampling ratio s in (0, 1]"),
-    lr: Optional[float] = typer.Option(None, help="local step size"),
-    global_lr: Optional[float] = typer.Option(None, help="global step size eta_g"),
-    malicious_fraction: Optional[float] = typer.Option(None, help="fraction of malicious clients under --attack"),
-    epsilon: Optional[float] = typer.Option(None, help="target epsilon per client (DP methods default to 8; makes any method private)"),
+    method: str | None = typer.Option(None, help="method name (see `p4bench list`)"),
+    attack: str | None = typer.Option(None, help="attack name, or none"),
+    defense: str | None = typer.Option(None, help="defense name, or none"),
+    dataset: str | None = typer.Option(None, help="dataset name (default digits, offline)"),
+    partitioner: str | None = typer.Option(None, help="iid | alpha | ... (see `p4bench list`)"),
+    similarity: float | None = typer.Option(None, help="alpha partitioner: fraction of IID samples, 0..1"),
+    clients: int | None = typer.Option(None, help="number of clients M"),
+    samples_per_client: int | None = typer.Option(None, help="samples per client R (train + test)"),
+    rounds: int | None = typer.Option(None, help="communication rounds T"),
+    local_steps: int | None = typer.Option(None, help="local steps K per round"),
+    client_rate: float | None = typer.Option(None, help="client sampling ratio l in (0, 1]"),
+    data_rate: float | None = typer.Option(None, help="data sampling ratio s in (0, 1]"),
+    lr: float | None = typer.Option(None, help="local step size"),
+    global_lr: float | None = typer.Option(None, help="global step size eta_g"),
+    malicious_fraction: float | None = typer.Option(None, help="fraction of malicious clients under --attack"),
+    epsilon: float | None = typer.Option(None, help="target epsilon per client (DP methods default to 8; makes any method private)"),
     no_dp: bool = typer.Option(False, "--no-dp", help="train a DP method without DP (no epsilon; the summary says non-private)"),
-    delta: Optional[float] = typer.Option(None, help="target delta (default 1 / training records)"),
-    noise_multiplier: Optional[float] = typer.Option(None, help="DP noise multiplier (default: calibrated from --epsilon)"),
-    clip: Optional[float] = typer.Option(None, help="DP per-example clipping norm C"),
-    neighbouring: Optional[str] = typer.Option(None, help="add-remove | replace-one (default: the method's)"),
-    accountant: Optional[str] = typer.Option(None, help="privacy accountant: pld (default) | rdp | prv | noble"),
-    noise_source: Optional[str] = typer.Option(None, help="DP noise and batches: auto (default: secure on devices, seeded in simulation) | seeded (reproducible, not secret) | secure (secret per client, keyed from the OS CSPRNG)"),
-    device_simulation: bool = typer.Option(False, "--device-simulation", help="device runtime: allow seeded DP randomness (a simulation on devices; epsilon uncertified)"),
-    feature_norm: Optional[str] = typer.Option(None, help="scatter features: sample (default, per-sample group norm) | client (the paper's, uncertified) | none"),
-    eval_fraction: Optional[float] = typer.Option(None, help="fraction of clients reserved for tuning"),
-    features: Optional[str] = typer.Option(None, help="raw | scatter (ScatterNet J=2, L=8; see --feature-norm)"),
-    shards_per_client: Optional[int] = typer.Option(None, help="shards partitioner: classes per client N"),
-    model: Optional[str] = typer.Option(None, help="model architecture (linear, scatter-cnn, cnn, ...)"),
-    runtime: Optional[str] = typer.Option(None, help="runtime: simulation | reference | bytes | device | ..."),
-    local_peers: Optional[int] = typer.Option(None, help="device runtime: N peer processes on 127.0.0.1 (sets --runtime device and --clients N)"),
-    seed: Optional[int] = typer.Option(None, help="random seed"),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML file of run options (CLI options win)"),
-    experiment: Optional[str] = typer.Option(None, help="MLflow experiment name"),
-    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
-    results_dir: Optional[str] = typer.Option(None, help="folder for local copies of results"),
+    delta: float | None = typer.Option(None, help="target delta (default 1 / training records)"),
+    noise_multiplier: float | None = typer.Option(None, help="DP noise multiplier (default: calibrated from --epsilon)"),
+    clip: float | None = typer.Option(None, help="DP per-example clipping norm C"),
+    neighbouring: str | None = typer.Option(None, help="add-remove | replace-one (default: the method's)"),
+    accountant: str | None = typer.Option(None, help="privacy accountant: pld (default) | rdp | prv | noble"),
+    noise_source: str | None = typer.Option(
+        None,
+        help="DP noise and batches: auto (default: secure on devices, seeded in simulation) | seeded (reproducible, not secret) "
+        "| secure (secret per client, keyed from the OS CSPRNG)",
+    ),
+    device_simulation: bool = typer.Option(
+        False, "--device-simulation", help="device runtime: allow seeded DP randomness (a simulation on devices; epsilon uncertified)"
+    ),
+    feature_norm: str | None = typer.Option(
+        None, help="scatter features: sample (default, per-sample group norm) | client (the paper's, uncertified) | none"
+    ),
+    eval_fraction: float | None = typer.Option(None, help="fraction of clients reserved for tuning"),
+    features: str | None = typer.Option(None, help="raw | scatter (ScatterNet J=2, L=8; see --feature-norm)"),
+    shards_per_client: int | None = typer.Option(None, help="shards partitioner: classes per client N"),
+    model: str | None = typer.Option(None, help="model architecture (linear, scatter-cnn, cnn, ...)"),
+    runtime: str | None = typer.Option(None, help="runtime: simulation | reference | bytes | device | ..."),
+    local_peers: int | None = typer.Option(
+        None, help="device runtime: N peer processes on 127.0.0.1 (sets --runtime device and --clients N)"
+    ),
+    seed: int | None = typer.Option(None, help="random seed"),
+    config: Path | None = typer.Option(None, "--config", help="YAML file of run options (CLI options win)"),
+    experiment: str | None = typer.Option(None, help="MLflow experiment name"),
+    tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
+    results_dir: str | None = typer.Option(None, help="folder for local copies of results"),
     option: list[str] = typer.Option([], "--option", "-o", help="plugin option KEY=VALUE (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object on the last line"),
 ) -> None:

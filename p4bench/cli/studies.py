@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -33,7 +33,8 @@ class RunsProgress:
     """A rich progress bar over the runs of a sweep (to stderr)."""
 
     def __init__(self, title: str, keys: tuple[str, ...] = ()) -> None:
-        self.title, self.keys, self.bar, self.failed = title, keys, None, 0
+        self.title, self.keys, self.failed = title, keys, 0
+        self.bar: Progress | None = None
 
     def start(self, total: int, skipped: int) -> None:
         if skipped:
@@ -52,6 +53,7 @@ class RunsProgress:
         acc = record.summary.get("accuracy_mean") if record.summary else None
         state = "[red]failed[/red]" if record.status == "failed" else (
             f"acc {acc:.3f}" if isinstance(acc, float) and not math.isnan(acc) else record.status)
+        assert self.bar is not None  # runs advance only after `start` drew the bar
         self.bar.update(self.task, advance=1, last=f"{describe_run(planned, self.keys)}: {state}"
                         + (f" ([red]{self.failed} failed[/red])" if self.failed else ""))
 
@@ -99,9 +101,9 @@ def sweep_command(
     file: Path = typer.Argument(..., help="sweep YAML: name, base, axes (and optional variants, include)"),
     jobs: int = _JOBS,
     backend: str = _BACKEND,
-    address: Optional[str] = _ADDRESS,
-    results_dir: Optional[str] = _RESULTS,
-    tracking_uri: Optional[str] = _URI,
+    address: str | None = _ADDRESS,
+    results_dir: str | None = _RESULTS,
+    tracking_uri: str | None = _URI,
     set_: list[str] = _SET,
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs and what would be skipped; run nothing"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON line per run after the summary"),
@@ -130,7 +132,7 @@ def sweep_command(
         raise typer.Exit(1)
 
 
-def _dry_run(spec, results_dir: Optional[str], tracking_uri: Optional[str], allow_mixed_privacy: bool = False) -> None:
+def _dry_run(spec, results_dir: str | None, tracking_uri: str | None, allow_mixed_privacy: bool = False) -> None:
     """List the planned runs, marking those a sweep would skip; creates no store."""
     from p4bench.config import RunConfig
     from p4bench.options import validate_planned
@@ -155,17 +157,17 @@ def _dry_run(spec, results_dir: Optional[str], tracking_uri: Optional[str], allo
 
 
 def tune_command(
-    file: Optional[Path] = typer.Argument(None, help="tuning YAML (name, base, seeds, grid, methods); or use the options"),
+    file: Path | None = typer.Argument(None, help="tuning YAML (name, base, seeds, grid, methods); or use the options"),
     method: list[str] = typer.Option([], "--method", "-m", help="method to tune (repeatable)"),
     grid: list[str] = typer.Option([], "--grid", "-g", help="grid KEY=V1,V2,... for every method (repeatable)"),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="tuning seeds, comma separated (default 0)"),
-    name: Optional[str] = typer.Option(None, "--name", help="MLflow experiment of the tuning runs"),
+    seeds: str | None = typer.Option(None, "--seeds", help="tuning seeds, comma separated (default 0)"),
+    name: str | None = typer.Option(None, "--name", help="MLflow experiment of the tuning runs"),
     output: Path = typer.Option(Path("tuned.yaml"), "--output", "-O", help="where the tuned config goes"),
     jobs: int = _JOBS,
     backend: str = _BACKEND,
-    address: Optional[str] = _ADDRESS,
-    results_dir: Optional[str] = _RESULTS,
-    tracking_uri: Optional[str] = _URI,
+    address: str | None = _ADDRESS,
+    results_dir: str | None = _RESULTS,
+    tracking_uri: str | None = _URI,
     set_: list[str] = _SET,
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
@@ -252,12 +254,12 @@ def _print_comparison(comparison, fmt: str, privacy_note: bool = True) -> None:
 
 def compare_command(
     experiment: str = typer.Option(..., "--experiment", "-e", help="MLflow experiment (a sweep's name)"),
-    group_by: Optional[str] = typer.Option(None, "--group-by", help="comma-separated keys (default: what varies)"),
+    group_by: str | None = typer.Option(None, "--group-by", help="comma-separated keys (default: what varies)"),
     metric: str = typer.Option("final_accuracy_mean", "--metric", help="MLflow metric to aggregate"),
     fmt: str = typer.Option("table", "--format", help="table | markdown | csv"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="save accuracy-per-round curves and a bar chart here"),
-    results_dir: Optional[str] = _RESULTS,
-    tracking_uri: Optional[str] = _URI,
+    plot: Path | None = typer.Option(None, "--plot", help="save accuracy-per-round curves and a bar chart here"),
+    results_dir: str | None = _RESULTS,
+    tracking_uri: str | None = _URI,
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
     """Aggregate an experiment's runs over seeds (mean, std, n) per group, print and plot.
@@ -278,20 +280,20 @@ def compare_command(
 
 def reproduce_command(
     name: str = typer.Argument(..., help="preset: heterogeneity | privacy | ablation | defense | malicious"),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="dataset (default: the paper's; digits if missing)"),
+    dataset: str | None = typer.Option(None, "--dataset", help="dataset (default: the paper's; digits if missing)"),
     quick: bool = typer.Option(False, "--quick", help="3 rounds, one seed, shorter lists: a smoke run"),
     strict: bool = typer.Option(False, "--strict", help="fail on plugins that are not registered instead of skipping"),
     fmt: str = typer.Option("table", "--format", help="table | markdown | csv"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="save curves and a bar chart here"),
+    plot: Path | None = typer.Option(None, "--plot", help="save curves and a bar chart here"),
     jobs: int = _JOBS,
     backend: str = _BACKEND,
-    address: Optional[str] = _ADDRESS,
-    results_dir: Optional[str] = _RESULTS,
-    tracking_uri: Optional[str] = _URI,
+    address: str | None = _ADDRESS,
+    results_dir: str | None = _RESULTS,
+    tracking_uri: str | None = _URI,
     set_: list[str] = _SET,
     only: list[str] = typer.Option([], "--only", help="keep runs whose option is one of KEY=V1,V2,... (repeatable)"),
     no_tune: bool = typer.Option(False, "--no-tune", help="do not tune lr on the evaluation clients first"),
-    tune_rounds: Optional[int] = typer.Option(None, "--tune-rounds", help="rounds of the lr tuning runs (default: the preset's)"),
+    tune_rounds: int | None = typer.Option(None, "--tune-rounds", help="rounds of the lr tuning runs (default: the preset's)"),
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
     """Rebuild one of the paper's experiments and state whether each of its claims holds.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import typer
@@ -23,9 +22,9 @@ def show_command(
     name: str = typer.Argument(..., help="topology name (see `p4bench list`)"),
     clients: int = typer.Option(..., "--clients", help="number of clients M"),
     round_index: int = typer.Option(0, "--round", help="round index (time-varying topologies)"),
-    option: Optional[list[str]] = typer.Option(None, "--option", "-o", help="topology option KEY=VALUE, repeatable"),
+    option: list[str] | None = typer.Option(None, "--option", "-o", help="topology option KEY=VALUE, repeatable"),
     seed: int = typer.Option(0, "--seed", help="seed of the generator for random graphs"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="also draw the graph to this PNG file"),
+    plot: Path | None = typer.Option(None, "--plot", help="also draw the graph to this PNG file"),
     as_json: bool = typer.Option(False, "--json", help="end with one JSON line holding the statistics"),
 ) -> None:
     """Degree statistics and Metropolis-Hastings spectral gap of a topology at one round."""

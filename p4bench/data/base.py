@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class ArrayDataset:
     def __post_init__(self) -> None:
         if (self.writers_train is None) != (self.writers_test is None):
             raise ValueError("writers_train and writers_test must both be given or both be None")
-        if self.writers_train is not None:
+        if self.writers_train is not None and self.writers_test is not None:
             if len(self.writers_train) != len(self.y_train) or len(self.writers_test) != len(self.y_test):
                 raise ValueError("writer ids must have one entry per sample")
 
@@ -78,7 +78,7 @@ class Dataset(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     uses_run_config: ClassVar[bool] = False
-    options: ClassVar[tuple["Option", ...]] = ()  # declared `config.options` keys (p4bench.options)
+    options: ClassVar[tuple[Option, ...]] = ()  # declared `config.options` keys (p4bench.options)
 
     @abstractmethod
     def load(self, data_dir: Path) -> ArrayDataset:
@@ -93,11 +93,17 @@ class Dataset(ABC):
         return True
 
 
-def load_dataset(dataset: "type[Dataset] | Dataset", data_dir: Path, config: "RunConfig | None" = None) -> ArrayDataset:
+class _ConfiguredLoad(Protocol):
+    """The `load` of a dataset with `uses_run_config = True`."""
+
+    def load(self, data_dir: Path, config: RunConfig | None = None) -> ArrayDataset: ...
+
+
+def load_dataset(dataset: type[Dataset] | Dataset, data_dir: Path, config: RunConfig | None = None) -> ArrayDataset:
     """Load `dataset` (class or instance), passing `config` to datasets that use it."""
     instance = dataset() if isinstance(dataset, type) else dataset
     if getattr(instance, "uses_run_config", False):
-        return instance.load(Path(data_dir), config=config)
+        return cast(_ConfiguredLoad, instance).load(Path(data_dir), config=config)
     return instance.load(Path(data_dir))
 
 
@@ -106,7 +112,7 @@ class Partitioner(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
-    options: ClassVar[tuple["Option", ...]] = ()  # declared `config.options` keys, read with resolve_options
+    options: ClassVar[tuple[Option, ...]] = ()  # declared `config.options` keys, read with resolve_options
     # True for partitioners that need per-sample writer ids (`natural`): callers then
     # pass `writers=dataset.pooled_writers()` as a keyword argument.
     needs_writers: ClassVar[bool] = False
@@ -119,7 +125,7 @@ class Partitioner(ABC):
         num_clients: int,
         samples_per_client: int | None,
         rng: np.random.Generator,
-        config: "RunConfig",
+        config: RunConfig,
     ) -> list[np.ndarray]:
         """Disjoint index arrays, one per client.
 
@@ -129,12 +135,12 @@ class Partitioner(ABC):
 
 
 def run_partitioner(
-    partitioner: "type[Partitioner] | Partitioner",
+    partitioner: type[Partitioner] | Partitioner,
     dataset: ArrayDataset,
     num_clients: int,
     samples_per_client: int | None,
     rng: np.random.Generator,
-    config: "RunConfig",
+    config: RunConfig,
 ) -> list[np.ndarray]:
     """Partition the pooled `dataset`, passing writer ids to partitioners that need them."""
     instance = partitioner() if isinstance(partitioner, type) else partitioner

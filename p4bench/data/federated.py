@@ -9,7 +9,6 @@ import torch
 
 from p4bench.data.base import ArrayDataset
 
-
 _NORMS, _GRAM, _BASIS, _PARENT = "_squared_norms", "_gram", "_basis", "_parent"  # caches outside the frozen fields
 
 
@@ -51,7 +50,7 @@ class ClientTensors:
     y: torch.Tensor
     n: torch.Tensor
 
-    def rows(self, index: torch.Tensor) -> "ClientTensors":
+    def rows(self, index: torch.Tensor) -> ClientTensors:
         """The clients at `index`, trimmed to their own longest length."""
         n = self.n[index]
         width = int(n.max()) if len(n) else 0
@@ -97,7 +96,7 @@ class ClientTensors:
         return torch.arange(self.y.shape[1]) < self.n.unsqueeze(1)
 
     @staticmethod
-    def from_lists(xs: list[np.ndarray], ys: list[np.ndarray], feature_shape: tuple[int, ...]) -> "ClientTensors":
+    def from_lists(xs: list[np.ndarray], ys: list[np.ndarray], feature_shape: tuple[int, ...]) -> ClientTensors:
         count = len(xs)
         width = max((len(y) for y in ys), default=0)
         x = np.zeros((count, width, *feature_shape), dtype=np.float32)
@@ -126,7 +125,9 @@ class FederatedData:
         return int(self.train.n.shape[0])
 
 
-def split_client_indices(indices: np.ndarray, labels: np.ndarray, rng: np.random.Generator, test_fraction: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+def split_client_indices(
+    indices: np.ndarray, labels: np.ndarray, rng: np.random.Generator, test_fraction: float = 0.2
+) -> tuple[np.ndarray, np.ndarray]:
     """Split one client's samples into train/test so that the test set follows the
     client's own class distribution: within each class, every fifth sample (in random
     order) goes to test, giving test_fraction of each class up to rounding.
@@ -150,8 +151,10 @@ def build_federated_data(
     xs_train, ys_train, xs_test, ys_test = [], [], [], []
     for indices in partition:
         train, test = split_client_indices(np.asarray(indices), y, rng)
-        xs_train.append(x[train]), ys_train.append(y[train])
-        xs_test.append(x[test]), ys_test.append(y[test])
+        xs_train.append(x[train])
+        ys_train.append(y[train])
+        xs_test.append(x[test])
+        ys_test.append(y[test])
     count = len(partition)
     evaluation = np.zeros(count, dtype=bool)
     evaluation[rng.permutation(count)[: int(round(eval_fraction * count))]] = True

@@ -73,7 +73,7 @@ def generate_synthetic(
     return np.concatenate(xs), np.concatenate(ys), clients
 
 
-def synthetic_options(config: "RunConfig | None") -> dict[str, Any]:
+def synthetic_options(config: RunConfig | None) -> dict[str, Any]:
     """The generator's parameters from `config.options` (SYNTHETIC_OPTIONS)."""
     from p4bench.config import RunConfig
 
@@ -99,7 +99,7 @@ class SyntheticDataset(Dataset):
     uses_run_config = True
     options = SYNTHETIC_OPTIONS
 
-    def load(self, data_dir: Path, config: "RunConfig | None" = None) -> ArrayDataset:
+    def load(self, data_dir: Path, config: RunConfig | None = None) -> ArrayDataset:
         o = synthetic_options(config)
         samples = o["synthetic_samples"]
         x, y, clients = generate_synthetic(

@@ -77,12 +77,12 @@ class Messages:
         return torch.arange(len(self)) if self.rows is None else self.rows
 
     @staticmethod
-    def empty() -> "Messages":
+    def empty() -> Messages:
         none = torch.zeros(0, dtype=torch.int64)
         return Messages(none, none, {})
 
     @staticmethod
-    def concat(parts: list["Messages"]) -> "Messages":
+    def concat(parts: list[Messages]) -> Messages:
         parts = [p for p in parts if len(p)]
         if not parts:
             return Messages.empty()
@@ -97,12 +97,12 @@ class Messages:
         rows = torch.cat([p.table_rows() + int(offset) for p, offset in zip(parts, offsets)])
         return Messages(src, dst, {k: torch.cat([p.table[k] for p in parts]) for k in keys}, rows)
 
-    def select(self, mask_or_index: torch.Tensor) -> "Messages":
+    def select(self, mask_or_index: torch.Tensor) -> Messages:
         if self.rows is not None:
             return Messages(self.src[mask_or_index], self.dst[mask_or_index], self.table, self.rows[mask_or_index])
         return Messages(self.src[mask_or_index], self.dst[mask_or_index], {k: v[mask_or_index] for k, v in self.table.items()})
 
-    def sorted(self) -> "Messages":
+    def sorted(self) -> Messages:
         """Ordered by (dst, src): the order every runtime delivers in, so results agree."""
         order = torch.argsort(self.dst * (1 << 32) + self.src, stable=True)
         return self.select(order)
@@ -112,7 +112,7 @@ class Messages:
         per = sum(v[0].numel() * v.element_size() for v in self.table.values()) if len(self) else 0
         return torch.full((len(self),), int(per), dtype=torch.int64)
 
-    def split(self) -> list["Messages"]:
+    def split(self) -> list[Messages]:
         return [self.select(torch.tensor([i])) for i in range(len(self))]
 
 

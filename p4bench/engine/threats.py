@@ -66,14 +66,14 @@ class Attack(ABC):
     )
     omniscient: ClassVar[bool] = False  # True: `tamper` also gets `observed` and `colluding`
 
-    def __init__(self, config: "RunConfig", num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         self.config = config
         self.num_classes = num_classes
         self.option_values = resolve_options(self.options, config.options)
         self.timing = self.option_values["attack_timing"]
 
     @classmethod
-    def incompatibility(cls, capabilities: "Capabilities") -> str | None:
+    def incompatibility(cls, capabilities: Capabilities) -> str | None:
         """Why this attack cannot target a method with these capabilities, or None.
         Message attacks need a method whose clients send model updates."""
         sends_updates = capabilities.shares_individual_updates or capabilities.has_aggregator
@@ -109,7 +109,7 @@ class ModelReplacementAttack(Attack):
     def replace(self, honest_model: torch.Tensor, global_model: torch.Tensor, rng: ClientRng) -> torch.Tensor:
         raise NotImplementedError
 
-    def tamper(self, exchange, messages, rng, reference=None):
+    def tamper(self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None) -> Messages:
         updates = update_vectors(messages.payload)
         base = torch.zeros_like(updates) if reference is None else reference.to(updates.dtype)
         honest_model = base + updates if reference is not None else updates
@@ -136,7 +136,7 @@ class Defense(ABC):
     uses_identities: ClassVar[bool] = False
     needs_oracle: ClassVar[bool] = False  # True only for the harness's ideal defense
 
-    def __init__(self, config: "RunConfig") -> None:
+    def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.option_values = resolve_options(self.options, config.options)
 
@@ -145,7 +145,7 @@ class Defense(ABC):
         raise NotImplementedError
 
     @classmethod
-    def incompatibility(cls, capabilities: "Capabilities") -> str | None:
+    def incompatibility(cls, capabilities: Capabilities) -> str | None:
         """Why this defense cannot protect a method with these capabilities, or None."""
         if cls.needs_individual_updates and not (capabilities.has_aggregator and capabilities.shares_individual_updates):
             return "it filters individual updates at an aggregation point, and this method aggregates none"
@@ -171,7 +171,9 @@ def weighted_mean(updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return torch.bmm(w.unsqueeze(1), updates).squeeze(1) / w.sum(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-def pad_by_destination(inbox: Messages, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_by_destination(
+    inbox: Messages, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Group `inbox` (sorted by destination) into (dst (B,), updates (B, n, P), weights
     (B, n), mask (B, n), src (B, n), -1 where padded)."""
     updates = update_vectors(inbox.payload)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +20,40 @@ from torch.func import grad_and_value, vmap
 
 from p4bench.models import Model, Params
 
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.data import ClientTensors
+    from p4bench.rng import ClientRng
+
 PerExampleLoss = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 LossAndGrad = Callable[..., tuple[torch.Tensor, Params]]
+
+
+class _DPSteps(Protocol):
+    """What the helpers below use of a DP mechanism (`p4bench.privacy.mechanism.DPMechanism`)."""
+
+    def step(
+        self, ctx: Any, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, sample_rate: float,
+        expected_batch: torch.Tensor, loss: PerExampleLoss = ..., aux: torch.Tensor | None = ...,
+    ) -> tuple[Params, torch.Tensor, torch.Tensor]: ...
+
+    def sgd(self, ctx: Any, params: Params, train: Any, steps: int, lr: float) -> tuple[Params, torch.Tensor]: ...
+
+
+class TrainingContext(Protocol):
+    """What the helpers below use of a step context (`p4bench.engine.method.StepContext`,
+    which imports this module)."""
+
+    @property
+    def config(self) -> RunConfig: ...
+    @property
+    def rows(self) -> torch.Tensor: ...
+    @property
+    def rng(self) -> ClientRng: ...
+    @property
+    def loss_and_grad(self) -> LossAndGrad: ...
+    @property
+    def dp(self) -> _DPSteps | None: ...
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, aux: torch.Tensor | None = None) -> torch.Tensor:
@@ -154,7 +187,7 @@ def accuracy(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, n: 
     return correct.double() / n.clamp_min(1).double()
 
 
-def poisson_batches(rng, n: torch.Tensor, rate: float) -> tuple[torch.Tensor, torch.Tensor]:
+def poisson_batches(rng: ClientRng, n: torch.Tensor, rate: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Poisson sampling: each of a client's n_i samples is in the batch with prob `rate`.
 
     Returns (index, mask) compacted to the largest realised batch.
@@ -167,7 +200,7 @@ def poisson_batches(rng, n: torch.Tensor, rate: float) -> tuple[torch.Tensor, to
     return order[:, : max(realised, 1)], torch.arange(max(realised, 1)) < counts.unsqueeze(1)
 
 
-def sample_batches(ctx, train) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_batches(ctx: TrainingContext, train: ClientTensors) -> tuple[torch.Tensor, torch.Tensor]:
     """(index, mask) of one batch per row: Poisson sampling at rate s when the run is
     private (what the DP analysis assumes), else round(s * n_i) samples without replacement."""
     if ctx.dp is not None:
@@ -175,14 +208,14 @@ def sample_batches(ctx, train) -> tuple[torch.Tensor, torch.Tensor]:
     return fixed_size_batches(ctx, train)
 
 
-def fixed_size_batches(ctx, train) -> tuple[torch.Tensor, torch.Tensor]:
+def fixed_size_batches(ctx: TrainingContext, train: ClientTensors) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-client batches of round(s * n_i) samples without replacement: (index, mask)."""
     batch = torch.round(ctx.config.data_rate * train.n.double()).clamp_min(1).long()
     return ctx.rng.subsets(train.n, batch, int(batch.max()))
 
 
 def batch_gradient(
-    ctx, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, train,
+    ctx: TrainingContext, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, train: ClientTensors,
     loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,
 ) -> tuple[Params, torch.Tensor, torch.Tensor]:
     """Mean gradient of each row's batch: through the DP mechanism (clipping, noise,
@@ -196,14 +229,14 @@ def batch_gradient(
     return grads, value.detach().double(), torch.ones(len(ctx.rows))
 
 
-def noble_local_lr(config) -> float:
+def noble_local_lr(config: RunConfig) -> float:
     """eta_l = lr / (max(round(K * s), 1) * eta_g), the local step size of Noble et al.'s
     DP-FedAvg/DP-SCAFFOLD code (the CLI's lr is a tuned multiplier there): FedAvg's
     default (option lr_scaling = noble), SCAFFOLD through it, and P4, which builds on that code."""
     return config.lr / (max(round(config.local_steps * config.data_rate), 1) * config.global_lr)
 
 
-def local_sgd(ctx, params: Params, train, steps: int, lr: float) -> tuple[Params, torch.Tensor]:
+def local_sgd(ctx: TrainingContext, params: Params, train: ClientTensors, steps: int, lr: float) -> tuple[Params, torch.Tensor]:
     """`steps` SGD steps for every row of `params`, each on a fresh batch of round(s * n_i)
     samples drawn without replacement from the client's own stream (`ctx.rng`).
 

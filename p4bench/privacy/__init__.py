@@ -77,4 +77,5 @@ def get_accountant(name: str, *, registry: Any) -> Accountant:
     Raises :class:`p4bench.errors.UnknownNameError` (listing the registered names) for
     an unknown name.
     """
-    return registry.get("accountant", name)()
+    accountant: Accountant = registry.get("accountant", name)()
+    return accountant

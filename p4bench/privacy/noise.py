@@ -47,7 +47,9 @@ class NoiseStreams:
         self.node_ids = list(node_ids)
         self.source = SecretSource() if secure else None
         self.generators: list[torch.Generator | None] = [
-            None if secure else torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1, i + 1]).generate_state(1, np.uint64)[0] >> 1))
+            None
+            if secure
+            else torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1, i + 1]).generate_state(1, np.uint64)[0] >> 1))
             for i in self.node_ids
         ]
         self._scratch: dict[str, torch.Tensor] = {}  # shared with the streams `take` hands out
@@ -59,7 +61,7 @@ class NoiseStreams:
             self._scratch["noise"] = scratch
         return scratch[: rows * size].view(rows, size)
 
-    def take(self, positions: torch.Tensor) -> "NoiseStreams":
+    def take(self, positions: torch.Tensor) -> NoiseStreams:
         """The streams of some rows, in the order of `positions` (shares the generators,
         so draws advance them)."""
         sub = NoiseStreams.__new__(NoiseStreams)
@@ -103,6 +105,7 @@ class NoiseStreams:
         if any(len(part) != count or not part[0].is_contiguous() for part in parts if part.numel()):
             raise ValueError("noise parts need one contiguous block per stream")
         if self.secure:  # one batched draw for every part and row
+            assert self.source is not None  # set when secure
             sizes = [math.prod(part.shape[1:]) for part in parts]
             normal = _secret_normal(self.source, count * sum(sizes)).view(count, sum(sizes))
             offset = 0

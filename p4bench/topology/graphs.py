@@ -140,8 +140,9 @@ class Topology(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str]
-    time_varying: ClassVar[bool] = False
-    directed: ClassVar[bool] = False
+    # not ClassVars: a plugin may set them per instance from its options (edge-list, resample)
+    time_varying: bool = False
+    directed: bool = False
     options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
@@ -300,11 +301,11 @@ class _RandomGraph(Topology):
     """Shared options: ``max_tries`` and ``resample``, which makes the graph time-varying
     (a new draw per call)."""
 
-    SHARED = (
+    SHARED: ClassVar[tuple[Option, ...]] = (
         Option("max_tries", int, 100, "redraws until connected", low=1),
         Option("resample", bool, False, "draw a new graph at every call"),
     )
-    options = SHARED
+    options: ClassVar[tuple[Option, ...]] = SHARED
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)

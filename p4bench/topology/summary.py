@@ -62,7 +62,7 @@ def draw(adjacency: np.ndarray, path: Path, title: str, directed: bool | None = 
             )
         elif i < j:
             ax.plot(*xy[[i, j]].T, color="0.4", lw=0.8, zorder=1)
-    ax.scatter(*xy.T, s=120, color="tab:blue", zorder=2)
+    ax.scatter(xy[:, 0], xy[:, 1], s=120, color="tab:blue", zorder=2)
     if m <= 64:
         for k, (x, y) in enumerate(xy):
             ax.text(x, y, str(k), ha="center", va="center", fontsize=7, color="white", zorder=3)

@@ -8,7 +8,7 @@ import logging
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -27,7 +27,9 @@ _TLS = typer.Option(..., "--tls-dir", help="folder with ca.pem and the node's <i
 @app.command("init")
 def init_command(
     peers: Path = _PEERS,
-    tls_dir: Optional[Path] = typer.Option(None, "--tls-dir", help="folder to create the CA and certificates in (default: tls/ next to the peers file)"),
+    tls_dir: Path | None = typer.Option(
+        None, "--tls-dir", help="folder to create the CA and certificates in (default: tls/ next to the peers file)"
+    ),
     days: int = typer.Option(30, help="validity of the certificates in days"),
     overwrite: bool = typer.Option(False, help="replace an existing CA (invalidates its certificates)"),
 ) -> None:
@@ -51,11 +53,11 @@ def serve_command(
     listen: str = typer.Option(..., "--listen", help="HOST:PORT to listen on (0.0.0.0:PORT on a device)"),
     peers: Path = _PEERS,
     tls_dir: Path = _TLS,
-    power_command: Optional[str] = typer.Option(None, help="command (or python:module:function) printing watts, sampled during phases"),
+    power_command: str | None = typer.Option(None, help="command (or python:module:function) printing watts, sampled during phases"),
     power_interval: float = typer.Option(1.0, help="seconds between power samples"),
-    threads: Optional[int] = typer.Option(None, help="torch threads (default: all cores)"),
+    threads: int | None = typer.Option(None, help="torch threads (default: all cores)"),
     keep_serving: bool = typer.Option(False, help="serve one run after another instead of exiting after one"),
-    idle_timeout: Optional[float] = typer.Option(None, help="exit when no run starts within this many seconds (default: wait)"),
+    idle_timeout: float | None = typer.Option(None, help="exit when no run starts within this many seconds (default: wait)"),
     log_level: str = typer.Option("INFO", help="DEBUG | INFO | WARNING | ERROR"),
 ) -> None:
     """Run one peer: wait for the launcher, run its client, report, exit."""
@@ -87,7 +89,7 @@ def _launch_signature() -> inspect.Signature:
     hints = typing.get_type_hints(run_command)
     own = [
         inspect.Parameter("peers", inspect.Parameter.KEYWORD_ONLY, default=_PEERS, annotation=Path),
-        inspect.Parameter("tls_dir", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path], default=typer.Option(
+        inspect.Parameter("tls_dir", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(
             None, "--tls-dir", help="folder with ca.pem and launcher.pem / launcher.key (default: tls/ next to the peers file)")),
     ]
     inherited = [

@@ -110,7 +110,7 @@ class LocalPeers:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
 
-    def __enter__(self) -> "LocalPeers":
+    def __enter__(self) -> LocalPeers:
         self.start()
         return self
 
@@ -129,7 +129,9 @@ class LocalPeers:
         for spec in self.peers.peers:
             handle = open(self.folder / f"peer-{spec.id}.log", "wb")
             self._logs.append(handle)
-            self.processes[spec.id] = subprocess.Popen(self.command(spec), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.processes[spec.id] = subprocess.Popen(
+                self.command(spec), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
 
     def log_tail(self, peer: str, lines: int = 15) -> str:
         path = self.folder / f"peer-{peer}.log"
@@ -169,6 +171,12 @@ class LocalPeers:
 
 def _number(value: Any, default: float = 0.0) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) else default
+
+
+def _measure(report: dict[str, Any]) -> dict[str, Any]:
+    """A report's `measure` object ({} when missing or not an object)."""
+    measure = report.get("measure")
+    return measure if isinstance(measure, dict) else {}
 
 
 class Launcher:
@@ -310,7 +318,9 @@ class Launcher:
         got = self.reports.pop(key, {})
         if not done:
             late = sorted(self.active - set(got))
-            log.warning("%s round %d: no report from %s within %.0f s", phase.name, round_index, ", ".join(late), self.limits.round_timeout_s)
+            log.warning(
+                "%s round %d: no report from %s within %.0f s", phase.name, round_index, ", ".join(late), self.limits.round_timeout_s
+            )
         for peer, report in sorted(got.items()):
             self._account(peer, phase.name, report)
         return got
@@ -330,7 +340,7 @@ class Launcher:
         for entry in report.get("absent") or []:
             if isinstance(entry, dict) and len(self.absences) < 1000:
                 self.absences.append({"reporter": peer, "phase": phase, "round": report.get("round"), **entry})
-        measure = report.get("measure") if isinstance(report.get("measure"), dict) else {}
+        measure = _measure(report)
         totals = self.totals[peer].setdefault(phase, {"rounds": 0, "exchanges": {}})
         totals["rounds"] += int(report.get("type") == "round")
         for key in ("wall_s", "compute_s", "comm_s", "eval_s", "cpu_s", "wire_bytes_sent", "wire_bytes_received"):
@@ -364,7 +374,7 @@ class Launcher:
                 sent[node] = int(_number(report.get("node_bytes_sent")))
                 received[node] = int(_number(report.get("node_bytes_received")))
             losses += [float(x) for x in report.get("losses") or [] if isinstance(x, (int, float))]
-            measure = report.get("measure") if isinstance(report.get("measure"), dict) else {}
+            measure = _measure(report)
             seconds = max(seconds, _number(measure.get("wall_s")))  # steps only, evaluation excluded
             absent += len(report.get("absent") or [])
             for key in ("wall_s", "compute_s", "comm_s", "cpu_s", "peak_rss_mb", "wire_bytes_sent", "wire_bytes_received", "power_w"):

@@ -17,6 +17,7 @@ import asyncio
 import json
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -92,7 +93,7 @@ class Limits:
         return asdict(self)
 
     @staticmethod
-    def from_dict(data: dict[str, Any]) -> "Limits":
+    def from_dict(data: dict[str, Any]) -> Limits:
         names = {f.name for f in fields(Limits)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -100,7 +101,7 @@ class Limits:
         return Limits(**data)
 
     @staticmethod
-    def from_options(options: dict[str, Any]) -> "Limits":
+    def from_options(options: dict[str, Any]) -> Limits:
         """Limits from run options: ``device_exchange_timeout_s=30``, ``device_max_message_mb=16``, ..."""
         values: dict[str, Any] = {}
         for f in fields(Limits):
@@ -202,7 +203,7 @@ def _finite(value: float) -> float:
     return value
 
 
-def load_json(body: bytes, required: dict[str, type | tuple[type, ...]] | None = None) -> dict[str, Any]:
+def load_json(body: bytes, required: Mapping[str, type | tuple[type, ...]] | None = None) -> dict[str, Any]:
     """Parse a JSON body: an object with the right protocol version and, for each
     `required` field, a value of the given type. RejectedFrame otherwise."""
     if len(body) > MAX_JSON_BYTES:

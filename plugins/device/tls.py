@@ -61,10 +61,12 @@ def init_tls_dir(folder: str | Path, nodes: Iterable[tuple[str, Iterable[str]]],
         raise UsageError(f"{folder / 'ca.pem'} exists; pass --overwrite to replace the run's CA and every certificate")
     if days < 1:
         raise UsageError(f"--days must be >= 1, got {days}")
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
     pem = serialization.Encoding.PEM
-    key_format = dict(encoding=pem, format=serialization.PrivateFormat.PKCS8, encryption_algorithm=serialization.NoEncryption())
+
+    def key_bytes(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "p4bench run CA")])
@@ -80,7 +82,7 @@ def init_tls_dir(folder: str | Path, nodes: Iterable[tuple[str, Iterable[str]]],
     )
     written = [folder / "ca.pem", folder / "ca.key"]
     _write(written[0], ca_cert.public_bytes(pem), private=False)
-    _write(written[1], ca_key.private_bytes(**key_format), private=True)
+    _write(written[1], key_bytes(ca_key), private=True)
 
     entries = dict(nodes)
     entries.setdefault(LAUNCHER, [])
@@ -98,7 +100,7 @@ def init_tls_dir(folder: str | Path, nodes: Iterable[tuple[str, Iterable[str]]],
             .sign(ca_key, hashes.SHA256())
         )
         _write(folder / f"{name}.pem", cert.public_bytes(pem), private=False)
-        _write(folder / f"{name}.key", key.private_bytes(**key_format), private=True)
+        _write(folder / f"{name}.key", key_bytes(key), private=True)
         written += [folder / f"{name}.pem", folder / f"{name}.key"]
     return written
 

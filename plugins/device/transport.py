@@ -35,10 +35,20 @@ from typing import Any
 from p4bench.engine.messages import MessageFormatError, Messages, decode
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.protocol import (
-    KIND_CONTROL, KIND_END, KIND_MESSAGE, KIND_REPORT, KIND_STATE, FrameError, Limits, RejectedFrame,
-    dump_json, frame_header, load_json, read_frame,
+    HEADER_BYTES,
+    KIND_CONTROL,
+    KIND_END,
+    KIND_MESSAGE,
+    KIND_REPORT,
+    KIND_STATE,
+    FrameError,
+    Limits,
+    RejectedFrame,
+    dump_json,
+    frame_header,
+    load_json,
+    read_frame,
 )
-from p4bench.plugins.device.protocol import HEADER_BYTES
 from p4bench.plugins.device.tls import LAUNCHER, IdentityError, client_context, common_name, server_context
 
 log = logging.getLogger("p4bench.device")
@@ -400,7 +410,9 @@ class PeerTransport:
         }
         for dst in sorted(set(outgoing) - set(sends)):
             if outgoing[dst]:
-                log.warning("exchange %s: %d message(s) for %s not sent: unreachable this round", marker.get("exchange"), len(outgoing[dst]), dst)
+                log.warning(
+                    "exchange %s: %d message(s) for %s not sent: unreachable this round", marker.get("exchange"), len(outgoing[dst]), dst
+                )
         await self._await_markers(seq, expected, deadline)
         sent = {dst: await task for dst, task in sends.items()}
         batches = self._batches.pop(seq, {})
@@ -423,11 +435,13 @@ class PeerTransport:
             remaining = deadline - loop.time()
             if not waiting or remaining <= 0:
                 if waiting:
-                    log.warning("exchange %d: no end marker from %s within %.1f s", seq, ", ".join(sorted(waiting)), self.limits.exchange_timeout_s)
+                    log.warning(
+                        "exchange %d: no end marker from %s within %.1f s", seq, ", ".join(sorted(waiting)), self.limits.exchange_timeout_s
+                    )
                 return
             try:
                 await asyncio.wait_for(self._arrival.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _send_batch(self, dst: str, seq: int, frames: list[bytes], marker: dict[str, Any]) -> int | None:
@@ -576,7 +590,11 @@ class LauncherLink:
             return False
 
     def close(self) -> None:
-        _close_on_loop(self._thread, lambda: [connection.close() for connection in self._connections.values()])
+        def close_all() -> None:
+            for connection in self._connections.values():
+                connection.close()
+
+        _close_on_loop(self._thread, close_all)
 
 
 def _close_on_loop(thread, close_all: Callable[[], object]) -> None:

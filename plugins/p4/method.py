@@ -53,11 +53,11 @@ from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, strip_prefix, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient, gather_batch, logits_of, noble_local_lr, sample_batches
 from p4bench.errors import ConfigError
+from p4bench.models import LinearSoftmax
 from p4bench.options import Option, resolve_options
+from p4bench.plugins.p4.fused import FusedCotraining, LinearCotraining
 from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, random_groups
 from p4bench.plugins.p4.losses import distillation_loss
-from p4bench.models import LinearSoftmax
-from p4bench.plugins.p4.fused import FusedCotraining, LinearCotraining
 from p4bench.plugins.p4.span import NOISE_MODES, SpanCotraining, span_is_cheaper
 
 GROUPING, COTRAINING = "grouping", "cotraining"

@@ -85,6 +85,7 @@ class SpanCotraining(LinearCotraining):
         read = stacked[:, : 2 * classes + (0 if noise is None else noise.projected)]
         products = torch.bmm(read, data.transpose(1, 2))  # (C, rows, m or n)
         if basis:
+            assert coords is not None  # the basis comes with its coordinates
             initial = torch.bmm(products[:, : 2 * classes], coords)  # W_0 X^T = (W_0 Q) R
             gram = torch.bmm(coords.transpose(1, 2), coords)  # X X^T = R^T R
         else:
@@ -92,6 +93,7 @@ class SpanCotraining(LinearCotraining):
         seen = None if noise is None else noise.seen(products[:, 2 * classes :], coords)
         coefficients, total, taken = self._steps(initial, gram, seen, bias, noise, proxy_lr, done, train, ctx, steps)
         if basis:
+            assert coords is not None
             coefficients = torch.bmm(coefficients, coords.transpose(1, 2))  # A X = (A R^T) Q^T
         if noise is not None:
             noise.finish(stacked[:, :classes], coefficients[:, :classes], products[:, 2 * classes :], stacked[:, 2 * classes :])

@@ -76,7 +76,8 @@ class LeafFemnistDataset(Dataset):
             xs, ys, ws = [], [], []
             for path in self._files(data_dir, split):
                 for user, x, y in _read_leaf_json(path):
-                    xs.append(x), ys.append(y)
+                    xs.append(x)
+                    ys.append(y)
                     ws.append(np.full(len(y), writer_ids.setdefault(user, len(writer_ids)), np.int64))
             x = np.concatenate(xs) if xs else np.zeros((0, _PIXELS), np.float32)
             del xs

@@ -17,9 +17,15 @@ from p4bench.errors import DataError
 EMNIST_BALANCED_CLASSES: tuple[str, ...] = tuple(string.digits + string.ascii_uppercase + "abdefghnqrt")
 
 
+def _existing_idx(folder: Path, stem: str) -> Path:
+    path = find_idx(folder, stem)
+    assert path is not None, f"{folder / stem}[.gz] is missing"  # the caller checked that the files exist
+    return path
+
+
 def _load_idx_pair(folder: Path, images_stem: str, labels_stem: str) -> tuple[np.ndarray, np.ndarray]:
-    images = read_idx(find_idx(folder, images_stem), ndim=3)
-    labels = read_idx(find_idx(folder, labels_stem), ndim=1).astype(np.int64)
+    images = read_idx(_existing_idx(folder, images_stem), ndim=3)
+    labels = read_idx(_existing_idx(folder, labels_stem), ndim=1).astype(np.int64)
     if len(images) != len(labels):
         raise DataError(f"{folder}: {len(images)} images in {images_stem} but {len(labels)} labels in {labels_stem}")
     return images, labels
@@ -50,7 +56,7 @@ class _IdxDataset(Dataset):
         if missing:
             raise missing_error(self.name, folder, missing, self.source)
         names = self.class_names(folder)
-        arrays = []
+        arrays: list[np.ndarray] = []
         for images_stem, labels_stem in (self.stems[:2], self.stems[2:]):
             images, labels = _load_idx_pair(folder, images_stem, labels_stem)
             if len(labels) and (labels.min() < 0 or labels.max() >= len(names)):
@@ -60,7 +66,8 @@ class _IdxDataset(Dataset):
                 images = images.transpose(0, 2, 1)
             x = (images.astype(np.float32) / np.float32(255.0))[:, None, :, :]
             arrays += [np.ascontiguousarray(x), labels]
-        return ArrayDataset(self.name, *arrays, names)
+        x_train, y_train, x_test, y_test = arrays
+        return ArrayDataset(self.name, x_train, y_train, x_test, y_test, names)
 
 
 class MnistDataset(_IdxDataset):
@@ -86,10 +93,11 @@ class EmnistBalancedDataset(_IdxDataset):
     name = "femnist"
     description = "EMNIST-Balanced (the P4 paper's FEMNIST; emnist/gzip/), 47 classes, 1x28x28"
     folder = "emnist/gzip"
-    stems = tuple(
-        f"emnist-balanced-{split}-{kind}-ubyte"
-        for split in ("train", "test")
-        for kind in ("images-idx3", "labels-idx1")
+    stems = (
+        "emnist-balanced-train-images-idx3-ubyte",
+        "emnist-balanced-train-labels-idx1-ubyte",
+        "emnist-balanced-test-images-idx3-ubyte",
+        "emnist-balanced-test-labels-idx1-ubyte",
     )
     source = "the balanced files from NIST's EMNIST gzip.zip, which unpacks to gzip/"
     transpose = True
