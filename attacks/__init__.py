@@ -1,7 +1,7 @@
 """Attack plugins, registered through the same hook as third-party attacks.
 
 The P4 paper's threat model: label-flip (data poisoning) and byzantine-zero / -random /
--flip (model replacement). From the robustness literature: gaussian, sign-flip, and the
+-flip (model replacement); Karras et al.'s noisy clients: random-labels. From the robustness literature: gaussian, sign-flip, and the
 omniscient alie, ipm and min-max.
 """
 
@@ -11,6 +11,7 @@ from p4bench.attacks.gaussian import Gaussian
 from p4bench.attacks.ipm import InnerProductManipulation
 from p4bench.attacks.label_flip import LabelFlip
 from p4bench.attacks.min_max import MinMax
+from p4bench.attacks.random_labels import RandomLabels
 from p4bench.attacks.sign_flip import SignFlip
 from p4bench.hookspecs import hookimpl
 
@@ -19,5 +20,5 @@ from p4bench.hookspecs import hookimpl
 def register_attacks():
     return [
         LabelFlip, ByzantineZero, ByzantineRandom, ByzantineFlip,
-        Gaussian, SignFlip, ALittleIsEnough, InnerProductManipulation, MinMax,
+        Gaussian, SignFlip, ALittleIsEnough, InnerProductManipulation, MinMax, RandomLabels,
     ]

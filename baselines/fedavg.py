@@ -13,23 +13,47 @@ updates: the rdp/prv ledger counts every step a client takes, with no amplificat
 from client sampling. The local step size follows Noble et al.'s code,
 eta_l = lr / (max(round(K * s), 1) * eta_g) (option lr_scaling = noble, the default, as
 P4 does); lr_scaling = none uses eta_l = lr.
+
+FedAvg as Karras et al. ran it (options; the defaults keep the plain SGD above, bit for
+bit): `optimizer = adam` trains with Adam, its moments stacked per client and reset
+every round (clients start every round from the global model, so no optimiser state
+survives a round); `epochs = E` sets K = E * ceil(1 / s) local steps (an epoch is
+ceil(1 / s) batches of s * n_i samples; unset: `local_steps` K); `lr_decay = gamma`
+multiplies the local step size by gamma after every local epoch, restarting from eta_l
+each round (the paper does not say whether the decay carries over rounds). With DP, every
+step is one ledger release whatever the optimiser (`p4bench.baselines.local_optim`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
 
 from p4bench.baselines.common import prefixed_vectors
+from p4bench.baselines.local_optim import LocalSchedule, local_train, steps_per_epoch
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
+from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize
 from p4bench.engine.training import local_sgd, noble_local_lr
 from p4bench.options import Option, resolve_options
 from p4bench.rng import SERVER_ID
 
 MODEL, UPDATE = MODEL_PREFIX, UPDATE_PREFIX
+
+LR_SCALING = Option("lr_scaling", str, "noble", "local step size: noble = lr / (max(round(K s), 1) eta_g) as Noble et "
+                    "al.'s code, none = lr", choices=("noble", "none"))
+# FedAvg's local training as Karras et al. ran it; subclasses with their own local update
+# (SCAFFOLD) declare LR_SCALING only.
+LOCAL_TRAINING = (
+    Option("optimizer", str, "sgd", "local optimiser: sgd, or adam (moments per client, reset every round)",
+           choices=("sgd", "adam")),
+    Option("epochs", int, None, "E local epochs per round: K = E * ceil(1/data_rate) steps (unset: local_steps)", low=1),
+    Option("lr_decay", float, 1.0, "gamma: the local step size is multiplied by gamma after every local epoch of "
+           "ceil(1/data_rate) steps, from lr again every round", low=0.0, high=1.0, low_open=True),
+)
 
 
 class FedAvg(Method):
@@ -38,14 +62,26 @@ class FedAvg(Method):
     name = "fedavg"
     description = "FedAvg: sampled clients, K local steps, sample-weighted average at a server"
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, uses_server=True)
-    options: ClassVar[tuple[Option, ...]] = (
-        Option("lr_scaling", str, "noble", "local step size: noble = lr / (max(round(K s), 1) eta_g) as Noble et "
-               "al.'s code, none = lr", choices=("noble", "none")),
-    )
+    options: ClassVar[tuple[Option, ...]] = (LR_SCALING, *LOCAL_TRAINING)
 
     def validate_options(self) -> None:
-        scaling = resolve_options(FedAvg.options, self.config.options)["lr_scaling"]
-        self.local_lr = noble_local_lr(self.config) if scaling == "noble" else self.config.lr
+        values = resolve_options(FedAvg.options, self.config.options)  # a subclass's config holds the defaults
+        config, epoch = self.config, steps_per_epoch(self.config.data_rate)
+        self.local_steps = config.local_steps if values["epochs"] is None else int(values["epochs"]) * epoch
+        if values["lr_scaling"] == "none":
+            self.local_lr = config.lr
+        elif values["epochs"] is None:
+            self.local_lr = noble_local_lr(config)
+        else:  # Noble et al.'s scaling with the K the epochs give
+            self.local_lr = noble_local_lr(config.replace(local_steps=self.local_steps))
+        self.schedule = LocalSchedule(str(values["optimizer"]), self.local_lr, self.local_steps, epoch,
+                                      float(values["lr_decay"]))
+
+    def privacy_plan(self):
+        c = self.config  # the base plan with K = self.local_steps (`epochs` may set it)
+        participations = math.ceil(c.client_rate * c.rounds)
+        return [PlannedRelease("train", c.data_rate, self.local_steps * participations, self.local_steps, c.rounds,
+                               c.client_rate)]
 
     def phases(self):
         return [Phase("train", self.config.rounds, setup=(Exchange("broadcast"),))]
@@ -68,7 +104,11 @@ class FedAvg(Method):
         return state["selected"]
 
     def local_update(self, state, train, ctx):
-        params, loss = local_sgd(ctx, state["global"], train, self.config.local_steps, self.local_lr)
+        schedule = self.schedule
+        if schedule.optimizer == "sgd" and schedule.decay == 1.0:  # the original path (fused DP-SGD when private)
+            params, loss = local_sgd(ctx, state["global"], train, schedule.steps, self.local_lr)
+        else:
+            params, loss = local_train(ctx, state["global"], train, schedule)
         return {**state, "params": params}, loss
 
     def outgoing(self, exchange, state, ctx):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from p4bench.baselines.common import draw_batch, per_row, unpack
-from p4bench.baselines.fedavg import FedAvg
+from p4bench.baselines.fedavg import LR_SCALING, FedAvg
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Phase
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
 from p4bench.engine.method import PlannedRelease
@@ -52,7 +52,8 @@ class Scaffold(FedAvg):
     name = "scaffold"
     description = "DP-SCAFFOLD (Noble et al.): FedAvg with Option II control variates; optional counted warm start"
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, uses_server=True)
-    options = FedAvg.options + (
+    options = (  # FedAvg's lr_scaling; its local optimiser options do not apply to SCAFFOLD's own update
+        LR_SCALING,
         Option("warm_start", bool, False, "a counted warm-up round that sets the control variates c_i and c"),
         Option("control_update", str, "paper", "Option II control update; noble-code scales Delta_i / (K' eta_l) by "
                "s in non-private runs, as that code does", choices=("paper", "noble-code")),

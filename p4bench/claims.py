@@ -24,6 +24,7 @@ class ClaimCheck:
     claim: str
     status: str  # yes | no | not checked | not tested (a quick smoke run: figures, no verdict)
     detail: str = ""
+    training: bool = True  # False: computed without training runs, so a quick run's verdict stands
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,13 @@ class RunConfig:
         ),
     )
     seed: int = field(default=0, metadata=_meta("random seed", low=0, high=2**63 - 1))
+    time_budget_min: float | None = field(
+        default=None,
+        metadata=_meta(
+            "wall-clock budget in minutes: the run stops after the first round that ends past it (checked after "
+            "every round; none: run every round)", low=0, high=1e9, low_open=True,
+        ),
+    )
     experiment: str = field(default="p4bench", metadata=_meta("MLflow experiment name"))
     tracking_uri: str | None = field(default=None, metadata=_meta("MLflow tracking URI; default: local SQLite store"))
     results_dir: str = field(default="p4bench-runs", metadata=_meta("folder for local copies of every run's results"))
@@ -128,6 +135,8 @@ class RunConfig:
     def config_hash(self) -> str:
         """Stable hash of everything that affects results (not where they are logged)."""
         data = {k: v for k, v in self.to_dict().items() if k not in ("experiment", "tracking_uri", "results_dir")}
+        if data["time_budget_min"] is None:  # added later: runs without a budget keep the hashes they had
+            del data["time_budget_min"]
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -33,6 +33,7 @@ KINDS: dict[str, str] = {
 BUILTIN_MODULES = (
     "p4bench.data.builtin",
     "p4bench.models",
+    "p4bench.models_karras",  # the Table I CNN of Karras et al. (cnn-gray)
     "p4bench.engine.runtimes",
     "p4bench.baselines",
     "p4bench.plugins.p4",

@@ -1,4 +1,5 @@
-"""The presets of `p4bench reproduce`: the P4 paper's experiments as sweep grids.
+"""The presets of `p4bench reproduce`: the P4 paper's experiments as sweep grids (and
+Karras et al.'s, whose variants, claims and report live in `p4bench.presets_karras`).
 
 Data settings (`shared/reference/p4.md` section 8; digits is the offline fallback), the
 variants of each preset and the `Preset` records themselves. How they run, are tuned and
@@ -8,13 +9,15 @@ every preset follows: one relation, `RELATION`; non-private local and centralize
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import gcd
+from pathlib import Path
 from typing import Any
 
 from p4bench import claims
 from p4bench.claims import ABLATIONS, ATTACKS, ClaimCheck, ClaimContext
+from p4bench.presets_karras import karras_claims, karras_per_method, karras_report, karras_settings, karras_variants
 
 __all__ = [
     "DATASETS", "DEFENSES", "EPSILONS", "FULL", "NON_PRIVATE", "PRESETS", "Preset", "QUICK", "QUICK_DIGITS", "RELATION",
@@ -52,6 +55,13 @@ class Preset:
     neighbouring: str = RELATION  # the one relation of every private run
     tune_at: Mapping[str, Any] = field(default_factory=dict)  # the setting lr is tuned at (a `variant` or options)
     baselines: str = ""  # which local / centralized baselines are private, and why
+    # (dataset, quick) -> base options that replace `DATASETS`'s and the scale's (clients, rounds, ...)
+    settings: Callable[[str, bool], Mapping[str, Any]] | None = None
+    per_method_for: Callable[[bool], Mapping[str, Mapping[str, Any]]] | None = None  # (quick) -> per_method
+    tune_grid: Sequence[float] = ()  # lr candidates; empty: reproduce.TUNE_GRID
+    quick_tune_grid: Sequence[float] = ()  # empty: reproduce.QUICK_TUNE_GRID
+    # (table or None, context, results folder, experiment) -> lines printed after the table
+    report: Callable[[Any, ClaimContext, Path, str], list[str]] | None = None
 
 
 # -- data settings ----------------------------------------------------------------------
@@ -150,6 +160,13 @@ PRESETS: dict[str, Preset] = {
         Preset("malicious", "10..50% malicious clients: P4 with secure aggregation vs the ideal defense, epsilon 15",
                ("cifar100", "femnist"), {"epsilon": 15.0, "features": "scatter", "model": "linear"},
                _malicious_variants, ("attack", "malicious_fraction", "defense"), claims.malicious_claims),
+        Preset("karras", "Karras et al. (P2P FL on Raspberry Pis): CBDS undersampling, FedDF vs FedAvg under random-label "
+                         "clients, P2P-FL personal averaging at alpha 0.01, Table III beside ours; non-private",
+               ("cifar10",), {}, karras_variants, ("variant", "method", "malicious_fraction"), karras_claims,
+               settings=karras_settings, per_method_for=karras_per_method,
+               tune_at={"variant": "noisy clients", "malicious_fraction": 0.0},
+               tune_grid=(1e-4, 5e-4, 1e-3, 5e-3, 0.05, 0.5), quick_tune_grid=(5e-4, 0.05), report=karras_report,
+               baselines="every run is non-private, as in the paper (it uses no DP): no epsilon to equalise"),
     )
 }
 

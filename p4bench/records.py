@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from p4bench.config import RunConfig
+from p4bench.data.base import PartitionReport
 from p4bench.data.federated import FederatedData
 from p4bench.privacy.certification import Certification
 
@@ -73,6 +74,10 @@ class RunInfo:
     plugins: dict[str, dict[str, str]] = field(default_factory=dict)
     # {kind: {option: value}}: every used plugin's declared options, resolved (p4bench.options)
     plugin_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the unlabeled public data the method reads besides the clients' records (threat model), or None
+    public_data: str | None = None
+    # the partitioner's statistics and artifacts (`partition.*` metrics, e.g. cbds's matrix)
+    partition_report: PartitionReport = field(default_factory=PartitionReport)
 
     @property
     def reported(self) -> np.ndarray:

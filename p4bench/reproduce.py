@@ -7,6 +7,12 @@ Presets (paper settings from `shared/reference/p4.md` section 8 and the extended
 - ablation: P4 with grouping, ScatterNet or the proxy switched off, one at a time.
 - defense: the four attacks at 30% malicious clients, against every defense.
 - malicious: 10..50% malicious clients, P4 with its secure aggregation against the ideal defense.
+- karras: Karras et al.'s P2P FL paper (`p4bench.presets_karras`): CBDS undersampling from the
+  partitioner alone, FedDF vs FedAvg under random-label clients, P2P-FL personal averaging at
+  alpha 0.01, Table III printed beside ours as reference values, a plot of accuracy vs N_K;
+  every run non-private (the paper uses no DP). A preset may bring its own data settings and
+  scale (`Preset.settings`), per-method values (`per_method_for`), lr grids and lines printed
+  after the table (`Preset.report`).
 
 Each preset is a sweep (one MLflow experiment `reproduce-<preset>-<dataset>[-quick]`, so it
 resumes like any sweep), followed by a table aggregated over seeds and one line per claim
@@ -40,7 +46,9 @@ Equal privacy and tuning (the paper's protocol):
   baseline is "the non-DP version of local training"; centralized is a pooled reference,
   not a rival in any claim), as in `bench/compare_digits.py`; the table's `privacy` column
   and the privacy line say so.
-- With `quick` no claim is a verdict: yes/no become "not tested (quick smoke run)".
+- With `quick` no claim that rests on training runs is a verdict: yes/no become "not tested
+  (quick smoke run)"; a claim computed without training (`ClaimCheck.training` false, e.g.
+  karras's CBDS undersampling) keeps its verdict.
 
 Other choices the paper leaves open (visible in every run's parameters): all methods get the
 same input features (ScatterNet, "HC") in the heterogeneity comparison. Shard-based runs use the
@@ -90,6 +98,7 @@ class ReproduceReport:
     tuning: Any = None  # p4bench.tune.TuneResult, or None when lr was not tuned
     tuned_lr: dict[str, float] = field(default_factory=dict)  # tuning key -> lr used
     privacy: list[str] = field(default_factory=list)  # lines stating who is private, under which relation
+    extras: list[str] = field(default_factory=list)  # the preset's own lines (reference values, plots written)
 
 
 def _dataset_choice(preset: Preset, requested: str | None, registry: Any, notices: list[str], check: bool) -> str:
@@ -125,8 +134,11 @@ def plan_preset(name: str, dataset: str | None = None, quick: bool = False, *, s
     scale = QUICK if quick else FULL
     base = {"dataset": chosen, "clients": settings["clients"], "samples_per_client": settings["samples_per_client"],
             "rounds": scale["rounds"], "neighbouring": preset.neighbouring, **preset.base}
+    if preset.settings is not None:  # the preset's own data settings and scale (karras: K = 40, Table II)
+        base.update(preset.settings(chosen, quick))
     experiment = f"reproduce-{name}-{chosen}{'-quick' if quick else ''}"
-    spec = SweepSpec(experiment, base, {"seed": scale["seeds"]}, tuple(preset.variants(chosen, quick)), preset.per_method)
+    per_method = preset.per_method_for(quick) if preset.per_method_for is not None else preset.per_method
+    spec = SweepSpec(experiment, base, {"seed": scale["seeds"]}, tuple(preset.variants(chosen, quick)), per_method)
     spec = spec.with_base(**dict(overrides or {}))
     runs, skipped = [], []
     planned = expand(spec)
@@ -231,7 +243,7 @@ def apply_tuned_lr(runs: Sequence[PlannedRun], lrs: Mapping[str, float]) -> list
 def quick_claims(checks: Sequence[ClaimCheck]) -> list[ClaimCheck]:
     """A smoke run tests no claim: its yes / no become "not tested", figures kept."""
     return [ClaimCheck(c.claim, "not tested", "quick smoke run" + (f"; figures: {c.detail}" if c.detail else ""))
-            if c.status in ("yes", "no") else c for c in checks]
+            if c.status in ("yes", "no") and c.training else c for c in checks]
 
 
 def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, backend: Any = None,
@@ -293,8 +305,10 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     if quick:
         checks = quick_claims(checks)
     privacy = _privacy_lines(preset, spec, comparison, located)
+    extras = preset.report(comparison.table if comparison is not None else None, context, Path(base_dir), spec.name) \
+        if preset.report is not None else []
     return ReproduceReport(preset, chosen, quick, spec.name, notices + report.notices, report, comparison, checks,
-                           tuning, tuned_lr, privacy)
+                           tuning, tuned_lr, privacy, extras)
 
 
 def _tune_lr(preset: Preset, spec: SweepSpec, runs: Sequence[PlannedRun], backend: Any, base_dir: str, uri: str,
@@ -303,7 +317,7 @@ def _tune_lr(preset: Preset, spec: SweepSpec, runs: Sequence[PlannedRun], backen
     """Tune lr on the evaluation clients (p4bench.tune); (TuneResult, key -> chosen lr)."""
     from p4bench.tune import TuneSpec, tune_planned
 
-    grid = tuple(grid or (QUICK_TUNE_GRID if quick else TUNE_GRID))
+    grid = tuple(grid or (preset.quick_tune_grid or QUICK_TUNE_GRID if quick else preset.tune_grid or TUNE_GRID))
     experiment = f"{spec.name}-tune"
     planned = plan_lr_tuning(preset, runs, experiment, grid, rounds)
     keys = list(dict.fromkeys(key for key, _ in planned))
@@ -336,7 +350,7 @@ def _privacy_lines(preset: Preset, spec: SweepSpec, comparison: Any, runs: Seque
     private = [r.config for r in runs if r.config.epsilon is not None]
     epsilons = sorted({c.epsilon for c in private if c.epsilon is not None})
     accountants = sorted({c.accountant for c in private})
-    if relation:
+    if relation and private:
         lines.append(f"one neighbouring relation for the preset: {relation}; target epsilon "
                      f"{', '.join(f'{e:g}' for e in epsilons) if epsilons else '-'}"
                      + (f" (accountant {', '.join(accountants)})" if accountants else ""))

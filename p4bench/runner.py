@@ -17,6 +17,7 @@ from p4bench.config import RunConfig
 from p4bench.data import FederatedData, build_federated_data
 from p4bench.data.base import load_dataset, run_partitioner
 from p4bench.data.paths import _data_dir
+from p4bench.data.public import public_data
 from p4bench.engine import Attack, Defense, Job, Method, Outcome, RoundReport
 from p4bench.errors import IncompatibleError, UsageError
 from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
@@ -112,8 +113,12 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
     dataset = load_dataset(dataset_cls, Path(_data_dir()), config)
     if config.features == "scatter":
         dataset = scatter_dataset(dataset)
+    public = None
+    if method_cls.needs_public_data:  # held-out records leave the dataset before any client gets a share
+        dataset, public = public_data(dataset_cls, dataset, Path(_data_dir()), config)
     rng = harness_rng(config.seed, SEED_PARTITION)
-    partition = run_partitioner(partitioner_cls, dataset, config.clients, config.samples_per_client, rng, config)
+    partitioner = partitioner_cls()
+    partition = run_partitioner(partitioner, dataset, config.clients, config.samples_per_client, rng, config)
     data: FederatedData = build_federated_data(dataset, partition, config.eval_fraction, rng)
     if config.features == "scatter" and config.feature_norm == "client":
         data = normalize_federated(data)  # the paper's: each client's own statistics (uncertified)
@@ -127,6 +132,7 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
 
     model = model_cls(data.feature_shape, data.num_classes)
     method = method_cls(config, model, config.clients)
+    method.public_data = public
     certification = certify(config, method.uncertified_steps(), bool(getattr(runtime_cls, "separate_parties", False)))
     malicious_mask = torch.from_numpy(malicious)
     job = Job(
@@ -154,6 +160,8 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         config_hash=requested_hash,
         plugins=plugin_provenance(config, registry, defense_name),
         plugin_options=plugin_options,
+        public_data=public.description if public is not None else None,
+        partition_report=partitioner.report,
     )
     ledger = _setup_privacy(config, registry, method, data, job) if config.private else None
     return PreparedRun(config, job, runtime_cls(), info, ledger)
@@ -250,6 +258,9 @@ def run(
         result = RunResult(info, outcome, wall, summarize(info, outcome, wall), prepared.job.method)
         if prepared.ledger is not None:
             result.summary.update(prepared.ledger.summary(info.reported))
+            result.summary.update(prepared.job.method.privacy_context())  # who observes the releases
+            if result.summary["stopped_by_time_budget"]:
+                result.summary["epsilon_scope"] = early_stop_epsilon_note(result.summary)
         if info.certification is not None:
             result.summary.update(info.certification.summary_fields())
         pm.hook.run_finished(run=info, result=result)
@@ -312,6 +323,7 @@ def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, 
         "partitioner": config.partitioner,
         "seed": config.seed,
         "rounds": info.total_rounds,
+        **budget_fields(info, outcome),
         "clients": config.clients,
         "reported_clients": int(reported.sum()),
         "accuracy_mean": float(chosen.mean()),
@@ -328,7 +340,29 @@ def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, 
         "wall_time_s": round(wall_time_s, 4),
         "config_hash": info.config_hash or config.config_hash(),
         "plugins": info.plugins,
+        "public_data": info.public_data,  # unlabeled public data the method read (threat model), or None
+        **({"partition_stats": dict(info.partition_report.stats)} if info.partition_report.stats else {}),
     }
+
+
+def budget_fields(info: RunInfo, outcome: Outcome) -> dict[str, Any]:
+    """Rounds run and whether the time budget (`time_budget_min`) cut the run short; the
+    accuracy of such a run is that of its last completed round."""
+    completed = sum(1 for r in outcome.reports if r.round >= 0)
+    budget = info.config.time_budget_min
+    return {"rounds_completed": completed, "time_budget_min": budget,
+            "stopped_by_time_budget": budget is not None and completed < info.total_rounds}
+
+
+def early_stop_epsilon_note(summary: dict[str, Any]) -> str:
+    """What the epsilon of a run stopped by its time budget covers: the ledger counts the
+    releases actually taken, so it is the epsilon of the completed rounds, not the planned
+    one (sigma was calibrated for every round, so it is at most the target)."""
+    target = summary.get("epsilon_budget")
+    planned = f"; sigma was calibrated for all {summary['rounds']} rounds" + (
+        f" at target epsilon {target:g}" if isinstance(target, (int, float)) else "")
+    return (f"releases taken in the {summary['rounds_completed']} of {summary['rounds']} rounds completed before the "
+            f"time budget ({summary['time_budget_min']:g} min){planned}")
 
 
 def _per_phase(reports: list[RoundReport], value) -> dict[str, Any]:

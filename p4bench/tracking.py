@@ -141,6 +141,8 @@ class Tracker:
             tags["git_commit"] = commit
         if run.certification is not None:  # known before training: a crashed run still says it
             tags.update(run.certification.tags())
+        if getattr(run, "public_data", None):  # threat model: data the method reads besides the clients'
+            tags["threat.public_data"] = str(run.public_data)
         created = self._mlflow(
             "create run",
             self.client.create_run,
@@ -167,7 +169,16 @@ class Tracker:
             csv.writer(handle).writerow(["step", "phase", "round", "accuracy_mean", "train_loss", "seconds", "bytes_sent"])
         if run.data is not None:
             write_partition_summary(run, self.local_dir)
+        report = getattr(run, "partition_report", None)
+        for name, text in (report.artifacts.items() if report is not None else ()):
+            (self.local_dir / name).write_text(text)
         self._start_mlflow(run)
+        if report is not None and report.stats and self.client is not None and self.mlflow_run_id is not None:
+            from mlflow.entities import Metric
+
+            stamp = int(time.time() * 1000)
+            metrics = [Metric(f"partition.{k}", float(v), stamp, 0) for k, v in report.stats.items() if np.isfinite(v)]
+            self._mlflow("log partition metrics", self.client.log_batch, self.mlflow_run_id, metrics=metrics)
 
     @hookimpl
     def round_finished(self, run, report) -> None:
@@ -198,12 +209,18 @@ class Tracker:
         summary["results_dir"] = str(folder)
         extra = [p.name for p in result.write_method_artifacts(folder)]
         if self.client is not None and self.mlflow_run_id is not None:
-            names = ["config.yaml", "clients.csv", "metrics.csv", "accuracy.png", "partition.csv", "partition.png", *extra]
+            report = getattr(run, "partition_report", None)
+            partition_files = list(report.artifacts) if report is not None else []
+            names = ["config.yaml", "clients.csv", "metrics.csv", "accuracy.png", "partition.csv", "partition.png",
+                     *partition_files, *extra]
             for name in names:
                 if (folder / name).exists():
                     self._mlflow("log artifact", self.client.log_artifact, self.mlflow_run_id, str(folder / name))
             final = {"final_accuracy_mean": result.summary["accuracy_mean"], "wall_time_s": result.wall_time_s,
-                     "bytes_sent_total": float(result.summary.get("bytes_sent", 0))}
+                     "bytes_sent_total": float(result.summary.get("bytes_sent", 0)),
+                     "rounds_completed": float(result.summary.get("rounds_completed", len(result.outcome.reports)))}
+            stopped = str(bool(result.summary.get("stopped_by_time_budget"))).lower()
+            self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, "stopped_by_time_budget", stopped)
             if result.summary.get("epsilon") is not None:
                 final.update({
                     k: float(result.summary[k])
@@ -213,6 +230,9 @@ class Tracker:
                 # the resolved privacy setting (the config may have left it to the method / calibration)
                 for key in ("neighbouring", "noise_multiplier", "delta", "accountant", "clip"):
                     self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, f"dp.{key}", str(result.summary[key]))
+                if result.summary.get("epsilon_scope"):  # stopped by the time budget: the rounds the epsilon covers
+                    self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, "dp.epsilon_scope",
+                                 str(result.summary["epsilon_scope"]))
             from mlflow.entities import Metric
 
             stamp = int(time.time() * 1000)

@@ -93,6 +93,11 @@ def run_command(
         None, help="device runtime: N peer processes on 127.0.0.1 (sets --runtime device and --clients N)"
     ),
     seed: int | None = typer.Option(None, help="random seed"),
+    time_budget: float | None = typer.Option(
+        None, "--time-budget", metavar="MINUTES",
+        help="stop after the first round that ends past MINUTES of training (all runtimes; on devices the launcher's "
+             "clock decides and every peer stops after the same round); reports the rounds completed",
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of run options (CLI options win)"),
     experiment: str | None = typer.Option(None, help="MLflow experiment name"),
     tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
@@ -118,7 +123,8 @@ def run_command(
             malicious_fraction=malicious_fraction, epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,
             clip=clip, neighbouring=neighbouring, accountant=accountant, noise_source=noise_source,
             no_dp=no_dp or None, device_simulation=device_simulation or None, feature_norm=feature_norm,
-            eval_fraction=eval_fraction, features=features, model=model, runtime=runtime, seed=seed, experiment=experiment,
+            eval_fraction=eval_fraction, features=features, model=model, runtime=runtime, seed=seed, time_budget_min=time_budget,
+            experiment=experiment,
             tracking_uri=tracking_uri, results_dir=results_dir,
             options={**({"shards_per_client": shards_per_client} if shards_per_client else {}), **parse_key_values(option)} or None,
         ).items()
@@ -146,7 +152,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     table.add_column("")
     rows = [
         ("attack / defense", f"{summary['attack'] or 'none'} / {summary['defense'] or 'none'}"),
-        ("rounds", str(summary["rounds"])),
+        ("rounds", _rounds_text(summary)),
         ("reported clients", f"{summary['reported_clients']} of {summary['clients']} (benign, non-evaluation)"),
         ("test accuracy mean", f"{summary['accuracy_mean']:.4f}"),
         ("test accuracy min / max", f"{summary['accuracy_min']:.4f} / {summary['accuracy_max']:.4f}"),
@@ -163,12 +169,21 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(table)
 
 
+def _rounds_text(summary: dict[str, Any]) -> str:
+    if not summary.get("stopped_by_time_budget"):
+        return str(summary["rounds"])
+    return (f"[yellow]{summary['rounds_completed']} of {summary['rounds']}: stopped by the time budget "
+            f"({summary['time_budget_min']:g} min); accuracy of round {summary['rounds_completed']}[/yellow]")
+
+
 def _claim_text(summary: dict[str, Any]) -> str:
     """The epsilon row: a certified figure plainly; an uncertified one in red, never as a
     plain number; a non-private run says so."""
     if not summary.get("private", summary.get("epsilon") is not None):
         return "[yellow]non-private run: no DP, no epsilon[/yellow]"
     text = _privacy_text(summary)
+    if summary.get("epsilon_scope"):  # stopped by the time budget: the epsilon of the rounds taken
+        text += f"; epsilon of the {summary['epsilon_scope']}"
     if summary.get("epsilon_certified") is False:
         return f"[bold red]UNCERTIFIED[/bold red] [red]{text}; why: {summary.get('uncertified_reason')}[/red]"
     return f"[green]certified[/green] {text}"

@@ -279,7 +279,7 @@ def compare_command(
 
 
 def reproduce_command(
-    name: str = typer.Argument(..., help="preset: heterogeneity | privacy | ablation | defense | malicious"),
+    name: str = typer.Argument(..., help="preset: heterogeneity | privacy | ablation | defense | malicious | karras"),
     dataset: str | None = typer.Option(None, "--dataset", help="dataset (default: the paper's; digits if missing)"),
     quick: bool = typer.Option(False, "--quick", help="3 rounds, one seed, shorter lists: a smoke run"),
     strict: bool = typer.Option(False, "--strict", help="fail on plugins that are not registered instead of skipping"),
@@ -327,6 +327,8 @@ def reproduce_command(
         _print_comparison(report.comparison, fmt, privacy_note=False)  # report.privacy says it below
         if plot is not None:
             err.print(f"plot written to {plot_comparison(report.comparison, plot)}")
+    for line in report.extras:  # the preset's own lines: reference values, plots written
+        out.print(line, highlight=False, markup=False)
     for line in report.privacy:
         out.print(line, highlight=False, markup=False)
     scale = "quick smoke run" if report.quick else "full run"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
@@ -66,6 +67,16 @@ class ArrayDataset:
         return np.concatenate([self.writers_train, self.writers_test]).astype(np.int64, copy=False)
 
 
+@dataclass(frozen=True)
+class PublicSource:
+    """Unlabeled public inputs from outside a dataset's records (`Dataset.public_unlabeled`):
+    a description for the run's records and a loader of the (n, *features) float32 inputs,
+    called only by the node that uses them."""
+
+    description: str
+    load: Callable[[], np.ndarray]
+
+
 class Dataset(ABC):
     """A named dataset plugin.
 
@@ -92,6 +103,15 @@ class Dataset(ABC):
         """Whether `load` can find its files (always True for datasets without files)."""
         return True
 
+    def public_unlabeled(self, data_dir: Path, config: RunConfig | None = None) -> PublicSource | None:
+        """Unlabeled public data from outside this dataset, for methods that need public
+        data (`Method.needs_public_data`, e.g. FedDF's server distillation), prepared as
+        the run's `config` prepares this dataset's records (e.g. greyscale); raise
+        `DataError` in one line when its files are missing. None (the default): such
+        methods get a pool of this dataset's own records held out before partitioning
+        (`p4bench.data.public`)."""
+        return None
+
 
 class _ConfiguredLoad(Protocol):
     """The `load` of a dataset with `uses_run_config = True`."""
@@ -107,8 +127,22 @@ def load_dataset(dataset: type[Dataset] | Dataset, data_dir: Path, config: RunCo
     return instance.load(Path(data_dir))
 
 
+@dataclass(frozen=True)
+class PartitionReport:
+    """What a partitioner measured about the partition it drew: `stats` (logged as MLflow
+    metrics `partition.<name>` and in the run summary) and text `artifacts` (file name ->
+    contents, written next to the run's other artifacts)."""
+
+    stats: Mapping[str, float] = field(default_factory=dict)
+    artifacts: Mapping[str, str] = field(default_factory=dict)
+
+
 class Partitioner(ABC):
-    """A named partitioner plugin: assigns pooled sample indices to clients."""
+    """A named partitioner plugin: assigns pooled sample indices to clients.
+
+    A partitioner that measures its partition assigns `self.report` (a new
+    `PartitionReport`) in `partition`; the runner hands it to the trackers.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
@@ -116,6 +150,7 @@ class Partitioner(ABC):
     # True for partitioners that need per-sample writer ids (`natural`): callers then
     # pass `writers=dataset.pooled_writers()` as a keyword argument.
     needs_writers: ClassVar[bool] = False
+    report: PartitionReport = PartitionReport()  # the last partition's; replaced, never mutated
 
     @abstractmethod
     def partition(

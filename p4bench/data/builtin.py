@@ -1,6 +1,7 @@
 """Registers the built-in datasets and partitioners through the public hooks (their
 `p4bench data` commands are registered by `p4bench.cli.builtin`)."""
 
+from p4bench.data.cbds import CBDSPartitioner
 from p4bench.data.digits import DigitsDataset
 from p4bench.data.partitioners import (
     AlphaPartitioner,
@@ -35,4 +36,4 @@ def register_datasets():
 
 @hookimpl
 def register_partitioners():
-    return [IIDPartitioner, AlphaPartitioner, ShardsPartitioner, DirichletPartitioner, NaturalPartitioner]
+    return [IIDPartitioner, AlphaPartitioner, ShardsPartitioner, DirichletPartitioner, NaturalPartitioner, CBDSPartitioner]

@@ -25,7 +25,7 @@ from p4bench.engine.messages import Messages
 from p4bench.engine.method import Exchange, LocalUpdate, Method, Phase, Step, StepContext
 from p4bench.engine.network import Network
 from p4bench.engine.state import State, cat_rows, put_rows, take_rows, vectorize
-from p4bench.engine.threats import UPDATE_PREFIX, Aggregator
+from p4bench.engine.threats import UPDATE_PREFIX, Aggregator, Attack
 from p4bench.engine.training import accuracy, batched_loss_and_grad, reference_loss_and_grad
 from p4bench.models import Params
 from p4bench.records import Outcome, RoundReport
@@ -36,10 +36,36 @@ if TYPE_CHECKING:
     from p4bench.engine.job import Job
     from p4bench.privacy.mechanism import DPMechanism
 
-__all__ = ["Block", "ClientGroup", "RoundDriver", "schedule", "STREAM_TRAINING", "STREAM_ATTACK"]
+__all__ = ["Block", "ClientGroup", "RoundDriver", "StopAfter", "TimeBudget", "schedule", "STREAM_TRAINING", "STREAM_ATTACK"]
 
 # Independent stream families derived from one run seed.
 STREAM_TRAINING, STREAM_ATTACK = 0, 2
+
+# Asked after every round with `step`, the rounds finished so far over all phases: stop now?
+StopAfter = Callable[[int], bool]
+BUDGET_CLOCK: Callable[[], float] = time.monotonic  # seconds; tests replace it with a fake clock
+
+
+class TimeBudget:
+    """A `StopAfter` that is true once `minutes` of wall-clock time have passed since it
+    was made (the run's `time_budget_min`). The driver asks it after each round, so a run
+    stops after the first round that ends past the budget and every round it reports is
+    complete; the device launcher holds one for its peers (`plugins/device/launcher.py`)."""
+
+    def __init__(self, minutes: float, clock: Callable[[], float] | None = None) -> None:
+        self.minutes = minutes
+        self._clock = clock or BUDGET_CLOCK
+        self.started = self._clock()
+
+    def spent(self) -> bool:
+        return self._clock() - self.started >= 60.0 * self.minutes
+
+    def __call__(self, step: int) -> bool:
+        return self.spent()
+
+
+def _never(step: int) -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -93,6 +119,9 @@ class RoundDriver:
         count = job.data.num_clients
         self._malicious = job.malicious if job.malicious is not None else torch.zeros(count, dtype=torch.bool)
         self.receive_errors = 0
+        # what the method writes to `ctx.metrics` in a block (e.g. FedDF's server distillation
+        # steps and seconds): reported with the block's RoundReport.metrics
+        self._metrics: dict[str, float] = {}
         self.groups = [self._make_group(rows) for rows in group_rows]
         server_rows = torch.tensor([SERVER_ID])
         secret = secret_draws(self.config.noise_source, separate_parties)  # a server peer is a party too
@@ -103,11 +132,18 @@ class RoundDriver:
 
     # -- the schedule ------------------------------------------------------------------
     def run(
-        self, on_round: Callable[[RoundReport], None], on_setup: Callable[[RoundReport], None] | None = None
+        self, on_round: Callable[[RoundReport], None], on_setup: Callable[[RoundReport], None] | None = None,
+        stop_after: StopAfter | None = None,
     ) -> Outcome:
         """Every block of the schedule; `on_round` after each round (with evaluation),
-        `on_setup` after each phase's setup steps."""
+        `on_setup` after each phase's setup steps. After each round (and its `on_round`)
+        `stop_after(step)` may end the run: the final evaluation is then that of the last
+        completed round. By default it is the config's time budget, counted from here;
+        a device peer passes the launcher's decision instead (`plugins/device/node.py`)."""
         keep_freed_memory()  # large per-step temporaries: reuse freed memory instead of faulting it in again
+        if stop_after is None:
+            minutes = self.config.time_budget_min
+            stop_after = TimeBudget(minutes) if minutes is not None else _never
         reports: list[RoundReport] = []
         total_bytes = 0
         for block in schedule(self.method):
@@ -116,6 +152,8 @@ class RoundDriver:
             if block.kind == "round":
                 reports.append(report)
                 on_round(report)
+                if stop_after(report.step):
+                    break
             elif on_setup is not None:
                 on_setup(report)
         accuracy_now, extra = self.evaluate()
@@ -127,6 +165,7 @@ class RoundDriver:
         self._losses: list[torch.Tensor] = []
         self._sent, self._received = np.zeros(count, np.int64), np.zeros(count, np.int64)
         self._bytes_sent = self._bytes_received = 0
+        self._metrics = {}
         self.network.begin_round(block.phase.name, block.round)
         started = time.perf_counter()
         for item in block.steps:
@@ -147,23 +186,23 @@ class RoundDriver:
             train_loss=float(losses.mean()) if len(losses) else float("nan"), seconds=seconds,
             bytes_sent=self._bytes_sent, bytes_received=self._bytes_received,
             client_bytes_sent=self._sent, client_bytes_received=self._received,
-            extra_accuracy=extra, losses=losses.numpy(),
+            extra_accuracy=extra, losses=losses.numpy(), metrics=dict(self._metrics),
         )
 
     # -- groups and contexts -----------------------------------------------------------
     def _make_group(self, rows: torch.Tensor) -> ClientGroup:
         job, config = self.job, self.config
         train, test = job.data.train.rows(rows), job.data.test.rows(rows)
+        attack_rng = ClientRng(node_keys(config.seed, rows, STREAM_ATTACK))
         if job.attack is not None:
-            bad = self._malicious[rows]
-            if bool(bad.any()):
-                poisoned = torch.where(bad.unsqueeze(1), job.attack.poison_labels(train.y), train.y)
-                train = replace(train, y=poisoned)
+            bad = self._malicious[rows].nonzero().squeeze(1)
+            if len(bad):
+                train = replace(train, y=_poison(job.attack, train.y, bad, attack_rng))
         # Each client's private draws (batches, sampled peers, DP noise): secret where the
         # run says so, else reproducible from the seed. The attack stream is the harness's.
         secret = secret_draws(config.noise_source, self.separate_parties)
         rng = client_rng(config.seed, rows, STREAM_TRAINING, secret)
-        group = ClientGroup(rows, {}, train, test, rng, ClientRng(node_keys(config.seed, rows, STREAM_ATTACK)))
+        group = ClientGroup(rows, {}, train, test, rng, attack_rng)
         if job.dp_factory is not None:
             group.dp = job.dp_factory(rows, secret)
         group.state = self.method.init_client_state(train, self._context(rows, rng, "init", -1, group.dp))
@@ -176,6 +215,7 @@ class RoundDriver:
         return StepContext(
             config=job.config, model=job.model, phase=phase, round=round_index, rows=rows, rng=rng,
             loss_and_grad=self._loss_and_grad, aggregator=self.aggregator, num_clients=job.data.num_clients, dp=dp,
+            metrics=self._metrics,
         )
 
     def _server_context(self, phase: Phase, round_index: int) -> StepContext:
@@ -332,6 +372,8 @@ class RoundDriver:
             return lambda s: method.extra_models(s)[name]
 
         extra = {name: on_every_client(extra_model(name)) for name in names}
+        for name in method.client_accuracies(self.groups[0].state):  # measured by the method itself
+            extra[name] = torch.cat([method.client_accuracies(g.state)[name] for g in self.groups])[order].numpy()
         return on_every_client(method.deployed_params), extra
 
     def deployed_params(self) -> Params:
@@ -340,6 +382,20 @@ class RoundDriver:
         stacked = cat_rows([self.method.deployed_params(g.state) for g in self.groups])
         order = self._order()
         return {k: v[order] for k, v in stacked.items()}
+
+
+def _poison(attack: Attack, labels: torch.Tensor, bad: torch.Tensor, attack_rng: ClientRng) -> torch.Tensor:
+    """`labels` (C, n) with the malicious rows `bad` poisoned. Attacks with
+    `random_poisoning` draw from those clients' own attack streams, so a client's labels
+    do not depend on which clients share its group (the same in every runtime)."""
+    poisoned = labels.clone()
+    if attack.random_poisoning:
+        rng = attack_rng.take(bad)
+        poisoned[bad] = attack.poison_labels(labels[bad], rng=rng)  # type: ignore[call-arg]
+        attack_rng.put(bad, rng)
+    else:
+        poisoned[bad] = attack.poison_labels(labels[bad])
+    return poisoned
 
 
 def _carries_updates(messages: Messages) -> bool:

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -28,6 +28,7 @@ from p4bench.rng import ClientRng
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
     from p4bench.data import ClientTensors
+    from p4bench.data.public import PublicData
     from p4bench.engine.threats import Aggregator
     from p4bench.options import Option
     from p4bench.privacy.mechanism import DPMechanism
@@ -111,6 +112,11 @@ class Method(ABC):
     # epsilon or noise multiplier, or opts out with `no_dp` (None: non-private by default).
     default_epsilon: ClassVar[float | None] = None
     options: ClassVar[tuple[Option, ...]] = ()  # declared `config.options` keys (p4bench.options)
+    # A method that reads unlabeled public data (FedDF's server distillation) sets this and
+    # declares p4bench.data.public.PUBLIC_DATA_OPTIONS; the runner then holds the data out of
+    # the clients' records and sets `public_data` before training (None for other methods).
+    needs_public_data: ClassVar[bool] = False
+    public_data: PublicData | None = None
 
     def __init__(self, config: RunConfig, model: Model, num_clients: int) -> None:
         self.config = config
@@ -182,6 +188,17 @@ class Method(ABC):
 
     def extra_models(self, state: State) -> dict[str, Params]:
         """Other per-client models worth evaluating and logging (e.g. P4's proxy)."""
+        return {}
+
+    def client_accuracies(self, state: State) -> dict[str, torch.Tensor]:
+        """Accuracies the method measures itself, (C,) per name (e.g. p2p-fl's pre- and
+        post-fit accuracy on each client's validation split): reported after every round
+        with the extra models' (`RoundReport.extra_accuracy`, metric accuracy_<name>_mean)."""
+        return {}
+
+    def privacy_context(self) -> dict[str, Any]:
+        """Who observes each client's releases (e.g. {"receivers_per_release": M - 1}),
+        added to a private run's summary; empty when the method declares nothing."""
         return {}
 
     # -- server side (only when capabilities.uses_server) -----------------------------

@@ -65,6 +65,9 @@ class Attack(ABC):
                "method's grouping phase (P4's phase 1), before-grouping acts in it too", choices=TIMINGS),
     )
     omniscient: ClassVar[bool] = False  # True: `tamper` also gets `observed` and `colluding`
+    # True: `poison_labels` also gets keyword `rng`, the malicious clients' attack streams
+    # (seeded by run seed and client id), so random poisoning is the same in every runtime.
+    random_poisoning: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig, num_classes: int) -> None:
         self.config = config
@@ -87,7 +90,9 @@ class Attack(ABC):
         return phase != "grouping" or self.timing == "before-grouping"
 
     def poison_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        """Labels (C, n) of malicious clients -> the labels they train on."""
+        """Labels (C, n) of malicious clients -> the labels they train on (entries outside
+        [0, L) are padding). With `random_poisoning` it is also called with `rng`, one row
+        per client."""
         return labels
 
     def tamper(self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None) -> Messages:

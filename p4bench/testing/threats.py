@@ -194,7 +194,8 @@ def _check_tamper(report: ConformanceReport, cls: Any, attack: Any) -> None:
 
 def _check_labels(report: ConformanceReport, cls: Any, attack: Any) -> None:
     labels = torch.randint(0, _CLASSES, (3, 20), generator=torch.Generator().manual_seed(2))
-    out = attack.poison_labels(labels.clone())
+    extra = {"rng": ClientRng(node_keys(0, [0, 1, 2], 2))} if getattr(cls, "random_poisoning", False) else {}
+    out = attack.poison_labels(labels.clone(), **extra)
     if cls.poison_labels is Attack.poison_labels:
         report.skip("labels", "the attack does not poison labels")
     elif not isinstance(out, torch.Tensor) or out.shape != labels.shape or out.dtype != labels.dtype:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from safetensors.torch import load as st_load
 
-from p4bench.engine.driver import schedule
+from p4bench.engine.driver import TimeBudget, schedule
 from p4bench.engine.method import Phase
 from p4bench.engine.runtime import Job, Outcome, RoundReport, Runtime
 from p4bench.engine.state import State, cat_rows, unflatten
@@ -195,6 +195,7 @@ class Launcher:
         self.absences: list[dict[str, Any]] = []
         self.where = ("start", -1)
         self.finishing = False
+        self.finish: dict[str, Any] = {}  # the time budget's stop: when it was decided, after which step
 
     @property
     def active(self) -> set[str]:
@@ -294,6 +295,11 @@ class Launcher:
         self.totals: dict[str, dict[str, dict[str, Any]]] = {p.id: {} for p in self.peers.peers}
         reports: list[RoundReport] = []
         total_bytes = 0
+        # The launcher owns the time budget's clock (from `go`); the peers stop when it says.
+        minutes = job.config.time_budget_min
+        budget = TimeBudget(minutes) if minutes is not None else None
+        self.steps = {(b.phase.name, b.round): i for i, b in enumerate((b for b in schedule(job.method) if b.kind == "round"), 1)}
+        finish_after: int | None = None
         for block in schedule(job.method):  # the peers' drivers walk the same blocks
             if block.kind == "setup":
                 total_bytes += sum(int(_number(r.get("bytes_sent"))) for r in self._gather("setup", block.phase, -1).values())
@@ -304,11 +310,52 @@ class Launcher:
             on_round(report)
             if not self.active:
                 raise DeviceError(f"every peer dropped out ({self.dropped})")
+            if finish_after is None and budget is not None and budget.spent():
+                finish_after = self._send_finish(report.step)
+            if finish_after is not None and report.step >= finish_after:
+                break
         self.where = ("final", -1)
         self._wait(lambda: self.active <= set(self.finals), self.limits.round_timeout_s)
         self.finishing = True
         log.info("collected %d final reports", len(self.finals))
+        self._account_overrun()
         return self._outcome(job, reports, total_bytes)
+
+    def _send_finish(self, step: int) -> int | None:
+        """The time budget ran out after round `step`: tell every peer to stop after step
+        s = h + 2, where h >= `step` is the highest step any peer has reported by now (its
+        pending reports read first). The peers read control messages after each round, so
+        a peer that has reported h stops after s as long as the message reaches it before
+        it finishes step h + 2: the margin lets one whole round pass while the message is
+        on its way (and the launcher is still logging round `step`). Peers that exchange
+        every round run in lockstep, at most a round apart, and the slower ones have more
+        margin; peers of a method with rounds without exchanges (local training) run
+        unsynchronised, and the margin covers each of them the same way, since h is the
+        fastest peer's step. A round shorter than the message's delay could still outrun
+        it: then a peer stops after the step it is in, its extra rounds' DP releases are
+        still accounted (`_account_overrun`), and `device.finish.consistent` is false.
+        None when s would be the last step anyway."""
+        while self._pump(0.0):
+            pass
+        reported = [self.steps.get((phase, index), 0) for kind, phase, index in self.reports if kind == "round"]
+        highest = max([step, *reported])
+        after = highest + 2
+        if after >= len(self.steps):
+            return None
+        self.finish = {"decided_after_step": step, "highest_reported_step": highest, "after_step": after, "margin": 2}
+        log.info("time budget spent after step %d: the peers stop after step %d", step, after)
+        for peer in sorted(self.active):
+            self.link.send(peer, {"type": "finish", "after_step": after})
+        return after
+
+    def _account_overrun(self) -> None:
+        """DP releases and measurements of rounds that peers ran past the finish step (a
+        margin that was too short): not in any round report, but taken all the same."""
+        for (_kind, phase, _index), got in sorted(self.reports.items()):
+            for peer, report in sorted(got.items()):
+                if peer in self.totals:
+                    self._account(peer, phase, report)
+        self.reports.clear()
 
     def _gather(self, kind: str, phase: Phase, round_index: int) -> dict[str, dict[str, Any]]:
         """Every active peer's report of this round (waiting for them), bookkept."""
@@ -432,6 +479,12 @@ class Launcher:
             "local_peers": self.local, "peers": peers, "dropped": self.dropped, "absences": self.absences,
             "launcher_rejected": self.link.rejects.snapshot(), "limits": self.limits.to_dict(),
         }
+        if self.finish:
+            stopped = {p: self.finals[p][0].get("stopped_after_step") for p in sorted(self.finals)}
+            consistent = set(stopped.values()) == {self.finish["after_step"]}
+            if not consistent:
+                log.warning("time budget: the peers stopped after steps %s, not all after %d", stopped, self.finish["after_step"])
+            device["finish"] = {**self.finish, "stopped_after_step": stopped, "consistent": consistent}
         return DeviceOutcome(self.accuracy.copy(), {k: v.copy() for k, v in self.extra.items()}, reports, params,
                              total_bytes, final_state, device=device, peer_states=states)
 

@@ -74,6 +74,10 @@ class DeviceNode:
         self.releases: list[dict[str, Any]] = []
         self.ledger: Any = None
         self.driver: RoundDriver | None = None
+        # The launcher's time budget: stop after this step (its "finish" message); this
+        # peer never reads a clock of its own, so that every peer stops after the same round.
+        self.finish_after: int | None = None
+        self.last_step = 0  # rounds finished so far, over all phases
 
     @property
     def is_server(self) -> bool:
@@ -103,7 +107,8 @@ class DeviceNode:
         per setup, then the final one with this client's state."""
         assert self.driver is not None, "setup() first"
         outcome = self.driver.run(
-            on_round=lambda report: self._report("round", report), on_setup=lambda report: self._report("setup", report)
+            on_round=lambda report: self._report("round", report), on_setup=lambda report: self._report("setup", report),
+            stop_after=self._finish_requested,
         )
         state = None
         if self.groups:
@@ -111,9 +116,14 @@ class DeviceNode:
             state = st_save(flat, metadata={"p4bench_protocol": PROTOCOL_VERSION, "node": str(self.me.node)})
         self.transport.report(
             {"type": "final", "node": self.me.node, **self._accuracy_fields(outcome.accuracy, outcome.extra_accuracy),
-             "receive_errors": self.driver.receive_errors, "transport": self.transport.snapshot()},
+             "receive_errors": self.driver.receive_errors, "transport": self.transport.snapshot(),
+             "stopped_after_step": self.last_step, "finish_after": self.finish_after},
             state,
         )
+
+    def _finish_requested(self, step: int) -> bool:
+        """The driver's `stop_after`: the launcher asked every peer to stop after a step."""
+        return self.finish_after is not None and step >= self.finish_after
 
     def _report(self, kind: str, report: RoundReport) -> None:
         assert self.driver is not None
@@ -130,6 +140,7 @@ class DeviceNode:
             "receive_errors": self.driver.receive_errors,
         })
         if kind == "round":
+            self.last_step = report.step
             if self.ledger is not None:  # rounds elapsed matter to some accountants' budgets
                 reported = np.zeros(self.job.data.num_clients, dtype=bool)
                 if not self.is_server:
@@ -151,6 +162,11 @@ class DeviceNode:
                 raise Aborted("the launcher stopped the run")
             if message.get("type") == "launcher-closed":
                 log.warning("the launcher disconnected; finishing the run for the other peers")
+            step = message.get("after_step")
+            if message.get("type") == "finish" and isinstance(step, int) and not isinstance(step, bool) and step >= 1:
+                self.finish_after = step if self.finish_after is None else min(self.finish_after, step)
+                if step < self.last_step:  # the launcher's margin was too short: stop now (the launcher logs it)
+                    log.warning("finish after step %d arrived after step %d", step, self.last_step)
 
 
 # -- the serve loop -------------------------------------------------------------------------

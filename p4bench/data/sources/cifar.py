@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from p4bench.data.base import ArrayDataset, Dataset
+from p4bench.data.base import ArrayDataset, Dataset, PublicSource
 from p4bench.data.sources.common import decode, key, load_array_pickle, missing_error
 from p4bench.errors import DataError
+from p4bench.options import Option, resolve_options
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+
+# ITU-R BT.601 luma weights of R, G, B (what PIL's "L" conversion uses).
+LUMA_601 = (0.299, 0.587, 0.114)
 
 
 def _images(data: object, path: Path) -> np.ndarray:
@@ -23,6 +30,15 @@ def _images(data: object, path: Path) -> np.ndarray:
 def _scaled(images: np.ndarray) -> np.ndarray:
     """uint8 -> float32 in [0, 1] (converted once, after concatenation, to halve peak memory)."""
     return images.astype(np.float32) / np.float32(255.0)
+
+
+def _luma(images: np.ndarray) -> np.ndarray:
+    """uint8 (N, 3, H, W) -> float32 greyscale (N, 1, H, W) in [0, 1]: Y = 0.299 R + 0.587 G
+    + 0.114 B (ITU-R BT.601), unrounded; one channel at a time to bound peak memory."""
+    gray = np.zeros((len(images), 1, *images.shape[2:]), dtype=np.float32)
+    for channel, weight in enumerate(LUMA_601):
+        gray[:, 0] += images[:, channel].astype(np.float32) * np.float32(weight / 255.0)
+    return gray
 
 
 def _labels(values: object, count: int, num_classes: int, path: Path) -> np.ndarray:
@@ -42,6 +58,11 @@ class _CifarBase(Dataset):
     label_key: ClassVar[str]
     names_key: ClassVar[str]
     archive: ClassVar[str]
+    uses_run_config = True  # for option grayscale
+    options = (
+        Option("grayscale", bool, False, "greyscale images 1x32x32: ITU-R BT.601 luma 0.299 R + 0.587 G + 0.114 B "
+               "(Karras et al. train on greyscale CIFAR-10)"),
+    )
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -53,7 +74,9 @@ class _CifarBase(Dataset):
     def is_present(self, data_dir: Path) -> bool:
         return all((self.location(data_dir) / f).is_file() for f in self.files)
 
-    def load(self, data_dir: Path) -> ArrayDataset:
+    def load(self, data_dir: Path, config: RunConfig | None = None) -> ArrayDataset:
+        gray = bool(resolve_options(self.options, config.options)["grayscale"]) if config is not None else False
+        scaled = _luma if gray else _scaled
         folder = self.location(data_dir)
         missing = [f for f in self.files if not (folder / f).is_file()]
         if missing:
@@ -67,9 +90,9 @@ class _CifarBase(Dataset):
             x = _images(key(batch, "data", path), path)
             parts.append((x, _labels(key(batch, self.label_key, path), len(x), len(class_names), path)))
         train, (x_test, y_test) = parts[:-1], parts[-1]
-        x_train = _scaled(np.concatenate([x for x, _ in train]))
+        x_train = scaled(np.concatenate([x for x, _ in train]))
         y_train = np.concatenate([y for _, y in train])
-        return ArrayDataset(self.name, x_train, y_train, _scaled(x_test), y_test, class_names)
+        return ArrayDataset(self.name, x_train, y_train, scaled(x_test), y_test, class_names)
 
 
 class Cifar10Dataset(_CifarBase):
@@ -84,6 +107,17 @@ class Cifar10Dataset(_CifarBase):
     label_key = "labels"
     names_key = "label_names"
     archive = "cifar-10-python.tar.gz"
+
+    def public_unlabeled(self, data_dir: Path, config: RunConfig | None = None) -> PublicSource:
+        """CIFAR-100's 50,000 training images, labels dropped: the public data FedDF (Lin et
+        al.) distilled CIFAR-10 models on; loaded with the run's options (`grayscale`)."""
+        source = Cifar100Dataset()
+        if not source.is_present(data_dir):
+            raise DataError(
+                f"the public unlabeled data of cifar10 is CIFAR-100 (as in FedDF), not found in "
+                f"{source.location(data_dir)}: run `p4bench data download cifar100`, or use -o public_data=pool"
+            )
+        return PublicSource("CIFAR-100 training images (50000 records, unlabeled)", lambda: source.load(data_dir, config).x_train)
 
 
 class Cifar100Dataset(_CifarBase):

@@ -1,0 +1,61 @@
+"""Karras et al.'s Table I CNN for greyscale CIFAR-10 (`-o grayscale=true`), functional.
+
+Conv(1->16, 3x3) - ReLU - Conv(16->32, 3x3) - ReLU - MaxPool 2x2 - Dropout 0.25 -
+flatten (32 * 14 * 14 = 6272) - Linear(6272->64) - ReLU - Dropout 0.5 - Linear(64->10):
+406,922 parameters on 1x32x32 inputs. Convolutions are unpadded with stride 1; the paper
+leaves the activations unspecified, ReLU as the spec advises.
+
+Dropout is left out (both layers act as in evaluation mode, the identity): a functional
+model's `forward(params, x)` gets no random stream, and a dropout mask drawn from
+torch's global generator would differ between the batched simulator and the
+per-client runtimes. Dropout has no parameters, so the count and the model at test
+time are the paper's; only the training-time regularisation is missing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from p4bench.errors import IncompatibleError
+from p4bench.hookspecs import hookimpl
+from p4bench.models import Model, Params, _conv_init, _linear_init
+
+__all__ = ["GrayCNN"]
+
+
+class GrayCNN(Model):
+    """Table I of Karras et al. (two unpadded conv3x3 + ReLU, maxpool, 64-unit ReLU layer),
+    dropout-free; any channel count and image size of at least 6x6 is accepted."""
+
+    name = "cnn-gray"
+    description = "Karras et al.'s Table I CNN (greyscale CIFAR-10: 406,922 parameters); dropout left out"
+
+    def __init__(self, feature_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__(feature_shape, num_classes)
+        if len(self.feature_shape) != 3:
+            raise IncompatibleError(f"model 'cnn-gray' needs image features (channels, height, width), got {self.feature_shape}")
+        self.channels, height, width = self.feature_shape
+        if min(height, width) < 6:
+            raise IncompatibleError(f"model 'cnn-gray' needs images of at least 6x6 pixels, got {height}x{width}")
+        self.flat = 32 * ((height - 4) // 2) * ((width - 4) // 2)  # two valid 3x3 convolutions, then pool 2
+
+    def init(self, generator: torch.Generator) -> Params:
+        params: Params = {}
+        _conv_init(generator, params, "conv1", self.channels, 16, 3)
+        _conv_init(generator, params, "conv2", 16, 32, 3)
+        _linear_init(generator, params, "fc1", self.flat, 64)
+        _linear_init(generator, params, "fc", 64, self.num_classes)
+        return params
+
+    def forward(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(x.shape[0], *self.feature_shape)
+        h = F.relu(F.conv2d(h, params["conv1.weight"], params["conv1.bias"]))
+        h = F.max_pool2d(F.relu(F.conv2d(h, params["conv2.weight"], params["conv2.bias"])), 2)
+        h = F.relu(F.linear(h.flatten(start_dim=1), params["fc1.weight"], params["fc1.bias"]))
+        return F.linear(h, params["fc.weight"], params["fc.bias"])
+
+
+@hookimpl
+def register_models() -> list[type[Model]]:
+    return [GrayCNN]
