@@ -38,3 +38,33 @@ def fresh_registry(monkeypatch):
     reset_default()
     yield
     reset_default()
+
+
+@pytest.fixture
+def install_example(tmp_path, monkeypatch):
+    """`install_example(folder, subprocesses=False)`: see `_install_example`."""
+    return lambda example, subprocesses=False: _install_example(example, tmp_path, monkeypatch, subprocesses=subprocesses)
+
+
+def _install_example(example, tmp_path, monkeypatch, *, subprocesses: bool = False) -> None:
+    """Make an `examples/` package importable with the distribution metadata and entry
+    points `pip install` would write (from its pyproject.toml), without touching the
+    environment; with `subprocesses`, also for child processes (device peers)."""
+    import tomllib
+
+    from p4bench.plugin_manager import reset_default
+
+    project = tomllib.loads(example.joinpath("pyproject.toml").read_text())["project"]
+    name, version = project["name"], project["version"]
+    dist_info = tmp_path / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    lines = [f"{key} = {target}" for key, target in project["entry-points"]["p4bench"].items()]
+    (dist_info / "entry_points.txt").write_text("[p4bench]\n" + "\n".join(lines) + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(example))
+    if subprocesses:
+        paths = [str(tmp_path), str(example), *filter(None, [os.environ.get("PYTHONPATH")])]
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    monkeypatch.delenv("P4BENCH_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    reset_default()

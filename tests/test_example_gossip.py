@@ -5,9 +5,7 @@ through the CLI."""
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,22 +17,11 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "p4bench-gossip"
 
 
 @pytest.fixture
-def installed_gossip(tmp_path, monkeypatch):
+def installed_gossip(install_example):
     """The example importable with real distribution metadata and its entry point (what
     `pip install` writes), here and in subprocesses (device peers), without touching
     the environment."""
-    dist_info = tmp_path / "p4bench_gossip-0.1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: p4bench-gossip\nVersion: 0.1.0\n")
-    project = tomllib.loads(EXAMPLE.joinpath("pyproject.toml").read_text())["project"]
-    lines = [f"{name} = {target}" for name, target in project["entry-points"]["p4bench"].items()]
-    (dist_info / "entry_points.txt").write_text("[p4bench]\n" + "\n".join(lines) + "\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(EXAMPLE))
-    paths = [str(tmp_path), str(EXAMPLE), *filter(None, [os.environ.get("PYTHONPATH")])]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
-    monkeypatch.delenv("P4BENCH_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-    reset_default()
+    install_example(EXAMPLE, subprocesses=True)
     yield
     sys.modules.pop("p4bench_gossip", None)
     reset_default()

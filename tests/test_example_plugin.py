@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,19 +14,10 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "p4bench-fedprox"
 
 
 @pytest.fixture
-def installed_example(tmp_path, monkeypatch):
+def installed_example(install_example):
     """Make the example importable and give it real distribution metadata with its
     entry point (what `pip install` writes), without touching the environment."""
-    dist_info = tmp_path / "p4bench_fedprox-0.1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: p4bench-fedprox\nVersion: 0.1.0\n")
-    project = tomllib.loads(EXAMPLE.joinpath("pyproject.toml").read_text())["project"]
-    lines = [f"{name} = {target}" for name, target in project["entry-points"]["p4bench"].items()]
-    (dist_info / "entry_points.txt").write_text("[p4bench]\n" + "\n".join(lines) + "\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(EXAMPLE))
-    monkeypatch.delenv("P4BENCH_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-    reset_default()
+    install_example(EXAMPLE)
     yield
     sys.modules.pop("p4bench_fedprox", None)
     reset_default()
