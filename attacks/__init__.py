@@ -2,14 +2,18 @@
 
 The P4 paper's threat model: label-flip (data poisoning) and byzantine-zero / -random /
 -flip (model replacement); Karras et al.'s noisy clients: random-labels. From the robustness literature: gaussian, sign-flip, and the
-omniscient alie, ipm and min-max.
+omniscient alie, ipm and min-max. The P4L paper's attacks: label-flip-pair, label-flip-random-pair,
+label-shuffle (data poisoning) and kde-noise (its noisy peers, a message attack).
 """
 
 from p4bench.attacks.alie import ALittleIsEnough
 from p4bench.attacks.byzantine import ByzantineFlip, ByzantineRandom, ByzantineZero
 from p4bench.attacks.gaussian import Gaussian
 from p4bench.attacks.ipm import InnerProductManipulation
+from p4bench.attacks.kde_noise import KDENoise
 from p4bench.attacks.label_flip import LabelFlip
+from p4bench.attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
+from p4bench.attacks.label_shuffle import LabelShuffle
 from p4bench.attacks.min_max import MinMax
 from p4bench.attacks.random_labels import RandomLabels
 from p4bench.attacks.sign_flip import SignFlip
@@ -21,4 +25,5 @@ def register_attacks():
     return [
         LabelFlip, ByzantineZero, ByzantineRandom, ByzantineFlip,
         Gaussian, SignFlip, ALittleIsEnough, InnerProductManipulation, MinMax, RandomLabels,
+        LabelFlipPair, LabelFlipRandomPair, LabelShuffle, KDENoise,
     ]

@@ -2,9 +2,11 @@
 
 The P4 paper's: m-krum, krum, anomaly-detection (and p4-secure, registered by the P4
 plugin), plus the `ideal` oracle. From the robustness literature: median,
-trimmed-mean, geometric-median, norm-clipping, centered-clipping, foolsgold, bulyan.
+trimmed-mean, geometric-median, norm-clipping, centered-clipping, foolsgold, bulyan. From
+P4L: accept-if-better, a client-side gate usable with every method.
 """
 
+from p4bench.defenses.accept_if_better import AcceptIfBetter
 from p4bench.defenses.anomaly import AnomalyDetection
 from p4bench.defenses.bulyan import Bulyan
 from p4bench.defenses.clipping import CenteredClipping, NormClipping
@@ -21,5 +23,5 @@ from p4bench.hookspecs import hookimpl
 def register_defenses():
     return [
         MultiKrum, Krum, AnomalyDetection, Median, TrimmedMean, GeometricMedian,
-        NormClipping, CenteredClipping, FoolsGold, Bulyan, IdealDefense,
+        NormClipping, CenteredClipping, FoolsGold, Bulyan, IdealDefense, AcceptIfBetter,
     ]

@@ -37,6 +37,7 @@ BUILTIN_MODULES = (
     "p4bench.engine.runtimes",
     "p4bench.baselines",
     "p4bench.plugins.p4",
+    "p4bench.plugins.p4l",  # P4L: Paillier-encrypted synergy chains (no DP)
     "p4bench.plugins.device",  # the device runtime and `p4bench device` commands
     "p4bench.attacks",
     "p4bench.defenses",

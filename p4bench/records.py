@@ -126,6 +126,17 @@ class RoundReport:
     losses: np.ndarray | None = None  # each local update's mean loss, this round
 
 
+# Per-client values a round reports besides accuracies (`RoundReport.extra_accuracy`
+# entries named with one of these prefixes): logged as `<name>_mean`, not `accuracy_<name>_mean`.
+VALUE_PREFIXES = ("test_", "count_")
+
+
+def extra_metric_name(name: str) -> str:
+    """The run metric of an extra per-client value: `accuracy_<name>_mean` for accuracies
+    (extra models, method-measured accuracies), `<name>_mean` for `VALUE_PREFIXES` values."""
+    return f"{name}_mean" if name.startswith(VALUE_PREFIXES) else f"accuracy_{name}_mean"
+
+
 @dataclass
 class Outcome:
     """What a runtime returns for one run."""

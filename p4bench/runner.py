@@ -27,7 +27,7 @@ from p4bench.privacy.certification import certify
 from p4bench.privacy.groups import attach_mechanisms
 from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
 from p4bench.privacy.mechanism import DPSettings
-from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
+from p4bench.records import RunInfo, RunResult, extra_metric_name  # re-exported: they were defined here
 from p4bench.rng import SEED_MALICIOUS, SEED_PARTITION, harness_rng
 
 
@@ -244,8 +244,9 @@ def run(
             aggregator = getattr(prepared.runtime, "aggregator", None)
             if detection is not None and aggregator is not None:
                 report.metrics.update(detection.score(aggregator.log))
+            report.metrics.update(prepared.job.method.derived_metrics(report.metrics))
             for name, values in report.extra_accuracy.items():
-                report.metrics[f"accuracy_{name}_mean"] = reported_mean(values, info.reported)
+                report.metrics[extra_metric_name(name)] = reported_mean(values, info.reported)
             if report.client_bytes_sent is not None:
                 report.metrics["client_bytes_sent_mean"] = float(report.client_bytes_sent.mean())
                 report.metrics["client_bytes_sent_max"] = float(report.client_bytes_sent.max())
@@ -256,9 +257,13 @@ def run(
         outcome = prepared.runtime.execute(prepared.job, on_round)
         wall = time.perf_counter() - started
         result = RunResult(info, outcome, wall, summarize(info, outcome, wall), prepared.job.method)
-        if prepared.ledger is not None:
+        method = prepared.job.method
+        result.summary.update(method.derived_metrics(summed_metrics(outcome.reports)))  # over the whole run
+        if prepared.ledger is None:
+            result.summary.update(method.privacy_context())  # e.g. P4L's secure aggregation without DP
+        else:
             result.summary.update(prepared.ledger.summary(info.reported))
-            result.summary.update(prepared.job.method.privacy_context())  # who observes the releases
+            result.summary.update(method.privacy_context())  # who observes the releases
             if result.summary["stopped_by_time_budget"]:
                 result.summary["epsilon_scope"] = early_stop_epsilon_note(result.summary)
         if info.certification is not None:
@@ -330,7 +335,7 @@ def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, 
         "accuracy_min": float(chosen.min()),
         "accuracy_max": float(chosen.max()),
         "accuracy_per_client": {str(i): float(accuracy[i]) for i in np.flatnonzero(reported)},
-        **{f"accuracy_{name}_mean": reported_mean(values, reported) for name, values in outcome.extra_accuracy.items()},
+        **{extra_metric_name(name): reported_mean(values, reported) for name, values in outcome.extra_accuracy.items()},
         "epsilon": None,
         "bytes_sent": int(outcome.bytes_sent),
         "bytes_per_phase": _per_phase(outcome.reports, lambda r: r.bytes_sent),
@@ -350,8 +355,20 @@ def budget_fields(info: RunInfo, outcome: Outcome) -> dict[str, Any]:
     accuracy of such a run is that of its last completed round."""
     completed = sum(1 for r in outcome.reports if r.round >= 0)
     budget = info.config.time_budget_min
+    stopped = completed < info.total_rounds
     return {"rounds_completed": completed, "time_budget_min": budget,
-            "stopped_by_time_budget": budget is not None and completed < info.total_rounds}
+            "stopped_by_time_budget": budget is not None and stopped,
+            # the method's own stopping rule (`Method.finished`, e.g. P4L's mrt/mrr) ended it
+            "stopped_by_method": stopped and budget is None}
+
+
+def summed_metrics(reports: list[RoundReport]) -> dict[str, float]:
+    """Every round metric summed over the run (what `Method.derived_metrics` reads)."""
+    totals: dict[str, float] = {}
+    for report in reports:
+        for key, value in report.metrics.items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
 
 
 def early_stop_epsilon_note(summary: dict[str, Any]) -> str:

@@ -17,3 +17,6 @@ class Capabilities:
     has_aggregator: bool = False  # somebody averages updates (a server or a peer)
     personalized: bool = False  # each client deploys its own model (else a consensus model)
     uses_server: bool = False  # a central server node takes part in exchanges
+    # updates travel only inside encrypted running sums (secure aggregation, e.g. P4L's
+    # Paillier chains): nobody can inspect or filter a single client's update
+    hides_individual_updates: bool = False

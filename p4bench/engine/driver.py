@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from p4bench.engine.evaluation import test_metrics
 from p4bench.engine.memory import keep_freed_memory
 from p4bench.engine.messages import Messages
 from p4bench.engine.method import Exchange, LocalUpdate, Method, Phase, Step, StepContext
@@ -119,10 +120,12 @@ class RoundDriver:
         count = job.data.num_clients
         self._malicious = job.malicious if job.malicious is not None else torch.zeros(count, dtype=torch.bool)
         self.receive_errors = 0
+        self._gates = job.defense is not None and job.defense.gates_clients
         # what the method writes to `ctx.metrics` in a block (e.g. FedDF's server distillation
         # steps and seconds): reported with the block's RoundReport.metrics
         self._metrics: dict[str, float] = {}
         self.groups = [self._make_group(rows) for rows in group_rows]
+        self._holds_everyone = sum(len(rows) for rows in group_rows) == count  # the method's stop rule needs all
         server_rows = torch.tensor([SERVER_ID])
         secret = secret_draws(self.config.noise_source, separate_parties)  # a server peer is a party too
         self.server_rng = client_rng(self.config.seed, server_rows, STREAM_TRAINING, secret)
@@ -152,7 +155,7 @@ class RoundDriver:
             if block.kind == "round":
                 reports.append(report)
                 on_round(report)
-                if stop_after(report.step):
+                if stop_after(report.step) or (self._holds_everyone and self.method.finished(report.extra_accuracy)):
                     break
             elif on_setup is not None:
                 on_setup(report)
@@ -205,18 +208,22 @@ class RoundDriver:
         group = ClientGroup(rows, {}, train, test, rng, attack_rng)
         if job.dp_factory is not None:
             group.dp = job.dp_factory(rows, secret)
-        group.state = self.method.init_client_state(train, self._context(rows, rng, "init", -1, group.dp))
+        group.state = self.method.init_client_state(train, self._context(rows, rng, "init", -1, group.dp, train))
         return group
 
     def _context(
-        self, rows: torch.Tensor, rng: ClientRng, phase: str, round_index: int, dp: DPMechanism | None = None
+        self, rows: torch.Tensor, rng: ClientRng, phase: str, round_index: int, dp: DPMechanism | None = None,
+        train: ClientTensors | None = None,
     ) -> StepContext:
         job = self.job
         return StepContext(
             config=job.config, model=job.model, phase=phase, round=round_index, rows=rows, rng=rng,
             loss_and_grad=self._loss_and_grad, aggregator=self.aggregator, num_clients=job.data.num_clients, dp=dp,
-            metrics=self._metrics,
+            metrics=self._metrics, train=train,
         )
+
+    def _group_context(self, group: ClientGroup, phase: str, round_index: int) -> StepContext:
+        return self._context(group.rows, group.rng, phase, round_index, group.dp, group.train)
 
     def _server_context(self, phase: Phase, round_index: int) -> StepContext:
         return self._context(torch.tensor([SERVER_ID]), self.server_rng, phase.name, round_index)
@@ -226,7 +233,7 @@ class RoundDriver:
 
     # -- steps -------------------------------------------------------------------------
     def _local_update(self, group: ClientGroup, phase: Phase, round_index: int) -> None:
-        ctx = self._context(group.rows, group.rng, phase.name, round_index, group.dp)
+        ctx = self._group_context(group, phase.name, round_index)
         active = self.method.participants(group.state, ctx).nonzero().squeeze(1)
         if len(active) == 0:
             return
@@ -235,7 +242,7 @@ class RoundDriver:
         else:
             sub_rng = group.rng.take(active)
             sub_dp = group.dp.take(active) if group.dp is not None else None
-            sub_ctx = self._context(group.rows[active], sub_rng, phase.name, round_index, sub_dp)
+            sub_ctx = self._context(group.rows[active], sub_rng, phase.name, round_index, sub_dp, group.train.rows(active))
             new_state, losses = self.method.local_update(take_rows(group.state, active), group.train.rows(active), sub_ctx)
             group.state = put_rows(group.state, active, new_state)
             group.rng.put(active, sub_rng)
@@ -256,11 +263,11 @@ class RoundDriver:
         with self.network.computing():
             for group in self.groups:
                 mine = inbox.select(torch.isin(inbox.dst, group.rows))
-                ctx = self._context(group.rows, group.rng, phase.name, round_index, group.dp)
+                ctx = self._group_context(group, phase.name, round_index)
                 # `_receive` calls the lambda before the loop moves on: binding `group` late is safe.
                 state = self._receive(lambda box: method.receive(exchange, group.state, box, ctx), mine, foreign, exchange)  # noqa: B023
                 if state is not None:
-                    group.state = state
+                    group.state = self._gate(group, state) if self._gates else state
             if self.holds_server:
                 mine = inbox.select(inbox.dst == SERVER_ID)
                 ctx = self._server_context(phase, round_index)
@@ -301,14 +308,30 @@ class RoundDriver:
                 self.network.receive_failed(exchange, int(own.sum()))
         return None
 
+    def _gate(self, group: ClientGroup, received: State) -> State:
+        """A client-side gate defense (accept-if-better): each row whose deployed model the
+        `receive` changed keeps the new state only if the defense accepts it on the
+        client's own training records; otherwise the row's state before `receive` stays."""
+        defense, model, data = self.job.defense, self.job.model, group.train
+        assert defense is not None
+        before, after = self.method.deployed_params(group.state), self.method.deployed_params(received)
+        changed = torch.zeros(len(group.rows), dtype=torch.bool)
+        for key, value in after.items():
+            changed |= (value != before[key]).flatten(1).any(dim=1)
+        if not bool(changed.any()):
+            return received
+        old = accuracy(model, before, data.x, data.y, data.n)
+        new = accuracy(model, after, data.x, data.y, data.n)
+        rejected = (changed & ~defense.accept(new, old)).nonzero().squeeze(1)
+        self._metrics["gate.judged"] = self._metrics.get("gate.judged", 0.0) + float(changed.sum())
+        self._metrics["gate.rejected"] = self._metrics.get("gate.rejected", 0.0) + float(len(rejected))
+        return put_rows(received, rejected, take_rows(group.state, rejected)) if len(rejected) else received
+
     # -- attacks -----------------------------------------------------------------------
     def _group_outgoing(self, exchange: str, phase: Phase, round_index: int) -> list[Messages]:
         """Each group's messages of `exchange`, after the run's attack."""
         method, attack = self.method, self.job.attack
-        outgoing = [
-            method.outgoing(exchange, g.state, self._context(g.rows, g.rng, phase.name, round_index, g.dp))
-            for g in self.groups
-        ]
+        outgoing = [method.outgoing(exchange, g.state, self._group_context(g, phase.name, round_index)) for g in self.groups]
         if attack is not None and attack.acts_in(phase.name):
             # omniscient attacks see every honest message this process holds (all of them in
             # the simulator and the in-process runtimes; none for a lone node on a device)
@@ -374,6 +397,11 @@ class RoundDriver:
         extra = {name: on_every_client(extra_model(name)) for name in names}
         for name in method.client_accuracies(self.groups[0].state):  # measured by the method itself
             extra[name] = torch.cat([method.client_accuracies(g.state)[name] for g in self.groups])[order].numpy()
+        if method.test_metrics:
+            parts = [test_metrics(model, method.deployed_params(g.state), g.test.x, g.test.y, g.test.n, method.test_metrics)
+                     for g in self.groups]
+            for name in parts[0]:
+                extra[name] = torch.cat([p[name] for p in parts])[order].numpy()
         return on_every_client(method.deployed_params), extra
 
     def deployed_params(self) -> Params:

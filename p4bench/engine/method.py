@@ -91,6 +91,9 @@ class StepContext:
     num_clients: int
     dp: DPMechanism | None = None  # set when the run is private
     metrics: dict[str, float] = field(default_factory=dict)
+    # The rows' own training records (what `local_update` gets as `train`), also in exchange
+    # steps: a client may score what it received on its own data (P4L's accept-if-better).
+    train: ClientTensors | None = None
 
 
 class Method(ABC):
@@ -117,6 +120,10 @@ class Method(ABC):
     # the clients' records and sets `public_data` before training (None for other methods).
     needs_public_data: ClassVar[bool] = False
     public_data: PublicData | None = None
+    # Besides accuracy, the harness measures these on each client's test split after every
+    # round ("loss": mean cross-entropy, "auc": macro one-vs-rest ROC AUC), reported as
+    # the per-client values `test_loss` / `test_auc` (P4L's metrics by participation count).
+    test_metrics: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: RunConfig, model: Model, num_clients: int) -> None:
         self.config = config
@@ -200,6 +207,18 @@ class Method(ABC):
         """Who observes each client's releases (e.g. {"receivers_per_release": M - 1}),
         added to a private run's summary; empty when the method declares nothing."""
         return {}
+
+    def derived_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        """Metrics derived from a round's summed `ctx.metrics` counters (e.g. a completion
+        rate from completed and started counts). The harness applies it to every round's
+        metrics once they are summed over all processes (device peers report raw sums)."""
+        return {}
+
+    def finished(self, extra: dict[str, Any]) -> bool:
+        """Whether the run is done after a round, from the round's per-client values
+        (`RoundReport.extra_accuracy`, all clients; e.g. P4L's mrt/mrr rule). Asked
+        where every client's values are known: the simulator's driver, the device launcher."""
+        return False
 
     # -- server side (only when capabilities.uses_server) -----------------------------
     def init_server_state(self, ctx: StepContext) -> State:

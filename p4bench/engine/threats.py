@@ -140,6 +140,10 @@ class Defense(ABC):
     # padding): the node ids a receiver always knows, for defenses with per-peer memory.
     uses_identities: ClassVar[bool] = False
     needs_oracle: ClassVar[bool] = False  # True only for the harness's ideal defense
+    # True: a client-side gate. After every `receive` that changes a client's deployed model,
+    # the driver asks `accept(new, old)` with both models' accuracies on the client's own
+    # training records and keeps the client's previous state where it refuses.
+    gates_clients: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -152,9 +156,17 @@ class Defense(ABC):
     @classmethod
     def incompatibility(cls, capabilities: Capabilities) -> str | None:
         """Why this defense cannot protect a method with these capabilities, or None."""
+        if cls.needs_individual_updates and capabilities.hides_individual_updates:
+            return ("it inspects individual updates, and this method only ever exposes encrypted running sums of "
+                    "them (secure aggregation, e.g. p4l's Paillier synergy chain); accept-if-better runs on each "
+                    "client and works under encryption")
         if cls.needs_individual_updates and not (capabilities.has_aggregator and capabilities.shares_individual_updates):
             return "it filters individual updates at an aggregation point, and this method aggregates none"
         return None
+
+    def accept(self, new_accuracy: torch.Tensor, old_accuracy: torch.Tensor) -> torch.Tensor:
+        """(C,) bool, gates only: keep the received model (default: it scores at least as well)."""
+        return new_accuracy >= old_accuracy
 
     def select(self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor) -> torch.Tensor:
         """(B, n) bool: which updates to keep. Default keeps all real ones."""

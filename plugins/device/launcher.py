@@ -310,7 +310,8 @@ class Launcher:
             on_round(report)
             if not self.active:
                 raise DeviceError(f"every peer dropped out ({self.dropped})")
-            if finish_after is None and budget is not None and budget.spent():
+            # the time budget, or the method's own stopping rule on every client's values (P4L's mrt/mrr)
+            if finish_after is None and ((budget is not None and budget.spent()) or job.method.finished(report.extra_accuracy)):
                 finish_after = self._send_finish(report.step)
             if finish_after is not None and report.step >= finish_after:
                 break
@@ -421,6 +422,10 @@ class Launcher:
                 sent[node] = int(_number(report.get("node_bytes_sent")))
                 received[node] = int(_number(report.get("node_bytes_received")))
             losses += [float(x) for x in report.get("losses") or [] if isinstance(x, (int, float))]
+            counters = report.get("metrics")
+            for key, value in (counters.items() if isinstance(counters, dict) else ()):
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and not str(key).startswith("device."):
+                    metrics[str(key)] = metrics.get(str(key), 0.0) + float(value)  # ratios: Method.derived_metrics
             measure = _measure(report)
             seconds = max(seconds, _number(measure.get("wall_s")))  # steps only, evaluation excluded
             absent += len(report.get("absent") or [])

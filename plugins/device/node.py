@@ -138,6 +138,8 @@ class DeviceNode:
             "node_bytes_sent": int(report.bytes_sent), "node_bytes_received": int(report.bytes_received),
             "measure": figures, "releases": releases, "absent": self.network.absences,
             "receive_errors": self.driver.receive_errors,
+            # the method's counters of this peer (ctx.metrics); the launcher adds them over peers
+            "metrics": {str(k): float(v) for k, v in report.metrics.items()},
         })
         if kind == "round":
             self.last_step = report.step
