@@ -258,7 +258,9 @@ def run(
         wall = time.perf_counter() - started
         result = RunResult(info, outcome, wall, summarize(info, outcome, wall), prepared.job.method)
         method = prepared.job.method
-        result.summary.update(method.derived_metrics(summed_metrics(outcome.reports)))  # over the whole run
+        totals = summed_metrics(outcome.reports)
+        result.summary.update(method.derived_metrics(totals))  # over the whole run
+        result.summary.update({k: v for k, v in totals.items() if k.startswith("gate.")})  # a client gate's decisions
         if prepared.ledger is None:
             result.summary.update(method.privacy_context())  # e.g. P4L's secure aggregation without DP
         else:

@@ -24,6 +24,7 @@ import yaml
 
 from p4bench.config import RunConfig
 from p4bench.hookspecs import hookimpl
+from p4bench.participation import participation_curve, write_participation_curve
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,8 @@ class Tracker:
         summary = dict(result.summary)
         summary["results_dir"] = str(folder)
         extra = [p.name for p in result.write_method_artifacts(folder)]
+        curve = participation_curve(result.outcome.reports, run.reported)  # methods that report a count_* value
+        extra += [p.name for p in write_participation_curve(curve, folder, f"{self.config.method}: metrics by participation count")]
         if self.client is not None and self.mlflow_run_id is not None:
             report = getattr(run, "partition_report", None)
             partition_files = list(report.artifacts) if report is not None else []
@@ -238,6 +241,10 @@ class Tracker:
             stamp = int(time.time() * 1000)
             self._mlflow("log final metrics", self.client.log_batch, self.mlflow_run_id,
                          metrics=[Metric(k, float(v), stamp, 0) for k, v in final.items() if np.isfinite(v)])
+            if curve:  # step = participation count r: MLflow plots the paper's x-axis directly
+                by_r = [Metric(f"by_participation.{key}", row[key], stamp, int(row["r"]))
+                        for row in curve for key in ("accuracy", "loss", "auc", "peers") if np.isfinite(row[key])]
+                self._mlflow("log participation curve", self.client.log_batch, self.mlflow_run_id, metrics=by_r)
             self._mlflow("finish run", self.client.set_terminated, self.mlflow_run_id, "FINISHED")
         tracked = self.client is not None and self.mlflow_run_id is not None
         run.tracking.update(

@@ -154,3 +154,59 @@ def test_mrt_mrr_stops_the_run(small_config):
     counts = result.outcome.reports[-1].extra_accuracy["count_synergies"]
     assert result.summary["stopped_by_method"] and result.summary["rounds_completed"] < 30
     assert np.mean(counts >= 2) >= 0.5
+
+
+def test_metrics_by_participation_count_follow_each_peers_rth_synergy():
+    from p4bench.participation import participation_curve
+    from p4bench.records import RoundReport
+
+    def report(accuracy, counts):
+        return RoundReport("train", 0, 1, np.array(accuracy), 0.0, 0.0, 0,
+                           extra_accuracy={"count_synergies": np.array(counts, dtype=float),
+                                           "test_auc": np.array(accuracy) / 2})
+
+    # peer 0 joins in rounds 0 and 2, peer 1 twice in round 1, peer 2 never; peer 3 is not reported
+    reports = [report([0.1, 0.2, 0.3, 0.9], [1, 0, 0, 5]), report([0.4, 0.5, 0.6, 0.9], [1, 2, 0, 5]),
+               report([0.7, 0.8, 0.9, 0.9], [2, 2, 0, 5])]
+    rows = participation_curve(reports, np.array([True, True, True, False]))
+    assert [row["r"] for row in rows] == [1.0, 2.0]
+    assert rows[0]["peers"] == 2 and rows[0]["accuracy"] == pytest.approx((0.1 + 0.5) / 2)
+    assert rows[1]["peers"] == 2 and rows[1]["accuracy"] == pytest.approx((0.7 + 0.5) / 2)
+    assert rows[1]["auc"] == pytest.approx(0.3) and np.isnan(rows[0]["loss"])
+
+
+def test_tracked_run_writes_the_participation_curve_and_logs_it_by_r(small_config):
+    result = run(_config(small_config, rounds=4, options={"crypto": "plaintext"}))
+    folder = result.summary["results_dir"]
+    import csv
+    from pathlib import Path
+
+    rows = list(csv.DictReader(open(Path(folder) / "participation_curve.csv")))
+    assert rows and rows[0]["r"] == "1" and (Path(folder) / "participation_curve.png").stat().st_size > 1000
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(result.summary["tracking_uri"])
+    history = client.get_metric_history(result.summary["run_id"], "by_participation.accuracy")
+    assert sorted(m.step for m in history) == [int(r["r"]) for r in rows]
+
+
+def test_accept_if_better_gates_every_method_on_the_clients_own_records(small_config):
+    """The generic gate: a receive that makes a client's model worse on its own records is undone."""
+    base = dict(attack="byzantine-random", malicious_fraction=0.5, rounds=3)
+    gated = run(small_config(method="fedavg", defense="accept-if-better", **base), track=False)
+    plain = run(small_config(method="fedavg", **base), track=False)
+    assert gated.summary["gate.judged"] > 0 and gated.summary["gate.rejected"] > 0
+    assert "gate.judged" not in plain.summary
+    assert gated.summary["accuracy_mean"] > plain.summary["accuracy_mean"]
+
+
+def test_p4l_runs_over_tls_on_device_peers_like_the_simulator(small_config):
+    options = {"crypto": "paillier", "key_bits": 1024, "drop_prob": 0.2}
+    config = small_config(method="p4l", clients=4, rounds=2, noise_source="seeded", device_simulation=True, options=options)
+    simulated = run(config, track=False)
+    device = run(config.replace(runtime="device", options={**options, "device_local_peers": 4, **FAST}), track=False)
+    assert not device.summary.get("device", {}).get("dropped")
+    np.testing.assert_allclose(device.outcome.accuracy, simulated.outcome.accuracy, atol=1e-4)
+    for key in ("p4l.completion_rate", "p4l.retries_per_synergy", "p4l.bytes_per_hop"):
+        assert device.summary[key] == pytest.approx(simulated.summary[key]), key
+    assert device.summary["secure_aggregation"] == "paillier"
