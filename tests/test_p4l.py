@@ -119,7 +119,7 @@ def test_paillier_and_plaintext_runs_agree(small_config):
         assert s["epsilon"] is None and s["dp"] == "none" and s["p4l.completion_rate"] == 1.0
         assert s["p4l.bytes_per_hop"] > 0 and s["p4l.crypto_s_per_hop"] > 0
         assert 0.5 <= s["test_auc_mean"] <= 1.0 and s["test_loss_mean"] > 0
-    assert paillier.summary["secure_aggregation"] == "paillier"
+    assert paillier.summary["secure_aggregation"] == "paillier-512" and paillier.summary["min_group"] == 4
     assert paillier.summary["p4l.bytes_per_hop"] > 2 * plain.summary["p4l.bytes_per_hop"]  # ciphertexts are larger
 
 
@@ -209,4 +209,4 @@ def test_p4l_runs_over_tls_on_device_peers_like_the_simulator(small_config):
     np.testing.assert_allclose(device.outcome.accuracy, simulated.outcome.accuracy, atol=1e-4)
     for key in ("p4l.completion_rate", "p4l.retries_per_synergy", "p4l.bytes_per_hop"):
         assert device.summary[key] == pytest.approx(simulated.summary[key]), key
-    assert device.summary["secure_aggregation"] == "paillier"
+    assert device.summary["secure_aggregation"] == "paillier-1024" and device.summary["min_group"] == 2

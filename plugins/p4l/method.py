@@ -141,7 +141,14 @@ class P4L(Method):
         return (LocalUpdate(), Exchange("contribute"), *ticks, Exchange("aggregate"))
 
     def privacy_context(self) -> dict[str, Any]:
-        return {"dp": "none", "secure_aggregation": self.crypto.name, "min_group": self.settings.size_min - 1}
+        """No DP; what the secure aggregation hides. `min_group`: the fewest other models in a
+        sum anyone decrypts or receives (sz - 1); a chain closed early by the fallback has 3
+        members, so with churn or a partial proximity graph it is 2 whatever the planned size."""
+        s = self.settings
+        planned = (s.largest if s.size_law == "fixed" else min(s.size_min, s.num_peers)) - 1
+        faults = s.drop_prob > 0 or s.crash_prob > 0 or not bool(self.reachable.all())
+        scheme = f"paillier-{self.crypto.key_bits}" if self.crypto.name == "paillier" else "none (plaintext sums)"
+        return {"dp": "none", "secure_aggregation": scheme, "min_group": min(planned, 2) if faults else planned}
 
     def derived_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         return derived_metrics(totals)
