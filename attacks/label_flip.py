@@ -22,16 +22,17 @@ from p4bench.options import Option
 _FIELD = "options.label_map"
 
 
-def _class_index(value: Any, num_classes: int) -> int:
-    """`value` as a class index in [0, L), accepting ints and integer strings (YAML keys)."""
+def class_index(value: Any, num_classes: int, field: str = _FIELD) -> int:
+    """`value` as a class index in [0, L), accepting ints and integer strings (YAML keys);
+    ConfigError naming option `field` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ConfigError(_FIELD, f"classes must be integers, got {value!r}")
+        raise ConfigError(field, f"classes must be integers, got {value!r}")
     try:
         index = int(value)
     except ValueError:
-        raise ConfigError(_FIELD, f"classes must be integers, got {value!r}") from None
+        raise ConfigError(field, f"classes must be integers, got {value!r}") from None
     if not 0 <= index < num_classes:
-        raise ConfigError(_FIELD, f"classes must be in [0, {num_classes - 1}], got {value!r}")
+        raise ConfigError(field, f"classes must be in [0, {num_classes - 1}], got {value!r}")
     return index
 
 
@@ -42,11 +43,11 @@ def label_mapping(spec: Any, num_classes: int) -> torch.Tensor:
     mapping = torch.arange(num_classes)
     if isinstance(spec, Mapping):
         for source, target in spec.items():
-            mapping[_class_index(source, num_classes)] = _class_index(target, num_classes)
+            mapping[class_index(source, num_classes)] = class_index(target, num_classes)
     elif isinstance(spec, Sequence) and not isinstance(spec, str):
         if len(spec) != num_classes:
             raise ConfigError(_FIELD, f"a list must name a target for each of the {num_classes} classes, got {len(spec)}")
-        mapping = torch.tensor([_class_index(target, num_classes) for target in spec])
+        mapping = torch.tensor([class_index(target, num_classes) for target in spec])
     else:
         raise ConfigError(_FIELD, f"must be a mapping {{from: to}} or a list of {num_classes} targets, got {spec!r}")
     return mapping

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from p4bench.attacks.label_flip import class_index
 from p4bench.engine import Attack
 from p4bench.errors import ConfigError, IncompatibleError
 from p4bench.options import Option
@@ -29,21 +30,10 @@ _FIELD = "options.flip_pair"
 
 
 def class_pair(spec: Any, num_classes: int) -> tuple[int, int]:
-    """The `pair` option as two distinct class indices in [0, L); ConfigError otherwise."""
+    """The `flip_pair` option as two distinct class indices in [0, L); ConfigError otherwise."""
     if isinstance(spec, str) or not isinstance(spec, Sequence) or len(spec) != 2:
         raise ConfigError(_FIELD, f"must be a list of two class indices, e.g. [0, 5], got {spec!r}")
-    pair = []
-    for value in spec:
-        # integer strings are accepted: YAML and `-o` values may arrive as text
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(_FIELD, f"classes must be integers, got {value!r}")
-        try:
-            index = int(value)
-        except ValueError:
-            raise ConfigError(_FIELD, f"classes must be integers, got {value!r}") from None
-        if not 0 <= index < num_classes:
-            raise ConfigError(_FIELD, f"classes must be in [0, {num_classes - 1}], got {value!r}")
-        pair.append(index)
+    pair = [class_index(value, num_classes, _FIELD) for value in spec]
     if pair[0] == pair[1]:
         raise ConfigError(_FIELD, f"must name two different classes, got {spec!r}")
     return pair[0], pair[1]

@@ -210,3 +210,12 @@ def test_p4l_runs_over_tls_on_device_peers_like_the_simulator(small_config):
     for key in ("p4l.completion_rate", "p4l.retries_per_synergy", "p4l.bytes_per_hop"):
         assert device.summary[key] == pytest.approx(simulated.summary[key]), key
     assert device.summary["secure_aggregation"] == "paillier-1024" and device.summary["min_group"] == 2
+
+
+@pytest.mark.usefixtures("fresh_registry")
+@pytest.mark.parametrize("crypto", ["plaintext", "paillier"])
+def test_p4l_conforms(crypto):
+    from p4bench.testing import check_method
+
+    # non-private only (p4l refuses DP); 8 peers so that synergies of 5 leave models personal
+    check_method("p4l", options={"crypto": crypto, **SMALL_KEYS}, privacy=("no-dp",), no_dp=True, clients=8)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from p4bench.engine.evaluation import test_metrics
+from p4bench.engine.evaluation import gate_received, test_metrics
 from p4bench.engine.memory import keep_freed_memory
 from p4bench.engine.messages import Messages
 from p4bench.engine.method import Exchange, LocalUpdate, Method, Phase, Step, StepContext
@@ -309,23 +309,9 @@ class RoundDriver:
         return None
 
     def _gate(self, group: ClientGroup, received: State) -> State:
-        """A client-side gate defense (accept-if-better): each row whose deployed model the
-        `receive` changed keeps the new state only if the defense accepts it on the
-        client's own training records; otherwise the row's state before `receive` stays."""
-        defense, model, data = self.job.defense, self.job.model, group.train
-        assert defense is not None
-        before, after = self.method.deployed_params(group.state), self.method.deployed_params(received)
-        changed = torch.zeros(len(group.rows), dtype=torch.bool)
-        for key, value in after.items():
-            changed |= (value != before[key]).flatten(1).any(dim=1)
-        if not bool(changed.any()):
-            return received
-        old = accuracy(model, before, data.x, data.y, data.n)
-        new = accuracy(model, after, data.x, data.y, data.n)
-        rejected = (changed & ~defense.accept(new, old)).nonzero().squeeze(1)
-        self._metrics["gate.judged"] = self._metrics.get("gate.judged", 0.0) + float(changed.sum())
-        self._metrics["gate.rejected"] = self._metrics.get("gate.rejected", 0.0) + float(len(rejected))
-        return put_rows(received, rejected, take_rows(group.state, rejected)) if len(rejected) else received
+        """The run's client-side gate (accept-if-better) on what `receive` changed."""
+        assert self.job.defense is not None
+        return gate_received(self.job.defense, self.method, self.job.model, group.train, group.state, received, self._metrics)
 
     # -- attacks -----------------------------------------------------------------------
     def _group_outgoing(self, exchange: str, phase: Phase, round_index: int) -> list[Messages]:

@@ -1,12 +1,21 @@
-"""Per-client test metrics besides accuracy: mean cross-entropy and macro one-vs-rest
-ROC AUC, batched over clients (a method asks for them with `Method.test_metrics`)."""
+"""Per-client evaluation beyond accuracy: test loss and macro one-vs-rest ROC AUC
+(a method asks for them with `Method.test_metrics`), and the client-side gate of a
+defense like accept-if-better, batched over clients."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from p4bench.engine.training import logits_of
+from p4bench.engine.state import State, put_rows, take_rows
+from p4bench.engine.training import accuracy, logits_of
 from p4bench.models import Model, Params
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
+    from p4bench.engine.method import Method
+    from p4bench.engine.threats import Defense
 
 TEST_METRICS = ("loss", "auc")
 
@@ -56,3 +65,24 @@ def test_metrics(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor,
     logits = logits_of(model, params, x)
     compute = {"loss": test_loss, "auc": macro_auc}
     return {f"test_{name}": compute[name](logits, y, n) for name in names}
+
+
+def gate_received(
+    defense: Defense, method: Method, model: Model, data: ClientTensors, before: State, received: State,
+    metrics: dict[str, float],
+) -> State:
+    """`received` (the state after a `receive`), except the rows whose deployed model
+    changed and which `defense.accept` refuses, given both models' accuracy on the rows'
+    own records `data`: those keep `before`. Counts `gate.judged` / `gate.rejected`."""
+    old_params, new_params = method.deployed_params(before), method.deployed_params(received)
+    changed = torch.zeros(data.n.shape[0], dtype=torch.bool)
+    for key, value in new_params.items():
+        changed |= (value != old_params[key]).flatten(1).any(dim=1)
+    if not bool(changed.any()):
+        return received
+    old = accuracy(model, old_params, data.x, data.y, data.n)
+    new = accuracy(model, new_params, data.x, data.y, data.n)
+    rejected = (changed & ~defense.accept(new, old)).nonzero().squeeze(1)
+    metrics["gate.judged"] = metrics.get("gate.judged", 0.0) + float(changed.sum())
+    metrics["gate.rejected"] = metrics.get("gate.rejected", 0.0) + float(len(rejected))
+    return put_rows(received, rejected, take_rows(before, rejected)) if len(rejected) else received

@@ -79,7 +79,8 @@ class Attack(ABC):
     def incompatibility(cls, capabilities: Capabilities) -> str | None:
         """Why this attack cannot target a method with these capabilities, or None.
         Message attacks need a method whose clients send model updates."""
-        sends_updates = capabilities.shares_individual_updates or capabilities.has_aggregator
+        sends_updates = (capabilities.shares_individual_updates or capabilities.has_aggregator
+                         or capabilities.hides_individual_updates)  # sent, but only inside encrypted sums
         if cls.tamper is not Attack.tamper and not sends_updates:
             return "it tampers with the model updates clients send, and this method sends none"
         return None

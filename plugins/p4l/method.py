@@ -66,7 +66,8 @@ class P4L(Method):
     name = "p4l"
     description = ("P4L (Arapakis et al.): Paillier-encrypted synergy chains (signed hops, beacons, retries, "
                    "decryption proof), accept-if-better; secure aggregation without DP")
-    capabilities = Capabilities(has_aggregator=True, personalized=True, hides_individual_updates=True)
+    # no aggregator a defense could plug into: sums are formed under encryption (accept-if-better gates clients)
+    capabilities = Capabilities(personalized=True, hides_individual_updates=True)
     test_metrics = ("loss", "auc")
     options = (
         Option("crypto", str, "paillier", "paillier (python-paillier with gmpy2, packed 64-bit slots, fixed point "
