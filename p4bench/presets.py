@@ -1,5 +1,6 @@
 """The presets of `p4bench reproduce`: the P4 paper's experiments as sweep grids (and
-Karras et al.'s, whose variants, claims and report live in `p4bench.presets_karras`).
+Karras et al.'s, whose variants, claims and report live in `p4bench.presets_karras`, and
+Arapakis et al.'s P4L, in `p4bench.presets_p4l` and `p4bench.presets_p4l_report`).
 
 Data settings (`shared/reference/p4.md` section 8; digits is the offline fallback), the
 variants of each preset and the `Preset` records themselves. How they run, are tuned and
@@ -18,6 +19,10 @@ from typing import Any
 from p4bench import claims
 from p4bench.claims import ABLATIONS, ATTACKS, ClaimCheck, ClaimContext
 from p4bench.presets_karras import karras_claims, karras_per_method, karras_report, karras_settings, karras_variants
+from p4bench.presets_p4l import GROUP_BY as P4L_GROUP_BY
+from p4bench.presets_p4l import TUNE_GRID as P4L_TUNE_GRID
+from p4bench.presets_p4l import p4l_claims, p4l_per_method, p4l_settings, p4l_variants
+from p4bench.presets_p4l_report import p4l_report
 
 __all__ = [
     "DATASETS", "DEFENSES", "EPSILONS", "FULL", "NON_PRIVATE", "PRESETS", "Preset", "QUICK", "QUICK_DIGITS", "RELATION",
@@ -167,6 +172,13 @@ PRESETS: dict[str, Preset] = {
                tune_at={"variant": "noisy clients", "malicious_fraction": 0.0},
                tune_grid=(1e-4, 5e-4, 1e-3, 5e-3, 0.05, 0.5), quick_tune_grid=(5e-4, 0.05), report=karras_report,
                baselines="every run is non-private, as in the paper (it uses no DP): no epsilon to equalise"),
+        Preset("p4l", "Arapakis et al. (P4L): synergy size, IID vs non-IID, Paillier vs plaintext and Byzantine % x "
+                      "attack; digits stands in for CIFAR-10/Avito/IMDB (not available offline); no DP",
+               ("digits",), {}, p4l_variants, P4L_GROUP_BY, p4l_claims, settings=p4l_settings,
+               per_method_for=p4l_per_method, tune_at={"variant": "synergy size x IID", "partitioner": "iid",
+                                                       "options.size_dist": "powerlaw"},
+               tune_grid=P4L_TUNE_GRID, report=p4l_report,
+               baselines="every run is non-private, as in the paper (P4L uses secure aggregation, no DP): no epsilon to equalise"),
     )
 }
 

@@ -13,6 +13,9 @@ Presets (paper settings from `shared/reference/p4.md` section 8 and the extended
   every run non-private (the paper uses no DP). A preset may bring its own data settings and
   scale (`Preset.settings`), per-method values (`per_method_for`), lr grids and lines printed
   after the table (`Preset.report`).
+- p4l: P4L (`p4bench.presets_p4l`) on digits: synergy size x IID/non-IID, Byzantine % x the
+  paper's four attacks, Paillier vs plaintext on matched seeds; claims R10 (HE within 1 point)
+  and R13 (Byzantine % the least influential factor), R1 from the participation curves.
 
 Each preset is a sweep (one MLflow experiment `reproduce-<preset>-<dataset>[-quick]`, so it
 resumes like any sweep), followed by a table aggregated over seeds and one line per claim
