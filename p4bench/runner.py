@@ -115,7 +115,8 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         dataset = scatter_dataset(dataset)
     public = None
     if method_cls.needs_public_data:  # held-out records leave the dataset before any client gets a share
-        dataset, public = public_data(dataset_cls, dataset, Path(_data_dir()), config)
+        dataset, public = public_data(dataset_cls, dataset, Path(_data_dir()), config,
+                                      labeled=method_cls.needs_public_labels)  # PDSL's shared validation set Q
     rng = harness_rng(config.seed, SEED_PARTITION)
     partitioner = partitioner_cls()
     partition = run_partitioner(partitioner, dataset, config.clients, config.samples_per_client, rng, config)

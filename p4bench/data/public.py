@@ -65,6 +65,15 @@ class PublicData:
     val_fraction: float
     seed: int
     _splits: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    # the held-out pool's labels, for a method that declares `needs_public_labels` (PDSL's
+    # shared validation set Q); None for unlabeled public data
+    labels: np.ndarray | None = None
+
+    def labeled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, labels) of the whole labeled pool; DataError when it has no labels."""
+        if self.labels is None:
+            raise DataError(f"public data ({self.description}) has no labels")
+        return torch.from_numpy(np.asarray(self.load(), dtype=np.float32)), torch.from_numpy(self.labels.astype(np.int64))
 
     def splits(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(U_train (n_train, ...), U_val (n_val, ...)) float32, computed once."""
@@ -98,14 +107,16 @@ def without_records(dataset: ArrayDataset, drop: np.ndarray) -> ArrayDataset:
 
 
 def public_data(
-    plugin: type[Dataset] | Dataset, dataset: ArrayDataset, data_dir: Path, config: RunConfig,
+    plugin: type[Dataset] | Dataset, dataset: ArrayDataset, data_dir: Path, config: RunConfig, labeled: bool = False,
 ) -> tuple[ArrayDataset, PublicData]:
     """(the dataset the clients are partitioned from, the public data) for a method that
     needs public data; `dataset` is the plugin's loaded (and featurised) data, the run's
-    options give `PUBLIC_DATA_OPTIONS`."""
+    options give `PUBLIC_DATA_OPTIONS`. `labeled`: the method reads labels (always a
+    held-out pool of the dataset's own records, with their labels)."""
     values, seed, features = resolve_options(PUBLIC_DATA_OPTIONS, config.options), config.seed, config.features
     instance = plugin() if isinstance(plugin, type) else plugin
-    source = instance.public_unlabeled(Path(data_dir), config) if values["public_data"] == "auto" else None
+    wanted = values["public_data"] == "auto" and not labeled
+    source = instance.public_unlabeled(Path(data_dir), config) if wanted else None
     if source is not None:
         if features != "raw":
             raise DataError(f"the public data of {dataset.name} ({source.description}) is raw inputs; "
@@ -120,6 +131,10 @@ def public_data(
     held_out = np.sort(harness_rng(seed, SEED_PUBLIC).permutation(count)[:size])
     in_train = held_out < len(dataset.y_train)  # index each split: no copy of the whole dataset
     pool = np.concatenate([dataset.x_train[held_out[in_train]], dataset.x_test[held_out[~in_train] - len(dataset.y_train)]])
-    description = f"{dataset.name} held-out pool ({size} records, unlabeled)"
-    public = PublicData(description, held_out, lambda: pool, dataset.feature_shape, float(values["public_val"]), seed)
+    labels = None
+    if labeled:
+        labels = np.concatenate([dataset.y_train[held_out[in_train]], dataset.y_test[held_out[~in_train] - len(dataset.y_train)]])
+    description = f"{dataset.name} held-out pool ({size} records, {'labeled' if labeled else 'unlabeled'})"
+    public = PublicData(description, held_out, lambda: pool, dataset.feature_shape, float(values["public_val"]), seed,
+                        labels=labels)
     return without_records(dataset, held_out), public

@@ -119,6 +119,7 @@ class Method(ABC):
     # declares p4bench.data.public.PUBLIC_DATA_OPTIONS; the runner then holds the data out of
     # the clients' records and sets `public_data` before training (None for other methods).
     needs_public_data: ClassVar[bool] = False
+    needs_public_labels: ClassVar[bool] = False  # ... and its labels (a held-out labeled pool, e.g. PDSL's Q)
     public_data: PublicData | None = None
     # Besides accuracy, the harness measures these on each client's test split after every
     # round ("loss": mean cross-entropy, "auc": macro one-vs-rest ROC AUC), reported as

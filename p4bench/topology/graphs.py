@@ -33,6 +33,7 @@ __all__ = [
     "Topology",
     "CompleteGraph",
     "RingGraph",
+    "BipartiteGraph",
     "TorusGraph",
     "RandomRegularGraph",
     "ErdosRenyiGraph",
@@ -184,6 +185,25 @@ class RingGraph(Topology):
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
         num_clients = _require_clients(num_clients, 2, self.name)
         return _undirected(num_clients, ((k, (k + 1) % num_clients) for k in range(num_clients)))
+
+
+class BipartiteGraph(Topology):
+    """Complete bipartite graph between the first ceil(M/2) and the last floor(M/2) clients.
+
+    Without self loops the gossip on it is periodic (eigenvalue -1); the self loops the
+    mixing matrix adds (Metropolis-Hastings gives W_ii > 0) make it aperiodic, as PDSL's
+    assumption A3 requires (`p4bench.topology.assumptions.check_pdsl_assumption`).
+    """
+
+    name = "bipartite"
+    description = "complete bipartite graph: first ceil(M/2) clients x last floor(M/2) clients"
+
+    def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
+        num_clients = _require_clients(num_clients, 2, self.name)
+        half = (num_clients + 1) // 2
+        adjacency = np.zeros((num_clients, num_clients), dtype=bool)
+        adjacency[:half, half:] = True
+        return adjacency | adjacency.T
 
 
 class TorusGraph(Topology):
@@ -395,6 +415,7 @@ class ErdosRenyiGraph(_RandomGraph):
 BUILTIN_TOPOLOGIES: tuple[type[Topology], ...] = (
     CompleteGraph,
     RingGraph,
+    BipartiteGraph,
     TorusGraph,
     RandomRegularGraph,
     ErdosRenyiGraph,

@@ -1,0 +1,257 @@
+"""PDSL (Wang, Yuan, Wang, Li, "Privacy-Preserved Decentralized Stochastic Learning"):
+method `pdsl`, a consensus method. Per round (spec section 1.2), for every agent i:
+
+1. `models`: x_i goes to every neighbour j in M_i (the graph of option `topology`, W by
+   Metropolis-Hastings or uniform weights; M_i includes i);
+2. local step: on ONE batch B of its records, i computes g_ij = grad F_i(x_j; B) for every
+   j in M_i, clips and adds noise (`cross_gradients`: all agents and neighbours in one
+   batched computation, one DP release per agent and round);
+3. `gradients`: g_ij goes back to j; i receives g_ji (its own model's gradient on j's data);
+   it scores the candidate one-step models x_i - lr g_ji by Shapley values on the shared
+   validation set Q (Monte-Carlo with R permutations, or exact), min-max normalises them
+   (all equal: uniform shares, counted as a fallback), takes pi_ij = phi_hat_ij / (w_ij
+   sum_k phi_hat_ik) as written (`normalize_pi`: the shares themselves), g_bar = sum_j
+   pi_ij g_ji, u_hat = alpha u + g_bar, x_hat = x - lr u_hat;
+4. `gossip`: (u_hat, x_hat) to the neighbours; u = sum_j w_ij u_hat_j, x = sum_j w_ij x_hat_j.
+
+Q is a labeled pool of the dataset held out before partitioning (no agent holds it),
+declared public data (`threat.public_data`), `val_size` records of it.
+
+Privacy (record level, the harness's accountant): each agent's k_i = |M_i| gradients of a
+round come from the same batch and are ONE release (`cross_gradients`: sensitivity 2C
+sqrt(k_i) with the paper's batch clipping, accounted at rate 1; per-example clipping with
+Poisson sampling at rate q), composed over T rounds. Everything else (Shapley scores on
+public Q, momentum, gossip) is post-processing. The paper's per-round Theorem 1 epsilon is
+reported beside it for reproduction only (`epsilon_theorem1_per_round`): its min-max
+normalisation makes phi_min = 0 and the bound infinite, so phi_min is clamped to
+`phi_floor` and the summary says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from p4bench.baselines.common import GraphSchedule, replicate
+from p4bench.baselines.cross_gradients import CLIP_MODES, cross_gradients, noise_std_per_coordinate, release_rate
+from p4bench.baselines.shapley import coalition_values, exact_shapley, minmax_shares, monte_carlo_shapley
+from p4bench.data.public import PUBLIC_DATA_OPTIONS
+from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method
+from p4bench.engine.method import PlannedRelease
+from p4bench.engine.state import unvectorize, vectorize
+from p4bench.errors import ConfigError
+from p4bench.options import Option, resolve_options
+from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
+from p4bench.topology.assumptions import check_pdsl_assumption
+
+SHAPLEY = ("mc", "exact")
+
+
+class PDSL(Method):
+    """Shapley-weighted DP decentralized SGD with cross-gradients (module docstring)."""
+
+    name = "pdsl"
+    description = ("PDSL (Wang et al.): cross-gradients on one batch per round, Monte-Carlo Shapley weights on a "
+                   "shared validation set, momentum and model gossip; DP per agent and round")
+    capabilities = Capabilities()  # consensus; gradients are combined by Shapley weights, not a defense point
+    default_epsilon = DEFAULT_EPSILON
+    needs_public_data = True
+    needs_public_labels = True
+    options = (
+        Option("topology", str, "complete", "communication graph: a topology plugin (complete, ring, bipartite, ...)"),
+        Option("topology_options", dict, None, "the topology's own options"),
+        Option("mixing", str, "metropolis", "W: metropolis (Metropolis-Hastings) or uniform", choices=("metropolis", "uniform")),
+        Option("momentum", float, 0.5, "alpha (paper: 0.5 MNIST, 0.7 CIFAR-10)", low=0, high=1, high_open=True),
+        Option("R", int, 10, "Monte-Carlo permutations per agent and round", low=1),
+        Option("shapley", str, "mc", "mc (Castro et al., the paper's Alg. 2) or exact (2^|M_i| coalitions)", choices=SHAPLEY),
+        Option("normalize_pi", bool, False, "use the Shapley shares as weights (sum 1) instead of pi as written"),
+        Option("clip_mode", str, "batch", "batch: clip each batch-mean gradient (the paper's, accounted without "
+               "amplification); per-example: per-record clipping with Poisson sampling", choices=CLIP_MODES),
+        Option("val_size", int, 2000, "records of the held-out labeled pool used as Q", low=1),
+        Option("phi_floor", float, 1e-3, "phi_min clamp in the paper's Theorem 1 (its bound is infinite at 0)", low=0,
+               low_open=True),
+        *PUBLIC_DATA_OPTIONS,
+    )
+
+    def validate_options(self) -> None:
+        values = resolve_options(self.options, self.config.options)
+        self.values = values
+        self.graph = GraphSchedule(str(values["topology"]), values["topology_options"], self.num_clients, self.config.seed)
+        adjacency = self.graph.adjacency(0).astype(bool)
+        if not is_connected(adjacency):
+            raise ConfigError("options.topology", f"graph '{values['topology']}' is not connected")
+        mix = metropolis_hastings if values["mixing"] == "metropolis" else uniform_averaging
+        self.weights = mix(adjacency)
+        self.mixing = check_pdsl_assumption(self.weights)  # A3: rho < 1, W symmetric doubly stochastic, w_ii > 0
+        self.neighbourhood = torch.from_numpy((self.weights > 0) | np.eye(self.num_clients, dtype=bool))  # (M, M), i in M_i
+        self.clip_mode = str(values["clip_mode"])
+        largest = int(self.neighbourhood.sum(1).max())
+        if values["shapley"] == "exact" and largest > 12:
+            raise ConfigError("options.shapley", f"exact Shapley over {largest} players needs 2^{largest} coalitions "
+                              "per agent and round; use mc (options.R) or a sparser topology")
+        self.log: list[tuple[int, int, int, float, float]] = []  # (round, agent, neighbour, phi, pi)
+        self.dp_settings: Any = None
+
+    # -- schedule and privacy ----------------------------------------------------------------
+    def round_steps(self, phase, round_index):
+        return (Exchange("models"), LocalUpdate(), Exchange("gradients"), Exchange("gossip"))
+
+    def privacy_plan(self) -> list[PlannedRelease]:
+        c = self.config
+        rate = release_rate(self.clip_mode, c.data_rate)
+        return [PlannedRelease("train", rate, c.rounds, 1, c.rounds, 1.0)]
+
+    def privacy_context(self) -> dict[str, Any]:
+        m = self.mixing
+        out: dict[str, Any] = {"rho": m["rho"], "degree_min": m["degree_min"], "degree_max": m["degree_max"],
+                               "receivers_per_release": int(m["degree_max"]), "clip_mode": self.clip_mode,
+                               "shared_validation_set": f"{self.values['val_size']} labeled held-out records (public)"}
+        if self.dp_settings is not None:
+            out.update(self._theorem1())
+        return out
+
+    def _theorem1(self) -> dict[str, Any]:
+        """The paper's per-round epsilon for the noise actually used (reproduction only)."""
+        settings, floor = self.dp_settings, float(self.values["phi_floor"])
+        delta = float(self.config.delta) if self.config.delta is not None else 1e-5
+        w = self.weights
+        omega_min = float(w[w > 0].min())
+        worst = 0.0
+        for i in range(self.num_clients):
+            row = w[i][w[i] > 0]
+            sigma = noise_std_per_coordinate(settings, self.clip_mode, int(len(row)))
+            value = 2 * settings.clip * (1 / omega_min + (1 / row).sum()) * math.sqrt(2 * math.log(1.25 / delta))
+            worst = max(worst, value / (floor * sigma * math.sqrt((row ** -2.0).sum())))
+        return {"epsilon_theorem1_per_round": worst, "theorem1_phi_min": floor,
+                "theorem1_note": "the paper's per-round bound (no composition over rounds or over the |M_i| releases); "
+                                 f"min-max scaling makes phi_min 0 and the bound infinite: clamped to {floor:g}"}
+
+    # -- clients ------------------------------------------------------------------------------
+    def init_client_state(self, train, ctx):
+        count = len(ctx.rows)
+        params = replicate(self.initial_params(), count)
+        size = vectorize(params).shape[1]
+        zeros = torch.zeros(count, self.num_clients, size)
+        return {"params": params, "momentum": torch.zeros(count, size), "models": zeros, "cross": zeros.clone(),
+                "u_hat": torch.zeros(count, size), "x_hat": torch.zeros(count, size)}
+
+    def _present(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.neighbourhood[rows]
+
+    def local_update(self, state, train, ctx):
+        if ctx.dp is not None:
+            self.dp_settings = ctx.dp.settings
+        present = self._present(ctx.rows)
+        models = state["models"].clone()
+        models[torch.arange(len(ctx.rows)), ctx.rows] = vectorize(state["params"])  # the own slot: x_i itself
+        grads, loss, _ = cross_gradients(ctx, models, state["params"], present, train, self.clip_mode)
+        return {**state, "cross": grads}, loss
+
+    def outgoing(self, exchange, state, ctx):
+        rows, present = ctx.rows, self._present(ctx.rows).clone()
+        present[torch.arange(len(rows)), rows] = False  # nothing to send to oneself
+        sender, receiver = present.nonzero(as_tuple=True)
+        if exchange == "models":
+            return Messages(rows[sender], receiver, {"model": vectorize(state["params"])}, rows=sender)
+        if exchange == "gradients":
+            return Messages(rows[sender], receiver, {"grad": state["cross"][sender, receiver]})
+        if exchange == "gossip":
+            return Messages(rows[sender], receiver, {"u": state["u_hat"], "x": state["x_hat"]}, rows=sender)
+        return Messages.empty()
+
+    def _grid(self, inbox: Messages, rows: torch.Tensor, key: str, width: int) -> torch.Tensor:
+        """(C, M, P): slot j of row i holds what j sent i (zeros elsewhere); senders outside
+        the row's neighbourhood are ignored (what a peer sends is untrusted)."""
+        grid = torch.zeros(len(rows), self.num_clients, width)
+        if not len(inbox):
+            return grid
+        position = torch.searchsorted(rows, inbox.dst)
+        src = inbox.src.clamp(0, self.num_clients - 1)
+        valid = (inbox.src >= 0) & (inbox.src < self.num_clients) & self.neighbourhood[inbox.dst.clamp_min(0), src]
+        grid[position[valid], src[valid]] = inbox.value(key)[valid].to(grid.dtype)
+        return grid
+
+    def receive(self, exchange, state, inbox, ctx):
+        size = state["momentum"].shape[1]
+        if exchange == "models":
+            return {**state, "models": self._grid(inbox, ctx.rows, "model", size)}
+        if exchange == "gradients":
+            received = self._grid(inbox, ctx.rows, "grad", size)
+            mine = torch.arange(len(ctx.rows))
+            received[mine, ctx.rows] = state["cross"][mine, ctx.rows]  # g_ii, kept
+            return self._shapley_step(state, received, ctx)
+        if exchange == "gossip":
+            mine = torch.arange(len(ctx.rows))
+            w = torch.from_numpy(self.weights[ctx.rows.numpy()]).float()  # (C, M)
+            u_grid, x_grid = self._grid(inbox, ctx.rows, "u", size), self._grid(inbox, ctx.rows, "x", size)
+            u_grid[mine, ctx.rows], x_grid[mine, ctx.rows] = state["u_hat"], state["x_hat"]
+            u = torch.bmm(w.unsqueeze(1), u_grid).squeeze(1)
+            x = torch.bmm(w.unsqueeze(1), x_grid).squeeze(1)
+            return {**state, "momentum": u, "params": unvectorize(x, state["params"])}
+        return state
+
+    def _shapley_step(self, state, received: torch.Tensor, ctx) -> dict[str, Any]:
+        started = time.perf_counter()
+        rows, present = ctx.rows, self._present(ctx.rows)
+        lr, x = float(self.config.lr), vectorize(state["params"])
+        q_x, q_y = self._validation()
+
+        def values(masks: torch.Tensor) -> torch.Tensor:
+            return coalition_values(self.model, state["params"], x, received, masks, lr, q_x, q_y)
+
+        if self.values["shapley"] == "exact":  # validate_options bounds the neighbourhood size
+            phi = exact_shapley(values, present)
+        else:
+            keys = ctx.rng.uniform(int(self.values["R"]) * self.num_clients).view(len(rows), -1, self.num_clients)
+            phi = monte_carlo_shapley(values, present, int(self.values["R"]), keys=keys)
+        _, shares, fallback = minmax_shares(phi, present)
+        w = torch.from_numpy(self.weights[rows.numpy()]).to(shares.dtype)
+        pi = shares if bool(self.values["normalize_pi"]) else torch.where(present, shares / w.clamp_min(1e-300), 0.0)
+        g_bar = torch.bmm(pi.unsqueeze(1).to(received.dtype), received).squeeze(1)
+        u_hat = float(self.values["momentum"]) * state["momentum"] + g_bar
+        x_hat = x - lr * u_hat
+        self._record(ctx, phi, pi, present, fallback, time.perf_counter() - started)
+        return {**state, "u_hat": u_hat, "x_hat": x_hat}
+
+    def _validation(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if not hasattr(self, "_q"):
+            assert self.public_data is not None, "the runner sets the labeled public pool (needs_public_labels)"
+            inputs, labels = self.public_data.labeled()
+            size = min(int(self.values["val_size"]), len(labels))
+            self._q = (inputs[:size], labels[:size])  # the pool is a public random draw already
+        return self._q
+
+    def _record(self, ctx, phi: torch.Tensor, pi: torch.Tensor, present: torch.Tensor, fallback: torch.Tensor,
+                seconds: float) -> None:
+        real = torch.where(present, phi, torch.nan)
+        spread = (real.nan_to_num(-torch.inf).max(1).values - real.nan_to_num(torch.inf).min(1).values)
+        metrics = ctx.metrics
+        metrics["pdsl.phi_spread_sum"] = metrics.get("pdsl.phi_spread_sum", 0.0) + float(spread.sum())
+        metrics["pdsl.agents"] = metrics.get("pdsl.agents", 0.0) + float(len(ctx.rows))
+        metrics["pdsl.fallbacks"] = metrics.get("pdsl.fallbacks", 0.0) + float(fallback.sum())
+        metrics["pdsl.shapley_s"] = metrics.get("pdsl.shapley_s", 0.0) + seconds
+        for a, j in present.nonzero().tolist():
+            self.log.append((ctx.round, int(ctx.rows[a]), j, float(phi[a, j]), float(pi[a, j])))
+
+    def derived_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        agents = totals.get("pdsl.agents", 0.0)
+        return {"pdsl.phi_spread_mean": totals.get("pdsl.phi_spread_sum", 0.0) / agents} if agents else {}
+
+    def deployed_params(self, state):
+        return state["params"]
+
+    def write_artifacts(self, state, folder: Path) -> list[Path]:
+        if not self.log:
+            return []
+        path = folder / "pdsl_shapley.csv"
+        with open(path, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["round", "agent", "neighbour", "phi", "pi"])
+            writer.writerows(self.log)
+        return [path]
