@@ -43,6 +43,7 @@ from p4bench.baselines.cross_gradients import CLIP_MODES, cross_gradients, noise
 from p4bench.baselines.shapley import coalition_values, exact_shapley, minmax_shares, monte_carlo_shapley
 from p4bench.data.public import PUBLIC_DATA_OPTIONS
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method
+from p4bench.engine.messages import UPDATE_PREFIX
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.errors import ConfigError
@@ -51,6 +52,7 @@ from p4bench.topology import is_connected, metropolis_hastings, uniform_averagin
 from p4bench.topology.assumptions import check_pdsl_assumption
 
 SHAPLEY = ("mc", "exact")
+MODEL, GRADIENT = UPDATE_PREFIX + "model", UPDATE_PREFIX + "gradient"  # payload keys of `models` / `gradients`
 
 
 class PDSL(Method):
@@ -59,7 +61,8 @@ class PDSL(Method):
     name = "pdsl"
     description = ("PDSL (Wang et al.): cross-gradients on one batch per round, Monte-Carlo Shapley weights on a "
                    "shared validation set, momentum and model gossip; DP per agent and round")
-    capabilities = Capabilities()  # consensus; gradients are combined by Shapley weights, not a defense point
+    # consensus; neighbours see each other's models and gradients, combined by Shapley weights (no defense point)
+    capabilities = Capabilities(shares_individual_updates=True)
     default_epsilon = DEFAULT_EPSILON
     needs_public_data = True
     needs_public_labels = True
@@ -157,10 +160,10 @@ class PDSL(Method):
         rows, present = ctx.rows, self._present(ctx.rows).clone()
         present[torch.arange(len(rows)), rows] = False  # nothing to send to oneself
         sender, receiver = present.nonzero(as_tuple=True)
-        if exchange == "models":
-            return Messages(rows[sender], receiver, {"model": vectorize(state["params"])}, rows=sender)
-        if exchange == "gradients":
-            return Messages(rows[sender], receiver, {"grad": state["cross"][sender, receiver]})
+        if exchange == "models":  # update.*: what a malicious neighbour's message attack replaces (crafted x_j)
+            return Messages(rows[sender], receiver, {MODEL: vectorize(state["params"])}, rows=sender)
+        if exchange == "gradients":  # update.*: a poisoned cross-gradient (what Shapley weighting must catch)
+            return Messages(rows[sender], receiver, {GRADIENT: state["cross"][sender, receiver]})
         if exchange == "gossip":
             return Messages(rows[sender], receiver, {"u": state["u_hat"], "x": state["x_hat"]}, rows=sender)
         return Messages.empty()
@@ -180,9 +183,9 @@ class PDSL(Method):
     def receive(self, exchange, state, inbox, ctx):
         size = state["momentum"].shape[1]
         if exchange == "models":
-            return {**state, "models": self._grid(inbox, ctx.rows, "model", size)}
+            return {**state, "models": self._grid(inbox, ctx.rows, MODEL, size)}
         if exchange == "gradients":
-            received = self._grid(inbox, ctx.rows, "grad", size)
+            received = self._grid(inbox, ctx.rows, GRADIENT, size)
             mine = torch.arange(len(ctx.rows))
             received[mine, ctx.rows] = state["cross"][mine, ctx.rows]  # g_ii, kept
             return self._shapley_step(state, received, ctx)
