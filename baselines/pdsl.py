@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from p4bench.baselines.common import GraphSchedule, replicate
+from p4bench.baselines.p2p_policies import validation_split
 from p4bench.baselines.cross_gradients import CLIP_MODES, cross_gradients, noise_std_per_coordinate, release_rate
 from p4bench.baselines.shapley import coalition_values, exact_shapley, minmax_shares, monte_carlo_shapley
 from p4bench.data.public import PUBLIC_DATA_OPTIONS
@@ -112,9 +113,11 @@ class PDSL(Method):
 
     def privacy_context(self) -> dict[str, Any]:
         m = self.mixing
+        q = (f"{self.values['val_size']} labeled held-out records (public)" if self.needs_public_data
+             else f"each agent's own held-out split ({self.values['val_fraction']:g} of its records)")
         out: dict[str, Any] = {"rho": m["rho"], "degree_min": m["degree_min"], "degree_max": m["degree_max"],
                                "receivers_per_release": int(m["degree_max"]), "clip_mode": self.clip_mode,
-                               "shared_validation_set": f"{self.values['val_size']} labeled held-out records (public)"}
+                               "validation_set": q}
         if self.dp_settings is not None:
             out.update(self._theorem1())
         return out
@@ -153,7 +156,7 @@ class PDSL(Method):
         present = self._present(ctx.rows)
         models = state["models"].clone()
         models[torch.arange(len(ctx.rows)), ctx.rows] = vectorize(state["params"])  # the own slot: x_i itself
-        grads, loss, _ = cross_gradients(ctx, models, state["params"], present, train, self.clip_mode)
+        grads, loss, _ = cross_gradients(ctx, models, state["params"], present, self._training(train, state), self.clip_mode)
         return {**state, "cross": grads}, loss
 
     def outgoing(self, exchange, state, ctx):
@@ -203,10 +206,10 @@ class PDSL(Method):
         started = time.perf_counter()
         rows, present = ctx.rows, self._present(ctx.rows)
         lr, x = float(self.config.lr), vectorize(state["params"])
-        q_x, q_y = self._validation()
+        q_x, q_y, q_n = self._validation(ctx, state)
 
         def values(masks: torch.Tensor) -> torch.Tensor:
-            return coalition_values(self.model, state["params"], x, received, masks, lr, q_x, q_y)
+            return coalition_values(self.model, state["params"], x, received, masks, lr, q_x, q_y, q_n=q_n)
 
         if self.values["shapley"] == "exact":  # validate_options bounds the neighbourhood size
             phi = exact_shapley(values, present)
@@ -222,13 +225,18 @@ class PDSL(Method):
         self._record(ctx, phi, pi, present, fallback, time.perf_counter() - started)
         return {**state, "u_hat": u_hat, "x_hat": x_hat}
 
-    def _validation(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _validation(self, ctx, state) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Q shared by every agent: (inputs, labels, None)."""
         if not hasattr(self, "_q"):
             assert self.public_data is not None, "the runner sets the labeled public pool (needs_public_labels)"
             inputs, labels = self.public_data.labeled()
             size = min(int(self.values["val_size"]), len(labels))
             self._q = (inputs[:size], labels[:size])  # the pool is a public random draw already
-        return self._q
+        return (*self._q, None)
+
+    def _training(self, train, state):
+        """The records the cross-gradients are computed on (all of them here)."""
+        return train
 
     def _record(self, ctx, phi: torch.Tensor, pi: torch.Tensor, present: torch.Tensor, fallback: torch.Tensor,
                 seconds: float) -> None:
@@ -258,3 +266,37 @@ class PDSL(Method):
             writer.writerow(["round", "agent", "neighbour", "phi", "pi"])
             writer.writerows(self.log)
         return [path]
+
+
+class PDSLLocalVal(PDSL):
+    """`pdsl-local-val`: PDSL with each agent scoring the candidates on its own held-out
+    split Q_i (`val_fraction` of its records, never trained on) instead of a shared Q. A
+    deviation from the paper (its Q is shared); it needs no public data. Under DP the
+    Shapley scores read Q_i outside the ledger, so the run is reported uncertified."""
+
+    name = "pdsl-local-val"
+    description = "PDSL with Shapley values on each agent's own held-out split (a documented deviation)"
+    needs_public_data = False
+    needs_public_labels = False
+    options = tuple(o for o in PDSL.options if o.name not in {p.name for p in PUBLIC_DATA_OPTIONS} | {"val_size"}) + (
+        Option("val_fraction", float, 0.2, "share of each agent's records held out as its own validation split Q_i",
+               low=0, high=1, low_open=True, high_open=True),
+    )
+
+    def init_client_state(self, train, ctx):
+        return {**super().init_client_state(train, ctx), "split_key": ctx.rng.bits(2)}
+
+    def uncertified_steps(self) -> list[str]:
+        return ["pdsl-local-val: the Shapley weights read each agent's own validation records Q_i outside the "
+                "ledger (not a DP release), and they shape the released model"]
+
+    def _split(self, train, state):
+        return validation_split(train, state["split_key"], float(self.values["val_fraction"]))
+
+    def _training(self, train, state):
+        return self._split(train, state)[0]
+
+    def _validation(self, ctx, state):
+        assert ctx.train is not None, "the driver passes the rows' records to every step"
+        held_out = self._split(ctx.train, state)[1]
+        return held_out.x, held_out.y, held_out.n

@@ -38,9 +38,12 @@ ValuesFn = Callable[[torch.Tensor], torch.Tensor]
 @torch.no_grad()
 def coalition_values(
     model: Model, like: Mapping[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor, masks: torch.Tensor, lr: float,
-    q_x: torch.Tensor, q_y: torch.Tensor, chunk: int = 128,
+    q_x: torch.Tensor, q_y: torch.Tensor, chunk: int = 128, q_n: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(A, S) float64 accuracy on (q_x, q_y) of every coalition model.
+
+    With `q_n` (A,) the validation sets are per agent (pdsl-local-val): q_x (A, n, ...),
+    q_y (A, n) padded, agent a's first q_n[a] records real; an agent without any is worth 0.
 
     x (A, P) flat models (``p4bench.engine.state.vectorize`` order), g (A, K, P) the
     candidates' gradients, masks (A, S, K) bool coalitions; ``like`` is a parameter dict
@@ -56,7 +59,7 @@ def coalition_values(
     values = torch.zeros(len(agent), dtype=torch.float64, device=masks.device)
     size = members.sum(dim=1)
     todo = torch.nonzero(size > 0).flatten()
-    forward = vmap(model.forward, in_dims=(0, None))  # one Q for every model
+    forward = vmap(model.forward, in_dims=(0, None) if q_n is None else (0, 0))  # one Q for every model, or the agent's
     flat_g = g.reshape(num_agents * slots, -1)
     for start in range(0, len(todo), chunk):
         rows = todo[start : start + chunk]
@@ -69,8 +72,13 @@ def coalition_values(
             members[rows].to(g.dtype) / size[rows, None].to(g.dtype)
         )
         mean = weights.reshape(len(rows), -1) @ flat_g[first * slots : last * slots]
-        logits = forward(unvectorize(x[owner] - lr * mean, like), q_x)
-        values[rows] = (logits.argmax(dim=-1) == q_y).double().mean(dim=1)
+        params = unvectorize(x[owner] - lr * mean, like)
+        if q_n is None:
+            values[rows] = (forward(params, q_x).argmax(dim=-1) == q_y).double().mean(dim=1)
+        else:
+            real = torch.arange(q_y.shape[1], device=q_y.device) < q_n[owner, None]
+            correct = (forward(params, q_x[owner]).argmax(dim=-1) == q_y[owner]) & real
+            values[rows] = correct.double().sum(dim=1) / q_n[owner].clamp_min(1).double()
     return values[inverse].reshape(num_agents, num_coalitions)
 
 

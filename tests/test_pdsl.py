@@ -123,3 +123,10 @@ def test_pdsl_runtimes_agree(small_config):
         other = run(config.replace(runtime=runtime, options={**config.options, **extra}), track=False)
         np.testing.assert_allclose(other.outcome.accuracy, simulated.outcome.accuracy, atol=1e-4, err_msg=runtime)
         assert other.summary["epsilon"] == pytest.approx(simulated.summary["epsilon"]), runtime
+
+
+def test_local_validation_variant_needs_no_public_data_and_is_uncertified_under_dp(small_config):
+    plain = run(_config(small_config, method="pdsl-local-val", no_dp=True, options={"topology": "ring"}), track=False)
+    assert plain.summary["public_data"] is None and "own held-out split" in plain.summary["validation_set"]
+    private = run(_config(small_config, method="pdsl-local-val", epsilon=2.0, options={"topology": "ring"}), track=False)
+    assert not private.summary["epsilon_certified"] and "Q_i outside the ledger" in private.summary["uncertified_reason"]
