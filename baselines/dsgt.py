@@ -3,6 +3,8 @@ with per-node DP-SGD gradients, over a graph and mixing matrix W from the topolo
 
 DSGD ("combine then adapt"), per iteration t with step size a_t:
     x_i <- sum_j W_ij x_j ;  x_i <- x_i - a_t g_i(x_i)
+DSGD with ``order = d-psgd`` (D-PSGD, Lian et al. 2017, Algorithm 1):
+    x_i <- sum_j W_ij x_j - a_t g_i(x_i), the gradient taken at x_i before the gossip
 DSGT (gradient tracking of Pu & Nedic 2021):
     x_i <- sum_j W_ij (x_j - a_t y_j) ;  y_i <- sum_j W_ij y_j + g_i(x_i) - g_i(previous x_i)
 Trackers y and previous gradients start at 0, so the first iteration is the textbook
@@ -19,7 +21,18 @@ authors' logspace schedule; default constant).
 Options (``-o key=value``): topology (default complete, as every config of the
 authors), topology_options (mapping), mixing (metropolis | uniform; W_ij =
 1/(1+max(deg_i, deg_j)) or 1/(1+indeg_i)), mixing_order (synchronous | sequential),
-iterations, lr_final.
+iterations, lr_final; for dp-dsgd only, order (combine-then-adapt | d-psgd).
+
+order = d-psgd (dp-dsgd only) is D-PSGD: each node takes its gradient at its own model
+x_i^t, gossips x_i^t and subtracts the step after the mix, so the gradient and the mix
+read the same x^t. The default combine-then-adapt takes the gradient at the mixed model
+instead; that trajectory is adapt-then-combine half an iteration apart and differs from
+D-PSGD's (docs/dp-dpsgd.md). With DP this is the synchronous form of the PDSL paper's
+"DP-DPSGD" baseline (A(DP)^2SGD, the asynchronous DP version of D-PSGD): no asynchrony or
+stale reads, DP-SGD clipping and the harness's accountant. An iteration is one
+LocalUpdate (the gradient, kept as a pending step) and one gossip (mix, then apply the
+step), still one DP release per node; the sent x_i^t is post-processing of earlier
+releases. It needs synchronous mixing, and DSGT has no such order (both refused).
 
 mixing_order = sequential reproduces the authors' in-place Gauss-Seidel loop (node i
 mixes neighbours j < i that were already updated in this iteration). Writing
@@ -63,6 +76,7 @@ from p4bench.topology import is_connected, metropolis_hastings, uniform_averagin
 
 SYNCHRONOUS, SEQUENTIAL = "synchronous", "sequential"
 MIXINGS = ("metropolis", "uniform")
+COMBINE_THEN_ADAPT, D_PSGD = "combine-then-adapt", "d-psgd"
 UPDATE, TRACKER, CORRECTION = UPDATE_PREFIX, "tracker.", "correction."
 
 
@@ -92,7 +106,7 @@ class _Consensus(Method):
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, personalized=False)
     default_epsilon = DEFAULT_EPSILON  # DP-DSGD and DP-DSGT are private by default
     tracking: ClassVar[bool] = False
-    options = (
+    options: ClassVar[tuple[Option, ...]] = (
         Option("topology", str, "complete", "communication graph: a topology plugin (see `p4bench list`)"),
         Option("topology_options", dict, None, "the topology's own options, e.g. {k: 4}"),
         Option("mixing", str, "metropolis", "mixing matrix W: metropolis (1/(1+max(deg_i, deg_j))) or uniform "
@@ -109,6 +123,12 @@ class _Consensus(Method):
         self.iterations = values["iterations"] if values["iterations"] is not None else config.local_steps
         self.lr_final = values["lr_final"] if values["lr_final"] is not None else config.lr
         self.order, self.mixing = values["mixing_order"], values["mixing"]
+        self.parallel = values.get("order", COMBINE_THEN_ADAPT) == D_PSGD  # declared by dp-dsgd only
+        if self.parallel and self.tracking:
+            raise ConfigError("options.order", f"{D_PSGD} is an order of dp-dsgd; gradient tracking has none")
+        if self.parallel and self.order == SEQUENTIAL:
+            raise ConfigError("options.order", f"{D_PSGD} needs mixing_order={SYNCHRONOUS}: the authors' in-place "
+                              "loop has no D-PSGD form")
         self.graph = GraphSchedule(values["topology"], values["topology_options"], self.num_clients, config.seed)
         if not self.graph.time_varying and not is_connected(self.graph.adjacency(0)):
             raise ConfigError("options.topology", f"graph '{self.graph.name}' is not connected: no consensus possible")
@@ -138,6 +158,8 @@ class _Consensus(Method):
 
     # -- schedule --------------------------------------------------------------------
     def round_steps(self, phase, round_index):
+        if self.parallel:  # D-PSGD: the gradient at x^t, then the gossip of x^t
+            return (LocalUpdate(), Exchange("gossip")) * self.iterations
         one = (Exchange("gossip"), LocalUpdate())
         if self.tracking and self.order == SEQUENTIAL:
             one = one + (Exchange("track"),)
@@ -148,6 +170,8 @@ class _Consensus(Method):
         count = len(ctx.rows)
         params = replicate(self.initial_params(), count)
         state = {"params": params, "iteration": torch.zeros(count, dtype=torch.int64)}
+        if self.parallel:  # D-PSGD: a_t g_i(x_i^t), computed before the gossip, applied after it
+            state["pending"] = {k: torch.zeros_like(v) for k, v in params.items()}
         if self.tracking:
             zeros = {k: torch.zeros_like(v) for k, v in params.items()}
             state.update(tracker=zeros, previous=dict(zeros), correction=dict(zeros))
@@ -160,10 +184,16 @@ class _Consensus(Method):
     def _iteration(state) -> int:
         return int(state["iteration"][0]) if len(state["iteration"]) else 0
 
+    def _mixing(self, exchange: str, state) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The matrices of the iteration an exchange belongs to: a combine-then-adapt gossip
+        opens iteration t; a D-PSGD gossip and DSGT's "track" follow the LocalUpdate that
+        already counted iteration t."""
+        t = self._iteration(state)
+        return self.matrices(t if exchange == "gossip" and not self.parallel else t - 1)
+
     # -- messages ------------------------------------------------------------------------
     def outgoing(self, exchange, state, ctx):
-        t = self._iteration(state)
-        a, b, c = self.matrices(t if exchange == "gossip" else t - 1)
+        a, b, c = self._mixing(exchange, state)
         if exchange == "gossip":
             payload = flatten(state["params"], UPDATE)
             support = a != 0
@@ -175,16 +205,21 @@ class _Consensus(Method):
 
     def receive(self, exchange, state, inbox, ctx):
         t = self._iteration(state)
-        a, b, c = self.matrices(t if exchange == "gossip" else t - 1)
+        a, b, c = self._mixing(exchange, state)
         if exchange == "track":
             weights = c[inbox.dst, inbox.src]
             step = weighted_inbox_sum(ctx.rows, inbox, prefixed_vectors(inbox.payload, CORRECTION), weights)
             tracker = vectorize(state["tracker"]) + step
             return {**state, "tracker": unvectorize(tracker, state["tracker"])}
-        got = received_any(ctx.rows, inbox)
         mixed = self._mix_models(state, inbox, a[inbox.dst, inbox.src], ctx)
+        if self.parallel:  # D-PSGD: x_i <- sum_j W_ij x_j - a_t g_i(x_i), the step of local_update
+            pending = state["pending"]
+            x = mixed - vectorize(pending).to(mixed.dtype)
+            cleared = {k: torch.zeros_like(v) for k, v in pending.items()}
+            return {**state, "params": unvectorize(x, state["params"]), "pending": cleared}
         if not self.tracking:
             return {**state, "params": unvectorize(mixed, state["params"])}
+        got = received_any(ctx.rows, inbox)
         trackers = prefixed_vectors(inbox.payload, TRACKER)
         y = weighted_inbox_sum(ctx.rows, inbox, trackers, a[inbox.dst, inbox.src])
         pulled = y if b is a else weighted_inbox_sum(ctx.rows, inbox, trackers, b[inbox.dst, inbox.src])
@@ -213,10 +248,12 @@ class _Consensus(Method):
         x, y, mask = draw_batch(ctx, train)
         grads, loss, done = batch_gradient(ctx, state["params"], x, y, mask, train)
         state = {**state, "iteration": state["iteration"] + 1}
-        if not self.tracking:  # DSGD: adapt after combining
+        if not self.tracking:  # DSGD: adapt after combining, or (D-PSGD) after the next gossip
             rate = self.step_size(t)
-            params = {k: v - rate * grads[k] * per_row(done, v) for k, v in state["params"].items()}
-            return {**state, "params": params}, loss
+            step = {k: rate * g * per_row(done, g) for k, g in grads.items()}
+            if self.parallel:
+                return {**state, "pending": step}, loss
+            return {**state, "params": {k: v - step[k] for k, v in state["params"].items()}}, loss
         # DSGT: a node whose budget refused the step keeps its previous gradient (no new release)
         fresh = {k: torch.where(per_row(done, g).bool(), g, state["previous"][k]) for k, g in grads.items()}
         correction = {k: fresh[k] - state["previous"][k] for k in fresh}
@@ -227,10 +264,16 @@ class _Consensus(Method):
 
 
 class DPDSGD(_Consensus):
-    """Decentralized (DP-)SGD: mix models with W, then one (DP-)gradient step."""
+    """Decentralized (DP-)SGD: mix models with W, then one (DP-)gradient step; with
+    ``order = d-psgd``, D-PSGD's order (the step taken before the mix, applied after it)."""
 
     name = "dp-dsgd"
     description = "DP-DSGD (Bayrooti et al.): gossip with W, then one DP-SGD step per iteration; consensus model"
+    options = (*_Consensus.options,
+               Option("order", str, COMBINE_THEN_ADAPT, "combine-then-adapt: mix, then the gradient at the mixed "
+                      "model (Bayrooti et al.); d-psgd: the gradient at the pre-gossip model, subtracted after the "
+                      "mix (D-PSGD, Lian et al. 2017; with DP the PDSL paper's DP-DPSGD baseline, synchronous)",
+                      choices=(COMBINE_THEN_ADAPT, D_PSGD)))
 
 
 class DPDSGT(_Consensus):

@@ -33,14 +33,14 @@ import csv
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from p4bench.baselines.common import GraphSchedule, replicate
-from p4bench.baselines.p2p_policies import validation_split
 from p4bench.baselines.cross_gradients import CLIP_MODES, cross_gradients, noise_std_per_coordinate, release_rate
+from p4bench.baselines.p2p_policies import validation_split
 from p4bench.baselines.shapley import coalition_values, exact_shapley, minmax_shares, monte_carlo_shapley
 from p4bench.data.public import PUBLIC_DATA_OPTIONS
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method
@@ -67,7 +67,7 @@ class PDSL(Method):
     default_epsilon = DEFAULT_EPSILON
     needs_public_data = True
     needs_public_labels = True
-    options = (
+    options: ClassVar[tuple[Option, ...]] = (
         Option("topology", str, "complete", "communication graph: a topology plugin (complete, ring, bipartite, ...)"),
         Option("topology_options", dict, None, "the topology's own options"),
         Option("mixing", str, "metropolis", "W: metropolis (Metropolis-Hastings) or uniform", choices=("metropolis", "uniform")),
