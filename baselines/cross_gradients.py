@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from p4bench.engine.messages import UPDATE_PREFIX
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.engine.training import fixed_size_batches, gather_batch, poisson_batches
 from p4bench.models import Params
@@ -35,6 +36,9 @@ from p4bench.privacy.clipping import clipped_gradient_sum
 from p4bench.privacy.releases import Releases
 
 CLIP_MODES = ("batch", "per-example")
+# payload keys of the `models` and `gradients` exchanges: update.*, so a malicious neighbour's
+# message attack acts on them (a crafted x_j: `model-probe`; a poisoned cross-gradient)
+MODEL, GRADIENT = UPDATE_PREFIX + "model", UPDATE_PREFIX + "gradient"
 
 
 def release_rate(clip_mode: str, data_rate: float) -> float:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from p4bench.baselines.common import GraphSchedule, replicate
-from p4bench.baselines.cross_gradients import CLIP_MODES, cross_gradients, release_rate
+from p4bench.baselines.cross_gradients import CLIP_MODES, GRADIENT, MODEL, cross_gradients, release_rate
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import unvectorize, vectorize
@@ -143,7 +143,8 @@ class DPCGA(Method):
     name = "dp-cga"
     description = ("DP-CGA (Esfandiari et al. with noisy cross-gradients): cross-gradients on one batch per round, "
                    "QP projection so the update does not conflict with the neighbours' data, momentum, consensus")
-    capabilities = Capabilities()  # consensus; gradients are combined by a QP, not a defense point
+    # consensus; neighbours see individual models and gradients, combined by a QP (no defense point)
+    capabilities = Capabilities(shares_individual_updates=True)
     default_epsilon = DEFAULT_EPSILON
     options = (
         Option("topology", str, "complete", "communication graph: a topology plugin (complete, ring, bipartite, ...)"),
@@ -216,9 +217,9 @@ class DPCGA(Method):
         present[torch.arange(len(rows)), rows] = False  # nothing to send to oneself
         sender, receiver = present.nonzero(as_tuple=True)
         if exchange == "models":
-            return Messages(rows[sender], receiver, {"model": vectorize(state["params"])}, rows=sender)
+            return Messages(rows[sender], receiver, {MODEL: vectorize(state["params"])}, rows=sender)
         if exchange == "gradients":
-            return Messages(rows[sender], receiver, {"grad": state["cross"][sender, receiver]})
+            return Messages(rows[sender], receiver, {GRADIENT: state["cross"][sender, receiver]})
         if exchange == "gossip":
             return Messages(rows[sender], receiver, {"x": state["x_hat"]}, rows=sender)
         return Messages.empty()
@@ -238,9 +239,9 @@ class DPCGA(Method):
     def receive(self, exchange, state, inbox, ctx):
         size = state["momentum"].shape[1]
         if exchange == "models":
-            return {**state, "models": self._grid(inbox, ctx.rows, "model", size)}
+            return {**state, "models": self._grid(inbox, ctx.rows, MODEL, size)}
         if exchange == "gradients":
-            received = self._grid(inbox, ctx.rows, "grad", size)
+            received = self._grid(inbox, ctx.rows, GRADIENT, size)
             mine = torch.arange(len(ctx.rows))
             received[mine, ctx.rows] = state["cross"][mine, ctx.rows]  # g_ii, kept
             return self._step(state, received, ctx)

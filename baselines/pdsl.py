@@ -39,12 +39,18 @@ import numpy as np
 import torch
 
 from p4bench.baselines.common import GraphSchedule, replicate
-from p4bench.baselines.cross_gradients import CLIP_MODES, cross_gradients, noise_std_per_coordinate, release_rate
+from p4bench.baselines.cross_gradients import (
+    CLIP_MODES,
+    GRADIENT,
+    MODEL,
+    cross_gradients,
+    noise_std_per_coordinate,
+    release_rate,
+)
 from p4bench.baselines.p2p_policies import validation_split
 from p4bench.baselines.shapley import coalition_values, exact_shapley, minmax_shares, monte_carlo_shapley
 from p4bench.data.public import PUBLIC_DATA_OPTIONS
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method
-from p4bench.engine.messages import UPDATE_PREFIX
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.errors import ConfigError
@@ -53,7 +59,6 @@ from p4bench.topology import is_connected, metropolis_hastings, uniform_averagin
 from p4bench.topology.assumptions import check_pdsl_assumption
 
 SHAPLEY = ("mc", "exact")
-MODEL, GRADIENT = UPDATE_PREFIX + "model", UPDATE_PREFIX + "gradient"  # payload keys of `models` / `gradients`
 
 
 class PDSL(Method):
