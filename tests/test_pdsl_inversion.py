@@ -125,3 +125,12 @@ def test_shapley_weights_rank_poisoned_neighbours_lowest(small_config, tmp_path)
         means.setdefault(int(r["neighbour"]), []).append(float(r["phi"]))
     ranked = sorted(means, key=lambda j: np.mean(means[j]))
     assert set(ranked[: len(malicious)]) == malicious  # the lowest mean phi, over all honest agents
+
+
+def test_audit_inversion_command_prints_the_reconstruction_per_sigma(capsys, tmp_path):
+    from p4bench.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["audit-inversion", "--trials", "1", "--epsilon", "1", "--plot", str(tmp_path / "grid.png"), "--json"])
+    out = capsys.readouterr().out
+    assert (info.value.code or 0) == 0 and "sigma 0: cosine centered 1.000" in out and (tmp_path / "grid.png").exists()

@@ -103,6 +103,29 @@ def audit_command(
         raise typer.Exit(1)
 
 
+def inversion_command(
+    epsilon: list[float] = typer.Option([8.0, 1.0], "--epsilon", help="PDSL's calibrated sigma at these epsilons (T rounds, rate 1)"),
+    rounds: int = typer.Option(30, "--rounds", min=1, help="T, for the calibration"),
+    batch: int = typer.Option(11, "--batch", min=1, help="the victim's batch size"),
+    degree: int = typer.Option(20, "--degree", min=1, help="|M_i|: the victim's gradients per release"),
+    trials: int = typer.Option(5, "--trials", min=1, help="victim batches per noise level"),
+    plot: str = typer.Option("inversion.png", "--plot", help="PNG of true vs reconstructed class means"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """PDSL's malicious neighbour: send the zero model (`model-probe`), invert the victim's
+    returned cross-gradient on digits, and score the reconstruction at no DP, small sigmas
+    and the sigmas PDSL calibrates for each --epsilon."""
+    from p4bench.audit.inversion import inversion_experiment
+
+    result = inversion_experiment(epsilons=tuple(epsilon), rounds=rounds, batch_size=batch, degree=degree, trials=trials,
+                                  plot=plot)
+    for line in result.lines():
+        typer.echo(line)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), default=json_default))
+
+
 def register(app: typer.Typer) -> None:
-    """Add the `audit` command to the p4bench app."""
+    """Add the `audit` and `audit-inversion` commands to the p4bench app."""
     app.command("audit")(audit_command)
+    app.command("audit-inversion")(inversion_command)
