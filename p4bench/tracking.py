@@ -222,6 +222,7 @@ class Tracker:
             final = {"final_accuracy_mean": result.summary["accuracy_mean"], "wall_time_s": result.wall_time_s,
                      "bytes_sent_total": float(result.summary.get("bytes_sent", 0)),
                      "rounds_completed": float(result.summary.get("rounds_completed", len(result.outcome.reports)))}
+            final.update(method_figures(result.summary))
             stopped = str(bool(result.summary.get("stopped_by_time_budget"))).lower()
             self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, "stopped_by_time_budget", stopped)
             if result.summary.get("epsilon") is not None:
@@ -288,6 +289,17 @@ def write_partition_summary(run, folder: Path) -> None:
                              *counts[client].tolist()])
     plot_partition_heatmap(counts, data.class_names, folder / "partition.png",
                            title=f"{run.config.dataset} / {run.config.partitioner}: samples per client and class")
+
+
+# Run-level figures of the methods (PDSL's rho and Theorem 1 epsilon, P4L's completion rate,
+# a client gate's decisions, ...): logged as final MLflow metrics when numeric.
+METHOD_FIGURE_PREFIXES = ("p4l.", "pdsl.", "cga.", "gate.", "rho", "degree_", "epsilon_theorem1", "min_group")
+
+
+def method_figures(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric summary values named by `METHOD_FIGURE_PREFIXES`."""
+    return {k: float(v) for k, v in summary.items()
+            if k.startswith(METHOD_FIGURE_PREFIXES) and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def plot_accuracy(metrics_csv: Path, out: Path, title: str) -> None:
