@@ -49,7 +49,7 @@ def test_reported_clients_exclude_evaluation_and_malicious(small_config):
 
 
 def test_bad_requests_fail_before_training(small_config):
-    with pytest.raises(UnknownNameError, match="registered methods: centralized, dp-dsgd, dp-dsgt, fedavg, feddf, local"):
+    with pytest.raises(UnknownNameError, match="registered methods: centralized, dp-cga, dp-dsgd, dp-dsgt, fedavg, feddf, local"):
         run(small_config(method="nope"), track=False)
     with pytest.raises(DataError, match="at most"):
         run(small_config(samples_per_client=5000), track=False)
