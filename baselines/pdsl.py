@@ -118,8 +118,11 @@ class PDSL(Method):
 
     def privacy_context(self) -> dict[str, Any]:
         m = self.mixing
-        q = (f"{self.values['val_size']} labeled held-out records (public)" if self.needs_public_data
-             else f"each agent's own held-out split ({self.values['val_fraction']:g} of its records)")
+        if self.needs_public_data:
+            used = len(self._q[1]) if hasattr(self, "_q") else self.values["val_size"]  # the pool may be smaller
+            q = f"{used} labeled held-out records (public)"
+        else:
+            q = f"each agent's own held-out split ({self.values['val_fraction']:g} of its records)"
         out: dict[str, Any] = {"rho": m["rho"], "degree_min": m["degree_min"], "degree_max": m["degree_max"],
                                "receivers_per_release": int(m["degree_max"]), "clip_mode": self.clip_mode,
                                "validation_set": q}

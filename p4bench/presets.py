@@ -1,6 +1,7 @@
 """The presets of `p4bench reproduce`: the P4 paper's experiments as sweep grids (and
 Karras et al.'s, whose variants, claims and report live in `p4bench.presets_karras`, and
-Arapakis et al.'s P4L, in `p4bench.presets_p4l` and `p4bench.presets_p4l_report`).
+Arapakis et al.'s P4L, in `p4bench.presets_p4l` and `p4bench.presets_p4l_report`, and Wang
+et al.'s PDSL, in `p4bench.presets_pdsl` and `p4bench.presets_pdsl_report`).
 
 Data settings (`shared/reference/p4.md` section 8; digits is the offline fallback), the
 variants of each preset and the `Preset` records themselves. How they run, are tuned and
@@ -23,6 +24,11 @@ from p4bench.presets_p4l import GROUP_BY as P4L_GROUP_BY
 from p4bench.presets_p4l import TUNE_GRID as P4L_TUNE_GRID
 from p4bench.presets_p4l import p4l_claims, p4l_per_method, p4l_settings, p4l_variants
 from p4bench.presets_p4l_report import p4l_report
+from p4bench.presets_pdsl import GROUP_BY as PDSL_GROUP_BY
+from p4bench.presets_pdsl import TUNE_AT as PDSL_TUNE_AT
+from p4bench.presets_pdsl import TUNE_GRID as PDSL_TUNE_GRID
+from p4bench.presets_pdsl import pdsl_claims, pdsl_per_method, pdsl_settings, pdsl_variants
+from p4bench.presets_pdsl_report import pdsl_report
 
 __all__ = [
     "DATASETS", "DEFENSES", "EPSILONS", "FULL", "NON_PRIVATE", "PRESETS", "Preset", "QUICK", "QUICK_DIGITS", "RELATION",
@@ -179,6 +185,12 @@ PRESETS: dict[str, Preset] = {
                                                        "options.size_dist": "powerlaw"},
                tune_grid=P4L_TUNE_GRID, report=p4l_report,
                baselines="every run is non-private, as in the paper (P4L uses secure aggregation, no DP): no epsilon to equalise"),
+        Preset("pdsl", "Wang et al. (PDSL): Table I's grid, epsilon x topology (complete/bipartite/ring) x M (10/20), PDSL vs "
+                       "DP-CGA, Muffliato, DP-DPSGD at one certified epsilon; digits at Dirichlet mu 0.25 stands in for MNIST",
+               ("digits",), {}, pdsl_variants, PDSL_GROUP_BY, pdsl_claims, settings=pdsl_settings,
+               per_method_for=pdsl_per_method, tune_at=PDSL_TUNE_AT, tune_grid=PDSL_TUNE_GRID, report=pdsl_report,
+               baselines="every method is private (per-example clipping, Poisson sampling, one accountant) at the "
+                         "cell's certified epsilon over the whole run; the paper's epsilon is per round (reference only)"),
     )
 }
 

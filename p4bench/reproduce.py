@@ -16,6 +16,11 @@ Presets (paper settings from `shared/reference/p4.md` section 8 and the extended
 - p4l: P4L (`p4bench.presets_p4l`) on digits: synergy size x IID/non-IID, Byzantine % x the
   paper's four attacks, Paillier vs plaintext on matched seeds; claims R10 (HE within 1 point)
   and R13 (Byzantine % the least influential factor), R1 from the participation curves.
+- pdsl: PDSL (`p4bench.presets_pdsl`, `p4bench.presets_pdsl_report`) on digits at Dirichlet
+  mu 0.25: Table I's epsilon x topology (complete/bipartite/ring) x M (10/20) grid, PDSL vs
+  DP-CGA, Muffliato and DP-DPSGD at one certified epsilon per cell (the paper's per-round
+  epsilon printed beside as reference only); claims: PDSL first in every cell, and for PDSL
+  complete >= bipartite > ring; Table I beside ours (not comparable), a plot per cell.
 
 Each preset is a sweep (one MLflow experiment `reproduce-<preset>-<dataset>[-quick]`, so it
 resumes like any sweep), followed by a table aggregated over seeds and one line per claim

@@ -279,7 +279,7 @@ def compare_command(
 
 
 def reproduce_command(
-    name: str = typer.Argument(..., help="preset: heterogeneity | privacy | ablation | defense | malicious | karras | p4l"),
+    name: str = typer.Argument(..., help="preset: heterogeneity | privacy | ablation | defense | malicious | karras | p4l | pdsl"),
     dataset: str | None = typer.Option(None, "--dataset", help="dataset (default: the paper's; digits if missing)"),
     quick: bool = typer.Option(False, "--quick", help="3 rounds, one seed, shorter lists: a smoke run"),
     strict: bool = typer.Option(False, "--strict", help="fail on plugins that are not registered instead of skipping"),
