@@ -24,21 +24,65 @@ Without DP the gradients are plain batch means (no clipping, no noise).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from p4bench.engine.messages import UPDATE_PREFIX
+from p4bench.baselines.common import GraphSchedule
+from p4bench.engine.messages import UPDATE_PREFIX, Messages
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.engine.training import fixed_size_batches, gather_batch, poisson_batches
+from p4bench.errors import ConfigError
 from p4bench.models import Params
 from p4bench.privacy.clipping import clipped_gradient_sum
 from p4bench.privacy.releases import Releases
+from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
+from p4bench.topology.assumptions import check_pdsl_assumption
 
 CLIP_MODES = ("batch", "per-example")
 # payload keys of the `models` and `gradients` exchanges: update.*, so a malicious neighbour's
 # message attack acts on them (a crafted x_j: `model-probe`; a poisoned cross-gradient)
 MODEL, GRADIENT = UPDATE_PREFIX + "model", UPDATE_PREFIX + "gradient"
+
+
+@dataclass(frozen=True)
+class Neighbourhoods:
+    """A static graph's mixing matrix W (M, M), each agent's neighbourhood M_i (itself
+    included, (M, M) bool) and W's report (rho, degrees; `p4bench.topology.assumptions`)."""
+
+    weights: np.ndarray
+    members: torch.Tensor
+    report: dict[str, Any]
+
+
+def static_neighbourhoods(values: dict[str, Any], num_clients: int, seed: int, method: str) -> Neighbourhoods:
+    """The graph of options topology / topology_options / mixing, which must be connected
+    and static (ConfigError otherwise), its W and the A3 report (`check`: PDSL's A3 check)."""
+    graph = GraphSchedule(str(values["topology"]), values["topology_options"], num_clients, seed)
+    if graph.time_varying:
+        raise ConfigError("options.topology", f"{method} needs a static graph (W is fixed for the run)")
+    adjacency = graph.adjacency(0).astype(bool)
+    if not is_connected(adjacency):
+        raise ConfigError("options.topology", f"graph '{values['topology']}' is not connected")
+    weights = (metropolis_hastings if values["mixing"] == "metropolis" else uniform_averaging)(adjacency)
+    report = check_pdsl_assumption(weights)  # rho < 1, W symmetric and doubly stochastic, w_ii > 0
+    return Neighbourhoods(weights, torch.from_numpy((weights > 0) | np.eye(num_clients, dtype=bool)), report)
+
+
+def neighbour_grid(inbox: Messages, rows: torch.Tensor, key: str, width: int, members: torch.Tensor) -> torch.Tensor:
+    """(C, M, P): slot j of row i holds what j sent i (zeros elsewhere); senders outside
+    the row's neighbourhood `members` are ignored (what a peer sends is untrusted)."""
+    count = members.shape[0]
+    grid = torch.zeros(len(rows), count, width)
+    if not len(inbox):
+        return grid
+    position = torch.searchsorted(rows, inbox.dst)
+    src = inbox.src.clamp(0, count - 1)
+    valid = (inbox.src >= 0) & (inbox.src < count) & members[inbox.dst.clamp_min(0), src]
+    grid[position[valid], src[valid]] = inbox.value(key)[valid].to(grid.dtype)
+    return grid
 
 
 def release_rate(clip_mode: str, data_rate: float) -> float:

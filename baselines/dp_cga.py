@@ -39,15 +39,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from p4bench.baselines.common import GraphSchedule, replicate
-from p4bench.baselines.cross_gradients import CLIP_MODES, GRADIENT, MODEL, cross_gradients, release_rate
+from p4bench.baselines.common import replicate
+from p4bench.baselines.cross_gradients import (
+    CLIP_MODES,
+    GRADIENT,
+    MODEL,
+    cross_gradients,
+    neighbour_grid,
+    release_rate,
+    static_neighbourhoods,
+)
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import unvectorize, vectorize
-from p4bench.errors import ConfigError
 from p4bench.options import Option, resolve_options
-from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
-from p4bench.topology.assumptions import mixing_report
 
 ANCHORS = ("self", "mean")
 ORDERS = ("cta", "atc")
@@ -170,16 +175,8 @@ class DPCGA(Method):
     def validate_options(self) -> None:
         values = resolve_options(self.options, self.config.options)
         self.values = values
-        self.graph = GraphSchedule(str(values["topology"]), values["topology_options"], self.num_clients, self.config.seed)
-        adjacency = self.graph.adjacency(0).astype(bool)
-        if not is_connected(adjacency):
-            raise ConfigError("options.topology", f"graph '{values['topology']}' is not connected")
-        if self.graph.time_varying:
-            raise ConfigError("options.topology", "dp-cga needs a static graph (W is fixed for the run)")
-        mix = metropolis_hastings if values["mixing"] == "metropolis" else uniform_averaging
-        self.weights = mix(adjacency)
-        self.mixing = mixing_report(self.weights)
-        self.neighbourhood = torch.from_numpy((self.weights > 0) | np.eye(self.num_clients, dtype=bool))  # i in M_i
+        graph = static_neighbourhoods(values, self.num_clients, self.config.seed, self.name)
+        self.weights, self.neighbourhood, self.mixing = graph.weights, graph.members, graph.report
         self.clip_mode = str(values["clip_mode"])
 
     # -- schedule and privacy ----------------------------------------------------------------
@@ -225,16 +222,7 @@ class DPCGA(Method):
         return Messages.empty()
 
     def _grid(self, inbox: Messages, rows: torch.Tensor, key: str, width: int) -> torch.Tensor:
-        """(C, M, P): slot j of row i holds what j sent i; senders outside the row's
-        neighbourhood are ignored (what a peer sends is untrusted)."""
-        grid = torch.zeros(len(rows), self.num_clients, width)
-        if not len(inbox):
-            return grid
-        position = torch.searchsorted(rows, inbox.dst)
-        src = inbox.src.clamp(0, self.num_clients - 1)
-        valid = (inbox.src >= 0) & (inbox.src < self.num_clients) & self.neighbourhood[inbox.dst.clamp_min(0), src]
-        grid[position[valid], src[valid]] = inbox.value(key)[valid].to(grid.dtype)
-        return grid
+        return neighbour_grid(inbox, rows, key, width, self.neighbourhood)
 
     def receive(self, exchange, state, inbox, ctx):
         size = state["momentum"].shape[1]

@@ -35,17 +35,18 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
-from p4bench.baselines.common import GraphSchedule, replicate
+from p4bench.baselines.common import replicate
 from p4bench.baselines.cross_gradients import (
     CLIP_MODES,
     GRADIENT,
     MODEL,
     cross_gradients,
+    neighbour_grid,
     noise_std_per_coordinate,
     release_rate,
+    static_neighbourhoods,
 )
 from p4bench.baselines.p2p_policies import validation_split
 from p4bench.baselines.shapley import coalition_values, exact_shapley, minmax_shares, monte_carlo_shapley
@@ -55,8 +56,6 @@ from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.errors import ConfigError
 from p4bench.options import Option, resolve_options
-from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
-from p4bench.topology.assumptions import check_pdsl_assumption
 
 SHAPLEY = ("mc", "exact")
 
@@ -91,14 +90,8 @@ class PDSL(Method):
     def validate_options(self) -> None:
         values = resolve_options(self.options, self.config.options)
         self.values = values
-        self.graph = GraphSchedule(str(values["topology"]), values["topology_options"], self.num_clients, self.config.seed)
-        adjacency = self.graph.adjacency(0).astype(bool)
-        if not is_connected(adjacency):
-            raise ConfigError("options.topology", f"graph '{values['topology']}' is not connected")
-        mix = metropolis_hastings if values["mixing"] == "metropolis" else uniform_averaging
-        self.weights = mix(adjacency)
-        self.mixing = check_pdsl_assumption(self.weights)  # A3: rho < 1, W symmetric doubly stochastic, w_ii > 0
-        self.neighbourhood = torch.from_numpy((self.weights > 0) | np.eye(self.num_clients, dtype=bool))  # (M, M), i in M_i
+        graph = static_neighbourhoods(values, self.num_clients, self.config.seed, self.name)
+        self.weights, self.neighbourhood, self.mixing = graph.weights, graph.members, graph.report
         self.clip_mode = str(values["clip_mode"])
         largest = int(self.neighbourhood.sum(1).max())
         if values["shapley"] == "exact" and largest > 12:
@@ -180,16 +173,7 @@ class PDSL(Method):
         return Messages.empty()
 
     def _grid(self, inbox: Messages, rows: torch.Tensor, key: str, width: int) -> torch.Tensor:
-        """(C, M, P): slot j of row i holds what j sent i (zeros elsewhere); senders outside
-        the row's neighbourhood are ignored (what a peer sends is untrusted)."""
-        grid = torch.zeros(len(rows), self.num_clients, width)
-        if not len(inbox):
-            return grid
-        position = torch.searchsorted(rows, inbox.dst)
-        src = inbox.src.clamp(0, self.num_clients - 1)
-        valid = (inbox.src >= 0) & (inbox.src < self.num_clients) & self.neighbourhood[inbox.dst.clamp_min(0), src]
-        grid[position[valid], src[valid]] = inbox.value(key)[valid].to(grid.dtype)
-        return grid
+        return neighbour_grid(inbox, rows, key, width, self.neighbourhood)
 
     def receive(self, exchange, state, inbox, ctx):
         size = state["momentum"].shape[1]
