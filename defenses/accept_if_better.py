@@ -11,6 +11,10 @@ model scores lower. Methods that merge what they received inside `local_update` 
 p2p-fl's personal average) are not gated: the run's `gate.judged` metric counts the
 decisions actually taken, so a gate that never acted shows as 0. P4L applies the same
 rule inside its protocol (option `accept_gate`), on a held-out validation split.
+
+Privacy: the decision reads the client's records outside the DP ledger, and it selects
+the model the client trains on and sends next, so a private run with this defense is
+reported uncertified (`Defense.uncertified_steps`), with the reason.
 """
 
 from __future__ import annotations

@@ -134,7 +134,8 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
     model = model_cls(data.feature_shape, data.num_classes)
     method = method_cls(config, model, config.clients)
     method.public_data = public
-    certification = certify(config, method.uncertified_steps(), bool(getattr(runtime_cls, "separate_parties", False)))
+    reasons = method.uncertified_steps() + (defense_cls.uncertified_steps() if defense_cls is not None else [])
+    certification = certify(config, reasons, bool(getattr(runtime_cls, "separate_parties", False)))
     malicious_mask = torch.from_numpy(malicious)
     job = Job(
         config=config,

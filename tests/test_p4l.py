@@ -219,3 +219,34 @@ def test_p4l_conforms(crypto):
 
     # non-private only (p4l refuses DP); 8 peers so that synergies of 5 leave models personal
     check_method("p4l", options={"crypto": crypto, **SMALL_KEYS}, privacy=("no-dp",), no_dp=True, clients=8)
+
+
+def test_accept_if_better_makes_a_private_run_uncertified_because_it_reads_records(small_config):
+    """Two datasets that differ in one record change the gate's decisions: outside the ledger."""
+    from p4bench.engine.evaluation import gate_received
+    from p4bench.engine.threats import Defense
+    from p4bench.models import LinearSoftmax
+
+    class Gate(Defense):
+        name, needs_individual_updates, gates_clients = "gate", False, True
+
+    model = LinearSoftmax((2,), 2)
+    before = {"params": {"weight": torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]), "bias": torch.zeros(1, 2)}}
+    after = {"params": {"weight": torch.tensor([[[0.0, 1.0], [1.0, 0.0]]]), "bias": torch.zeros(1, 2)}}
+
+    class Deploy:
+        @staticmethod
+        def deployed_params(state):
+            return state["params"]
+
+    from p4bench.data import ClientTensors
+
+    x = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+    one = ClientTensors(x, torch.tensor([[0, 1]]), torch.tensor([2]))  # the old model fits these labels
+    other = ClientTensors(x, torch.tensor([[1, 1]]), torch.tensor([2]))  # one record differs: now a tie, accepted
+    kept = gate_received(Gate(small_config()), Deploy(), model, one, before, after, {})
+    taken = gate_received(Gate(small_config()), Deploy(), model, other, before, after, {})
+    assert torch.equal(kept["params"]["weight"], before["params"]["weight"])
+    assert torch.equal(taken["params"]["weight"], after["params"]["weight"])
+    result = run(small_config(method="fedavg", defense="accept-if-better", epsilon=4.0, rounds=2), track=False)
+    assert not result.summary["epsilon_certified"] and "outside the ledger" in result.summary["uncertified_reason"]

@@ -165,6 +165,16 @@ class Defense(ABC):
             return "it filters individual updates at an aggregation point, and this method aggregates none"
         return None
 
+    @classmethod
+    def uncertified_steps(cls) -> list[str]:
+        """Reasons a private run's epsilon would not hold with this defense: a step that
+        reads clients' records outside the ledger (a client gate does). Empty for defenses
+        that only see what was released."""
+        if cls.gates_clients:
+            return [f"defense {cls.name}: the gate's decision reads each client's own records outside the ledger "
+                    "(not a DP release), and it chooses the model the client trains on and sends next"]
+        return []
+
     def accept(self, new_accuracy: torch.Tensor, old_accuracy: torch.Tensor) -> torch.Tensor:
         """(C,) bool, gates only: keep the received model (default: it scores at least as well)."""
         return new_accuracy >= old_accuracy

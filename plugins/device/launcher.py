@@ -323,8 +323,8 @@ class Launcher:
         return self._outcome(job, reports, total_bytes)
 
     def _send_finish(self, step: int) -> int | None:
-        """The time budget ran out after round `step`: tell every peer to stop after step
-        s = h + 2, where h >= `step` is the highest step any peer has reported by now (its
+        """The time budget ran out (or the method's stop rule held) after round `step`: tell every peer to stop after
+        step s = h + 2, where h >= `step` is the highest step any peer has reported by now (its
         pending reports read first). The peers read control messages after each round, so
         a peer that has reported h stops after s as long as the message reaches it before
         it finishes step h + 2: the margin lets one whole round pass while the message is
@@ -344,7 +344,7 @@ class Launcher:
         if after >= len(self.steps):
             return None
         self.finish = {"decided_after_step": step, "highest_reported_step": highest, "after_step": after, "margin": 2}
-        log.info("time budget spent after step %d: the peers stop after step %d", step, after)
+        log.info("stop decided after step %d (time budget or the method's rule): the peers stop after step %d", step, after)
         for peer in sorted(self.active):
             self.link.send(peer, {"type": "finish", "after_step": after})
         return after
