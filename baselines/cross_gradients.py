@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from p4bench.baselines.common import GraphSchedule
-from p4bench.engine.messages import UPDATE_PREFIX, Messages
+from p4bench.engine.messages import UPDATE_PREFIX
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.engine.training import fixed_size_batches, gather_batch, poisson_batches
 from p4bench.errors import ConfigError
@@ -69,20 +69,6 @@ def static_neighbourhoods(values: dict[str, Any], num_clients: int, seed: int, m
     weights = (metropolis_hastings if values["mixing"] == "metropolis" else uniform_averaging)(adjacency)
     report = check_pdsl_assumption(weights)  # rho < 1, W symmetric and doubly stochastic, w_ii > 0
     return Neighbourhoods(weights, torch.from_numpy((weights > 0) | np.eye(num_clients, dtype=bool)), report)
-
-
-def neighbour_grid(inbox: Messages, rows: torch.Tensor, key: str, width: int, members: torch.Tensor) -> torch.Tensor:
-    """(C, M, P): slot j of row i holds what j sent i (zeros elsewhere); senders outside
-    the row's neighbourhood `members` are ignored (what a peer sends is untrusted)."""
-    count = members.shape[0]
-    grid = torch.zeros(len(rows), count, width)
-    if not len(inbox):
-        return grid
-    position = torch.searchsorted(rows, inbox.dst)
-    src = inbox.src.clamp(0, count - 1)
-    valid = (inbox.src >= 0) & (inbox.src < count) & members[inbox.dst.clamp_min(0), src]
-    grid[position[valid], src[valid]] = inbox.value(key)[valid].to(grid.dtype)
-    return grid
 
 
 def release_rate(clip_mode: str, data_rate: float) -> float:

@@ -42,14 +42,13 @@ import torch
 from p4bench.baselines.common import replicate
 from p4bench.baselines.cross_gradients import (
     CLIP_MODES,
-    GRADIENT,
     MODEL,
     cross_gradients,
-    neighbour_grid,
     release_rate,
     static_neighbourhoods,
 )
-from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method
+from p4bench.baselines.neighbour_exchange import gossip_mix, neighbour_grid, neighbour_messages, received_gradients
+from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.options import Option, resolve_options
@@ -210,35 +209,17 @@ class DPCGA(Method):
         return {**state, "models": models, "cross": grads}, loss
 
     def outgoing(self, exchange, state, ctx):
-        rows, present = ctx.rows, self.neighbourhood[ctx.rows].clone()
-        present[torch.arange(len(rows)), rows] = False  # nothing to send to oneself
-        sender, receiver = present.nonzero(as_tuple=True)
-        if exchange == "models":
-            return Messages(rows[sender], receiver, {MODEL: vectorize(state["params"])}, rows=sender)
-        if exchange == "gradients":
-            return Messages(rows[sender], receiver, {GRADIENT: state["cross"][sender, receiver]})
-        if exchange == "gossip":
-            return Messages(rows[sender], receiver, {"x": state["x_hat"]}, rows=sender)
-        return Messages.empty()
-
-    def _grid(self, inbox: Messages, rows: torch.Tensor, key: str, width: int) -> torch.Tensor:
-        return neighbour_grid(inbox, rows, key, width, self.neighbourhood)
+        return neighbour_messages(exchange, state, ctx.rows, self.neighbourhood, {"x": state["x_hat"]})
 
     def receive(self, exchange, state, inbox, ctx):
-        size = state["momentum"].shape[1]
         if exchange == "models":
-            return {**state, "models": self._grid(inbox, ctx.rows, MODEL, size)}
+            size = state["momentum"].shape[1]
+            return {**state, "models": neighbour_grid(inbox, ctx.rows, MODEL, size, self.neighbourhood)}
         if exchange == "gradients":
-            received = self._grid(inbox, ctx.rows, GRADIENT, size)
-            mine = torch.arange(len(ctx.rows))
-            received[mine, ctx.rows] = state["cross"][mine, ctx.rows]  # g_ii, kept
-            return self._step(state, received, ctx)
+            return self._step(state, received_gradients(inbox, state, ctx.rows, self.neighbourhood), ctx)
         if exchange == "gossip":
-            grid = self._grid(inbox, ctx.rows, "x", size)
-            grid[torch.arange(len(ctx.rows)), ctx.rows] = state["x_hat"]
-            w = torch.from_numpy(self.weights[ctx.rows.numpy()]).to(grid.dtype)
-            x = torch.bmm(w.unsqueeze(1), grid).squeeze(1)
-            return {**state, "params": unvectorize(x, state["params"])}
+            mixed = gossip_mix(inbox, ctx.rows, self.neighbourhood, self.weights, {"x": state["x_hat"]})
+            return {**state, "params": unvectorize(mixed["x"].to(state["x_hat"].dtype), state["params"])}
         return state
 
     def _step(self, state: dict[str, Any], received: torch.Tensor, ctx: Any) -> dict[str, Any]:

@@ -40,18 +40,17 @@ import torch
 from p4bench.baselines.common import replicate
 from p4bench.baselines.cross_gradients import (
     CLIP_MODES,
-    GRADIENT,
     MODEL,
     cross_gradients,
-    neighbour_grid,
     noise_std_per_coordinate,
     release_rate,
     static_neighbourhoods,
 )
+from p4bench.baselines.neighbour_exchange import gossip_mix, neighbour_grid, neighbour_messages, received_gradients
 from p4bench.baselines.p2p_policies import validation_split
 from p4bench.baselines.shapley import coalition_values, exact_shapley, minmax_shares, monte_carlo_shapley
 from p4bench.data.public import PUBLIC_DATA_OPTIONS
-from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method
+from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.errors import ConfigError
@@ -161,37 +160,18 @@ class PDSL(Method):
         return {**state, "cross": grads}, loss
 
     def outgoing(self, exchange, state, ctx):
-        rows, present = ctx.rows, self._present(ctx.rows).clone()
-        present[torch.arange(len(rows)), rows] = False  # nothing to send to oneself
-        sender, receiver = present.nonzero(as_tuple=True)
-        if exchange == "models":  # update.*: what a malicious neighbour's message attack replaces (crafted x_j)
-            return Messages(rows[sender], receiver, {MODEL: vectorize(state["params"])}, rows=sender)
-        if exchange == "gradients":  # update.*: a poisoned cross-gradient (what Shapley weighting must catch)
-            return Messages(rows[sender], receiver, {GRADIENT: state["cross"][sender, receiver]})
-        if exchange == "gossip":
-            return Messages(rows[sender], receiver, {"u": state["u_hat"], "x": state["x_hat"]}, rows=sender)
-        return Messages.empty()
-
-    def _grid(self, inbox: Messages, rows: torch.Tensor, key: str, width: int) -> torch.Tensor:
-        return neighbour_grid(inbox, rows, key, width, self.neighbourhood)
+        gossip = {"u": state["u_hat"], "x": state["x_hat"]}
+        return neighbour_messages(exchange, state, ctx.rows, self.neighbourhood, gossip)
 
     def receive(self, exchange, state, inbox, ctx):
-        size = state["momentum"].shape[1]
         if exchange == "models":
-            return {**state, "models": self._grid(inbox, ctx.rows, MODEL, size)}
+            size = state["momentum"].shape[1]
+            return {**state, "models": neighbour_grid(inbox, ctx.rows, MODEL, size, self.neighbourhood)}
         if exchange == "gradients":
-            received = self._grid(inbox, ctx.rows, GRADIENT, size)
-            mine = torch.arange(len(ctx.rows))
-            received[mine, ctx.rows] = state["cross"][mine, ctx.rows]  # g_ii, kept
-            return self._shapley_step(state, received, ctx)
+            return self._shapley_step(state, received_gradients(inbox, state, ctx.rows, self.neighbourhood), ctx)
         if exchange == "gossip":
-            mine = torch.arange(len(ctx.rows))
-            w = torch.from_numpy(self.weights[ctx.rows.numpy()]).float()  # (C, M)
-            u_grid, x_grid = self._grid(inbox, ctx.rows, "u", size), self._grid(inbox, ctx.rows, "x", size)
-            u_grid[mine, ctx.rows], x_grid[mine, ctx.rows] = state["u_hat"], state["x_hat"]
-            u = torch.bmm(w.unsqueeze(1), u_grid).squeeze(1)
-            x = torch.bmm(w.unsqueeze(1), x_grid).squeeze(1)
-            return {**state, "momentum": u, "params": unvectorize(x, state["params"])}
+            mixed = gossip_mix(inbox, ctx.rows, self.neighbourhood, self.weights, {"u": state["u_hat"], "x": state["x_hat"]})
+            return {**state, "momentum": mixed["u"].float(), "params": unvectorize(mixed["x"].float(), state["params"])}
         return state
 
     def _shapley_step(self, state, received: torch.Tensor, ctx) -> dict[str, Any]:
