@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from p4bench.engine.messages import Messages, prefixed_keys
+from p4bench.engine.messages import UPDATE_PREFIX, Messages, prefixed_keys
 from p4bench.engine.state import unvectorize
 from p4bench.engine.training import gather_batch, noble_local_lr, sample_batches  # noble_local_lr: re-exported
 from p4bench.errors import ConfigError
@@ -133,3 +133,18 @@ __all__ = [
     "unpack",
     "weighted_inbox_sum",
 ]
+
+
+def mix_through_aggregator(own: torch.Tensor, inbox, weights: torch.Tensor, ctx) -> torch.Tensor:
+    """(C, P): each row's W-weighted mean of the models it received (its own included),
+    through the run's defense when there is one; rows that received nothing keep `own`."""
+    if ctx.aggregator.defense is None:  # plain weighted mean, no padding per receiver
+        total = weighted_inbox_sum(ctx.rows, inbox, prefixed_vectors(inbox.payload, UPDATE_PREFIX), weights)
+        mass = weighted_inbox_sum(ctx.rows, inbox, torch.ones(len(inbox), 1, dtype=total.dtype), weights)
+        return torch.where(mass > 0, total / mass.clamp_min(1e-30), own)
+    mixed = own.clone()
+    models = inbox.select(weights != 0)
+    if len(models):
+        dst, mean = ctx.aggregator.aggregate_by_destination(models, weights[weights != 0], ctx.round)
+        mixed[torch.searchsorted(ctx.rows, dst)] = mean.to(own.dtype)
+    return mixed

@@ -58,6 +58,7 @@ import torch
 from p4bench.baselines.common import (
     GraphSchedule,
     draw_batch,
+    mix_through_aggregator,
     per_row,
     prefixed_vectors,
     received_any,
@@ -211,7 +212,7 @@ class _Consensus(Method):
             step = weighted_inbox_sum(ctx.rows, inbox, prefixed_vectors(inbox.payload, CORRECTION), weights)
             tracker = vectorize(state["tracker"]) + step
             return {**state, "tracker": unvectorize(tracker, state["tracker"])}
-        mixed = self._mix_models(state, inbox, a[inbox.dst, inbox.src], ctx)
+        mixed = mix_through_aggregator(vectorize(state["params"]), inbox, a[inbox.dst, inbox.src], ctx)
         if self.parallel:  # D-PSGD: x_i <- sum_j W_ij x_j - a_t g_i(x_i), the step of local_update
             pending = state["pending"]
             x = mixed - vectorize(pending).to(mixed.dtype)
@@ -226,21 +227,6 @@ class _Consensus(Method):
         x = mixed - self.step_size(t) * pulled
         y = torch.where(got.unsqueeze(1), y, vectorize(state["tracker"]))
         return {**state, "params": unvectorize(x, state["params"]), "tracker": unvectorize(y, state["tracker"])}
-
-    def _mix_models(self, state, inbox, weights, ctx) -> torch.Tensor:
-        """(C, P): each row's W-weighted mean of the models it received (its own included),
-        through the run's defense when there is one."""
-        own = vectorize(state["params"])
-        if ctx.aggregator.defense is None:  # plain weighted mean, without padding per receiver
-            total = weighted_inbox_sum(ctx.rows, inbox, prefixed_vectors(inbox.payload, UPDATE), weights)
-            mass = weighted_inbox_sum(ctx.rows, inbox, torch.ones(len(inbox), 1, dtype=total.dtype), weights)
-            return torch.where(mass > 0, total / mass.clamp_min(1e-30), own)
-        mixed = own.clone()
-        models = inbox.select(weights != 0)
-        if len(models):
-            dst, mean = ctx.aggregator.aggregate_by_destination(models, weights[weights != 0], ctx.round)
-            mixed[torch.searchsorted(ctx.rows, dst)] = mean.to(own.dtype)
-        return mixed
 
     # -- local computation ----------------------------------------------------------------
     def local_update(self, state, train, ctx):

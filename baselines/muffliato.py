@@ -44,11 +44,10 @@ import torch
 from p4bench.baselines.common import (
     GraphSchedule,
     draw_batch,
+    mix_through_aggregator,
     per_row,
-    prefixed_vectors,
     replicate,
     send_along,
-    weighted_inbox_sum,
 )
 from p4bench.baselines.dsgt import MIXINGS, mixing_matrix
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
@@ -76,21 +75,6 @@ def chebyshev_weights(lam: float, steps: int) -> list[float]:
         weights.append(1.0 / (1.0 - lam * ratio / 2.0))
         ratio = lam / (2.0 - lam * ratio)
     return weights[:steps]
-
-
-def mix_through_aggregator(own: torch.Tensor, inbox, weights: torch.Tensor, ctx) -> torch.Tensor:
-    """(C, P): each row's W-weighted mean of the models it received (its own included),
-    through the run's defense when there is one; rows that received nothing keep `own`."""
-    if ctx.aggregator.defense is None:  # plain weighted mean, no padding per receiver
-        total = weighted_inbox_sum(ctx.rows, inbox, prefixed_vectors(inbox.payload, UPDATE), weights)
-        mass = weighted_inbox_sum(ctx.rows, inbox, torch.ones(len(inbox), 1, dtype=total.dtype), weights)
-        return torch.where(mass > 0, total / mass.clamp_min(1e-30), own)
-    mixed = own.clone()
-    models = inbox.select(weights != 0)
-    if len(models):
-        dst, mean = ctx.aggregator.aggregate_by_destination(models, weights[weights != 0], ctx.round)
-        mixed[torch.searchsorted(ctx.rows, dst)] = mean.to(own.dtype)
-    return mixed
 
 
 class Muffliato(Method):
@@ -202,4 +186,4 @@ class Muffliato(Method):
         return state, loss
 
 
-__all__ = ["Muffliato", "chebyshev_weights", "mix_through_aggregator"]
+__all__ = ["Muffliato", "chebyshev_weights"]
