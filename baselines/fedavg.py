@@ -34,7 +34,7 @@ import torch
 from p4bench.baselines.common import prefixed_vectors
 from p4bench.baselines.local_optim import LocalSchedule, local_train, steps_per_epoch
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
-from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
+from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, params_layout
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize
 from p4bench.engine.training import local_sgd, noble_local_lr
@@ -137,6 +137,17 @@ class FedAvg(Method):
 
     def update_reference(self, exchange, state):
         return state["global"] if exchange == "upload" else None
+
+    def message_layout(self, exchange, phase, round_index):
+        """Declared: the server only receives `upload`, clients only receive `broadcast`."""
+        if type(self).outgoing is not FedAvg.outgoing or type(self).server_outgoing is not FedAvg.server_outgoing:
+            return None  # a subclass that sends other payloads (SCAFFOLD's controls) declares its own
+        params = self.initial_params()
+        if exchange == "upload":
+            return {**params_layout(params, UPDATE_PREFIX), "weight": (torch.float64, ())}
+        if exchange == "broadcast":
+            return {**params_layout(params, MODEL_PREFIX), "selected": (torch.bool, ())}
+        return None
 
     # -- server --------------------------------------------------------------------
     def init_server_state(self, ctx):

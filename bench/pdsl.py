@@ -230,6 +230,9 @@ def main() -> None:
                   "phi_max_abs_diff": phi_err, "phi_tolerance": 1.0 / (Q_SIZE * R),
                   "phi_spread_mean": float((phi_b.max(1).values - phi_b.min(1).values).mean())},
         "target_speedup": 20, "meets_target": bool(total["speedup"] >= 20),
+        # The loop's coalition forwards are (|Q| x d) @ (d x C) products big enough for BLAS:
+        # its arithmetic rate shows how much of its time is Python overhead (little) vs work.
+        "loop_shapley_gflop_per_s": round(2 * M * R * M * Q_SIZE * int(w.x.shape[1]) / t_shap_l / 1e9, 2),
     }))
 
 

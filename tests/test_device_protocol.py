@@ -17,7 +17,7 @@ from p4bench.engine.messages import Messages, encode
 from p4bench.errors import ConfigError, UsageError
 from p4bench.plugins.device.launcher import free_ports
 from p4bench.plugins.device.measure import PowerMeter, RoundClock
-from p4bench.plugins.device.network import consistent_messages
+from p4bench.plugins.device.network import check_senders, payload_schema
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.protocol import (
     KIND_END,
@@ -117,15 +117,19 @@ def _message(src: int, dst: int, **payload: torch.Tensor) -> Messages:
     return Messages(torch.tensor([src]), torch.tensor([dst]), {k: v.unsqueeze(0) for k, v in payload.items()})
 
 
-def test_messages_with_another_payload_layout_are_dropped():
-    good = [_message(s, 0, w=torch.zeros(3)) for s in (1, 2)]
-    odd = _message(3, 0, w=torch.zeros(4))
-    typed = _message(4, 0, w=torch.zeros(3, dtype=torch.int64))
-    kept, dropped = consistent_messages([], good + [odd, typed])  # majority layout
-    assert kept == good and dropped == [odd, typed]
-    own = [_message(0, 0, w=torch.zeros(4))]
-    kept, dropped = consistent_messages(own, good + [odd])  # this node's own layout wins
-    assert kept == [odd] and dropped == good
+def test_payload_layouts_are_checked_per_sender_never_by_vote():
+    good = [("b", _message(1, 0, w=torch.zeros(3))), ("c", _message(2, 0, w=torch.zeros(3)))]
+    flood = [("x", _message(3, 0, w=torch.zeros(4))) for _ in range(5)]  # one sender, many messages
+    reference = payload_schema(good[0][1])
+    kept, rejected = check_senders(reference, good + flood)  # outnumbered honest senders still pass
+    assert kept == [m for _, m in good] and set(rejected) == {"x"} and "5 message(s)" in rejected["x"]
+    mixed = [("b", _message(1, 0, w=torch.zeros(3))), ("b", _message(1, 0, w=torch.zeros(3, dtype=torch.int64)))]
+    kept, rejected = check_senders(reference, mixed + good[1:])  # one bad message discredits its sender's batch
+    assert kept == [good[1][1]] and set(rejected) == {"b"}
+    kept, rejected = check_senders(None, good + flood)  # undeclared and nothing sent: consistency per sender
+    assert len(kept) == 7 and not rejected
+    kept, rejected = check_senders(None, mixed)
+    assert not kept and set(rejected) == {"b"}
 
 
 def _transports(tmp_path, names, limits):
@@ -142,6 +146,8 @@ def _transports(tmp_path, names, limits):
 def test_transport_exchange_absence_and_a_peer_that_leaves(tmp_path):
     limits = Limits(exchange_timeout_s=30, retries=1, backoff_s=0.05)
     peers, nodes = _transports(tmp_path, ["a", "b", "c"], limits)
+    for transport in nodes.values():
+        transport.begin_run("t")  # data frames are accepted only during a run
     results = {}
     try:
         def exchange(name, seq):

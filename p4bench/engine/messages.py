@@ -38,6 +38,22 @@ def update_keys(payload: Mapping[str, object]) -> list[str]:
     return prefixed_keys(payload, UPDATE_PREFIX)
 
 
+# What a method declares for an exchange (`Method.message_layout`): payload key ->
+# (dtype, shape of one message's tensor, without the message axis).
+PayloadLayout = dict[str, tuple[torch.dtype, tuple[int, ...]]]
+
+
+def params_layout(params: Mapping[str, torch.Tensor], prefix: str) -> PayloadLayout:
+    """The layout of parameters (one model, no client axis) sent under `prefix`
+    (``update.`` or ``model.``), as `flatten(params, prefix)` writes them."""
+    return {f"{prefix}{k}": (v.dtype, tuple(v.shape)) for k, v in params.items()}
+
+
+def message_layout_of(message: Messages) -> PayloadLayout:
+    """The layout of a batch's payload (every message of a batch shares it)."""
+    return {k: (v.dtype, tuple(v.shape[1:])) for k, v in message.table.items()}
+
+
 class MessageFormatError(ValueError):
     """A byte string that is not a valid p4bench message."""
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from p4bench.engine.capabilities import Capabilities as Capabilities  # re-exported: it was defined here
-from p4bench.engine.messages import Messages
+from p4bench.engine.messages import Messages, PayloadLayout
 from p4bench.engine.state import State
 from p4bench.engine.training import LossAndGrad
 from p4bench.models import Model, Params
@@ -184,6 +184,17 @@ class Method(ABC):
     @abstractmethod
     def deployed_params(self, state: State) -> Params:
         """The parameters each client would deploy (evaluated on its own test split)."""
+
+    def message_layout(self, exchange: str, phase: str, round_index: int) -> PayloadLayout | None:
+        """The payload layout every honest sender uses in `exchange` of this round: key ->
+        (dtype, shape of one message's tensor); see `p4bench.engine.messages.params_layout`.
+        A transport between untrusted peers (the device runtime) drops all of a sender's
+        messages in an exchange when any differs, naming the sender. None (the default):
+        not declared; the transport then holds senders to the layout of this node's own
+        messages in the exchange, and where it sent none, only to their own consistency.
+        Declare it for exchanges where some nodes only receive (a server's upload, a
+        group's distribution): there no vote among senders decides what is valid."""
+        return None
 
     def update_reference(self, exchange: str, state: State) -> Params | None:
         """The model the ``update.*`` payloads of `exchange` are deltas from (per row),

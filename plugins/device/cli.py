@@ -58,15 +58,18 @@ def serve_command(
     threads: int | None = typer.Option(None, help="torch threads (default: all cores)"),
     keep_serving: bool = typer.Option(False, help="serve one run after another instead of exiting after one"),
     idle_timeout: float | None = typer.Option(None, help="exit when no run starts within this many seconds (default: wait)"),
+    device_profile: str | None = typer.Option(
+        None, help="limit this process like a device where the OS allows: rpi4 (4 CPUs, 4 GiB address space)"),
     log_level: str = typer.Option("INFO", help="DEBUG | INFO | WARNING | ERROR"),
 ) -> None:
-    """Run one peer: wait for the launcher, run its client, report, exit."""
+    """Run one peer: wait for the launcher, run its client, report, exit (or, with
+    --keep-serving, wait for the next run)."""
     from p4bench.plugins.device.node import serve
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [peer {peer_id}] %(message)s")
     serve(peer_id, listen, str(peers), str(tls_dir), power=power_command, power_interval=power_interval,
-          threads=threads, keep_serving=keep_serving, idle_timeout=idle_timeout)
+          threads=threads, keep_serving=keep_serving, idle_timeout=idle_timeout, device_profile=device_profile)
 
 
 def _launch_command(**values: Any) -> None:

@@ -17,13 +17,7 @@ summary (``device.dropped``) and in the round metrics (``device.peers_alive``).
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -41,11 +35,10 @@ from p4bench.engine.runtime import Job, Outcome, RoundReport, Runtime
 from p4bench.engine.state import State, cat_rows, unflatten
 from p4bench.errors import P4BenchError, UsageError
 from p4bench.options import resolve_options
-from p4bench.plugins.device.peers import PeersFile, PeerSpec
+from p4bench.plugins.device.local import LocalPeers, free_ports  # noqa: F401  (re-exported)
+from p4bench.plugins.device.peers import PeersFile
 from p4bench.plugins.device.protocol import DEVICE_OPTIONS, KIND_STATE, Limits, RejectedFrame
-from p4bench.plugins.device.tls import init_tls_dir
 from p4bench.plugins.device.transport import LauncherLink, parse_report
-from p4bench.rng import SERVER_ID
 
 log = logging.getLogger("p4bench.device")
 
@@ -65,110 +58,6 @@ class DeviceOutcome(Outcome):
     peer_states: dict[int, State] = field(default_factory=dict)
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports that were free a moment ago."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-class LocalPeers:
-    """`clients` peers (plus a server peer) as ``p4bench device serve`` subprocesses on
-    127.0.0.1, with a fresh CA, for development and tests. A context manager: leaving
-    it stops every process it started and removes its folder (kept if `keep`)."""
-
-    def __init__(
-        self, clients: int, server: bool = False, power: str | None = None, power_interval: float = 1.0,
-        threads: int | None = None, keep: bool = False, idle_timeout: float = 600.0,
-    ) -> None:
-        if clients < 1:
-            raise UsageError(f"--local-peers must be >= 1, got {clients}")
-        self.clients, self.server, self.power, self.power_interval, self.keep = clients, server, power, power_interval, keep
-        self.idle_timeout = idle_timeout  # peers left behind by a dead launcher exit by themselves
-        nodes = clients + int(server)
-        self.threads = threads or max(1, (os.cpu_count() or 1) // nodes)
-        self.folder = Path(tempfile.mkdtemp(prefix="p4bench-device-"))  # private (0700): holds the run's keys
-        self.processes: dict[str, subprocess.Popen] = {}
-        self._logs: list[Any] = []
-        try:
-            ports = free_ports(nodes)
-            specs = [PeerSpec(str(i), "127.0.0.1", ports[i], i) for i in range(clients)]
-            if server:
-                specs.append(PeerSpec("server", "127.0.0.1", ports[-1], SERVER_ID))
-            self.peers = PeersFile(tuple(specs))
-            self.peers_path = self.peers.write(self.folder / "peers.yaml")
-            self.tls_dir = self.folder / "tls"
-            init_tls_dir(self.tls_dir, [(p.id, [p.host, "localhost"]) for p in specs])
-        except BaseException:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            raise
-
-    def __enter__(self) -> LocalPeers:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.stop(failed=exc_info[0] is not None)
-
-    def command(self, spec: PeerSpec) -> list[str]:
-        argv = [sys.executable, "-m", "p4bench.plugins.device", "serve", "--peer-id", spec.id,
-                "--listen", f"{spec.host}:{spec.port}", "--peers", str(self.peers_path), "--tls-dir", str(self.tls_dir),
-                "--threads", str(self.threads), "--idle-timeout", str(self.idle_timeout)]
-        if self.power:
-            argv += ["--power-command", self.power, "--power-interval", str(self.power_interval)]
-        return argv
-
-    def start(self) -> None:
-        for spec in self.peers.peers:
-            handle = open(self.folder / f"peer-{spec.id}.log", "wb")
-            self._logs.append(handle)
-            self.processes[spec.id] = subprocess.Popen(
-                self.command(spec), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-
-    def log_tail(self, peer: str, lines: int = 15) -> str:
-        path = self.folder / f"peer-{peer}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-    def check(self) -> None:
-        """Raise if a peer process has already exited (while the launcher waits for it)."""
-        for peer, process in self.processes.items():
-            code = process.poll()
-            if code is not None:
-                raise DeviceError(f"local peer {peer} exited with code {code}:\n{self.log_tail(peer)}")
-
-    def stop(self, failed: bool = False, timeout: float = 15.0) -> None:
-        """Wait for the peers to exit (they do after the launcher's stop); terminate, then
-        kill, those that do not. After a failure the peers may never have heard stop."""
-        deadline = time.monotonic() + (0.0 if failed else timeout)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
-        for handle in self._logs:
-            handle.close()
-        if failed or self.keep:
-            log.warning("local peer logs kept in %s", self.folder)
-        else:
-            shutil.rmtree(self.folder, ignore_errors=True)
-
-
 def _number(value: Any, default: float = 0.0) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) else default
 
@@ -183,8 +72,11 @@ class Launcher:
     """Starts a run on the peers of `peers` and collects their reports."""
 
     def __init__(self, peers: PeersFile, tls_dir: str | Path, limits: Limits, check: Callable[[], None] = lambda: None,
-                 local: bool = False) -> None:
+                 local: bool = False, on_connected: Callable[[], None] = lambda: None, link: str | None = None,
+                 profile: str | None = None) -> None:
         self.peers, self.tls_dir, self.limits, self.check, self.local = peers, tls_dir, limits, check, local
+        self.on_connected = on_connected  # every peer listens (has loaded its keys) and the launcher is connected
+        self.link_spec, self.profile = link, profile  # the link every peer shapes its traffic to; the local peers' profile
         self.reports: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
         self.finals: dict[str, tuple[dict[str, Any], bytes | None]] = {}
         self.pending_state: dict[str, bytes] = {}
@@ -196,6 +88,12 @@ class Launcher:
         self.where = ("start", -1)
         self.finishing = False
         self.finish: dict[str, Any] = {}  # the time budget's stop: when it was decided, after which step
+
+    def link_profile(self) -> dict[str, Any] | None:
+        """The shaped link's capacity, recorded next to the measured transfer times."""
+        from p4bench.plugins.device.link import parse_link
+
+        return parse_link(self.link_spec).to_dict() if self.link_spec else None
 
     @property
     def active(self) -> set[str]:
@@ -248,6 +146,8 @@ class Launcher:
         spec = self.peers.by_id[peer]
         self.dropped.append({"peer": peer, "node": spec.node, "phase": phase, "round": round_index, "reason": reason})
         log.warning("peer %s (node %d) dropped during %s round %d: %s", peer, spec.node, phase, round_index, reason)
+        for other in sorted(self.active - {peer}):  # a dropped peer's key must not keep feeding the others
+            self.link.send(other, {"type": "drop", "peer": peer})
 
     def _wait(self, done: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -266,9 +166,11 @@ class Launcher:
                 self.link.connect_all(self.limits.startup_timeout_s, self.check)
             except ConnectionError as exc:
                 raise DeviceError(f"cannot reach the peers: {exc}") from None
+            self.on_connected()
             log.info("connected to %d peers; sending the config", len(self.peers.peers))
             start = {"type": "start", "run_id": f"{job.config.config_hash()}-{uuid.uuid4().hex[:12]}",
-                     "config": job.config.to_dict(), "peers": self.peers.to_dict(), "limits": self.limits.to_dict()}
+                     "config": job.config.to_dict(), "peers": self.peers.to_dict(), "limits": self.limits.to_dict(),
+                     "link": self.link_spec}
             for spec in self.peers.peers:
                 self.link.send(spec.id, start)
             everyone = {p.id for p in self.peers.peers}
@@ -432,6 +334,12 @@ class Launcher:
             for key in ("wall_s", "compute_s", "comm_s", "cpu_s", "peak_rss_mb", "wire_bytes_sent", "wire_bytes_received", "power_w"):
                 if isinstance(measure.get(key), (int, float)):
                     metrics[f"device.{peer}.{key}"] = float(measure[key])
+            for name, figures in (measure.get("exchanges") or {}).items():  # transfer times next to a link's capacity
+                if isinstance(figures, dict):
+                    prefix = f"device.{peer}.exchange.{name}"
+                    metrics[f"{prefix}.comm_s"] = max(_number(figures.get("wall_s")) - _number(figures.get("compute_s")), 0.0)
+                    metrics[f"{prefix}.wire_bytes_sent"] = _number(figures.get("wire_bytes_sent"))
+                    metrics[f"{prefix}.messages_sent"] = _number(figures.get("messages_sent"))
         walls = [metrics[k] for k in metrics if k.endswith(".wall_s")]
         computes = [metrics[k] for k in metrics if k.endswith(".compute_s")]
         if walls:
@@ -465,6 +373,7 @@ class Launcher:
                 "node": spec.node, "host": spec.host, "phases": self.totals.get(spec.id, {}),
                 "finished": spec.id in self.finals, "receive_errors": final.get("receive_errors"),
                 "transport": final.get("transport"), "error": self.errors.get(spec.id),
+                "profile": final.get("profile"), "link": final.get("link"),
             }
         template = method.initial_params()
         params = {k: torch.full((count, *v.shape), float("nan"), dtype=v.dtype) for k, v in template.items()}
@@ -483,6 +392,7 @@ class Launcher:
         device = {
             "local_peers": self.local, "peers": peers, "dropped": self.dropped, "absences": self.absences,
             "launcher_rejected": self.link.rejects.snapshot(), "limits": self.limits.to_dict(),
+            "link": self.link_profile(), "profile": self.profile,
         }
         if self.finish:
             stopped = {p: self.finals[p][0].get("stopped_after_step") for p in sorted(self.finals)}
@@ -508,6 +418,7 @@ class DeviceRuntime(Runtime):
         config, options = job.config, {k: v for k, v in values.items() if v is not None}
         limits = Limits.from_options(options)
         uses_server = job.method.capabilities.uses_server
+        link, profile = _link_and_profile(options)
         local = options.get("device_local_peers")
         if local is not None:
             if isinstance(local, bool) or not isinstance(local, int) or local < 1:
@@ -517,8 +428,9 @@ class DeviceRuntime(Runtime):
             power = options.get("device_power_command")
             with LocalPeers(local, uses_server, power=str(power) if power else None,
                             power_interval=float(options.get("device_power_interval_s", 1.0)),
-                            keep=bool(options.get("device_keep_logs", False))) as cluster:
-                return Launcher(cluster.peers, cluster.tls_dir, limits, check=cluster.check, local=True).run(job, on_round)
+                            keep=bool(options.get("device_keep_logs", False)), device_profile=profile) as cluster:
+                return Launcher(cluster.peers, cluster.tls_dir, limits, check=cluster.check, local=True,
+                                on_connected=cluster.forget_keys, link=link, profile=profile).run(job, on_round)
         peers_path, tls_dir = options.get("device_peers"), options.get("device_tls_dir")
         if not peers_path or not tls_dir:
             raise UsageError("the device runtime needs --local-peers N, or a peers file and TLS folder "
@@ -530,4 +442,20 @@ class DeviceRuntime(Runtime):
             raise UsageError(f"method '{config.method}' uses a server: add a peer with role: server to {peers_path}")
         if not uses_server and peers.server is not None:
             raise UsageError(f"method '{config.method}' uses no server: remove the server peer from {peers_path}")
-        return Launcher(peers, str(tls_dir), limits).run(job, on_round)
+        if profile:
+            raise UsageError("--option device_profile applies to --local-peers; start each device's peer with "
+                             "`p4bench device serve --device-profile NAME` instead")
+        return Launcher(peers, str(tls_dir), limits, link=link).run(job, on_round)
+
+
+def _link_and_profile(options: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The run's link and device profile options, checked before any peer starts."""
+    from p4bench.plugins.device.link import parse_link
+    from p4bench.plugins.device.profile import DEVICE_PROFILES
+
+    link, profile = options.get("device_link"), options.get("device_profile")
+    if link:
+        parse_link(str(link))
+    if profile and str(profile) not in DEVICE_PROFILES:
+        raise UsageError(f"unknown device profile {profile!r}; valid: {', '.join(sorted(DEVICE_PROFILES))}")
+    return (str(link) if link else None), (str(profile) if profile else None)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
-from p4bench.engine.messages import Messages, encode
+from p4bench.engine.messages import Messages, PayloadLayout, encode, message_layout_of
 from p4bench.engine.network import Delivery, Network
 from p4bench.plugins.device.measure import PowerMeter, RoundClock
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
@@ -27,31 +26,43 @@ from p4bench.plugins.device.transport import PeerTransport
 
 log = logging.getLogger("p4bench.device")
 
-__all__ = ["TLSNetwork", "consistent_messages", "payload_schema"]
+__all__ = ["TLSNetwork", "check_senders", "layout_schema", "payload_schema"]
 
 
-def payload_schema(message: Messages) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
-    """(key, dtype, per-message shape) of every payload tensor."""
-    return tuple(sorted((k, str(v.dtype), tuple(v.shape[1:])) for k, v in message.payload.items()))
+Schema = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 
-def consistent_messages(own: list[Messages], received: list[Messages]) -> tuple[list[Messages], list[Messages]]:
-    """(kept, dropped): received messages whose payload layout matches this exchange's.
+def layout_schema(layout: PayloadLayout) -> Schema:
+    """A payload layout as a comparable value: sorted (key, dtype, per-message shape)."""
+    return tuple(sorted((k, str(dtype), tuple(shape)) for k, (dtype, shape) in layout.items()))
 
-    The layout is that of this node's own messages in the exchange when it sent any
-    (every node runs the same method), else the most common one among those received
-    (ties: the earliest)."""
-    if not received:
-        return [], []
-    schemas = [payload_schema(m) for m in received]
-    if own:
-        reference = payload_schema(own[0])
-    else:
-        counts = Counter(schemas)
-        reference = max(counts, key=lambda s: (counts[s], -schemas.index(s)))
-    kept = [m for m, s in zip(received, schemas) if s == reference]
-    dropped = [m for m, s in zip(received, schemas) if s != reference]
-    return kept, dropped
+
+def payload_schema(message: Messages) -> Schema:
+    """The schema of a batch's payload (key, dtype, per-message shape)."""
+    return layout_schema(message_layout_of(message))
+
+
+def check_senders(reference: Schema | None, received: list[tuple[str, Messages]]) -> tuple[list[Messages], dict[str, str]]:
+    """(kept, rejected): received (sender, message) pairs checked per sender, never by vote.
+
+    With a `reference` (the method's declared layout, or this node's own messages in the
+    exchange), a sender whose messages all have it is kept; one with any other layout
+    has all its messages of the exchange dropped (`rejected[sender]` says why), since a
+    peer sending malformed messages is not trusted with the rest either. Without one,
+    each sender is held to its own consistency only."""
+    by_sender: dict[str, list[Messages]] = {}
+    for sender, message in received:
+        by_sender.setdefault(sender, []).append(message)
+    kept: list[Messages] = []
+    rejected: dict[str, str] = {}
+    for sender, messages in by_sender.items():
+        schemas = {payload_schema(m) for m in messages}
+        wrong = schemas - {reference} if reference is not None else (schemas if len(schemas) > 1 else set())
+        if wrong:
+            rejected[sender] = f"{len(messages)} message(s), layouts {sorted(wrong)[:2]}"
+        else:
+            kept += messages
+    return kept, rejected
 
 
 class TLSNetwork(Network):
@@ -70,6 +81,8 @@ class TLSNetwork(Network):
         self.absent_round: set[str] = set()
         self.absences: list[dict[str, Any]] = []  # this round's absent peers, per exchange
         self._exchange_started = (0.0, 0.0)
+        self.method: Any = None  # the run's Method (set by the node): its declared payload layouts
+        self._warned: set[tuple[str, str]] = set()
         self._exchange_figures: dict[str, Any] = {}
 
     # -- round bookkeeping ------------------------------------------------------------
@@ -109,11 +122,11 @@ class TLSNetwork(Network):
         marker = {"exchange": exchange, "round": round_index, "phase": phase}
         result = self.transport.exchange(self.seq, frames, marker, self.others - self.absent_round, set(self.others))
         received = self._received(result, exchange, phase, round_index)
-        kept, dropped = consistent_messages(own, [m for m, _ in received])
-        for message in dropped:
-            self.transport.rejects.reject("payload layout", str(int(message.src[0])), f"{payload_schema(message)} in {exchange}")
+        kept, rejected = check_senders(self._reference(exchange, phase, round_index, outgoing), [(p, m) for p, m, _ in received])
+        for peer, detail in sorted(rejected.items()):
+            self.transport.rejects.reject(f"payload layout from {peer}", peer, f"{detail} in {phase}/{round_index}/{exchange}")
         kept_ids = {id(m) for m in kept}
-        kept_sizes = [nbytes for m, nbytes in received if id(m) in kept_ids]
+        kept_sizes = [nbytes for _, m, nbytes in received if id(m) in kept_ids]
         missing = result.absent | result.unreachable
         if missing:
             self.absent_round |= missing
@@ -150,9 +163,29 @@ class TLSNetwork(Network):
             raw += int(message.payload_nbytes()[0])
         return own, frames, sizes, raw
 
-    def _received(self, result: Any, exchange: str, phase: str, round_index: int) -> list[tuple[Messages, int]]:
-        """The messages of peers whose batch belongs to this exchange, with their frame sizes."""
-        received: list[tuple[Messages, int]] = []
+    def _reference(self, exchange: str, phase: str, round_index: int, outgoing: Messages) -> Schema | None:
+        """The layout senders are held to: the method's declaration, else this node's own
+        messages of the exchange (every honest node runs the same method), else none."""
+        declared = self.method.message_layout(exchange, phase, round_index) if self.method is not None else None
+        own = payload_schema(outgoing) if len(outgoing) else None
+        if declared is not None:
+            schema = layout_schema(declared)
+            if own is not None and own != schema:  # a wrong declaration must not cut off honest peers
+                if (phase, exchange) not in self._warned:
+                    self._warned.add((phase, exchange))
+                    log.error("exchange %s: the method declares layout %s but sends %s; holding peers to what it sends",
+                              exchange, schema, own)
+                return own
+            return schema
+        if own is None and (phase, exchange) not in self._warned:
+            self._warned.add((phase, exchange))
+            log.warning("exchange %s: the method declares no payload layout and this node sends none: peers' messages "
+                        "are checked for consistency per sender only (declare Method.message_layout)", exchange)
+        return own
+
+    def _received(self, result: Any, exchange: str, phase: str, round_index: int) -> list[tuple[str, Messages, int]]:
+        """(sender, message, frame size) of peers whose batch belongs to this exchange."""
+        received: list[tuple[str, Messages, int]] = []
         for peer in sorted(result.received):
             their_marker, items = result.received[peer]
             if (their_marker["exchange"], their_marker["round"], their_marker["phase"]) != (exchange, round_index, phase):
@@ -165,5 +198,5 @@ class TLSNetwork(Network):
                 if (got_exchange, got_round) != (exchange, round_index):
                     self.transport.rejects.reject("out of step", peer, f"message for {got_exchange}/{got_round}")
                     continue
-                received.append((message, nbytes))
+                received.append((peer, message, nbytes))
         return received

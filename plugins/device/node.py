@@ -18,8 +18,9 @@ seed, partitioner and client id (`p4bench.runner.prepare`); raw data never cross
 the network. Only the config goes in, and only reports (accuracy, measurements) and
 the final model state go out to the launcher.
 
-Nothing a peer receives can crash it: frames are validated by the transport; messages
-whose payload layout disagrees with this exchange's are dropped; and if the method's
+Nothing a peer receives can crash it: frames are validated by the transport; a sender
+whose messages disagree with the exchange's payload layout (the method's declaration,
+or this peer's own messages; never a vote) has its messages of the exchange dropped; and if the method's
 `receive` still fails on what arrived, the error is logged and counted and the peer
 goes on with its own messages only.
 """
@@ -42,9 +43,11 @@ from p4bench.engine.messages import PROTOCOL_VERSION
 from p4bench.engine.runtime import Job
 from p4bench.engine.state import flatten
 from p4bench.errors import UsageError
+from p4bench.plugins.device.link import LinkShaper, parse_link
 from p4bench.plugins.device.measure import PowerMeter
-from p4bench.plugins.device.network import TLSNetwork, consistent_messages
+from p4bench.plugins.device.network import TLSNetwork
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
+from p4bench.plugins.device.profile import apply_device_profile
 from p4bench.plugins.device.protocol import Limits
 from p4bench.plugins.device.transport import PeerTransport
 from p4bench.records import RoundReport
@@ -56,7 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("p4bench.device")
 
-__all__ = ["DeviceNode", "serve", "consistent_messages", "peer_config"]
+__all__ = ["DeviceNode", "serve", "peer_config"]
 
 
 class Aborted(Exception):
@@ -68,8 +71,10 @@ class DeviceNode:
     (or only the server, on the server's peer), exchanging over a `TLSNetwork`, and
     reporting every round to the launcher."""
 
-    def __init__(self, me: PeerSpec, peers: PeersFile, transport: PeerTransport, meter: PowerMeter | None = None) -> None:
+    def __init__(self, me: PeerSpec, peers: PeersFile, transport: PeerTransport, meter: PowerMeter | None = None,
+                 profile: dict[str, Any] | None = None) -> None:
         self.me, self.peers, self.transport = me, peers, transport
+        self.profile = profile  # the device profile applied to this process (recorded in the run)
         self.network = TLSNetwork(me, peers, transport, meter)
         self.releases: list[dict[str, Any]] = []
         self.ledger: Any = None
@@ -93,6 +98,7 @@ class DeviceNode:
         job.report_release = self._record_release
         rows = [] if self.is_server else [torch.tensor([self.me.node])]
         self.driver = RoundDriver(job, self.network, rows, holds_server=self.is_server, separate_parties=True)
+        self.network.method = job.method
 
     def _record_release(self, release: Any) -> None:
         if self.ledger is not None:  # this peer's own budget decisions need its history
@@ -117,7 +123,8 @@ class DeviceNode:
         self.transport.report(
             {"type": "final", "node": self.me.node, **self._accuracy_fields(outcome.accuracy, outcome.extra_accuracy),
              "receive_errors": self.driver.receive_errors, "transport": self.transport.snapshot(),
-             "stopped_after_step": self.last_step, "finish_after": self.finish_after},
+             "stopped_after_step": self.last_step, "finish_after": self.finish_after, "profile": self.profile,
+             "link": self.transport.shaper.figures() if self.transport.shaper is not None else None},
             state,
         )
 
@@ -202,6 +209,7 @@ def run_session(
     start: dict[str, Any],
     meter: PowerMeter | None,
     registry: Registry | None = None,
+    profile: dict[str, Any] | None = None,
 ) -> None:
     """One run: build the data and method from the config, wait for `go`, execute, report."""
     from p4bench.config import RunConfig
@@ -212,14 +220,18 @@ def run_session(
         config_values, limits, run_id = _parse_start(start, peers)
         transport.limits = limits
         transport.begin_run(run_id)
+        link = start.get("link")
+        transport.shaper = LinkShaper(parse_link(str(link))) if link else None
         config = peer_config(RunConfig(**config_values))
         # stray global-RNG uses (there should be none) must not be predictable from the seed either
         torch.manual_seed(config.seed if config.noise_source == "seeded" else secrets.randbits(63))
         prepared = prepare(config, registry or Registry(create_plugin_manager()))
         if prepared.job.data.num_clients != peers.num_clients:
             raise UsageError(f"the run has {prepared.job.data.num_clients} clients, the peers file {peers.num_clients}")
-        node = DeviceNode(me, peers, transport, meter)
+        node = DeviceNode(me, peers, transport, meter, profile)
         node.setup(prepared.job, prepared.ledger)
+        # buffer caps scale with what this run's messages can hold: the model's bytes
+        transport.set_model_bytes(sum(p.numel() * p.element_size() for p in prepared.job.method.initial_params().values()))
     except Exception as exc:  # noqa: BLE001 - reported to the launcher, which stops the run
         log.exception("cannot start the run")
         transport.report({"type": "error", "node": me.node, "message": f"{type(exc).__name__}: {exc}"[:2000]})
@@ -251,10 +263,12 @@ def run_session(
 def serve(
     peer_id: str, listen: str, peers_path: str, tls_dir: str, power: str | None = None, power_interval: float = 1.0,
     threads: int | None = None, keep_serving: bool = False, idle_timeout: float | None = None,
+    device_profile: str | None = None,
 ) -> None:
-    """Listen for the launcher and the other peers; run one run (or, with
-    `keep_serving`, one run after another) and exit when the launcher says stop, or
-    after `idle_timeout` seconds without a run to start."""
+    """Listen for the launcher and the other peers; run one run and exit when the launcher
+    says stop, or with `keep_serving` serve one run after another (the launcher's stop ends
+    a run, not the peer), until `idle_timeout` seconds pass without a run to start.
+    `device_profile` limits this process like a device (CPUs, address space) first."""
     peers = PeersFile.load(peers_path)
     me = peers.get(peer_id, peers_path)
     host, sep, port = listen.rpartition(":")
@@ -262,6 +276,9 @@ def serve(
         raise UsageError(f"--listen expects HOST:PORT, got {listen!r}")
     if threads:
         torch.set_num_threads(int(threads))
+    profile = None
+    if device_profile:  # after --threads (it may lower them); peers sharing a host take separate blocks of CPUs
+        profile = apply_device_profile(device_profile, slot=[p.id for p in peers.peers if p.host == me.host].index(me.id))
     meter = PowerMeter(power, power_interval) if power else None
     transport = PeerTransport(me, peers, tls_dir, Limits())
     try:
@@ -278,11 +295,16 @@ def serve(
                 return
             kind = message.get("type")
             if kind == "start":
-                run_session(transport, me, peers, message, meter, registry)
+                try:
+                    run_session(transport, me, peers, message, meter, registry, profile)
+                finally:
+                    transport.end_run()  # nothing of a run stays buffered, nothing is accepted until the next
+                    transport.shaper = None
                 if not keep_serving:
                     _wait_for_stop(transport)
                     return
-            elif kind == "stop":
+                log.info("run over; serving the next run (--keep-serving)")
+            elif kind == "stop" and not keep_serving:
                 return
     finally:
         if meter is not None:

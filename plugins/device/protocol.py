@@ -27,8 +27,8 @@ from p4bench.options import Option
 
 __all__ = [
     "WIRE_VERSION", "KIND_MESSAGE", "KIND_END", "KIND_CONTROL", "KIND_REPORT", "KIND_STATE",
-    "FrameError", "RejectedFrame", "Limits", "DEVICE_OPTIONS", "frame_header", "pack", "read_frame", "dump_json",
-    "load_json",
+    "FrameError", "RejectedFrame", "Limits", "DEVICE_OPTIONS", "frame_header", "pack", "read_frame", "read_header",
+    "header_problem", "skip_body", "dump_json", "load_json", "MAX_JSON_BYTES", "MAX_IDLE_BODY_BYTES",
 ]
 
 WIRE_VERSION = 1
@@ -42,6 +42,9 @@ KIND_REPORT = ord("R")  # peer -> launcher, JSON
 KIND_STATE = ord("S")  # peer -> launcher: its final state, safetensors
 KINDS = {KIND_MESSAGE, KIND_END, KIND_CONTROL, KIND_REPORT, KIND_STATE}
 MAX_JSON_BYTES = 4 * 1024 * 1024  # configs, reports and markers are small
+# Largest frame body a peer reads from another peer outside a run: no data is legitimate then
+# (every peer begins the run before any sends), so only small frames are read, to be rejected.
+MAX_IDLE_BODY_BYTES = 64 * 1024
 
 
 class FrameError(ValueError):
@@ -59,7 +62,19 @@ class RejectedFrame(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """Sizes and timeouts of the device transport (run options ``device_*``)."""
+    """Sizes and timeouts of the device transport (run options ``device_*``).
+
+    Admission: before its TLS handshake completes a connection only counts against the
+    handshake budget (`max_handshakes_per_source`, `max_handshakes`, each at least the
+    number of peers; the oldest pending handshake is evicted when full, see `admission`);
+    once authenticated it counts against `max_connections` and `max_connections_per_identity` only.
+
+    Memory: outside a run a peer buffers nothing (data frames are refused, and none larger
+    than `MAX_IDLE_BODY_BYTES` is read). During a run each sender may have at most
+    ``max(buffer_floor_bytes, buffer_model_factor * model bytes)`` buffered (`buffer_caps`),
+    and all senders together three times that, or a quarter of it per other peer when
+    there are more than twelve (a server receives from every client in the same exchange).
+    """
 
     max_message_bytes: int = 64 * 1024 * 1024  # largest frame body accepted
     exchange_timeout_s: float = 120.0  # wait for every live peer's end-of-exchange marker
@@ -70,24 +85,33 @@ class Limits:
     round_timeout_s: float = 900.0  # launcher: wait for a round report from a connected peer
     startup_timeout_s: float = 180.0  # launcher: peers reachable and ready (imports, data)
     max_ahead: int = 64  # exchanges a sender may run ahead of this peer
-    max_connections: int = 256  # simultaneous inbound connections
+    max_connections: int = 256  # simultaneous authenticated inbound connections
+    max_connections_per_identity: int = 8  # ... of one peer (or the launcher); beyond it its oldest is closed
+    max_handshakes: int = 64  # inbound connections still in their TLS handshake
+    max_handshakes_per_source: int = 16  # ... from one source address
+    handshake_timeout_s: float = 3.0  # inbound TLS handshake
+    idle_timeout_s: float = 120.0  # close an inbound connection that delivers no frame for this long
+    min_rate_bytes_s: int = 64 * 1024  # a frame body must arrive this fast (after a grace of min(idle, 10 s))
+    buffer_model_factor: float = 16.0  # per-sender buffer during a run, in model sizes
+    buffer_floor_bytes: int = 8 * 1024 * 1024  # per-sender buffer at least (also before the model size is known)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            kind = int if f.type in ("int", int) else float
+            integer = f.type in ("int", int)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"device_{f.name}", f"must be a number, got {value!r}")
-            value = kind(value)
-            minimum = 0 if f.name in ("retries", "backoff_s") else (1024 if f.name == "max_message_bytes" else 1e-3)
+            value = int(value) if integer else float(value)
+            minimum = _minimum(f.name, integer)
             if value < minimum:
                 raise ConfigError(f"device_{f.name}", f"must be >= {minimum}, got {value!r}")
             object.__setattr__(self, f.name, value)
 
-    @property
-    def max_buffered_bytes(self) -> int:
-        """Bytes buffered per sender for exchanges this peer has not reached yet."""
-        return 4 * self.max_message_bytes + MAX_JSON_BYTES
+    def buffer_caps(self, model_bytes: int, senders: int) -> tuple[int, int]:
+        """(per-sender, total) bytes of messages buffered during a run whose model has
+        `model_bytes` bytes, with `senders` other peers (see the class docstring)."""
+        per_sender = max(self.buffer_floor_bytes, int(self.buffer_model_factor * max(model_bytes, 0)))
+        return per_sender, per_sender * max(3, -(-senders // 4))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,15 +149,34 @@ _LIMIT_HELP = {
     "round_timeout_s": "launcher: wait for a round report from a connected peer",
     "startup_timeout_s": "launcher: peers reachable and ready (imports, data)",
     "max_ahead": "exchanges a sender may run ahead of a peer",
-    "max_connections": "simultaneous inbound connections of a peer",
+    "max_connections": "simultaneous authenticated inbound connections of a peer",
+    "max_connections_per_identity": "authenticated inbound connections of one peer or the launcher (its oldest closed beyond)",
+    "max_handshakes": "inbound connections still in their TLS handshake (the oldest is evicted beyond)",
+    "max_handshakes_per_source": "inbound TLS handshakes from one source address (its oldest is evicted beyond)",
+    "handshake_timeout_s": "inbound TLS handshake",
+    "idle_timeout_s": "close an inbound connection that delivers no frame for this long (the launcher pings)",
+    "min_rate_bytes_s": "slowest accepted frame body, in bytes per second, after a grace of min(idle timeout, 10 s)",
+    "buffer_model_factor": "per-sender buffer during a run, in model sizes (all senders: 3x, or 1/4 per peer beyond 12)",
+    "buffer_floor_bytes": "per-sender buffer during a run at least, in bytes",
 }
+
+
+def _minimum(name: str, integer: bool) -> float:
+    """The smallest value of a Limits field (shared by Limits and its run options)."""
+    if name in ("retries", "backoff_s"):
+        return 0
+    if name in ("max_message_bytes", "buffer_floor_bytes", "min_rate_bytes_s"):
+        return 1024
+    if name == "buffer_model_factor":
+        return 1.0
+    return 1 if integer else 1e-3
+
 
 # The device runtime's run options: the transport limits (the same bounds as
 # Limits.__post_init__) and how the launcher finds its peers.
 def _limit_option(f: Any) -> Option:
     integer = f.type in ("int", int)
-    low = 0 if f.name in ("retries", "backoff_s") else 1024 if f.name == "max_message_bytes" else 1 if integer else 1e-3
-    return Option(f"device_{f.name}", int if integer else float, f.default, _LIMIT_HELP[f.name], low=low)
+    return Option(f"device_{f.name}", int if integer else float, f.default, _LIMIT_HELP[f.name], low=_minimum(f.name, integer))
 
 
 DEVICE_OPTIONS: tuple[Option, ...] = tuple(_limit_option(f) for f in fields(Limits)) + (
@@ -145,6 +188,9 @@ DEVICE_OPTIONS: tuple[Option, ...] = tuple(_limit_option(f) for f in fields(Limi
     Option("device_power_command", str, None, "local peers: a command printing watts, sampled while running"),
     Option("device_power_interval_s", float, 1.0, "local peers: seconds between power samples", low=0, low_open=True),
     Option("device_keep_logs", bool, False, "local peers: keep their log folder"),
+    Option("device_link", str, None, "shape every peer's traffic: ethernet | wifi | MBPS[:LATENCY_MS]"),
+    Option("device_profile", str, None,
+           "limit each local peer process like a device: rpi4 (4 cores, 4 GiB address space) where the OS allows"),
 )
 
 
@@ -158,21 +204,43 @@ def pack(kind: int, seq: int, body: bytes) -> bytes:
     return frame_header(kind, seq, len(body)) + body
 
 
+async def read_header(reader: asyncio.StreamReader, max_body: int) -> tuple[int, int, int, int]:
+    """(version, kind, seq, body length) of the next frame, its body still unread. Raises
+    FrameError when the length field is impossible (beyond `max_body`: checked before
+    anything more is read) and asyncio.IncompleteReadError at the end of the stream."""
+    (length,) = struct.unpack("!I", await reader.readexactly(4))
+    if length < _AFTER_LENGTH or length > max_body + _AFTER_LENGTH:
+        raise FrameError(f"frame length {length} outside [{_AFTER_LENGTH}, {max_body + _AFTER_LENGTH}]")
+    version, kind, seq = struct.unpack("!BBQ", await reader.readexactly(_AFTER_LENGTH))
+    return version, kind, seq, length - _AFTER_LENGTH
+
+
+def header_problem(version: int, kind: int) -> RejectedFrame | None:
+    """Why a frame with this header is rejected whatever its body (None: it is not)."""
+    if version != WIRE_VERSION:
+        return RejectedFrame("wire version", f"{version}, expected {WIRE_VERSION}")
+    if kind not in KINDS:
+        return RejectedFrame("unknown frame kind", str(kind))
+    return None
+
+
+async def skip_body(reader: asyncio.StreamReader, length: int) -> bytes:
+    """Read and discard `length` bytes in small pieces (a rejected frame's body is never held whole)."""
+    while length > 0:
+        length -= len(await reader.readexactly(min(length, 65536)))
+    return b""
+
+
 async def read_frame(reader: asyncio.StreamReader, max_body: int) -> tuple[int, int, bytes]:
     """(kind, seq, body) of the next frame. Raises FrameError when the length field is
     impossible, RejectedFrame for a wrong version or kind (the frame is consumed), and
     asyncio.IncompleteReadError at the end of the stream."""
-    head = await reader.readexactly(4)
-    (length,) = struct.unpack("!I", head)
-    if length < _AFTER_LENGTH or length > max_body + _AFTER_LENGTH:
-        raise FrameError(f"frame length {length} outside [{_AFTER_LENGTH}, {max_body + _AFTER_LENGTH}]")
-    rest = await reader.readexactly(length)
-    version, kind, seq = struct.unpack("!BBQ", rest[:_AFTER_LENGTH])
-    if version != WIRE_VERSION:
-        raise RejectedFrame("wire version", f"{version}, expected {WIRE_VERSION}")
-    if kind not in KINDS:
-        raise RejectedFrame("unknown frame kind", str(kind))
-    return kind, seq, rest[_AFTER_LENGTH:]
+    version, kind, seq, length = await read_header(reader, max_body)
+    problem = header_problem(version, kind)
+    if problem is not None:
+        await skip_body(reader, length)
+        raise problem
+    return kind, seq, await reader.readexactly(length)
 
 
 def _plain(value: Any) -> Any:

@@ -41,9 +41,19 @@ def _names(host: str):
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:
-    path.write_bytes(data)
-    if private:
-        os.chmod(path, 0o600)
+    """Write a file; a private one is created 0600 (no moment with wider permissions),
+    and one that existed (an --overwrite) is narrowed before its new bytes go in."""
+    if not private:
+        path.write_bytes(data)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def init_tls_dir(folder: str | Path, nodes: Iterable[tuple[str, Iterable[str]]], days: int = 30, overwrite: bool = False) -> list[Path]:
@@ -56,7 +66,7 @@ def init_tls_dir(folder: str | Path, nodes: Iterable[tuple[str, Iterable[str]]],
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new folder holding keys: owner only
     if (folder / "ca.pem").exists() and not overwrite:
         raise UsageError(f"{folder / 'ca.pem'} exists; pass --overwrite to replace the run's CA and every certificate")
     if days < 1:

@@ -15,24 +15,36 @@ each one a sender writes its messages to every destination, then an end marker w
 the number of messages to every peer. A receiver has a sender's complete batch when
 its marker arrives; a sender whose connection closed (and has not reconnected) or
 whose marker does not arrive before the exchange timeout is absent from the exchange.
+
+Hardening (see `Limits`): anonymous connections get a small handshake budget that evicts
+its oldest entry when full (`admission`); authenticated ones are capped in total and per
+identity, closed when idle (the launcher pings) or when a frame body trickles in; data is
+only buffered during a run (`begin_run` .. `end_run`), within caps that scale with the
+run's model size (`set_model_bytes`); a peer the launcher dropped is refused (`refuse`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import queue
-import ssl
-import threading
 import zlib
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from p4bench.engine.messages import MessageFormatError, Messages, decode
+from p4bench.plugins.device.admission import (
+    NETWORK_ERRORS,
+    FrameConnection,
+    Gate,
+    LoopThread,
+    RejectLog,
+    close_on_loop,
+    open_frames,
+)
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.protocol import (
     HEADER_BYTES,
@@ -41,119 +53,29 @@ from p4bench.plugins.device.protocol import (
     KIND_MESSAGE,
     KIND_REPORT,
     KIND_STATE,
+    MAX_IDLE_BODY_BYTES,
+    MAX_JSON_BYTES,
     FrameError,
     Limits,
     RejectedFrame,
     dump_json,
-    frame_header,
+    header_problem,
     load_json,
     read_frame,
+    read_header,
+    skip_body,
 )
-from p4bench.plugins.device.tls import LAUNCHER, IdentityError, client_context, common_name, server_context
+from p4bench.plugins.device.tls import LAUNCHER, IdentityError, client_context, server_context
 
 log = logging.getLogger("p4bench.device")
 
-_NETWORK_ERRORS = (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError, IdentityError)
 MARKER_FIELDS = {"exchange": str, "round": int, "phase": str, "count": int}
 EPOCH_SHIFT = 40  # wire seq = run epoch (24 bits) << 40 | exchange number
+# the peers' idle timeout before the launcher's limits reach them: the launcher pings at least this often / 3
+_DEFAULT_IDLE_S = Limits().idle_timeout_s
 
-
-class RejectLog:
-    """Counts rejected input per reason; logs the first few of each, then every 1000th."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def reject(self, reason: str, source: str, detail: str = "") -> None:
-        with self._lock:
-            self.counts[reason] += 1
-            count = self.counts[reason]
-        if count <= 10 or count % 1000 == 0:
-            log.warning("rejected %s from %s: %s (%d so far)", reason, source, detail[:200], count)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.counts)
-
-
-class LoopThread:
-    """An asyncio event loop running in a daemon thread."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def call(self, coro: Coroutine, timeout: float | None = None) -> Any:
-        """Run `coro` on the loop and wait for its result (from another thread)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        if self.loop.is_running():
-            try:
-                self.call(cancel_all(), timeout=10)
-            except Exception:  # noqa: BLE001 - shutting down regardless
-                pass
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        if not self.loop.is_running():
-            self.loop.close()
-
-
-class FrameConnection:
-    """One authenticated TLS stream carrying frames."""
-
-    _ids = itertools.count(1)
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str) -> None:
-        self.reader, self.writer, self.name = reader, writer, name
-        self.id = next(self._ids)
-        self.lock = asyncio.Lock()
-        self.bytes_sent = 0
-
-    async def send(self, frames: list[tuple[int, int, bytes]], timeout: float) -> int:
-        """Write (kind, seq, body) frames and wait until they are handed to the OS."""
-        async with self.lock:
-            total = 0
-            for kind, seq, body in frames:
-                self.writer.write(frame_header(kind, seq, len(body)))
-                self.writer.write(body)
-                total += HEADER_BYTES + len(body)
-            await asyncio.wait_for(self.writer.drain(), timeout)
-            self.bytes_sent += total
-            return total
-
-    @property
-    def closed(self) -> bool:
-        return self.writer.is_closing()
-
-    def close(self) -> None:
-        if not self.writer.is_closing():
-            self.writer.close()
-
-
-async def open_frames(host: str, port: int, context: ssl.SSLContext, expected: str, limits: Limits) -> FrameConnection:
-    """Connect with TLS and check that the server is `expected` (its certificate's name)."""
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(host, port, ssl=context, ssl_handshake_timeout=limits.connect_timeout_s),
-        limits.connect_timeout_s,
-    )
-    name = common_name(writer.get_extra_info("peercert"))
-    if name != expected:
-        writer.close()
-        raise IdentityError(f"{host}:{port} presented the certificate of {name!r}, expected {expected!r}")
-    return FrameConnection(reader, writer, name)
+__all__ = ["PeerTransport", "LauncherLink", "FrameConnection", "ExchangeResult", "RejectLog", "LoopThread", "open_frames",
+           "parse_report"]
 
 
 @dataclass
@@ -175,7 +97,11 @@ class ExchangeResult:
 
 
 class PeerTransport:
-    """The network side of one peer (see the module docstring)."""
+    """The network side of one peer (see the module docstring).
+
+    Per run, the node calls `begin_run` (before any peer can send), `set_model_bytes` once
+    the run's model is built, and `end_run` when the run is over; `shaper` (an object with
+    ``async pace(nbytes)``, or None) shapes what this peer sends to peers and the launcher."""
 
     def __init__(self, me: PeerSpec, peers: PeersFile, tls_dir: str | Path, limits: Limits) -> None:
         self.me, self.peers, self.limits = me, peers, limits
@@ -184,15 +110,22 @@ class PeerTransport:
         self.rejects = RejectLog()
         self.control: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stats: Counter[str] = Counter()
+        self.shaper: Any = None  # a `Shaper` (link.LinkShaper: the node also reads its figures), or None
         # owned by the loop thread:
         self._batches: dict[int, dict[str, _Batch]] = {}
-        self._buffered: Counter[str] = Counter()
-        self._open: Counter[str] = Counter()
+        self._buffered: Counter[str] = Counter()  # message bytes buffered per sender
+        self._reading: Counter[str] = Counter()  # message bytes being read per sender (reserved)
+        self._cut: set[str] = set()  # peers whose last connection this side ended (idle, too slow, ...): not gone
         self._seen: set[str] = set()
         self._out: dict[str, FrameConnection] = {}
         self._unreachable: set[str] = set()
         self._launcher: FrameConnection | None = None
-        self._connections = 0
+        self._gate = Gate(self.server_context, lambda: self.limits, self.rejects,
+                          lambda name: name == LAUNCHER or (name in self.peers.by_id and name != me.id), len(peers.peers))
+        self._run_active = False
+        self._model_bytes = 0
+        self._before_run: dict[str, int] = {}  # rejections between the last run and this one
+        self._counts_at_end: dict[str, int] = {}
         self.current_seq = 0
         self._closed_seq = 0
         self._epoch = 0  # high bits of every wire seq: frames of another run never mix in
@@ -220,21 +153,81 @@ class PeerTransport:
             for connection in [*self._out.values(), *([self._launcher] if self._launcher else [])]:
                 connection.close()
 
-        _close_on_loop(self._thread, close_all)
+        close_on_loop(self._thread, close_all)
 
     def begin_run(self, run_id: str = "") -> None:
-        """Forget every buffered frame and connection history: a new run starts. Exchange
-        numbers on the wire carry the run's epoch (from its id) in their top 24 bits."""
+        """A new run starts: forget every buffered frame, connection history, refusal,
+        rejection count and statistic of the last one, and accept data frames again.
+        Exchange numbers on the wire carry the run's epoch (from its id) in their top 24 bits."""
 
         async def reset() -> None:
-            self._batches.clear()
-            self._buffered.clear()
+            self._drop_buffers()
             self._seen.clear()
             self._unreachable.clear()
+            self._cut.clear()
+            self._gate.refused.clear()
+            self.stats.clear()
+            counts = Counter(self.rejects.reset())
+            counts.subtract(self._counts_at_end)  # the last run's own counts were in its final report
+            self._before_run, self._counts_at_end = {k: v for k, v in counts.items() if v > 0}, {}
+            if self._before_run:
+                log.warning("rejected between runs: %s", self._before_run)
+            self._model_bytes = 0
             self.current_seq = self._closed_seq = 0
             self._epoch = (zlib.crc32(run_id.encode()) & 0xFFFFFF) << EPOCH_SHIFT
+            self._run_active = True
 
         self._thread.call(reset(), timeout=10)
+
+    def end_run(self) -> None:
+        """The run is over: drop every buffered batch; until the next `begin_run`, data
+        frames are refused unread beyond a few KiB ("no run active")."""
+
+        async def end() -> None:
+            self._run_active = False
+            self._drop_buffers()
+            self._counts_at_end = self.rejects.snapshot()
+
+        self._thread.call(end(), timeout=10)
+
+    def set_model_bytes(self, nbytes: int) -> None:
+        """The run's model size in bytes: the buffering caps scale with it (`Limits.buffer_caps`)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"model bytes must be an integer >= 0, got {nbytes!r}")
+
+        async def store() -> None:
+            self._model_bytes = nbytes
+
+        self._thread.call(store(), timeout=10)
+
+    def buffer_caps(self) -> tuple[int, int]:
+        """(per-sender, total) bytes of messages this peer buffers now."""
+        return self.limits.buffer_caps(self._model_bytes, len(self.peers.peers) - 1)
+
+    def refuse(self, peer_id: str) -> None:
+        """Refuse `peer_id` for the rest of this run (the launcher dropped it): its
+        connections are closed, new ones refused, its buffered frames dropped, and
+        exchanges no longer wait for it or send to it. ValueError for an unknown peer."""
+        self._thread.call(self._refuse(peer_id), timeout=10)
+
+    async def _refuse(self, peer: str) -> None:
+        if peer not in self.peers.by_id or peer == self.me.id:
+            raise RejectedFrame("malformed control", f"drop of unknown peer {peer[:60]!r}")
+        if not self._gate.refuse(peer):
+            return
+        log.warning("peer %s dropped by the launcher: refused for the rest of this run", peer)
+        outbound = self._out.pop(peer, None)
+        if outbound is not None:
+            outbound.abort()
+        for batches in self._batches.values():
+            batch = batches.pop(peer, None)
+            if batch is not None:
+                self._buffered[peer] -= batch.nbytes
+        self._arrival.set()
+
+    def _drop_buffers(self) -> None:
+        self._batches.clear()
+        self._buffered.clear()
 
     def new_round(self) -> None:
         """Destinations that failed in the last round get another chance (rejoin)."""
@@ -245,57 +238,116 @@ class PeerTransport:
         self._thread.call(reset(), timeout=10)
 
     def snapshot(self) -> dict[str, Any]:
+        """This run's statistics, rejection counts and refused peers (and the rejections
+        between the last run and this one, when there were any)."""
+
         async def read() -> dict[str, Any]:
-            return {**self.stats, "rejected": self.rejects.snapshot()}
+            extra = {"rejected_before_run": dict(self._before_run)} if self._before_run else {}
+            return {**self.stats, "rejected": self.rejects.snapshot(), "refused": sorted(self._gate.refused), **extra}
 
         return self._thread.call(read(), timeout=10)
 
     # -- accepting connections --------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        address = str(writer.get_extra_info("peername"))
-        if self._connections >= self.limits.max_connections:
-            self.rejects.reject("connection limit", address)
-            writer.close()
-            return
-        self._connections += 1
+        connection: FrameConnection | None = None
         try:
-            try:
-                await writer.start_tls(self.server_context, ssl_handshake_timeout=self.limits.connect_timeout_s)
-            except (*_NETWORK_ERRORS, ValueError) as exc:
-                self.rejects.reject("TLS handshake (no valid certificate of this run)", address, repr(exc))
+            connection = await self._gate.enter(reader, writer)
+            if connection is None:
                 return
-            name = common_name(writer.get_extra_info("peercert"))
-            if name != LAUNCHER and (name not in self.peers.by_id or name == self.me.id):
-                self.rejects.reject("unknown identity", address, f"certificate name {name!r} is not in the peers file")
-                return
-            connection = FrameConnection(reader, writer, name)
-            if name == LAUNCHER:
+            if connection.name == LAUNCHER:
                 await self._serve_launcher(connection)
             else:
                 await self._serve_peer(connection)
         except asyncio.CancelledError:
-            return  # shutting down: end the connection's task quietly
+            return  # evicted, or shutting down: end the connection's task quietly
         except Exception as exc:  # noqa: BLE001 - nothing a remote sends may end the peer
-            log.exception("connection from %s failed: %s", address, exc)
+            log.exception("connection from %s failed: %s", writer.get_extra_info("peername"), exc)
         finally:
-            self._connections -= 1
-            writer.close()
+            if connection is not None:
+                self._gate.leave(connection)
+            writer.transport.abort()  # the other end left or misbehaved: no TLS goodbye (it could hold the socket 30 s)
 
-    async def _frames(self, connection: FrameConnection, handle: Callable[[int, int, bytes], Any]) -> None:
-        """Read frames until the stream ends; reject bad ones; close on broken framing."""
-        source = connection.name
+    def _body_limit(self, launcher: bool) -> tuple[int, str]:
+        """(largest frame body read now on a connection, why)."""
+        if launcher:
+            return MAX_JSON_BYTES, "control messages are JSON"
+        if not self._run_active:
+            return MAX_IDLE_BODY_BYTES, "no run active"
+        per_sender = self.buffer_caps()[0]
+        return min(self.limits.max_message_bytes, per_sender), f"per-sender buffer cap {per_sender}"
+
+    def _refusal(self, source: str, kind: int, length: int) -> RejectedFrame | None:
+        """Why a peer's frame is rejected before its body is read (None: read it)."""
+        if kind not in (KIND_MESSAGE, KIND_END):
+            return RejectedFrame("frame kind not allowed", f"{chr(kind)!r} from a peer")
+        if not self._run_active:
+            return RejectedFrame("no run active", f"{length}-byte {chr(kind)!r} frame")
+        if source in self._gate.refused:
+            return RejectedFrame("dropped by the launcher", "frame refused")
+        if kind == KIND_END and length > MAX_JSON_BYTES:
+            return RejectedFrame("oversized JSON", f"{length} bytes > {MAX_JSON_BYTES}")
+        if kind == KIND_MESSAGE:
+            return self._buffer_full(source, length)
+        return None
+
+    def _buffer_full(self, source: str, nbytes: int) -> RejectedFrame | None:
+        """Why `nbytes` more from `source` do not fit (bodies being read count as buffered)."""
+        per_sender, total = self.buffer_caps()
+        mine = self._buffered[source] + self._reading[source]
+        if mine + nbytes > per_sender:
+            return RejectedFrame("buffer full", f"{mine} bytes from {source} not consumed yet (cap {per_sender})")
+        everyone = sum(self._buffered.values()) + sum(self._reading.values())
+        if everyone + nbytes > total:
+            return RejectedFrame("buffer full", f"{everyone} bytes from all senders not consumed yet (cap {total})")
+        return None
+
+    async def _frames(
+        self, connection: FrameConnection, handle: Callable[[int, int, bytes], Any], launcher: bool = False
+    ) -> bool:
+        """Read frames until the stream ends; reject bad ones (unread where possible); stop on
+        broken framing, on an oversized frame, when idle or when a frame body trickles in.
+        True when this side ended the connection, False when the other end did."""
+        source, reader, frames = connection.name, connection.reader, 0
         while True:
+            limits = self.limits  # a run's limits replace the defaults, also on connections already open
             try:
-                kind, seq, body = await read_frame(connection.reader, self.limits.max_message_bytes)
-            except RejectedFrame as exc:
-                self.rejects.reject(exc.reason, source, exc.detail)
-                continue
+                async with asyncio.timeout(limits.idle_timeout_s):
+                    hard_cap = MAX_JSON_BYTES if launcher else limits.max_message_bytes
+                    version, kind, seq, length = await read_header(reader, hard_cap)
+            except TimeoutError:
+                if frames:  # a sender between exchanges (it takes a fresh connection after idle_timeout_s / 2)
+                    self.stats["idle_closed"] += 1
+                else:  # silent since its handshake
+                    self.rejects.reject("idle connection", source, f"no frame for {limits.idle_timeout_s} s; closing the connection")
+                return True
             except FrameError as exc:
                 self.rejects.reject("broken framing", source, f"{exc}; closing the connection")
-                return
-            except (*_NETWORK_ERRORS, ValueError):
-                return
-            self.stats["wire_bytes_received"] += HEADER_BYTES + len(body)
+                return True
+            except (*NETWORK_ERRORS, ValueError):
+                return False
+            limit, why = self._body_limit(launcher)
+            if length > limit:
+                self.rejects.reject("oversized frame", source, f"{length} bytes > {limit} ({why}); closing the connection")
+                return True
+            problem = header_problem(version, kind) or (None if launcher else self._refusal(source, kind, length))
+            reserved = length if problem is None and kind == KIND_MESSAGE else 0
+            self._reading[source] += reserved  # bodies being read count against the buffer caps
+            deadline = min(limits.idle_timeout_s, 10.0) + length / limits.min_rate_bytes_s
+            try:
+                async with asyncio.timeout(deadline):
+                    body = await (skip_body(reader, length) if problem else reader.readexactly(length))
+            except TimeoutError:
+                self.rejects.reject("slow frame", source, f"{length}-byte body not in within {deadline:.1f} s; closing")
+                return True
+            except (*NETWORK_ERRORS, ValueError):
+                return False
+            finally:
+                self._reading[source] -= reserved
+            frames += 1
+            if problem is not None:
+                self.rejects.reject(problem.reason, source, problem.detail)
+                continue
+            self.stats["wire_bytes_received"] += HEADER_BYTES + length
             self.stats["frames_received"] += 1
             try:
                 result = handle(kind, seq, body)
@@ -307,19 +359,20 @@ class PeerTransport:
     async def _serve_peer(self, connection: FrameConnection) -> None:
         name = connection.name
         node = self.peers.by_id[name].node
-        self._open[name] += 1
         self._seen.add(name)
+        cut = False
         try:
-            await self._frames(connection, lambda kind, seq, body: self._accept_data(connection, node, kind, seq, body))
+            cut = await self._frames(connection, lambda kind, seq, body: self._accept_data(connection, node, kind, seq, body))
         finally:
-            self._open[name] -= 1
+            if cut:  # it may well reconnect to send (an idle connection, say): not taken for gone
+                self._cut.add(name)
+            else:
+                self._cut.discard(name)
             self._arrival.set()
 
     def _accept_data(self, connection: FrameConnection, node: int, kind: int, seq: int, body: bytes) -> None:
         source = connection.name
         self._seen.add(source)
-        if kind not in (KIND_MESSAGE, KIND_END):
-            raise RejectedFrame("frame kind not allowed", f"{chr(kind)!r} from a peer")
         if seq >> EPOCH_SHIFT != self._epoch >> EPOCH_SHIFT:
             raise RejectedFrame("another run", f"exchange epoch {seq >> EPOCH_SHIFT}, this run's is {self._epoch >> EPOCH_SHIFT}")
         seq &= (1 << EPOCH_SHIFT) - 1
@@ -352,8 +405,9 @@ class PeerTransport:
         if batch.marker is not None:
             raise RejectedFrame("frame after its end marker")
         if kind == KIND_MESSAGE:
-            if self._buffered[source] + len(body) > self.limits.max_buffered_bytes:
-                raise RejectedFrame("buffer full", f"{self._buffered[source]} bytes from {source} not consumed yet")
+            full = self._buffer_full(source, len(body))
+            if full is not None:
+                raise full
             batch.messages.append((exchange, round_index, message, len(body)))
             batch.nbytes += len(body)
             self._buffered[source] += len(body)
@@ -363,7 +417,7 @@ class PeerTransport:
 
     async def _serve_launcher(self, connection: FrameConnection) -> None:
         if self._launcher is not None:
-            self._launcher.close()
+            self._launcher.abort()
         self._launcher = connection
 
         async def handle(kind: int, seq: int, body: bytes) -> None:
@@ -371,20 +425,26 @@ class PeerTransport:
                 raise RejectedFrame("frame kind not allowed", f"{chr(kind)!r} from the launcher")
             message = load_json(body, {"type": str})
             if message["type"] == "ping":
-                await connection.send([(KIND_REPORT, 0, dump_json({"type": "pong", "peer": self.me.id}))], self.limits.send_timeout_s)
+                pong = dump_json({"type": "pong", "peer": self.me.id})
+                await connection.send([(KIND_REPORT, 0, pong)], self.limits.send_timeout_s, self.shaper)
+            elif message["type"] == "drop":  # handled here: the node's driver may be busy for a whole round
+                await self._refuse(str(message.get("peer")))
             else:
                 self.control.put(message)
 
         try:
-            await self._frames(connection, handle)
+            await self._frames(connection, handle, launcher=True)
         finally:
             if self._launcher is connection:
                 self._launcher = None
                 self.control.put({"type": "launcher-closed"})
 
     def _gone(self, peer: str) -> bool:
-        """A peer that connected in this run and has no open connection left."""
-        return peer in self._seen and self._open[peer] <= 0
+        """A peer the launcher dropped, or one that connected in this run and closed every
+        connection (not one whose last connection this side ended: it reconnects to send)."""
+        if peer in self._gate.refused:
+            return True
+        return peer in self._seen and not self._gate.inbound.get(peer) and peer not in self._cut
 
     # -- exchanges ------------------------------------------------------------------------
     def exchange(
@@ -404,15 +464,16 @@ class PeerTransport:
             for source, batch in self._batches.pop(old).items():
                 self._buffered[source] -= batch.nbytes
         deadline = loop.time() + self.limits.exchange_timeout_s
+        refused = targets & self._gate.refused  # dropped by the launcher: nothing goes to them any more
         sends = {
             dst: asyncio.create_task(self._send_batch(dst, seq, outgoing.get(dst, []), marker))
-            for dst in sorted(targets - self._unreachable)
+            for dst in sorted(targets - self._unreachable - refused)
         }
         for dst in sorted(set(outgoing) - set(sends)):
             if outgoing[dst]:
-                log.warning(
-                    "exchange %s: %d message(s) for %s not sent: unreachable this round", marker.get("exchange"), len(outgoing[dst]), dst
-                )
+                why = "dropped by the launcher" if dst in self._gate.refused else "unreachable this round"
+                log.warning("exchange %s: %d message(s) for %s not sent: %s", marker.get("exchange"), len(outgoing[dst]), dst,
+                            why)
         await self._await_markers(seq, expected, deadline)
         sent = {dst: await task for dst, task in sends.items()}
         batches = self._batches.pop(seq, {})
@@ -420,7 +481,7 @@ class PeerTransport:
             self._buffered[source] -= batch.nbytes
         received = {s: (b.marker, b.messages) for s, b in batches.items() if s in expected and b.marker is not None}
         self._closed_seq = seq
-        unreachable = {dst for dst, nbytes in sent.items() if nbytes is None}
+        unreachable = {dst for dst, nbytes in sent.items() if nbytes is None} | refused
         self._unreachable |= unreachable
         return ExchangeResult(received, set(expected) - set(received), unreachable, sum(n for n in sent.values() if n))
 
@@ -453,11 +514,11 @@ class PeerTransport:
         for attempt in range(attempts):
             try:
                 connection = await self._outbound(dst)
-                written = await connection.send(payload, self.limits.send_timeout_s)
+                written = await connection.send(payload, self.limits.send_timeout_s, self.shaper)
                 self.stats["wire_bytes_sent"] += written
                 self.stats["frames_sent"] += len(payload)
                 return written
-            except _NETWORK_ERRORS as exc:
+            except NETWORK_ERRORS as exc:
                 failure = exc
                 stale = self._out.pop(dst, None)
                 if stale is not None:
@@ -468,13 +529,19 @@ class PeerTransport:
         return None
 
     async def _outbound(self, dst: str) -> FrameConnection:
+        loop = asyncio.get_running_loop()
         connection = self._out.get(dst)
         if connection is not None and not connection.closed:
-            return connection
+            if loop.time() - connection.last_sent < self.limits.idle_timeout_s / 2:
+                return connection
+            # The receiver closes a connection idle for idle_timeout_s; frames written as it does would be
+            # lost, so take a fresh one well before. The old one is left for the receiver to close: closing it
+            # here could make the receiver, still waiting for this batch, think this peer left.
+            loop.call_later(self.limits.idle_timeout_s, connection.close)
         spec = self.peers.by_id[dst]
         connection = await open_frames(spec.host, spec.port, self.client_context, dst, self.limits)
         self._out[dst] = connection
-        asyncio.get_running_loop().create_task(self._watch_outbound(connection))
+        loop.create_task(self._watch_outbound(connection))
         return connection
 
     async def _watch_outbound(self, connection: FrameConnection) -> None:
@@ -482,7 +549,7 @@ class PeerTransport:
         try:
             while await connection.reader.read(65536):
                 self.rejects.reject("data on an outbound connection", connection.name)
-        except _NETWORK_ERRORS:
+        except NETWORK_ERRORS:
             pass
         finally:
             connection.close()
@@ -503,8 +570,8 @@ class PeerTransport:
             return False
         frames = ([(KIND_STATE, 0, state)] if state is not None else []) + [(KIND_REPORT, 0, dump_json(message))]
         try:
-            written = await connection.send(frames, self.limits.send_timeout_s)
-        except _NETWORK_ERRORS as exc:
+            written = await connection.send(frames, self.limits.send_timeout_s, self.shaper)
+        except NETWORK_ERRORS as exc:
             log.warning("report %s not delivered: %r", message.get("type"), exc)
             return False
         self.stats["wire_bytes_sent_launcher"] += written
@@ -512,7 +579,9 @@ class PeerTransport:
 
 
 class LauncherLink:
-    """The launcher's connections to every peer: control out, reports in."""
+    """The launcher's connections to every peer: control out, reports in. Once connected
+    it pings every peer every third of the idle timeout (peers close silent connections);
+    their pongs are not passed on as events."""
 
     def __init__(self, peers: PeersFile, tls_dir: str | Path, limits: Limits) -> None:
         self.peers, self.limits = peers, limits
@@ -520,6 +589,7 @@ class LauncherLink:
         self.events: queue.Queue[tuple[str, int | None, bytes]] = queue.Queue()  # (peer, kind or None at close, body)
         self.rejects = RejectLog()
         self._connections: dict[str, FrameConnection] = {}
+        self._keepalive: asyncio.Task | None = None
         self._thread = LoopThread("p4bench-device-launcher")
 
     def connect_all(self, deadline_s: float, check: Callable[[], None] = lambda: None) -> None:
@@ -539,7 +609,7 @@ class LauncherLink:
                     connection = await open_frames(spec.host, spec.port, self.context, spec.id, self.limits)
                 except IdentityError:
                     raise
-                except _NETWORK_ERRORS as exc:
+                except NETWORK_ERRORS as exc:
                     if loop.time() + delay > deadline:
                         raise ConnectionError(f"peer {spec.id} at {spec.host}:{spec.port} not reachable: {exc!r}") from None
                     await asyncio.sleep(delay)
@@ -550,6 +620,20 @@ class LauncherLink:
                 return
 
         await asyncio.gather(*(one(spec) for spec in self.peers.peers))
+        if self._keepalive is None:
+            self._keepalive = loop.create_task(self._ping_loop())
+
+    async def _ping_loop(self) -> None:
+        # a peer that has not received the run's limits yet uses the default idle timeout
+        interval = min(self.limits.idle_timeout_s, _DEFAULT_IDLE_S) / 3
+        ping = [(KIND_CONTROL, 0, dump_json({"type": "ping"}))]
+        while True:
+            await asyncio.sleep(interval)
+            live = [c for c in self._connections.values() if not c.closed]
+            results = await asyncio.gather(*(c.send(ping, self.limits.send_timeout_s) for c in live), return_exceptions=True)
+            for connection, result in zip(live, results):
+                if isinstance(result, BaseException):
+                    log.debug("ping to %s failed: %r", connection.name, result)
 
     async def _read(self, connection: FrameConnection) -> None:
         try:
@@ -562,10 +646,12 @@ class LauncherLink:
                 if kind not in (KIND_REPORT, KIND_STATE):
                     self.rejects.reject("frame kind not allowed from a peer", connection.name, chr(kind))
                     continue
+                if kind == KIND_REPORT and len(body) < 256 and _is_pong(body):
+                    continue  # the answer to a keepalive ping
                 self.events.put((connection.name, kind, body))
         except FrameError as exc:
             self.rejects.reject("broken framing", connection.name, str(exc))
-        except (*_NETWORK_ERRORS, ValueError):
+        except (*NETWORK_ERRORS, ValueError):
             pass
         finally:
             connection.close()
@@ -580,7 +666,7 @@ class LauncherLink:
             try:
                 await connection.send([(KIND_CONTROL, 0, dump_json(message))], self.limits.send_timeout_s)
                 return True
-            except _NETWORK_ERRORS as exc:
+            except NETWORK_ERRORS as exc:
                 log.warning("control %s to %s failed: %r", message.get("type"), peer, exc)
                 return False
 
@@ -591,26 +677,19 @@ class LauncherLink:
 
     def close(self) -> None:
         def close_all() -> None:
+            if self._keepalive is not None:
+                self._keepalive.cancel()
             for connection in self._connections.values():
                 connection.close()
 
-        _close_on_loop(self._thread, close_all)
+        close_on_loop(self._thread, close_all)
 
 
-def _close_on_loop(thread, close_all: Callable[[], object]) -> None:
-    """Run `close_all` on the transport's event loop (10 s at most), then stop the loop;
-    closing twice does nothing."""
-    if not thread.loop.is_running():
-        return  # already closed
-
-    async def shutdown() -> None:
-        close_all()
-
+def _is_pong(body: bytes) -> bool:
     try:
-        thread.call(shutdown(), timeout=10)
-    except Exception:  # noqa: BLE001  (closing is best effort: the peer may be gone)
-        pass
-    thread.stop()
+        return parse_report(body)["type"] == "pong"
+    except RejectedFrame:
+        return False
 
 
 def parse_report(body: bytes) -> dict[str, Any]:

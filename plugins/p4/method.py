@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
-from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
+from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, params_layout
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, strip_prefix, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient, gather_batch, logits_of, noble_local_lr, sample_batches
@@ -460,6 +460,18 @@ class P4(Method):
 
     def update_reference(self, exchange, state):
         return state["group_proxy"] if exchange == "upload" else None
+
+    def message_layout(self, exchange, phase, round_index):
+        """Declared, since members receive `distribute` (and `announce`) without sending in it."""
+        proxy = self.initial_params()
+        layouts = {
+            "probe": lambda: params_layout(proxy, UPDATE),
+            "share": lambda: {"known": (torch.float32, (self.num_clients,))},
+            "announce": lambda: {"selected": (torch.bool, ()), **(params_layout(proxy, MODEL) if round_index == 0 else {})},
+            "upload": lambda: {**params_layout(proxy, UPDATE), "weight": (torch.float64, ())},
+            "distribute": lambda: params_layout(proxy, MODEL),
+        }
+        return layouts[exchange]() if exchange in layouts else None
 
     # -- reporting ------------------------------------------------------------------------
     def groups_of(self, state) -> list[list[int]]:

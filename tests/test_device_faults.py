@@ -1,0 +1,232 @@
+"""Faults and attacks on the device runtime, with real peer processes on 127.0.0.1: a
+connection flood during a run, a compromised peer injecting wrong-layout messages, an
+authenticated push to an idle peer, and peers that keep serving across runs.
+(Transport-level cases, one process: tests/test_device_hardening.py.)"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from p4bench.config import RunConfig
+from p4bench.plugins.device.launcher import LocalPeers
+from p4bench.plugins.device.protocol import KIND_MESSAGE
+from p4bench.runner import run
+
+FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}
+SEEDED = {"noise_source": "seeded", "device_simulation": True}  # results equal the simulator's
+
+
+def _device_config(cluster: LocalPeers, results_dir: str, **changes) -> RunConfig:
+    options = {"device_peers": str(cluster.peers_path), "device_tls_dir": str(cluster.tls_dir), **FAST,
+               **changes.pop("options", {})}
+    base = dict(method="p4", clients=cluster.clients, rounds=6, local_steps=2, seed=4, eval_fraction=0.0,
+                runtime="device", results_dir=results_dir, options=options, **SEEDED)
+    base.update(changes)
+    return RunConfig(**base)
+
+
+def _simulated(config: RunConfig) -> dict:
+    options = {k: v for k, v in config.options.items() if not k.startswith("device_")}
+    plain = config.replace(runtime="simulation", options=options, noise_source="auto", device_simulation=False)
+    return run(plain, track=False).summary
+
+
+class Flood:
+    """`count` plain TCP sockets (no TLS, never sending) opened at `port` and held, those
+    the peer closes reopened, from `start()` until `stop` is set (bounded by `limit_s`)."""
+
+    def __init__(self, port: int, count: int = 300, limit_s: float = 120.0) -> None:
+        self.port, self.count, self.limit_s = port, count, limit_s
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.opened = 0
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._flood, daemon=True)
+        self.thread.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(30)
+
+    def _flood(self) -> None:
+        held: list[socket.socket] = []
+        deadline = time.monotonic() + self.limit_s
+        try:
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                held = [s for s in held if _still_open(s)]
+                while len(held) < self.count:
+                    try:
+                        held.append(socket.create_connection(("127.0.0.1", self.port), timeout=5))
+                        self.opened += 1
+                    except OSError:
+                        break
+                self.stop.wait(0.2)
+        finally:
+            for s in held:
+                s.close()
+
+
+def _still_open(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""  # the peer only ever closes these
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def test_a_connection_flood_during_a_run_drops_no_peer(tmp_path):
+    with LocalPeers(4) as cluster:
+        flood = Flood(cluster.peers.by_id["1"].port)
+        config = _device_config(cluster, str(tmp_path))
+        flood.start()  # from before the launcher connects to the end of the run
+        try:
+            result = run(config, track=False)
+        finally:
+            flood.finish()
+    device = result.summary["device"]
+    assert flood.opened >= 300
+    assert device["dropped"] == [] and device["absences"] == [], (device["dropped"], device["absences"][:3])
+    transport = device["peers"]["1"]["transport"]
+    seen = {**transport.get("rejected_before_run", {}), **transport["rejected"]}
+    assert sum(n for reason, n in seen.items() if "handshake" in reason) > 0, transport  # the flood was there
+    simulated = _simulated(config)
+    for client, accuracy in simulated["accuracy_per_client"].items():
+        assert abs(result.summary["accuracy_per_client"][client] - accuracy) <= 1e-4
+
+
+# A peer whose process is compromised: besides its honest messages it sends three messages
+# of a wrong payload layout to every other peer in every exchange (valid frames, its own
+# source and the right destination: only the layout check can tell).
+COMPROMISED = r"""
+import torch
+from p4bench.engine.messages import Messages, encode
+from p4bench.plugins.device import network
+
+honest = network.TLSNetwork._frames
+
+def frames(self, exchange, round_index, outgoing):
+    own, out, sizes, raw = honest(self, exchange, round_index, outgoing)
+    for node, peer in self.peer_of.items():
+        if peer != self.me.id:
+            junk = Messages(torch.tensor([self.me.node]), torch.tensor([node]), {"update.weight": torch.zeros(1, 7)})
+            out.setdefault(peer, []).extend(encode(exchange, round_index, junk) for _ in range(3))
+    return own, out, sizes, raw
+
+network.TLSNetwork._frames = frames
+from p4bench.plugins.device.cli import main
+main()
+"""
+
+
+class OneCompromised(LocalPeers):
+    def command(self, spec):
+        argv = super().command(spec)
+        return [sys.executable, "-c", COMPROMISED, *argv[3:]] if spec.id == "3" else argv
+
+
+def test_a_compromised_peer_is_rejected_alone_and_the_run_holds(tmp_path):
+    with OneCompromised(4) as cluster:
+        config = _device_config(cluster, str(tmp_path))
+        result = run(config, track=False)
+    device = result.summary["device"]
+    assert device["dropped"] == []
+    for peer in ("0", "1", "2"):
+        rejected = device["peers"][peer]["transport"]["rejected"]
+        layout = {reason: n for reason, n in rejected.items() if reason.startswith("payload layout")}
+        assert set(layout) == {"payload layout from 3"} and layout["payload layout from 3"] > 0, rejected
+        assert device["peers"][peer]["receive_errors"] == 0
+    honest = [str(c) for c in range(3)]
+    attacked = np.mean([result.summary["accuracy_per_client"][c] for c in honest])
+    clean = np.mean([_simulated(config)["accuracy_per_client"][c] for c in honest])
+    assert abs(attacked - clean) <= 0.02, (attacked, clean)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _tls_socket(port: int, tls: Path, name: str) -> ssl.SSLSocket:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.load_verify_locations(str(tls / "ca.pem"))
+    context.load_cert_chain(str(tls / f"{name}.pem"), str(tls / f"{name}.key"))
+    return context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=20))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
+def test_an_authenticated_push_to_an_idle_peer_is_not_buffered(tmp_path):
+    with LocalPeers(2) as cluster:
+        port, pid = cluster.peers.by_id["0"].port, cluster.processes["0"].pid
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # listening, and done warming up (imports)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        time.sleep(3)
+        before = _rss_mb(pid)
+        pushed = 0
+        body = bytes(32 << 10)
+        for _ in range(3):  # peer "1"'s key, while no run is active: 3 x 64 MiB in 32 KiB frames
+            sock = _tls_socket(port, cluster.tls_dir, "1")
+            try:
+                for seq in range(2048):
+                    sock.sendall(struct.pack("!IBBQ", 10 + len(body), 1, KIND_MESSAGE, seq) + body)
+                    pushed += len(body)
+            except OSError:
+                pass  # the peer may hang up on a sender that keeps pushing: also fine
+            finally:
+                sock.close()
+        big = _tls_socket(port, cluster.tls_dir, "1")  # a 512 MiB length field is refused before reading
+        try:
+            big.sendall(struct.pack("!IBBQ", 10 + (512 << 20), 1, KIND_MESSAGE, 1))
+            big.settimeout(20)
+            assert big.recv(1) == b""
+        except OSError:
+            pass
+        finally:
+            big.close()
+        time.sleep(1)
+        after = _rss_mb(pid)
+        assert cluster.processes["0"].poll() is None
+        print(f"idle peer RSS {before:.1f} MB -> {after:.1f} MB after {pushed / 2**20:.0f} MiB pushed")
+        assert after - before <= 50, (before, after)
+        cluster.processes["0"].terminate()
+        cluster.processes["1"].terminate()
+
+
+def test_peers_keep_serving_across_runs_with_counters_per_run(tmp_path):
+    with LocalPeers(2, keep_serving=True) as cluster:
+        config = _device_config(cluster, str(tmp_path), rounds=2, local_steps=1, options={"group_size": 2})
+        first = run(config, track=False).summary
+        assert all(p.poll() is None for p in cluster.processes.values())  # still serving after the launcher's stop
+        second = run(config.replace(seed=5), track=False).summary
+        for summary in (first, second):
+            assert summary["device"]["dropped"] == [] and all(p["finished"] for p in summary["device"]["peers"].values())
+        for seed, summary in ((4, first), (5, second)):
+            simulated = _simulated(config.replace(seed=seed))
+            for client, accuracy in simulated["accuracy_per_client"].items():
+                assert abs(summary["accuracy_per_client"][client] - accuracy) <= 1e-4
+        # the second run's transport counters are its own, not a running total
+        for peer in ("0", "1"):
+            one, two = first["device"]["peers"][peer]["transport"], second["device"]["peers"][peer]["transport"]
+            assert 0 < two["frames_received"] <= one["frames_received"] * 1.5, (one, two)
+        for process in cluster.processes.values():
+            process.terminate()
