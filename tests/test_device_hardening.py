@@ -21,7 +21,7 @@ from p4bench.engine.messages import Messages, encode
 from p4bench.plugins.device.admission import HandshakeBudget
 from p4bench.plugins.device.launcher import free_ports
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
-from p4bench.plugins.device.protocol import KIND_END, KIND_MESSAGE, Limits, dump_json, pack
+from p4bench.plugins.device.protocol import KIND_END, KIND_MESSAGE, Limits, dump_json, load_json, pack
 from p4bench.plugins.device.tls import client_context, init_tls_dir
 from p4bench.plugins.device.transport import EPOCH_SHIFT, LauncherLink, PeerTransport
 
@@ -388,3 +388,23 @@ def test_the_handshake_budget_evicts_the_oldest_of_a_source_then_overall():
     budget.admit(4, "z", lambda: evicted.append(4), 2, 3)
     assert budget.admit(5, "w", lambda: evicted.append(5), 2, 3) == [("handshake evicted (handshake budget full)", "y")]
     assert evicted == [0, 2] and len(budget) == 3  # 2 (from y) was the oldest left
+
+
+def test_round_reports_queued_without_waiting_reach_the_launcher_in_order(tmp_path):
+    with _cluster(tmp_path, ["a"], Limits()) as (peers, nodes):
+        a = nodes["a"]
+        link = LauncherLink(peers, tmp_path, Limits())
+        try:
+            link.connect_all(20)
+            assert _until(lambda: a._launcher is not None)
+            for index in range(30):  # a round's report: queued, the next round goes on at once
+                a.report_later({"type": "round", "round": index})
+            assert a.report({"type": "final"})  # a waited-for report leaves after every queued one
+            got = []
+            while len(got) < 31:
+                peer, kind, body = link.events.get(timeout=10)
+                if kind is not None:
+                    got.append(load_json(body))
+            assert [m.get("round") for m in got] == [*range(30), None] and got[-1]["type"] == "final"
+        finally:
+            link.close()

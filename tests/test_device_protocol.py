@@ -15,7 +15,7 @@ import torch
 from p4bench.cli import main
 from p4bench.engine.messages import Messages, encode
 from p4bench.errors import ConfigError, UsageError
-from p4bench.plugins.device.launcher import free_ports
+from p4bench.plugins.device.launcher import critical_compute_s, free_ports
 from p4bench.plugins.device.measure import PowerMeter, RoundClock
 from p4bench.plugins.device.network import check_senders, payload_schema
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
@@ -199,3 +199,22 @@ def test_power_meter_command_and_python_sources():
         time.sleep(0.01)
     figures = clock.finish(meter)
     assert figures["compute_s"] >= 0.01 and figures["wall_s"] >= figures["compute_s"] and figures["peak_rss_mb"] > 1
+
+
+def test_compute_segments_and_the_critical_path_of_a_round():
+    clock = RoundClock(between_rounds_s=0.5)
+    with clock.compute():
+        time.sleep(0.02)
+    clock.barrier()  # an exchange starts: nothing computed inside it
+    clock.barrier()
+    with clock.compute():
+        time.sleep(0.01)
+    figures = clock.finish(None)
+    first, empty, last = figures["compute_segments"]
+    assert first >= 0.02 and empty == 0 and last >= 0.01 and figures["between_rounds_s"] == 0.5
+    # every exchange waits for all peers: each segment lasts as long as the slower peer's
+    fast = {"between_rounds_s": 0.01, "compute_segments": [0.02, 0.5, 0.01]}
+    slow = {"between_rounds_s": 0.03, "compute_segments": [0.04, 0.1, 0.02]}
+    assert critical_compute_s([fast, slow]) == pytest.approx(0.07 + 0.5 + 0.02)
+    assert critical_compute_s([fast, {"compute_segments": [0.1]}]) is None  # unequal or missing: no figure
+    assert critical_compute_s([]) is None

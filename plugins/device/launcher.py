@@ -68,6 +68,22 @@ def _measure(report: dict[str, Any]) -> dict[str, Any]:
     return measure if isinstance(measure, dict) else {}
 
 
+def critical_compute_s(measures: list[dict[str, Any]]) -> float | None:
+    """The round's period (previous round's end to this one's) were communication free:
+    every exchange waits for all peers' end markers, so each compute segment between two
+    exchanges lasts as long as its slowest peer's; the first segment starts with the work
+    between rounds (evaluation, report). None unless every peer reported the same number of
+    numeric segments."""
+    try:
+        peers = [[float(m["between_rounds_s"]) + float(m["compute_segments"][0]),
+                  *(float(v) for v in m["compute_segments"][1:])] for m in measures]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    if not peers or len({len(s) for s in peers}) != 1:
+        return None
+    return sum(max(column) for column in zip(*peers))
+
+
 class Launcher:
     """Starts a run on the peers of `peers` and collects their reports."""
 
@@ -331,7 +347,8 @@ class Launcher:
             measure = _measure(report)
             seconds = max(seconds, _number(measure.get("wall_s")))  # steps only, evaluation excluded
             absent += len(report.get("absent") or [])
-            for key in ("wall_s", "compute_s", "comm_s", "cpu_s", "peak_rss_mb", "wire_bytes_sent", "wire_bytes_received", "power_w"):
+            for key in ("wall_s", "compute_s", "comm_s", "cpu_s", "between_rounds_s", "peak_rss_mb", "wire_bytes_sent",
+                        "wire_bytes_received", "power_w"):
                 if isinstance(measure.get(key), (int, float)):
                     metrics[f"device.{peer}.{key}"] = float(measure[key])
             for name, figures in (measure.get("exchanges") or {}).items():  # transfer times next to a link's capacity
@@ -345,6 +362,9 @@ class Launcher:
         if walls:
             metrics["device.wall_s_max"] = max(walls)
             metrics["device.compute_s_max"] = max(computes)
+        critical = critical_compute_s([_measure(report) for report in got.values()])
+        if critical is not None:
+            metrics["device.critical_compute_s"] = critical
         metrics["device.absences"] = float(absent)
         return RoundReport(
             phase=phase.name, round=round_index, step=step, accuracy=self.accuracy.copy(),

@@ -114,7 +114,14 @@ class RoundClock:
     started: float = field(default_factory=time.perf_counter)
     cpu_started: float = field(default_factory=time.process_time)
     compute_s: float = 0.0
+    between_rounds_s: float = 0.0  # since the previous round's steps ended (its evaluation, report)
     exchanges: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Compute time between consecutive exchanges, in order (the last entry: after the last
+    # one). Every exchange waits for all its peers' end markers, so with communication free
+    # a round of the group takes the sum over segments of the slowest peer's segment: the
+    # critical path that `device.critical_compute_s` reports.
+    segments: list[float] = field(default_factory=list, init=False)
+    _segment_started_at: float = field(default=0.0, init=False)
 
     @contextmanager
     def compute(self) -> Iterator[None]:
@@ -124,6 +131,11 @@ class RoundClock:
             yield
         finally:
             self.compute_s += time.perf_counter() - start
+
+    def barrier(self) -> None:
+        """Close the current compute segment (called as an exchange starts)."""
+        self.segments.append(self.compute_s - self._segment_started_at)
+        self._segment_started_at = self.compute_s
 
     def exchange(self, name: str, **values: float) -> None:
         """Add one exchange's figures (summed over repeated exchanges of the same name)."""
@@ -140,6 +152,8 @@ class RoundClock:
             "cpu_s": time.process_time() - self.cpu_started,
             "peak_rss_mb": peak_rss_mb(),
             "exchanges": self.exchanges,
+            "between_rounds_s": self.between_rounds_s,
+            "compute_segments": [*self.segments, self.compute_s - self._segment_started_at],
         }
         if meter is not None:
             figures["power_w"] = meter.mean(self.started, self.started + wall)

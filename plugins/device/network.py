@@ -90,7 +90,8 @@ class TLSNetwork(Network):
         self.transport.new_round()
         self.absent_round, self.absences = set(), []
         self._before = self.transport.snapshot()
-        self.clock = RoundClock()
+        # the previous round's evaluation and report: local work a partner may wait for
+        self.clock = RoundClock(between_rounds_s=time.perf_counter() - self.steps_done_at)
 
     def steps_finished(self, phase: str, round_index: int) -> None:
         self.steps_done_at = time.perf_counter()
@@ -103,6 +104,7 @@ class TLSNetwork(Network):
         return self.clock.compute()
 
     def start_exchange(self, exchange: str) -> None:
+        self.clock.barrier()
         self._exchange_started = (time.perf_counter(), self.clock.compute_s)
 
     def finish_exchange(self, exchange: str) -> None:

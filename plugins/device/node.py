@@ -138,7 +138,8 @@ class DeviceNode:
         figures["eval_s"] = time.perf_counter() - self.network.steps_done_at  # the driver evaluated since
         releases, self.releases = self.releases, []
         losses = report.losses if report.losses is not None else np.zeros(0)
-        self.transport.report({
+        send = self.transport.report_later if kind == "round" else self.transport.report  # a round's: off the critical path
+        send({
             "type": kind, "node": self.me.node, "phase": report.phase, "round": report.round,
             **self._accuracy_fields(report.accuracy, report.extra_accuracy),
             "losses": [float(x) for x in losses], "bytes_sent": int(report.bytes_sent),

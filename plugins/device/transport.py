@@ -563,6 +563,12 @@ class PeerTransport:
             log.warning("report %s not delivered: %r", message.get("type"), exc)
             return False
 
+    def report_later(self, message: dict[str, Any]) -> None:
+        """Queue a report without waiting for it to be written, so that a round's report
+        does not hold up the next round. Reports leave in the order they were queued (the
+        connection's lock is first come, first served); failures are logged."""
+        asyncio.run_coroutine_threadsafe(self._report(message, None), self._thread.loop)
+
     async def _report(self, message: dict[str, Any], state: bytes | None) -> bool:
         connection = self._launcher
         if connection is None or connection.closed:
