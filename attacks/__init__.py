@@ -5,25 +5,82 @@ The P4 paper's threat model: label-flip (data poisoning) and byzantine-zero / -r
 omniscient alie, ipm and min-max. The P4L paper's attacks: label-flip-pair, label-flip-random-pair,
 label-shuffle (data poisoning) and kde-noise (its noisy peers, a message attack). Against cross-gradient
 methods (PDSL): model-probe, a malicious neighbour's crafted model (an active gradient-inversion probe).
+
+The classes are imported when the hook is called, or on first use of a name below
+(`p4bench.lazy`): building the plugin manager must not import torch.
 """
 
-from p4bench.attacks.alie import ALittleIsEnough
-from p4bench.attacks.byzantine import ByzantineFlip, ByzantineRandom, ByzantineZero
-from p4bench.attacks.gaussian import Gaussian
-from p4bench.attacks.ipm import InnerProductManipulation
-from p4bench.attacks.kde_noise import KDENoise
-from p4bench.attacks.label_flip import LabelFlip
-from p4bench.attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
-from p4bench.attacks.label_shuffle import LabelShuffle
-from p4bench.attacks.min_max import MinMax
-from p4bench.attacks.model_probe import ModelProbe
-from p4bench.attacks.random_labels import RandomLabels
-from p4bench.attacks.sign_flip import SignFlip
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from p4bench.hookspecs import hookimpl
+from p4bench.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from p4bench.attacks.alie import ALittleIsEnough
+    from p4bench.attacks.byzantine import ByzantineFlip, ByzantineRandom, ByzantineZero
+    from p4bench.attacks.gaussian import Gaussian
+    from p4bench.attacks.ipm import InnerProductManipulation
+    from p4bench.attacks.kde_noise import KDENoise
+    from p4bench.attacks.label_flip import LabelFlip
+    from p4bench.attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
+    from p4bench.attacks.label_shuffle import LabelShuffle
+    from p4bench.attacks.min_max import MinMax
+    from p4bench.attacks.model_probe import ModelProbe
+    from p4bench.attacks.random_labels import RandomLabels
+    from p4bench.attacks.sign_flip import SignFlip
+    from p4bench.engine.threats import Attack
+
+__all__ = [
+    "ALittleIsEnough",
+    "ByzantineFlip",
+    "ByzantineRandom",
+    "ByzantineZero",
+    "Gaussian",
+    "InnerProductManipulation",
+    "KDENoise",
+    "LabelFlip",
+    "LabelFlipPair",
+    "LabelFlipRandomPair",
+    "LabelShuffle",
+    "MinMax",
+    "ModelProbe",
+    "RandomLabels",
+    "SignFlip",
+]
+
+__getattr__, __dir__ = lazy_exports(globals(), {
+    "p4bench.attacks.alie": ("ALittleIsEnough",),
+    "p4bench.attacks.byzantine": ("ByzantineFlip", "ByzantineRandom", "ByzantineZero"),
+    "p4bench.attacks.gaussian": ("Gaussian",),
+    "p4bench.attacks.ipm": ("InnerProductManipulation",),
+    "p4bench.attacks.kde_noise": ("KDENoise",),
+    "p4bench.attacks.label_flip": ("LabelFlip",),
+    "p4bench.attacks.label_pair": ("LabelFlipPair", "LabelFlipRandomPair"),
+    "p4bench.attacks.label_shuffle": ("LabelShuffle",),
+    "p4bench.attacks.min_max": ("MinMax",),
+    "p4bench.attacks.model_probe": ("ModelProbe",),
+    "p4bench.attacks.random_labels": ("RandomLabels",),
+    "p4bench.attacks.sign_flip": ("SignFlip",),
+})
 
 
 @hookimpl
-def register_attacks():
+def register_attacks() -> list[type[Attack]]:
+    from p4bench.attacks.alie import ALittleIsEnough
+    from p4bench.attacks.byzantine import ByzantineFlip, ByzantineRandom, ByzantineZero
+    from p4bench.attacks.gaussian import Gaussian
+    from p4bench.attacks.ipm import InnerProductManipulation
+    from p4bench.attacks.kde_noise import KDENoise
+    from p4bench.attacks.label_flip import LabelFlip
+    from p4bench.attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
+    from p4bench.attacks.label_shuffle import LabelShuffle
+    from p4bench.attacks.min_max import MinMax
+    from p4bench.attacks.model_probe import ModelProbe
+    from p4bench.attacks.random_labels import RandomLabels
+    from p4bench.attacks.sign_flip import SignFlip
+
     return [
         LabelFlip, ByzantineZero, ByzantineRandom, ByzantineFlip,
         Gaussian, SignFlip, ALittleIsEnough, InnerProductManipulation, MinMax, RandomLabels,

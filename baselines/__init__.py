@@ -1,19 +1,61 @@
-"""Baseline methods, registered through the same hook as third-party methods."""
+"""Baseline methods, registered through the same hook as third-party methods.
 
-from p4bench.baselines.centralized import Centralized
-from p4bench.baselines.dp_cga import DPCGA
-from p4bench.baselines.dsgt import DPDSGD, DPDSGT
-from p4bench.baselines.fedavg import FedAvg
-from p4bench.baselines.feddf import FedDF
-from p4bench.baselines.local import LocalTraining
-from p4bench.baselines.muffliato import Muffliato
-from p4bench.baselines.p2p_fl import P2PFL
-from p4bench.baselines.pdsl import PDSL, PDSLLocalVal
-from p4bench.baselines.proxyfl import ProxyFL
-from p4bench.baselines.scaffold import Scaffold
+The classes are imported when the hook is called, or on first use of a name below
+(`p4bench.lazy`): building the plugin manager must not import torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from p4bench.hookspecs import hookimpl
+from p4bench.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from p4bench.baselines.centralized import Centralized
+    from p4bench.baselines.dp_cga import DPCGA
+    from p4bench.baselines.dsgt import DPDSGD, DPDSGT
+    from p4bench.baselines.fedavg import FedAvg
+    from p4bench.baselines.feddf import FedDF
+    from p4bench.baselines.local import LocalTraining
+    from p4bench.baselines.muffliato import Muffliato
+    from p4bench.baselines.p2p_fl import P2PFL
+    from p4bench.baselines.pdsl import PDSL, PDSLLocalVal
+    from p4bench.baselines.proxyfl import ProxyFL
+    from p4bench.baselines.scaffold import Scaffold
+    from p4bench.engine.method import Method
+
+__all__ = [
+    "Centralized", "DPCGA", "DPDSGD", "DPDSGT", "FedAvg", "FedDF", "LocalTraining", "Muffliato", "P2PFL", "PDSL",
+    "PDSLLocalVal", "ProxyFL", "Scaffold",
+]
+
+__getattr__, __dir__ = lazy_exports(globals(), {
+    "p4bench.baselines.centralized": ("Centralized",),
+    "p4bench.baselines.dp_cga": ("DPCGA",),
+    "p4bench.baselines.dsgt": ("DPDSGD", "DPDSGT"),
+    "p4bench.baselines.fedavg": ("FedAvg",),
+    "p4bench.baselines.feddf": ("FedDF",),
+    "p4bench.baselines.local": ("LocalTraining",),
+    "p4bench.baselines.muffliato": ("Muffliato",),
+    "p4bench.baselines.p2p_fl": ("P2PFL",),
+    "p4bench.baselines.pdsl": ("PDSL", "PDSLLocalVal"),
+    "p4bench.baselines.proxyfl": ("ProxyFL",),
+    "p4bench.baselines.scaffold": ("Scaffold",),
+})
 
 
 @hookimpl
-def register_methods():
+def register_methods() -> list[type[Method]]:
+    from p4bench.baselines.centralized import Centralized
+    from p4bench.baselines.dp_cga import DPCGA
+    from p4bench.baselines.dsgt import DPDSGD, DPDSGT
+    from p4bench.baselines.fedavg import FedAvg
+    from p4bench.baselines.feddf import FedDF
+    from p4bench.baselines.local import LocalTraining
+    from p4bench.baselines.muffliato import Muffliato
+    from p4bench.baselines.p2p_fl import P2PFL
+    from p4bench.baselines.pdsl import PDSL, PDSLLocalVal
+    from p4bench.baselines.proxyfl import ProxyFL
+    from p4bench.baselines.scaffold import Scaffold
+
     return [LocalTraining, Centralized, FedAvg, FedDF, Scaffold, ProxyFL, DPDSGT, DPDSGD, P2PFL, Muffliato, PDSL, PDSLLocalVal, DPCGA]

@@ -51,7 +51,7 @@ class RunRecord:
     """What the sweep keeps of one run (small and picklable)."""
 
     config_hash: str
-    status: str  # finished | failed | skipped | incompatible
+    status: str  # finished | failed | skipped | incompatible | interrupted (Ctrl-C: resumed by the next sweep)
     summary: dict[str, Any] = field(default_factory=dict)
     rounds: list[dict[str, float]] = field(default_factory=list)  # per round: step, accuracy means
     evaluation_accuracy: float | None = None  # final mean over benign evaluation clients
@@ -69,9 +69,15 @@ class RoundRecorder:
     """Adds the evaluation clients' mean accuracy to every round's metrics (before the
     tracker logs them) and keeps each round's means for the record."""
 
-    def __init__(self) -> None:
+    def __init__(self, resume: Any = None) -> None:
         self.rounds: list[dict[str, float]] = []
         self.selection: np.ndarray | None = None
+        if resume is not None:  # a resumed run: the rounds before its checkpoint, from the reports saved there
+            from p4bench.checkpoint import unpack_report
+
+            for report in map(unpack_report, resume.state()["reports"]):
+                self.rounds.append({"step": report.step, **{k: float(report.metrics.get(k, math.nan))
+                                    for k in ("accuracy_mean", "accuracy_evaluation_mean")}})
 
     @hookimpl(tryfirst=True)
     def run_started(self, run) -> None:
@@ -135,8 +141,11 @@ def _plugin_manager(autoload: bool | None):
 
 
 def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
-    """Run one task and return its record; never raises for a failing run."""
-    from p4bench import runner
+    """Run one task and return its record; never raises for a failing run. A run with a
+    checkpoint (interrupted in an earlier sweep) goes on from it; a run stopped by Ctrl-C
+    (`p4bench.interrupts`) is recorded as interrupted, with its checkpoint."""
+    from p4bench import interrupts, runner
+    from p4bench.checkpoint import find_for_config
     from p4bench.tracking import Tracker
 
     started = time.perf_counter()
@@ -145,18 +154,30 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
         config = task.run_config()
     except Exception as exc:  # noqa: BLE001 - reported in the record
         return RunRecord("", "failed", error=_one_line(exc), traceback=traceback.format_exc(), tags=tags)
-    recorder = RoundRecorder()
-    tracker = Tracker(config, tags=tags) if task.track else None
-    observers: list[object] = [o for o in (tracker, recorder) if o is not None]
-    if task.tuning:
-        observers.append(WithheldTests())
+    if interrupts.stop_requested():  # Ctrl-C before this run started: leave it to the next sweep
+        return RunRecord(config.config_hash(), "interrupted", error="not started", tags=tags)
+    tracker = checkpoint = None
     try:
+        checkpoint = find_for_config(config.results_dir, config.config_hash(), tags) if task.track else None
+        recorder = RoundRecorder(checkpoint)
+        tracker = Tracker(config, tags=tags, resume=checkpoint) if task.track else None
+        observers: list[object] = [o for o in (tracker, recorder) if o is not None]
+        if task.tuning:
+            observers.append(WithheldTests())
         pm = plugin_manager or _plugin_manager(task.autoload)
-        result = runner.run(config, observers=observers, plugin_manager=pm, track=False)
+        result = runner.run(config, observers=observers, plugin_manager=pm, track=False, resume=checkpoint)
+    except interrupts.RunInterrupted as stopped:
+        return RunRecord(config.config_hash(), "interrupted", error=stopped.line(), seconds=time.perf_counter() - started,
+                         mlflow_run_id=stopped.mlflow_run_id, tags=tags,
+                         summary={"results_dir": str(stopped.results_dir) if stopped.results_dir else None})
     except Exception as exc:  # noqa: BLE001 - one failing run must not stop a sweep
         record = RunRecord(config.config_hash(), "failed", error=_one_line(exc), traceback=traceback.format_exc(),
                            seconds=time.perf_counter() - started, tags=tags)
         record.mlflow_run_id = _record_failure(config, tracker, tags, record.error)
+        if checkpoint is not None:  # the next sweep starts this run afresh rather than fail on the same checkpoint
+            from p4bench.checkpoint import remove
+
+            remove(checkpoint.folder)
         return record
     summary = _plain(result.summary)
     final = recorder.rounds[-1]["accuracy_evaluation_mean"] if recorder.rounds else math.nan
@@ -195,24 +216,38 @@ def _record_failure(config: RunConfig, tracker: Any, tags: Mapping[str, str], er
         return None
     try:
         from p4bench.results import ensure_experiment, store_client
-        from p4bench.tracking import _flat_params
+        from p4bench.tracking import _flat_params, run_name
 
         client = store_client(tracker.uri)
         run_id = tracker.mlflow_run_id
         if run_id is None:
             experiment_id = ensure_experiment(tracker.uri, config.experiment)
-            base = {"method": config.method, "attack": config.attack or "none", "defense": config.defense or "default",
+            defense = _resolved_defense(config)
+            base = {"method": config.method, "attack": config.attack or "none", "defense": defense or "none",
                     "dataset": config.dataset, "seed": str(config.seed), "config_hash": config.config_hash()}
-            run_id = client.create_run(experiment_id, tags={**tags, **base},
-                                       run_name=f"{config.method}-{config.dataset}-seed{config.seed}").info.run_id
+            run_id = client.create_run(experiment_id, tags={**tags, **base}, run_name=run_name(config, defense)).info.run_id
             from mlflow.entities import Param
 
-            client.log_batch(run_id, params=[Param(k, v) for k, v in _flat_params(config).items()])
+            client.log_batch(run_id, params=[Param(k, v) for k, v in _flat_params(config, defense=defense or "none").items()])
         client.set_tag(run_id, "error", (error or "")[:5000])
         client.set_terminated(run_id, "FAILED")
         return run_id
     except Exception:  # noqa: BLE001 - the failure is still in the sweep's summary
         return None
+
+
+def _resolved_defense(config: RunConfig) -> str | None:
+    """The run's defense: the config's, else its method's default (None: no defense);
+    the config's own value where the method cannot be looked up."""
+    if config.defense is not None:
+        return None if config.defense == "none" else config.defense
+    try:
+        from p4bench.plugin_manager import default_registry
+
+        default = getattr(default_registry().get("method", config.method), "default_defense", None)
+    except Exception:  # noqa: BLE001 - an unknown method: the failure being recorded says so
+        return None
+    return None if default in (None, "none") else str(default)
 
 
 # -- backends ---------------------------------------------------------------------------
@@ -249,10 +284,12 @@ class LocalBackend(Backend):
 
             pm = self.plugin_manager or default_plugin_manager()  # the CLI's own plugins
             for index, task in enumerate(tasks):
-                on_done(index, execute_task(task, pm))
+                on_done(index, execute_task(task, pm))  # after a Ctrl-C: "interrupted", not started
             return
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
+
+        from p4bench.interrupts import stop_requested
 
         threads = max(1, (os.cpu_count() or 1) // self.jobs)
         with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"),
@@ -260,8 +297,13 @@ class LocalBackend(Backend):
             futures = {pool.submit(execute_task, task): index for index, task in enumerate(tasks)}
             for future in as_completed(futures):
                 index = futures[future]
+                if stop_requested():  # Ctrl-C: workers stop their runs after the round; queued runs do not start
+                    for waiting in futures:
+                        waiting.cancel()
                 try:
                     record = future.result()
+                except CancelledError:
+                    record = _not_started(tasks[index])
                 except Exception as exc:  # noqa: BLE001 - a worker that died
                     record = _lost(tasks[index], exc)
                 on_done(index, record)
@@ -270,7 +312,18 @@ class LocalBackend(Backend):
 def _init_worker(threads: int) -> None:
     import torch
 
+    from p4bench.interrupts import install_in_worker
+
     torch.set_num_threads(threads)  # several workers share the machine's cores
+    install_in_worker()  # the terminal's Ctrl-C reaches workers too: finish the round, checkpoint
+
+
+def _not_started(task: RunTask) -> RunRecord:
+    try:
+        config_hash = task.run_config().config_hash()
+    except Exception:  # noqa: BLE001
+        config_hash = ""
+    return RunRecord(config_hash, "interrupted", error="not started", tags=dict(task.tags))
 
 
 def _lost(task: RunTask, exc: BaseException) -> RunRecord:

@@ -1,5 +1,5 @@
 """Functional models: parameters are plain tensor dicts so the engine can stack them
-along a client axis and vmap the per-client math."""
+along a client axis and vmap the per-client math. Registered by `p4bench.models_builtin`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from p4bench.errors import IncompatibleError
-from p4bench.hookspecs import hookimpl
 from p4bench.options import Option
 
 Params = dict[str, torch.Tensor]
@@ -168,8 +167,3 @@ class SmallCNN(Model):
         h = F.max_pool2d(torch.tanh(F.conv2d(h, params["conv2.weight"], params["conv2.bias"], padding=1)), 2)
         h = torch.tanh(F.linear(h.flatten(start_dim=1), params["fc1.weight"], params["fc1.bias"]))
         return F.linear(h, params["fc.weight"], params["fc.bias"])
-
-
-@hookimpl
-def register_models():
-    return [LinearSoftmax, ScatterCNN, SmallCNN]

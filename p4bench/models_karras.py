@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from p4bench.errors import IncompatibleError
-from p4bench.hookspecs import hookimpl
 from p4bench.models import Model, Params, _conv_init, _linear_init
 
 __all__ = ["GrayCNN"]
@@ -54,8 +53,3 @@ class GrayCNN(Model):
         h = F.max_pool2d(F.relu(F.conv2d(h, params["conv2.weight"], params["conv2.bias"])), 2)
         h = F.relu(F.linear(h.flatten(start_dim=1), params["fc1.weight"], params["fc1.bias"]))
         return F.linear(h, params["fc.weight"], params["fc.bias"])
-
-
-@hookimpl
-def register_models() -> list[type[Model]]:
-    return [GrayCNN]

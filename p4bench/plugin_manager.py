@@ -30,10 +30,13 @@ KINDS: dict[str, str] = {
     "runtime": "register_runtimes",
 }
 
+# The modules holding p4bench's own hook implementations, registered like installed
+# plugins. They import their classes inside the hooks (and their packages re-export names
+# lazily, `p4bench.lazy`), so building the manager costs no torch, scipy or MLflow: the
+# command line builds it on every start, `p4bench --help` included.
 BUILTIN_MODULES = (
     "p4bench.data.builtin",
-    "p4bench.models",
-    "p4bench.models_karras",  # the Table I CNN of Karras et al. (cnn-gray)
+    "p4bench.models_builtin",  # linear, scatter-cnn, cnn and Karras et al.'s cnn-gray
     "p4bench.engine.runtimes",
     "p4bench.baselines",
     "p4bench.plugins.p4",
@@ -114,10 +117,25 @@ class Registry:
     that is no class of its kind or has no name, a name taken twice) never stops the
     others: it becomes a `PluginProblem`, and only using the name concerned fails (exit
     code 2). Built-in registrations and plugins passed in code still raise: a bug.
+
+    A `lazy` registry calls the hooks on first use instead of at once: the command line
+    keeps one per process, and `p4bench --help` never calls them (the built-in classes
+    import torch). Its `problems` need no hook call while no installed plugin is
+    registered: only those report problems (a strict source raises instead).
     """
 
-    def __init__(self, pm: pluggy.PluginManager) -> None:
+    def __init__(self, pm: pluggy.PluginManager, *, lazy: bool = False) -> None:
         self.pm = pm
+        self._built = False
+        if not lazy:
+            self._build()
+
+    def _build(self) -> None:
+        """Call the registration hooks (importing every plugin class) once; a lazy
+        registry does it on first use."""
+        if self._built:
+            return
+        pm = self.pm
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         self._problems: list[PluginProblem] = []
         # names that fail when used: broken registrations and ambiguous duplicates
@@ -140,6 +158,7 @@ class Registry:
             for name, error in self._pending[kind].items():  # a broken class named like a good one is just dropped
                 if name not in self._entries[kind]:
                     self._unusable[kind].setdefault(name, error)
+        self._built = True
 
     # -- building ---------------------------------------------------------------------
     def _report(self, source: PluginSource, kind: str, name: str | None, message: str) -> None:
@@ -216,9 +235,18 @@ class Registry:
     @property
     def problems(self) -> list[PluginProblem]:
         """Problems of installed plugins: loading them (kept by the manager) and their registrations."""
-        return list(getattr(self.pm, "problems", [])) + self._problems
+        loading = list(getattr(self.pm, "problems", []))
+        if not self._built and not self._has_installed_plugins():
+            return loading  # nothing can report a registration problem: no need to import every plugin
+        self._build()
+        return loading + self._problems
+
+    def _has_installed_plugins(self) -> bool:
+        """Whether a registered plugin is an installed one (not strict): only those report problems."""
+        return any(not source_of(self.pm, name).strict for name, _ in self.pm.list_name_plugin())
 
     def names(self, kind: str) -> list[str]:
+        self._build()
         return sorted(self._entries[kind])
 
     def entries(self, kind: str) -> list[Entry]:
@@ -227,6 +255,7 @@ class Registry:
     def entry(self, kind: str, name: str) -> Entry:
         """The entry registered as `name`; PluginError or DuplicateNameError (exit code 2)
         for a broken or ambiguous registration, else UnknownNameError listing the names."""
+        self._build()
         try:
             return self._entries[kind][name]
         except KeyError:
@@ -360,7 +389,7 @@ def create_plugin_manager(extra_plugins: tuple[Any, ...] = (), autoload: bool | 
 @lru_cache(maxsize=1)
 def _default() -> tuple[PluginManager, Registry]:
     pm = create_plugin_manager()
-    return pm, Registry(pm)
+    return pm, Registry(pm, lazy=True)  # the classes are imported when first asked for
 
 
 def default_plugin_manager() -> PluginManager:
@@ -369,7 +398,7 @@ def default_plugin_manager() -> PluginManager:
 
 
 def default_registry() -> Registry:
-    """The process-wide registry (built once, on first use)."""
+    """The process-wide registry (its hooks are called once, on first use)."""
     return _default()[1]
 
 

@@ -254,6 +254,27 @@ def quick_claims(checks: Sequence[ClaimCheck]) -> list[ClaimCheck]:
             if c.status in ("yes", "no") and c.training else c for c in checks]
 
 
+def smoke_note(report: ReproduceReport) -> str | None:
+    """For a quick report, the line printed above its claims saying that a smoke run tests
+    none of them (None for a full run); every front end that shows the claims shows it."""
+    if not report.quick:
+        return None
+    rounds = sorted({run.config.rounds for run in report.sweep.planned})
+    scale = (f"{rounds[0]}" if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}") + " rounds" if rounds else "no runs"
+    seeds = len({run.config.seed for run in report.sweep.planned})
+    return (f"smoke run (--quick: {scale}, {seeds} seed{'s' if seeds != 1 else ''}, shorter lists): not a test of the "
+            "paper's claims. A claim that needs training says \"not tested\" and shows its figures only; run without "
+            "--quick for verdicts.")
+
+
+def claim_note(check: ClaimCheck, quick: bool) -> str:
+    """What is said after a claim's status and figures: in a quick run, that a verdict
+    computed without training stands even there ("" otherwise)."""
+    if quick and not check.training and check.status in ("yes", "no"):
+        return "no training needed: a verdict even in a smoke run"
+    return ""
+
+
 def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, backend: Any = None,
               results_dir: str | None = None, tracking_uri: str | None = None, strict: bool = False,
               progress: Any = None, overrides: Mapping[str, Any] | None = None,

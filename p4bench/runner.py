@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,14 @@ import numpy as np
 import pluggy
 import torch
 
+from p4bench import interrupts
+from p4bench.checkpoint import Checkpoint
 from p4bench.config import RunConfig
 from p4bench.data import FederatedData, build_federated_data
 from p4bench.data.base import load_dataset, run_partitioner
 from p4bench.data.paths import _data_dir
 from p4bench.data.public import public_data
-from p4bench.engine import Attack, Defense, Job, Method, Outcome, RoundReport
+from p4bench.engine import Attack, Defense, Job, Method, RoundReport
 from p4bench.errors import IncompatibleError, UsageError
 from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
 from p4bench.options import validate_run_options
@@ -27,12 +30,17 @@ from p4bench.privacy.certification import certify
 from p4bench.privacy.groups import attach_mechanisms
 from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
 from p4bench.privacy.mechanism import DPSettings
-from p4bench.records import RunInfo, RunResult, extra_metric_name  # re-exported: they were defined here
+from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
 from p4bench.rng import SEED_MALICIOUS, SEED_PARTITION, harness_rng
-
-
-def reported_mean(accuracy: np.ndarray, reported: np.ndarray) -> float:
-    return float(accuracy[reported].mean()) if reported.any() else float("nan")
+from p4bench.run_session import RunSession, mark_interrupted
+from p4bench.run_summary import (  # noqa: F401 - re-exported: they were defined here
+    DetectionScore,
+    budget_fields,
+    early_stop_epsilon_note,
+    reported_mean,
+    summarize,
+    summed_metrics,
+)
 
 
 @dataclass
@@ -215,49 +223,60 @@ def run(
     plugin_manager: pluggy.PluginManager | None = None,
     track: bool = True,
     on_prepared: Callable[[PreparedRun], None] | None = None,
+    resume: Checkpoint | None = None,
 ) -> RunResult:
     """Execute one run. Observers are plugin objects implementing observation hooks;
     with `track` the MLflow tracker (which also keeps a local copy) is one of them.
     `on_prepared` may adjust the prepared run before training (the privacy audit
     wraps the DP mechanism there).
+
+    A tracked run is checkpointed into its local folder after its rounds
+    (`p4bench.checkpoint`); `resume` continues such a run (same config, same folder, same
+    MLflow run). A stop request (the first Ctrl-C under `p4bench.interrupts`, or
+    `request_stop()`) ends the run after the current round with a checkpoint: the MLflow
+    run is marked KILLED and `RunInterrupted` raised. Any other KeyboardInterrupt also
+    marks the MLflow run KILLED before it propagates.
     """
+    from p4bench.tracking import Tracker
+
+    if track or any(isinstance(o, Tracker) for o in observers):
+        _preflight(config)
     torch.manual_seed(config.seed)  # nothing should use global RNG; this pins stray uses
     pm = plugin_manager or create_plugin_manager()
-    prepared = prepare(config, Registry(pm))
+    registry = Registry(pm)
+    if resume is not None:
+        check_resumable(config, registry)
+        resume.state()  # read now: the tracker continues from the snapshot's own round
+    prepared = prepare(config, registry)
     if on_prepared is not None:
         on_prepared(prepared)
     info = prepared.info
+    if resume is not None:
+        info.run_id = str(resume.meta["run_id"])
     prepared.job.report_release = lambda release: pm.hook.privacy_release(run=info, release=release)
     attached: list[object] = ([prepared.ledger] if prepared.ledger else []) + list(observers)
     if track:
-        from p4bench.tracking import Tracker
-
-        attached.insert(0, Tracker(prepared.config))
+        attached.insert(0, Tracker(prepared.config, resume=resume))
+    tracker = next((o for o in attached if isinstance(o, Tracker)), None)
     for observer in attached:
         pm.register(observer)
     try:
         started = time.perf_counter()
         pm.hook.run_started(run=info)
-
-        detection = DetectionScore(info.malicious) if prepared.job.defense is not None and prepared.job.defense.filters else None
+        session = RunSession(prepared, config, resume, tracker)
+        if interrupts.stop_requested():  # asked to stop during start-up (a sweep's Ctrl-C)
+            raise session.interrupted(attached)
 
         def on_round(report: RoundReport) -> None:
-            report.metrics["accuracy_mean"] = reported_mean(report.accuracy, info.reported)
-            aggregator = getattr(prepared.runtime, "aggregator", None)
-            if detection is not None and aggregator is not None:
-                report.metrics.update(detection.score(aggregator.log))
-            report.metrics.update(prepared.job.method.derived_metrics(report.metrics))
-            for name, values in report.extra_accuracy.items():
-                report.metrics[extra_metric_name(name)] = reported_mean(values, info.reported)
-            if report.client_bytes_sent is not None:
-                report.metrics["client_bytes_sent_mean"] = float(report.client_bytes_sent.mean())
-                report.metrics["client_bytes_sent_max"] = float(report.client_bytes_sent.max())
-                assert report.client_bytes_received is not None  # reported together with client_bytes_sent
-                report.metrics["client_bytes_received_mean"] = float(report.client_bytes_received.mean())
+            session.add_round_metrics(report)
             pm.hook.round_finished(run=info, report=report)
+            session.checkpoint(force=interrupts.stop_requested())
 
-        outcome = prepared.runtime.execute(prepared.job, on_round)
-        wall = time.perf_counter() - started
+        with interrupts.training() if session.runtime is not None else nullcontext():  # else Ctrl-C stops at once
+            outcome = prepared.runtime.execute(prepared.job, on_round)
+        if session.stopped_by_request and not session.complete:
+            raise session.interrupted(attached)
+        wall = time.perf_counter() - started + session.elapsed_before
         result = RunResult(info, outcome, wall, summarize(info, outcome, wall), prepared.job.method)
         method = prepared.job.method
         totals = summed_metrics(outcome.reports)
@@ -272,131 +291,42 @@ def run(
                 result.summary["epsilon_scope"] = early_stop_epsilon_note(result.summary)
         if info.certification is not None:
             result.summary.update(info.certification.summary_fields())
+        if resume is not None:
+            result.summary["resumed_from_step"] = int(resume.meta.get("step", 0))
         pm.hook.run_finished(run=info, result=result)
         result.summary.update(info.tracking)
+        session.finished()
         return result
+    except interrupts.RunInterrupted:
+        if not interrupts.installed():  # else the command that installed the handler owns the flag
+            interrupts.clear_stop()  # honoured: a later run in this process starts afresh
+        raise
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside the rounds: stop now, but say so in MLflow
+        mark_interrupted(attached, info)
+        raise
     finally:
         for observer in attached:
             pm.unregister(observer)
 
 
-class DetectionScore:
-    """Per-round detection quality of a filtering defense, from the Aggregator's log of
-    kept and dropped senders; only the harness knows who is malicious.
+def check_resumable(config: RunConfig, registry: Registry) -> None:
+    """Refuse (UsageError) to resume a run whose runtime cannot restore a checkpoint."""
+    from p4bench.engine.runtime import GroupedRuntime
 
-    precision = dropped malicious / dropped, recall = dropped malicious / malicious
-    updates received, benign_dropped = dropped benign / benign updates received; a figure
-    whose denominator is zero in a round is NaN (and not logged). The `_total` figures
-    cover every aggregation so far. No defense drops every update of an aggregation, so
-    where all senders are malicious (P4's similarity grouping puts label flippers
-    together) their updates count as missed, even for the ideal defense.
-    """
-
-    def __init__(self, malicious: np.ndarray) -> None:
-        self.malicious = malicious
-        self.seen = 0  # log entries already scored
-        self.totals = np.zeros(4, dtype=np.int64)  # true pos, false pos, false neg, true neg
-
-    def score(self, log: list[tuple[int, list[int], list[int]]]) -> dict[str, float]:
-        counts = np.zeros(4, dtype=np.int64)
-        for _, kept, dropped in log[self.seen :]:
-            bad_dropped = sum(1 for s in dropped if s >= 0 and self.malicious[s])
-            bad_kept = sum(1 for s in kept if s >= 0 and self.malicious[s])
-            counts += (bad_dropped, len(dropped) - bad_dropped, bad_kept, len(kept) - bad_kept)
-        self.seen = len(log)
-        self.totals += counts
-        return {**_detection(counts, ""), **_detection(self.totals, "_total")}
+    runtime_cls = registry.get("runtime", config.runtime)
+    if not issubclass(runtime_cls, GroupedRuntime):
+        raise UsageError(f"runtime '{config.runtime}' cannot resume a run from a checkpoint; start the run again")
 
 
-def _detection(counts: np.ndarray, suffix: str) -> dict[str, float]:
-    tp, fp, fn, tn = (int(c) for c in counts)
-    ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
-    return {
-        f"detection_precision{suffix}": ratio(tp, tp + fp),
-        f"detection_recall{suffix}": ratio(tp, tp + fn),
-        f"detection_benign_dropped{suffix}": ratio(fp, fp + tn),
-    }
+def _preflight(config: RunConfig) -> None:
+    """Unwritable results folders and tracking stores fail before any training
+    (`p4bench.preflight`, where installed)."""
+    import importlib
+
+    try:
+        check = importlib.import_module("p4bench.preflight").check_run_paths
+    except (ImportError, AttributeError):
+        return
+    check(config)
 
 
-def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, Any]:
-    """The run's headline figures; the JSON line of `p4bench run --json`."""
-    config, reported = info.config, info.reported
-    accuracy = outcome.accuracy
-    chosen = accuracy[reported] if reported.any() else np.array([float("nan")])
-    return {
-        "run_id": info.run_id,
-        "method": config.method,
-        "attack": config.attack,
-        "defense": info.defense,
-        "dataset": config.dataset,
-        "partitioner": config.partitioner,
-        "seed": config.seed,
-        "rounds": info.total_rounds,
-        **budget_fields(info, outcome),
-        "clients": config.clients,
-        "reported_clients": int(reported.sum()),
-        "accuracy_mean": float(chosen.mean()),
-        "accuracy_min": float(chosen.min()),
-        "accuracy_max": float(chosen.max()),
-        "accuracy_per_client": {str(i): float(accuracy[i]) for i in np.flatnonzero(reported)},
-        **{extra_metric_name(name): reported_mean(values, reported) for name, values in outcome.extra_accuracy.items()},
-        "epsilon": None,
-        "bytes_sent": int(outcome.bytes_sent),
-        "bytes_per_phase": _per_phase(outcome.reports, lambda r: r.bytes_sent),
-        "seconds_per_phase": {k: round(v, 4) for k, v in _per_phase(outcome.reports, lambda r: r.seconds).items()},
-        "client_bytes_sent": _client_total(outcome.reports, "client_bytes_sent"),
-        "client_bytes_received": _client_total(outcome.reports, "client_bytes_received"),
-        "wall_time_s": round(wall_time_s, 4),
-        "config_hash": info.config_hash or config.config_hash(),
-        "plugins": info.plugins,
-        "public_data": info.public_data,  # unlabeled public data the method read (threat model), or None
-        **({"partition_stats": dict(info.partition_report.stats)} if info.partition_report.stats else {}),
-    }
-
-
-def budget_fields(info: RunInfo, outcome: Outcome) -> dict[str, Any]:
-    """Rounds run and whether the time budget (`time_budget_min`) cut the run short; the
-    accuracy of such a run is that of its last completed round."""
-    completed = sum(1 for r in outcome.reports if r.round >= 0)
-    budget = info.config.time_budget_min
-    stopped = completed < info.total_rounds
-    return {"rounds_completed": completed, "time_budget_min": budget,
-            "stopped_by_time_budget": budget is not None and stopped,
-            # the method's own stopping rule (`Method.finished`, e.g. P4L's mrt/mrr) ended it
-            "stopped_by_method": stopped and budget is None}
-
-
-def summed_metrics(reports: list[RoundReport]) -> dict[str, float]:
-    """Every round metric summed over the run (what `Method.derived_metrics` reads)."""
-    totals: dict[str, float] = {}
-    for report in reports:
-        for key, value in report.metrics.items():
-            totals[key] = totals.get(key, 0.0) + float(value)
-    return totals
-
-
-def early_stop_epsilon_note(summary: dict[str, Any]) -> str:
-    """What the epsilon of a run stopped by its time budget covers: the ledger counts the
-    releases actually taken, so it is the epsilon of the completed rounds, not the planned
-    one (sigma was calibrated for every round, so it is at most the target)."""
-    target = summary.get("epsilon_budget")
-    planned = f"; sigma was calibrated for all {summary['rounds']} rounds" + (
-        f" at target epsilon {target:g}" if isinstance(target, (int, float)) else "")
-    return (f"releases taken in the {summary['rounds_completed']} of {summary['rounds']} rounds completed before the "
-            f"time budget ({summary['time_budget_min']:g} min){planned}")
-
-
-def _per_phase(reports: list[RoundReport], value) -> dict[str, Any]:
-    totals: dict[str, Any] = {}
-    for report in reports:
-        totals[report.phase] = totals.get(report.phase, 0) + value(report)
-    return totals
-
-
-def _client_total(reports: list[RoundReport], field_name: str) -> dict[str, float]:
-    """Mean and max over clients of the bytes each sent (or received) in the whole run."""
-    arrays = [getattr(r, field_name) for r in reports if getattr(r, field_name) is not None]
-    if not arrays:
-        return {"mean": 0.0, "max": 0.0}
-    total = np.sum(arrays, axis=0)
-    return {"mean": float(total.mean()), "max": float(total.max())}

@@ -28,8 +28,11 @@ the sweep names none (said in the output); runs naming different relations are r
 anything trains unless `allow_mixed_privacy` (`--allow-mixed-privacy`).
 
 Resuming: a run whose config hash already has a FINISHED run in the experiment is skipped,
-so running an interrupted sweep again only does the missing runs. A failing run is recorded
-(FAILED in MLflow, listed in the summary) and the others go on.
+so running an interrupted sweep again only does the missing runs; a run that Ctrl-C
+stopped goes on from its checkpoint, in the same MLflow run. The first Ctrl-C lets the
+current run(s) finish their round and write a checkpoint, starts no further run and
+raises `SweepInterrupted` (exit 130) unless every run is done; a second one stops at
+once. A failing run is recorded (FAILED in MLflow, listed in the summary) and the others go on.
 """
 
 from __future__ import annotations
@@ -46,12 +49,13 @@ import yaml
 from p4bench.backends import Backend, LocalBackend, RunRecord, RunTask
 from p4bench.config import RunConfig
 from p4bench.errors import ConfigError, UsageError
+from p4bench.interrupts import graceful_interrupts, say
 from p4bench.options import validate_planned
 from p4bench.sweep_plan import LABEL, PlannedRun, SweepSpec, apply_option, describe_run, option_key  # re-exported
 from p4bench.sweep_privacy import study_privacy, uncertified_notice
 
 __all__ = [
-    "SweepSpec", "PlannedRun", "SweepReport", "load_sweep", "parse_sweep", "expand", "run_sweep",
+    "SweepSpec", "PlannedRun", "SweepReport", "SweepInterrupted", "load_sweep", "parse_sweep", "expand", "run_sweep",
     "unknown_names", "option_key", "apply_option", "describe_run",
 ]
 
@@ -316,22 +320,42 @@ def run_sweep(
         tasks.append(RunTask(run.config.to_dict(), dict(run.tags), tuning=tuning, track=track, autoload=autoload))
         positions.append(index)
     progress.start(len(planned), len(planned) - len(tasks))
-    try:
-        def on_done(task_index: int, record: RunRecord) -> None:
-            index = positions[task_index]
-            records[index] = record
-            progress.advance(record, planned[index])
+    with graceful_interrupts(always=True, notice=say):
+        try:
+            def on_done(task_index: int, record: RunRecord) -> None:
+                index = positions[task_index]
+                records[index] = record
+                progress.advance(record, planned[index])
 
-        backend.map(tasks, on_done)
-    finally:
-        progress.stop()
+            backend.map(tasks, on_done)
+        finally:
+            progress.stop()
     lost = [i for i, r in enumerate(records) if r is None]
     for index in lost:  # a backend that returned without an answer for some run
         records[index] = RunRecord(planned[index].config_hash, "failed", error="no result came back")
+    report = SweepReport(spec.name, uri, planned, records, notices)  # type: ignore[arg-type]
+    if report.count("interrupted"):
+        raise SweepInterrupted(report)
     uncertified = uncertified_notice(planned, records)  # type: ignore[arg-type]
     if uncertified:
         notices.append(uncertified)
-    return SweepReport(spec.name, uri, planned, records, notices)  # type: ignore[arg-type]
+    return report
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a sweep before all its runs were done (a sweep whose runs all
+    finished returns normally, whenever the Ctrl-C came). The runs that were training
+    kept checkpoints: running the sweep again skips the finished runs and resumes those.
+    Its message is the one line the command line prints (exit 130)."""
+
+    def __init__(self, report: SweepReport) -> None:
+        self.report = report
+        done = sum(report.count(s) for s in ("finished", "skipped", "incompatible"))
+        resumable = sum(1 for r in report.records if r.status == "interrupted" and r.error != "not started")
+        self.text = (f"sweep '{report.name}' interrupted: {done} of {len(report.records)} runs done"
+                     + (f", {resumable} stopped with a checkpoint" if resumable else "")
+                     + "; run the same sweep again to go on (finished runs are skipped, checkpoints resumed)")
+        super().__init__(self.text)
 
 
 def _skipped(run: PlannedRun, row: Mapping[str, Any]) -> RunRecord:

@@ -60,12 +60,23 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def _flat_params(config: RunConfig, plugin_options: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
+def run_name(config: RunConfig, defense: str | None) -> str:
+    """The MLflow run name `method-attack-defense-dataset-seed` (`none` for no attack or
+    defense), e.g. `p4-none-p4-secure-digits-0`: attacked and clean runs differ by name."""
+    return f"{config.method}-{config.attack or 'none'}-{defense or 'none'}-{config.dataset}-{config.seed}"
+
+
+def _flat_params(
+    config: RunConfig, plugin_options: Mapping[str, Mapping[str, Any]] | None = None, defense: str | None = None,
+) -> dict[str, str]:
     """The config as MLflow params: fields, `options.<key>` as given, and `option.<key>`
-    for every used plugin's resolved option (defaults included)."""
+    for every used plugin's resolved option (defaults included). `defense` is the
+    resolved defense (the method's default where the config names none)."""
     from p4bench.options import option_params
 
     params = {k: ("none" if v is None else str(v)) for k, v in config.to_dict().items() if k != "options"}
+    if defense is not None or config.defense is None:
+        params["defense"] = defense or "none"
     for key, value in config.options.items():
         params[f"options.{key}"] = json.dumps(value, default=str)
     params.update(option_params(plugin_options or {}))
@@ -73,10 +84,14 @@ def _flat_params(config: RunConfig, plugin_options: Mapping[str, Mapping[str, An
 
 
 class Tracker:
-    """Observer that writes `<results_dir>/<run_id>/` and mirrors it to MLflow."""
+    """Observer that writes `<results_dir>/<run_id>/` and mirrors it to MLflow.
 
-    def __init__(self, config: RunConfig, tags: Mapping[str, str] | None = None) -> None:
+    With `resume` (a checkpoint of an interrupted run) it goes on in that run's folder
+    and MLflow run: metric steps continue where the checkpoint left off."""
+
+    def __init__(self, config: RunConfig, tags: Mapping[str, str] | None = None, resume: Any = None) -> None:
         self.config = config
+        self.resume = resume  # p4bench.checkpoint.Checkpoint
         self.extra_tags = {str(k): str(v) for k, v in (tags or {}).items()}  # e.g. a sweep's name
         self.uri = config.tracking_uri or default_tracking_uri(config.results_dir)
         self.client: Any = None
@@ -144,25 +159,67 @@ class Tracker:
             tags.update(run.certification.tags())
         if getattr(run, "public_data", None):  # threat model: data the method reads besides the clients'
             tags["threat.public_data"] = str(run.public_data)
+        if self.local_dir is not None:
+            tags["results_dir"] = str(self.local_dir.resolve())  # `p4bench run --resume <MLflow run id>` finds it
         created = self._mlflow(
             "create run",
             self.client.create_run,
             experiment_id,
             tags=tags,
-            run_name=f"{config.method}-{config.dataset}-seed{config.seed}",
+            run_name=run_name(config, run.defense),
         )
         if created is None:
             return
         self.mlflow_run_id = created.info.run_id
         from mlflow.entities import Param
 
-        params = [Param(k, v) for k, v in _flat_params(config, getattr(run, "plugin_options", None)).items()]
+        params = [Param(k, v) for k, v in _flat_params(config, getattr(run, "plugin_options", None), run.defense).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self._mlflow("log params", self.client.log_batch, self.mlflow_run_id, params=params[start : start + 100])
+
+    def _reopen_mlflow(self, run_id: str | None) -> None:
+        """Go on logging into the interrupted run's MLflow run (status RUNNING again)."""
+        if run_id is None or not _server_reachable(self.uri):
+            self.error = None if run_id is None else f"MLflow tracking server {self.uri} cannot be reached"
+            return
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.uri)
+        if self._mlflow("find run", self.client.get_run, run_id) is None:
+            return
+        self.mlflow_run_id = run_id
+        self._mlflow("reopen run", self.client.update_run, run_id, status="RUNNING")
+        self._mlflow("tag run", self.client.set_tag, run_id, "resumed_from_step", str(self.resume.meta.get("step", 0)))
+
+    def _resume_local(self) -> None:
+        """The interrupted run's folder, its metrics.csv cut back to the checkpoint's rounds
+        (a round logged after the last checkpoint is run again)."""
+        self.local_dir = Path(self.resume.folder)
+        metrics = self.local_dir / "metrics.csv"
+        step = int(self.resume.meta.get("step", 0))
+        if metrics.is_file():
+            with open(metrics, newline="") as handle:
+                rows = list(csv.reader(handle))
+            kept = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= step]
+            with open(metrics, "w", newline="") as handle:
+                csv.writer(handle).writerows(kept)
+
+    def run_interrupted(self, run) -> None:
+        """Called by the runner (not a hook of the spec) when a run stops before its end
+        (Ctrl-C): the MLflow run becomes KILLED; the local folder keeps the checkpoint."""
+        if self.client is None or self.mlflow_run_id is None:
+            return
+        self._mlflow("finish run", self.client.set_terminated, self.mlflow_run_id, "KILLED")
 
     # -- observation hooks ------------------------------------------------------------
     @hookimpl
     def run_started(self, run) -> None:
+        if self.resume is not None:
+            self._resume_local()
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+            self._reopen_mlflow(self.resume.meta.get("mlflow_run_id"))
+            return
         self.local_dir = Path(self.config.results_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{self.config.method}-{run.run_id}"
         self.local_dir.mkdir(parents=True, exist_ok=True)
         (self.local_dir / "config.yaml").write_text(yaml.safe_dump(self.config.to_dict(), sort_keys=False))

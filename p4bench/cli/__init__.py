@@ -1,20 +1,37 @@
 """The `p4bench` command line: thin adapters over library functions.
 
-Every `P4BenchError` becomes one red line on stderr and the error's exit code (2 for
-bad input), in `main` only.
+`main` is the one exception boundary of the command line:
+
+- every `P4BenchError` becomes one red line on stderr and the error's exit code (2 for
+  bad input);
+- so do the failures a user causes that are not ours (`p4bench.errors.user_error_line`):
+  paths that cannot be created or written (permission, a file where a folder is meant,
+  a full or read-only disk), unusable or unreachable MLflow stores, invalid YAML; exit 2;
+- anything else is a bug: its traceback, then one line asking to report it; exit 1;
+- Ctrl-C that no command handled: one line, "interrupted", exit 130, no traceback.
+
+`P4BENCH_TRACEBACK=1` prints the traceback of user errors too (to tell a user error from
+a bug that raised an OSError on a path).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 
 import typer
 from rich.console import Console
 
-from p4bench.errors import P4BenchError
+from p4bench.errors import P4BenchError, one_line
 
-__all__ = ["build_app", "main", "warn_plugin_problems"]
+__all__ = ["build_app", "main", "version_line", "warn_plugin_problems"]
+
+TRACEBACK_ENV = "P4BENCH_TRACEBACK"
+USER_ERROR_EXIT = 2
+BUG_EXIT = 1
+INTERRUPT_EXIT = 130
+HELP = "Benchmark differentially private, peer-to-peer, personalized learning methods."
 
 err_console = Console(stderr=True)
 _warned: weakref.WeakSet = weakref.WeakSet()  # registries whose problems were printed
@@ -42,11 +59,12 @@ def build_app() -> typer.Typer:
 
     app = typer.Typer(
         name="p4bench",
-        help="Benchmark differentially private, peer-to-peer, personalized learning methods.",
+        help=HELP,
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=True,  # --install-completion / --show-completion
         pretty_exceptions_enable=False,
     )
+    app.callback(help=HELP)(_root)
     run.register(app)
     listing.register(app)
     describe.register(app)
@@ -54,12 +72,119 @@ def build_app() -> typer.Typer:
     return app
 
 
+def version_line() -> str:
+    """`p4bench X.Y.Z`: the installed distribution's version (the source's when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        number = version("p4bench")
+    except PackageNotFoundError:
+        from p4bench.version import __version__ as number
+    return f"p4bench {number}"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
+                                 callback=_print_version),
+) -> None:
+    pass
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the `p4bench` script."""
+    """Entry point of the `p4bench` script: the exception boundary (module docstring)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args == ["--version"]:  # answered before the app and its plugins are built: fast
+        print(version_line())
+        sys.exit(0)
     try:
         app = build_app()
         warn_plugin_problems()
-        app(args=argv, prog_name="p4bench")
-    except P4BenchError as exc:
-        err_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        app(args=args, prog_name="p4bench")
+    except SystemExit as exc:
+        interrupt = _typer_interrupt(exc) if exc.code == INTERRUPT_EXIT else None
+        if interrupt is not None:  # Ctrl-C that no command handled
+            _say_interrupted(interrupt)
+        raise
+    except KeyboardInterrupt as exc:  # while building the app, before typer runs the command
+        _say_interrupted(exc)
+        sys.exit(INTERRUPT_EXIT)
+    except Exception as exc:  # noqa: BLE001 - the boundary: every failure ends here
+        _report(exc)
+
+
+def _report(exc: Exception) -> None:
+    """One line and exit 2 for a user's failure; traceback, a report line and exit 1 for a bug."""
+    from rich.markup import escape
+
+    from p4bench.errors import user_error_line
+
+    try:
+        line = user_error_line(exc)
+    except Exception:  # noqa: BLE001 - describing the error must not hide it
+        line = None
+    if line is not None:
+        if os.environ.get(TRACEBACK_ENV):
+            _print_traceback(exc)
+        code = exc.exit_code if isinstance(exc, P4BenchError) else USER_ERROR_EXIT
+        err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
+        sys.exit(code)
+    _print_traceback(exc)
+    err_console.print(f"[bold red]this is a bug in {escape(version_line())}[/bold red] (or in a plugin named in the "
+                      "traceback): please report it with the traceback above and the command you ran, "
+                      f"{escape(_issue_tracker())}", highlight=False, soft_wrap=True)
+    sys.exit(BUG_EXIT)
+
+
+def _issue_tracker() -> str:
+    """Where to report: the distribution's issue-tracker URL when its metadata names one."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        urls = metadata("p4bench").get_all("Project-URL") or []
+    except PackageNotFoundError:
+        urls = []
+    for entry in urls:
+        label, _, url = entry.partition(",")
+        if any(word in label.lower() for word in ("issue", "bug", "tracker")):
+            return f"at {url.strip()}"
+    return "on the project's issue tracker"
+
+
+def _print_traceback(exc: BaseException) -> None:
+    import traceback
+
+    sys.stderr.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    sys.stderr.flush()
+
+
+def _typer_interrupt(exc: SystemExit) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt that escaped the command when typer turned it into exit 130
+    (`raise Exit(130) from KeyboardInterrupt` in typer.core); None for an exit 130 that a
+    command raised itself after handling the interrupt (it printed its own message)."""
+    exit_ = exc.__context__
+    if exit_ is None or not isinstance(exit_.__cause__, KeyboardInterrupt):
+        return None
+    tb = exit_.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or tb.tb_frame.f_globals.get("__name__") != "typer.core":
+        return None
+    return exit_.__cause__
+
+
+def _say_interrupted(exc: KeyboardInterrupt) -> None:
+    """One line: the interrupt's own message when it has one (a stopped run says where its
+    results are and how to resume), else "interrupted"."""
+    from rich.markup import escape
+
+    try:
+        message = one_line(str(exc)) if type(exc) is not KeyboardInterrupt else ""
+        err_console.print(f"[yellow]{escape(message or 'interrupted')}[/yellow]", highlight=False, soft_wrap=True)
+    except KeyboardInterrupt:  # a second Ctrl-C while saying so
+        pass

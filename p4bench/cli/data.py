@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from p4bench.data.summary import dataset_status, partition_counts, plot_partition_heatmap
 from p4bench.errors import DataError, UnknownNameError
 from p4bench.plugin_manager import default_registry
+
+if TYPE_CHECKING:  # numpy and the data modules are imported by the commands, not when the CLI is built
+    import numpy as np
 
 __all__ = ["register"]
 
@@ -35,6 +37,7 @@ def info_command(
 ) -> None:
     """List every dataset, whether its files are present, and where they live."""
     from p4bench.data.paths import cache_dir
+    from p4bench.data.summary import dataset_status
 
     root = _root(data_dir)
     rows = dataset_status(root, default_registry())
@@ -95,6 +98,7 @@ def partition_command(
     from p4bench.config import parse_key_values, resolve_config
     from p4bench.data.base import load_dataset, run_partitioner
     from p4bench.data.partitioners import PRESETS
+    from p4bench.data.summary import partition_counts, plot_partition_heatmap
     from p4bench.rng import SEED_PARTITION, harness_rng
 
     if preset and dataset in PRESETS:
@@ -124,6 +128,8 @@ def partition_command(
 
 
 def _print_partition(counts: np.ndarray, class_names: tuple[str, ...], title: str) -> None:
+    import numpy as np
+
     table = Table(title=title)
     for column in ("client", "samples", "classes"):
         table.add_column(column, justify="right")

@@ -9,7 +9,6 @@ from pathlib import Path
 import typer
 
 from p4bench.impact import DEFAULT_METRIC, compute_impact, format_table, plot_impact
-from p4bench.tracking import default_tracking_uri
 
 __all__ = ["impact_command", "register"]
 
@@ -19,6 +18,8 @@ def impact_command(
     allow_mixed_privacy: bool = False,
 ) -> None:
     """Adapter behind `p4bench impact`."""
+    from p4bench.tracking import default_tracking_uri  # imports torch: not when the CLI is built
+
     uri = tracking_uri or default_tracking_uri(results_dir)
     paired, table = compute_impact(experiment, uri, metric, allow_mixed_privacy)
     plot = plot or Path(results_dir) / f"impact-{experiment}.png"

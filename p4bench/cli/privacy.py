@@ -15,16 +15,15 @@ is stated for fixed-size sampling without replacement, while runs use Poisson ba
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from p4bench.errors import ConfigError
 from p4bench.plugin_manager import default_registry
-from p4bench.privacy import get_accountant
-from p4bench.privacy.accountants import NEIGHBOURING, Accountant, ReleaseSegment, accounted_epsilon, native_relations
-from p4bench.privacy.analysis import _count
-from p4bench.privacy.calibration import calibrate_accountant
+
+if TYPE_CHECKING:  # the privacy modules (scipy) are imported by the commands, not when the CLI is built
+    from p4bench.privacy.accountants import Accountant, ReleaseSegment
 
 app = typer.Typer(
     name="privacy",
@@ -62,6 +61,9 @@ def _segment(
     clients: int,
     view: str,
 ) -> ReleaseSegment:
+    from p4bench.privacy.accountants import ReleaseSegment
+    from p4bench.privacy.analysis import _count
+
     # checked here so that errors name the flags rather than the derived step count
     _count("--local-steps", local_steps, minimum=1)
     _count("--rounds", rounds)
@@ -105,6 +107,8 @@ def _describe(name: str, segment: ReleaseSegment) -> str:
 
 def _relation(acc: Accountant, neighbouring: str) -> str:
     """The relation, and how the accountant reaches it (``accounted_epsilon``)."""
+    from p4bench.privacy.accountants import native_relations
+
     native = native_relations(acc)
     if neighbouring in native:
         return neighbouring
@@ -114,6 +118,8 @@ def _relation(acc: Accountant, neighbouring: str) -> str:
 
 
 def _neighbouring(value: str) -> str:
+    from p4bench.privacy.accountants import NEIGHBOURING
+
     if value not in NEIGHBOURING:
         raise ConfigError("--neighbouring", f"must be one of {', '.join(NEIGHBOURING)}, got {value!r}")
     return value
@@ -134,6 +140,9 @@ def epsilon_command(
 ) -> None:
     """Epsilon spent by one client after `rounds` x `local-steps` noisy steps, for a
     neighbouring relation (sigma = std/C for add-remove, std/(2C) for replace-one)."""
+    from p4bench.privacy import get_accountant
+    from p4bench.privacy.accountants import accounted_epsilon
+
     acc = get_accountant(accountant, registry=default_registry())
     neighbouring = _neighbouring(neighbouring)
     segment = _segment(noise_multiplier, data_rate, local_steps, rounds, client_rate, clients, view)
@@ -167,6 +176,10 @@ def noise_command(
 ) -> None:
     """The smallest noise multiplier (to `tolerance`) whose epsilon stays <= the target,
     for a neighbouring relation (sigma = std/C for add-remove, std/(2C) for replace-one)."""
+    from p4bench.privacy import get_accountant
+    from p4bench.privacy.accountants import accounted_epsilon
+    from p4bench.privacy.calibration import calibrate_accountant
+
     acc = get_accountant(accountant, registry=default_registry())
     neighbouring = _neighbouring(neighbouring)
     template = _segment(1.0, data_rate, local_steps, rounds, client_rate, clients, view)

@@ -4,28 +4,40 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from p4bench.config import parse_key_values, resolve_config
+from p4bench.config import RunConfig, parse_key_values, resolve_config
 from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
+from p4bench.interrupts import RunInterrupted, graceful_interrupts
 
 
 class ProgressDisplay:
-    """Observer plugin: a rich progress bar over all rounds of a run."""
+    """Observer plugin: a rich progress bar over the rounds of a run (those of the method's
+    last phase, as configured; a phase before them, such as P4's grouping, is named while
+    it runs). `completed`: rounds a resumed run already has."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, completed: int = 0) -> None:
         self.console = console
+        self.completed = completed
         self.progress: Progress | None = None
+        self.run_id: str | None = None
 
     @hookimpl
     def run_started(self, run) -> None:
+        self.run_id = run.run_id
+        last = run.phases[-1] if run.phases else None
+        self.main = last.name if last is not None else ""
+        first = run.phases[0].name if run.phases and not self.completed and run.phases[0].name != self.main else None
+        self.method = run.config.method
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -36,18 +48,31 @@ class ProgressDisplay:
             transient=False,
         )
         self.progress.start()
-        self.task = self.progress.add_task(f"{run.config.method} rounds", total=run.total_rounds, acc="-")
+        description = f"{self.method} {first}" if first else f"{self.method} rounds"
+        total = last.rounds if last is not None else 0
+        self.task = self.progress.add_task(description, total=total, completed=self.completed, acc="-")
 
     @hookimpl
     def round_finished(self, run, report) -> None:
         mean = report.metrics.get("accuracy_mean", float("nan"))
         assert self.progress is not None  # created by run_started
-        self.progress.update(self.task, advance=1, acc=f"{mean:.3f}")
+        main = report.phase == self.main
+        self.progress.update(self.task, advance=1 if main else 0, acc=f"{mean:.3f}",
+                             description=f"{self.method} rounds" if main else f"{self.method} {report.phase}")
 
     @hookimpl
     def run_finished(self, run, result) -> None:
-        assert self.progress is not None  # created by run_started
-        self.progress.stop()
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop drawing (the run ended, or was interrupted)."""
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def say(self, line: str) -> None:
+        """One line above the bar (or on the console when there is none)."""
+        (self.progress.console if self.progress is not None else self.console).print(line, highlight=False, soft_wrap=True)
 
 
 def run_command(
@@ -99,44 +124,130 @@ def run_command(
              "clock decides and every peer stops after the same round); reports the rounds completed",
     ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of run options (CLI options win)"),
+    resume: str | None = typer.Option(
+        None, "--resume", metavar="RUN_ID_OR_DIR",
+        help="continue an interrupted run from its last checkpoint: its results folder, local run id or MLflow run id "
+             "(with --results-dir / --tracking-uri where not the defaults); no other run options. The run goes on in "
+             "the same folder and MLflow run and ends as the uninterrupted run would (seeded randomness). A finished run "
+             "is not run again: one line says so, exit 0",
+    ),
     experiment: str | None = typer.Option(None, help="MLflow experiment name"),
     tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
     results_dir: str | None = typer.Option(None, help="folder for local copies of results"),
     option: list[str] = typer.Option([], "--option", "-o", help="plugin option KEY=VALUE (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object on the last line"),
 ) -> None:
-    """Run one method on one dataset and log it to MLflow."""
+    """Run one method on one dataset and log it to MLflow.
+
+    Ctrl-C finishes the current round, writes a checkpoint, marks the MLflow run KILLED
+    and prints the `--resume` command (exit 130); a second Ctrl-C quits at once."""
+    display = ProgressDisplay(Console(stderr=True))
+    with graceful_interrupts(notice=lambda line: display.say(f"[yellow]{escape(line)}[/yellow]")):
+        try:
+            _run(locals(), display, as_json)  # the options by name
+        except RunInterrupted as stopped:
+            display.stop()
+            display.say(f"[yellow]{escape(stopped.line())}[/yellow]")
+            raise typer.Exit(130) from None
+        except KeyboardInterrupt:
+            display.stop()
+            display.say(f"[yellow]{escape(_stopped_at_once(display, results_dir))}[/yellow]")
+            raise typer.Exit(130) from None
+
+
+def _stopped_at_once(display: ProgressDisplay, results_dir: str | None) -> str:
+    """The line for a run stopped at once (a second Ctrl-C, or one during start-up)."""
+    if display.run_id is None:
+        return "interrupted during start-up; nothing was trained"
+    from p4bench.checkpoint import find_run_folder, load
+
+    folder = find_run_folder(display.run_id, results_dir or RunConfig.results_dir)
+    if folder is not None and load(folder) is not None:
+        return (f"stopped at once; the last checkpoint is in {folder}; "
+                f"resume with: p4bench run --resume {shlex.quote(str(folder))}")
+    return "stopped at once, before a checkpoint was written; nothing to resume"
+
+
+def _run(options: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
+    """`run_command`'s work, on its options (the CLI parameters by name)."""
     from p4bench.plugin_manager import default_plugin_manager
     from p4bench.runner import run
 
+    o = dict(options)
+    if o["resume"] is not None:
+        _resume(o, display, as_json)
+        return
+    local_peers, runtime, clients, option = o["local_peers"], o["runtime"], o["clients"], o["option"]
     if local_peers is not None:  # the device plugin's local mode: one client per peer process
         if runtime not in (None, "device"):
             raise UsageError(f"--local-peers runs the device runtime; it cannot be combined with --runtime {runtime}")
         runtime, clients = runtime or "device", clients or local_peers
         option = [*option, f"device_local_peers={local_peers}"]
-    overrides = {
-        k: v
-        for k, v in dict(
-            method=method, attack=attack, defense=defense, dataset=dataset, partitioner=partitioner,
-            similarity=similarity, clients=clients, samples_per_client=samples_per_client, rounds=rounds,
-            local_steps=local_steps, client_rate=client_rate, data_rate=data_rate, lr=lr, global_lr=global_lr,
-            malicious_fraction=malicious_fraction, epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,
-            clip=clip, neighbouring=neighbouring, accountant=accountant, noise_source=noise_source,
-            no_dp=no_dp or None, device_simulation=device_simulation or None, feature_norm=feature_norm,
-            eval_fraction=eval_fraction, features=features, model=model, runtime=runtime, seed=seed, time_budget_min=time_budget,
-            experiment=experiment,
-            tracking_uri=tracking_uri, results_dir=results_dir,
-            options={**({"shards_per_client": shards_per_client} if shards_per_client else {}), **parse_key_values(option)} or None,
-        ).items()
-        if v is not None
-    }
-    resolved = resolve_config(config, overrides)
-    human = Console(stderr=as_json)
+    o.update(runtime=runtime, clients=clients, option=option)
+    resolved = resolve_config(o["config"], _overrides(o))
     pm = default_plugin_manager()
-    result = run(resolved, observers=[ProgressDisplay(Console(stderr=True))], plugin_manager=pm)
-    print_summary(human, result.summary)
+    result = run(resolved, observers=[display], plugin_manager=pm)
+    _report(result.summary, as_json)
+
+
+def _overrides(o: dict[str, Any]) -> dict[str, Any]:
+    """The run options given on the command line (config fields)."""
+    plugin_options = {**({"shards_per_client": o["shards_per_client"]} if o["shards_per_client"] else {}),
+                      **parse_key_values(o["option"])}
+    names = ("method", "attack", "defense", "dataset", "partitioner", "similarity", "clients", "samples_per_client",
+             "rounds", "local_steps", "client_rate", "data_rate", "lr", "global_lr", "malicious_fraction", "epsilon",
+             "delta", "noise_multiplier", "clip", "neighbouring", "accountant", "noise_source", "feature_norm",
+             "eval_fraction", "features", "model", "runtime", "seed", "experiment", "tracking_uri", "results_dir")
+    values = {name: o[name] for name in names}
+    values.update(no_dp=o["no_dp"] or None, device_simulation=o["device_simulation"] or None,
+                  time_budget_min=o["time_budget"], options=plugin_options or None)
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _report(summary: dict[str, Any], as_json: bool) -> None:
+    print_summary(Console(stderr=as_json), summary)
     if as_json:
-        typer.echo(json.dumps(result.summary, default=json_default))
+        typer.echo(json.dumps(summary, default=json_default))
+
+
+def _resume(o: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
+    """`--resume`: continue an interrupted run from its checkpoint, in its folder and MLflow run."""
+    from p4bench.checkpoint import FORMAT, find_run_folder, load
+    from p4bench.plugin_manager import default_plugin_manager
+    from p4bench.results import tracking_uri_for
+    from p4bench.runner import run
+
+    given = sorted(k for k in _overrides(o) if k not in ("results_dir", "tracking_uri"))
+    if given or o["config"] is not None or o["local_peers"] is not None:
+        named = ", ".join(f"--{k.replace('_', '-')}" for k in given) or "--config / --local-peers"
+        raise UsageError(f"--resume continues a run with its saved options; it takes no run options ({named} given)")
+    reference = str(o["resume"])
+    results_dir = o["results_dir"] or RunConfig.results_dir
+    folder = find_run_folder(reference, results_dir, tracking_uri_for(o["tracking_uri"], results_dir))
+    if folder is None:
+        raise UsageError(f"no run '{reference}' to resume: not a folder, not a run in {results_dir}, not an MLflow run "
+                         "there (give the run's results folder, or --results-dir / --tracking-uri)")
+    checkpoint = load(folder)
+    if checkpoint is None:
+        if (folder / "summary.json").is_file():
+            display.say(f"run in {escape(str(folder))} already finished; nothing to resume (its results are there)")
+            return
+        raise UsageError(f"{folder} holds no checkpoint: the run stopped before its first round finished, or it is not "
+                         "a p4bench run folder; start the run again")
+    if checkpoint.meta.get("format") != FORMAT:
+        raise UsageError(f"the checkpoint in {folder} was written by another p4bench version (format "
+                         f"{checkpoint.meta.get('format')}); start the run again")
+    try:
+        checkpoint.state()
+    except Exception as exc:  # noqa: BLE001 - a damaged or foreign file: one line, not a traceback
+        raise UsageError(f"the checkpoint in {folder} cannot be read ({type(exc).__name__}); start the run again") from None
+    config = RunConfig(**checkpoint.config)
+    if checkpoint.meta.get("secret_randomness"):
+        display.say("[yellow]this run draws secret (OS-CSPRNG) randomness, which cannot be replayed: the resumed rounds "
+                    "draw fresh noise, so results are not bit-identical to an uninterrupted run[/yellow]")
+    display.completed = int(checkpoint.meta.get("rounds_completed", 0))
+    result = run(config, observers=[display], plugin_manager=default_plugin_manager(), resume=checkpoint)
+    _report(result.summary, as_json)
 
 
 def json_default(value: Any) -> Any:
@@ -170,8 +281,11 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
 
 
 def _rounds_text(summary: dict[str, Any]) -> str:
+    phases = summary.get("phases") or {}
+    before = [f"{name} ({p['completed']} round{'s' if p['completed'] != 1 else ''})"
+              for name, p in list(phases.items())[:-1]]
     if not summary.get("stopped_by_time_budget"):
-        return str(summary["rounds"])
+        return str(summary["rounds"]) + (f", after {', '.join(before)}" if before else "")
     return (f"[yellow]{summary['rounds_completed']} of {summary['rounds']}: stopped by the time budget "
             f"({summary['time_budget_min']:g} min); accuracy of round {summary['rounds_completed']}[/yellow]")
 
@@ -210,5 +324,23 @@ def _privacy_text(summary: dict[str, Any]) -> str:
     )
 
 
+def show_config_defaults(command: Any, config: RunConfig | None = None) -> None:
+    """Show the run's real defaults in `--help`: options default to None (so that a
+    `--config` file can set them) and typer would show nothing; take each one's default
+    from the `RunConfig` field of the same name, where it has one."""
+    import dataclasses
+    import inspect
+
+    base = config or RunConfig()
+    defaults = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    for name, parameter in inspect.signature(command).parameters.items():
+        info = parameter.default
+        field = {"time_budget": "time_budget_min"}.get(name, name)
+        value = defaults.get(field)
+        if isinstance(info, typer.models.OptionInfo) and info.default is None and value is not None and value is not False and not isinstance(value, dict):
+            info.show_default = str(value)
+
+
 def register(app: typer.Typer) -> None:
+    show_config_defaults(run_command)
     app.command("run")(run_command)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -60,6 +62,16 @@ class RunsProgress:
     def stop(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _check_study_paths(results_dir: str | None, tracking_uri: str | None, base: Mapping[str, Any] | None = None) -> None:
+    """Before any run: the results folder and the tracking store's folder (as the study will
+    derive them from the options, else the base's keys) can be created and written."""
+    from p4bench.preflight import check_paths
+
+    base = base or {}
+    check_paths(results_dir or base.get("results_dir") or base.get("results-dir"),
+                tracking_uri or base.get("tracking_uri") or base.get("tracking-uri"))
 
 
 def _sets(pairs: list[str]) -> dict[str, Any]:
@@ -119,6 +131,7 @@ def sweep_command(
     if dry_run:
         _dry_run(spec, results_dir, tracking_uri, allow_mixed_privacy)
         return
+    _check_study_paths(results_dir, tracking_uri, spec.base)
     keys = tuple(k for k in spec.axes if k not in ("method", "attack", "defense", "seed"))
     report = run_sweep(spec, make_backend(backend, jobs, address), results_dir=results_dir, tracking_uri=tracking_uri,
                        progress=RunsProgress(f"sweep {spec.name}", keys), allow_mixed_privacy=allow_mixed_privacy)
@@ -174,6 +187,7 @@ def tune_command(
     """Grid-search each method's hyperparameters on the evaluation clients only; write the best.
     Candidates share one neighbouring relation and must be certified (else exit 2)."""
     from p4bench.backends import make_backend
+    from p4bench.preflight import check_output_file
     from p4bench.tune import TuneSpec, load_tune, parse_grid_options, parse_tune, run_tuning, write_tuned
 
     extra = parse_grid_options(grid)
@@ -195,6 +209,8 @@ def tune_command(
         raise UsageError(f"--seeds expects integers separated by commas, got {seeds!r}") from None
     experiment = name or (spec.name if file is not None else f"tune-{base.get('dataset', 'digits')}")
     spec = TuneSpec(experiment, base, spec.grids, chosen_seeds, spec.shared)
+    check_output_file(output, "tuned config")
+    _check_study_paths(results_dir, tracking_uri, spec.base)
     result = run_tuning(spec, make_backend(backend, jobs, address), results_dir=results_dir, tracking_uri=tracking_uri,
                         progress=RunsProgress(f"tune {spec.name}"), allow_mixed_privacy=allow_mixed_privacy)
     _print_sweep_summary(result.report, err)
@@ -266,10 +282,13 @@ def compare_command(
     Private runs must share one neighbouring relation and be certified (else exit 2)."""
     from p4bench.compare import compare_experiment, plot_comparison
     from p4bench.config import RunConfig
+    from p4bench.preflight import check_plot_path
     from p4bench.results import tracking_uri_for
 
     if fmt not in ("table", "markdown", "csv"):
         raise UsageError(f"unknown format '{fmt}'; choose table, markdown or csv")
+    if plot is not None:
+        check_plot_path(plot)  # before the store is read
     uri = tracking_uri_for(tracking_uri, results_dir or RunConfig.results_dir)
     keys = [k.strip() for k in group_by.split(",") if k.strip()] if group_by else None
     comparison = compare_experiment(uri, experiment, keys, metric, allow_mixed_privacy=allow_mixed_privacy)
@@ -301,11 +320,16 @@ def reproduce_command(
     neighbouring relation and target epsilon, and must be certified (else exit 2)."""
     from p4bench.backends import make_backend
     from p4bench.compare import plot_comparison
-    from p4bench.reproduce import reproduce
+    from p4bench.preflight import check_plot_path
+    from p4bench.reproduce import claim_note, reproduce, smoke_note
     from p4bench.tune import parse_grid_options
 
     if fmt not in ("table", "markdown", "csv"):
         raise UsageError(f"unknown format '{fmt}'; choose table, markdown or csv")
+    if plot is not None:
+        check_plot_path(plot)
+    overrides = _sets(set_)
+    _check_study_paths(results_dir, tracking_uri)  # reproduce places every run there, whatever the preset's base
 
     def notice(text: str) -> None:
         err.print(f"[yellow]notice:[/yellow] {text}")
@@ -313,7 +337,7 @@ def reproduce_command(
     run_backend = make_backend(backend, jobs, address)
     report = reproduce(name, dataset, quick, backend=run_backend, results_dir=results_dir,
                        tracking_uri=tracking_uri, strict=strict, progress=RunsProgress(f"reproduce {name}"),
-                       overrides=_sets(set_), only=parse_grid_options(only), on_notice=notice, tune=not no_tune,
+                       overrides=overrides, only=parse_grid_options(only), on_notice=notice, tune=not no_tune,
                        tune_rounds=tune_rounds, tune_progress=RunsProgress(f"tune lr for {name}"),
                        allow_mixed_privacy=allow_mixed_privacy)
     if report.tuning is not None:
@@ -333,11 +357,16 @@ def reproduce_command(
         out.print(line, highlight=False, markup=False)
     scale = "quick smoke run" if report.quick else "full run"
     out.print(f"\n[bold]claims of the paper on {report.dataset} ({scale}):[/bold]")
+    note = smoke_note(report)
+    if note is not None:
+        out.print(f"[bold yellow]{escape(note)}[/bold yellow]", highlight=False)
     colours = {"yes": "green", "no": "red", "not checked": "yellow", "not tested": "yellow"}
     for check in report.claims:
-        detail = f" ({check.detail})" if check.detail else ""
-        out.print(f"- {check.claim}: [{colours[check.status]}]{check.status}[/{colours[check.status]}]{detail}",
-                  highlight=False)
+        detail = f" ({escape(check.detail)})" if check.detail else ""
+        colour = colours.get(check.status, "yellow")
+        extra = claim_note(check, report.quick)
+        out.print(f"- {escape(check.claim)}: [{colour}]{escape(check.status)}[/{colour}]{detail}"
+                  + (f" [yellow]{escape(extra)}[/yellow]" if extra else ""), highlight=False)
     if report.sweep.failures:
         raise typer.Exit(1)
 

@@ -6,14 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import typer
 
-from p4bench.config import parse_key_values
 from p4bench.errors import UsageError
-from p4bench.plugin_manager import default_registry
-from p4bench.topology import get_topology
-from p4bench.topology.summary import draw, summarize
 
 app = typer.Typer(name="topology", help="Inspect communication topologies.", no_args_is_help=True)
 
@@ -28,8 +23,18 @@ def show_command(
     as_json: bool = typer.Option(False, "--json", help="end with one JSON line holding the statistics"),
 ) -> None:
     """Degree statistics and Metropolis-Hastings spectral gap of a topology at one round."""
+    import numpy as np
+
+    from p4bench.config import parse_key_values
+    from p4bench.plugin_manager import default_registry
+    from p4bench.preflight import check_plot_path
+    from p4bench.topology import get_topology
+    from p4bench.topology.summary import draw, summarize
+
     if round_index < 0:
         raise UsageError(f"--round must be >= 0, got {round_index}")
+    if plot is not None:
+        check_plot_path(plot)  # before any work: a path that cannot be written is one line, exit 2
     topology = get_topology(name, parse_key_values(option or []), registry=default_registry())
     adjacency = topology.edges(clients, round_index, np.random.default_rng(seed))
     stats = summarize(topology, adjacency, round_index)

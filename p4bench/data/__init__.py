@@ -1,7 +1,18 @@
-"""Datasets, partitioners and the per-client tensors every method trains on."""
+"""Datasets, partitioners and the per-client tensors every method trains on.
 
-from p4bench.data.base import ArrayDataset, Dataset, Partitioner
-from p4bench.data.federated import ClientTensors, FederatedData, build_federated_data, split_client_indices
+The names below are imported on first use (`p4bench.lazy`): the plugin host imports
+this package to register the built-in datasets, and the command line must start
+without torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from p4bench.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from p4bench.data.base import ArrayDataset, Dataset, Partitioner
+    from p4bench.data.federated import ClientTensors, FederatedData, build_federated_data, split_client_indices
 
 __all__ = [
     "ArrayDataset",
@@ -12,3 +23,8 @@ __all__ = [
     "build_federated_data",
     "split_client_indices",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), {
+    "p4bench.data.base": ("ArrayDataset", "Dataset", "Partitioner"),
+    "p4bench.data.federated": ("ClientTensors", "FederatedData", "build_federated_data", "split_client_indices"),
+})

@@ -1,28 +1,29 @@
 """Registers the built-in datasets and partitioners through the public hooks (their
-`p4bench data` commands are registered by `p4bench.cli.builtin`)."""
+`p4bench data` commands are registered by `p4bench.cli.builtin`). The classes are
+imported when the hooks are called: building the plugin manager must not import torch."""
 
-from p4bench.data.cbds import CBDSPartitioner
-from p4bench.data.digits import DigitsDataset
-from p4bench.data.partitioners import (
-    AlphaPartitioner,
-    DirichletPartitioner,
-    IIDPartitioner,
-    NaturalPartitioner,
-    ShardsPartitioner,
-)
-from p4bench.data.sources import (
-    Cifar10Dataset,
-    Cifar100Dataset,
-    EmnistBalancedDataset,
-    LeafFemnistDataset,
-    MnistDataset,
-)
-from p4bench.data.synthetic import SyntheticDataset
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from p4bench.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from p4bench.data.base import Dataset, Partitioner
 
 
 @hookimpl
-def register_datasets():
+def register_datasets() -> list[type[Dataset]]:
+    from p4bench.data.digits import DigitsDataset
+    from p4bench.data.sources import (
+        Cifar10Dataset,
+        Cifar100Dataset,
+        EmnistBalancedDataset,
+        LeafFemnistDataset,
+        MnistDataset,
+    )
+    from p4bench.data.synthetic import SyntheticDataset
+
     return [
         DigitsDataset,
         Cifar10Dataset,
@@ -35,5 +36,14 @@ def register_datasets():
 
 
 @hookimpl
-def register_partitioners():
+def register_partitioners() -> list[type[Partitioner]]:
+    from p4bench.data.cbds import CBDSPartitioner
+    from p4bench.data.partitioners import (
+        AlphaPartitioner,
+        DirichletPartitioner,
+        IIDPartitioner,
+        NaturalPartitioner,
+        ShardsPartitioner,
+    )
+
     return [IIDPartitioner, AlphaPartitioner, ShardsPartitioner, DirichletPartitioner, NaturalPartitioner, CBDSPartitioner]

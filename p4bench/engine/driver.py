@@ -132,6 +132,10 @@ class RoundDriver:
         self.server_state: State = (
             self.method.init_server_state(self._context(server_rows, self.server_rng, "init", -1)) if self.holds_server else {}
         )
+        # Progress through the schedule, written back by a checkpoint (p4bench.checkpoint) to resume
+        self.position = 0  # blocks of `schedule(method)` completed
+        self.reports: list[RoundReport] = []  # every round's report so far
+        self.total_bytes = 0
 
     # -- the schedule ------------------------------------------------------------------
     def run(
@@ -142,26 +146,50 @@ class RoundDriver:
         `on_setup` after each phase's setup steps. After each round (and its `on_round`)
         `stop_after(step)` may end the run: the final evaluation is then that of the last
         completed round. By default it is the config's time budget, counted from here;
-        a device peer passes the launcher's decision instead (`plugins/device/node.py`)."""
+        a device peer passes the launcher's decision instead (`plugins/device/node.py`),
+        the runner adds the stop request of a Ctrl-C (`p4bench.interrupts`).
+
+        The run starts at block `position` with `reports` so far: both are zero unless a
+        checkpoint was restored into this driver (`p4bench.checkpoint.restore`)."""
         keep_freed_memory()  # large per-step temporaries: reuse freed memory instead of faulting it in again
         if stop_after is None:
             minutes = self.config.time_budget_min
             stop_after = TimeBudget(minutes) if minutes is not None else _never
-        reports: list[RoundReport] = []
-        total_bytes = 0
-        for block in schedule(self.method):
-            report = self._run_block(block, len(reports) + 1)
-            total_bytes += report.bytes_sent
+        if self.reports and self._finished_by_method(self.reports[-1]):
+            self.position = self.blocks()  # the method's own stopping rule ended the run at the checkpoint
+        for index, block in enumerate(schedule(self.method)):
+            if index < self.position:
+                continue  # done before the checkpoint this driver was restored from
+            report = self._run_block(block, len(self.reports) + 1)
+            self.total_bytes += report.bytes_sent
+            self.position = index + 1
             if block.kind == "round":
-                reports.append(report)
+                self.reports.append(report)
                 on_round(report)
-                if stop_after(report.step) or (self._holds_everyone and self.method.finished(report.extra_accuracy)):
+                stop = stop_after(report.step)
+                if self._finished_by_method(report) or stop:
                     break
             elif on_setup is not None:
                 on_setup(report)
         accuracy_now, extra = self.evaluate()
         final_state = take_rows(cat_rows([g.state for g in self.groups]), self._order()) if self.groups else None
-        return Outcome(accuracy_now, extra, reports, self.deployed_params(), total_bytes, final_state)
+        return Outcome(accuracy_now, extra, list(self.reports), self.deployed_params(), self.total_bytes, final_state)
+
+    def _finished_by_method(self, report: RoundReport) -> bool:
+        if self._holds_everyone and self.method.finished(report.extra_accuracy):
+            self.position = self.blocks()
+            return True
+        return False
+
+    def blocks(self) -> int:
+        """The number of blocks in the schedule."""
+        return sum(1 for _ in schedule(self.method))
+
+    @property
+    def complete(self) -> bool:
+        """Whether the run is over: every block of the schedule ran, or the method's own
+        stopping rule (`Method.finished`) ended it."""
+        return self.position >= self.blocks()
 
     def _run_block(self, block: Block, step: int) -> RoundReport:
         count = self.job.data.num_clients

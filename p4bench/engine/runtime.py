@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from p4bench.engine.driver import STREAM_ATTACK, STREAM_TRAINING, RoundDriver
+from p4bench.engine.driver import STREAM_ATTACK, STREAM_TRAINING, RoundDriver, StopAfter
 from p4bench.engine.job import Job
 from p4bench.engine.network import BytesNetwork, InProcessNetwork, Network
 from p4bench.engine.threats import Aggregator
@@ -48,6 +48,10 @@ class GroupedRuntime(Runtime):
 
     def __init__(self) -> None:
         self.driver: RoundDriver | None = None
+        # Set by the runner before `execute`: when to stop besides the schedule (time budget,
+        # Ctrl-C), and what to write into the new driver before its first round (a checkpoint).
+        self.stop_after: StopAfter | None = None
+        self.prepare_driver: Callable[[RoundDriver], None] | None = None
 
     def group_rows(self, num_clients: int) -> list[torch.Tensor]:
         """Client ids held by each group (one per process in a deployment)."""
@@ -62,7 +66,9 @@ class GroupedRuntime(Runtime):
             job, self.network(), self.group_rows(job.data.num_clients), holds_server=True,
             batched_gradients=self.batched_gradients, separate_parties=self.separate_parties,
         )
-        return self.driver.run(on_round)
+        if self.prepare_driver is not None:
+            self.prepare_driver(self.driver)
+        return self.driver.run(on_round, stop_after=self.stop_after)
 
     @property
     def aggregator(self) -> Aggregator | None:

@@ -11,35 +11,36 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from p4bench.privacy.accountants import (
-    Accountant,
-    NobleAccountant,
-    PRVAccountant,
-    RDPAccountant,
-    ReleaseSegment,
-    accounted_epsilon,
-    compact_history,
-)
-from p4bench.privacy.analysis import (
-    DEFAULT_ORDERS,
-    VIEWS,
-    PrivacyAccountingError,
-    noble_epsilon,
-    noble_epsilon_floor,
-    noble_privacy_spent,
-    prv_epsilon,
-    prv_epsilon_history,
-    rdp_epsilon,
-    rdp_epsilon_history,
-    rdp_privacy_spent,
-)
-from p4bench.privacy.calibration import calibrate_accountant, calibrate_noise
-from p4bench.privacy.pld import PLDAccountant, pld_epsilon
+from p4bench.lazy import lazy_exports
 
-BUILTIN_ACCOUNTANTS: tuple[type[Accountant], ...] = (RDPAccountant, PRVAccountant, PLDAccountant, NobleAccountant)
-"""The accountants p4bench registers itself (`p4bench.privacy.builtin`)."""
+if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`): the command line starts without scipy
+    from p4bench.privacy.accountants import (
+        Accountant,
+        NobleAccountant,
+        PRVAccountant,
+        RDPAccountant,
+        ReleaseSegment,
+        accounted_epsilon,
+        compact_history,
+    )
+    from p4bench.privacy.analysis import (
+        DEFAULT_ORDERS,
+        VIEWS,
+        PrivacyAccountingError,
+        noble_epsilon,
+        noble_epsilon_floor,
+        noble_privacy_spent,
+        prv_epsilon,
+        prv_epsilon_history,
+        rdp_epsilon,
+        rdp_epsilon_history,
+        rdp_privacy_spent,
+    )
+    from p4bench.privacy.calibration import calibrate_accountant, calibrate_noise
+    from p4bench.privacy.catalog import BUILTIN_ACCOUNTANTS
+    from p4bench.privacy.pld import PLDAccountant, pld_epsilon
 
 __all__ = [
     "DEFAULT_ORDERS",
@@ -67,6 +68,21 @@ __all__ = [
     "calibrate_noise",
     "calibrate_accountant",
 ]
+
+
+__getattr__, __dir__ = lazy_exports(globals(), {
+    "p4bench.privacy.accountants": (
+        "Accountant", "NobleAccountant", "PRVAccountant", "RDPAccountant", "ReleaseSegment", "accounted_epsilon",
+        "compact_history",
+    ),
+    "p4bench.privacy.analysis": (
+        "DEFAULT_ORDERS", "VIEWS", "PrivacyAccountingError", "noble_epsilon", "noble_epsilon_floor", "noble_privacy_spent",
+        "prv_epsilon", "prv_epsilon_history", "rdp_epsilon", "rdp_epsilon_history", "rdp_privacy_spent",
+    ),
+    "p4bench.privacy.calibration": ("calibrate_accountant", "calibrate_noise"),
+    "p4bench.privacy.catalog": ("BUILTIN_ACCOUNTANTS",),
+    "p4bench.privacy.pld": ("PLDAccountant", "pld_epsilon"),
+})
 
 
 def get_accountant(name: str, *, registry: Any) -> Accountant:

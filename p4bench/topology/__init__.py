@@ -7,32 +7,35 @@ Topologies are plugins of kind ``topology`` (see :mod:`p4bench.topology.graphs`)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from p4bench.topology.graphs import (
-    BUILTIN_TOPOLOGIES,
-    CompleteGraph,
-    EdgeListGraph,
-    ErdosRenyiGraph,
-    ExponentialGraph,
-    RandomRegularGraph,
-    RingGraph,
-    Topology,
-    TorusGraph,
-    degree_stats,
-    exponential_shift,
-    is_connected,
-    is_symmetric,
-    read_edge_list,
-    torus_shape,
-)
-from p4bench.topology.mixing import (
-    is_doubly_stochastic,
-    is_row_stochastic,
-    metropolis_hastings,
-    spectral_gap,
-    uniform_averaging,
-)
+from p4bench.lazy import lazy_exports
+
+if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`): the command line starts without scipy
+    from p4bench.topology.graphs import (
+        BUILTIN_TOPOLOGIES,
+        CompleteGraph,
+        EdgeListGraph,
+        ErdosRenyiGraph,
+        ExponentialGraph,
+        RandomRegularGraph,
+        RingGraph,
+        Topology,
+        TorusGraph,
+        degree_stats,
+        exponential_shift,
+        is_connected,
+        is_symmetric,
+        read_edge_list,
+        torus_shape,
+    )
+    from p4bench.topology.mixing import (
+        is_doubly_stochastic,
+        is_row_stochastic,
+        metropolis_hastings,
+        spectral_gap,
+        uniform_averaging,
+    )
 
 __all__ = [
     "Topology",
@@ -57,6 +60,18 @@ __all__ = [
     "is_doubly_stochastic",
     "is_row_stochastic",
 ]
+
+
+__getattr__, __dir__ = lazy_exports(globals(), {
+    "p4bench.topology.graphs": (
+        "BUILTIN_TOPOLOGIES", "CompleteGraph", "EdgeListGraph", "ErdosRenyiGraph", "ExponentialGraph", "RandomRegularGraph",
+        "RingGraph", "Topology", "TorusGraph", "degree_stats", "exponential_shift", "is_connected", "is_symmetric",
+        "read_edge_list", "torus_shape",
+    ),
+    "p4bench.topology.mixing": (
+        "is_doubly_stochastic", "is_row_stochastic", "metropolis_hastings", "spectral_gap", "uniform_averaging",
+    ),
+})
 
 
 def get_topology(name: str, options: Mapping[str, Any] | None = None, *, registry: Any) -> Topology:

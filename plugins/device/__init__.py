@@ -2,16 +2,31 @@
 
 Registers the ``device`` runtime, the ``p4bench device init|serve|launch`` commands, and
 adds a run's device measurements to its summary (``summary["device"]``).
+
+The runtime is imported when the hook is called, or on first use of a name below
+(`p4bench.lazy`): building the plugin manager must not import torch.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from p4bench.hookspecs import hookimpl
-from p4bench.plugins.device.launcher import DeviceOutcome, DeviceRuntime
+from p4bench.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from p4bench.engine.runtime import Runtime
+    from p4bench.plugins.device.launcher import DeviceOutcome, DeviceRuntime
 
 __all__ = ["DeviceRuntime", "DeviceOutcome"]
 
+__getattr__, __dir__ = lazy_exports(globals(), {"p4bench.plugins.device.launcher": ("DeviceOutcome", "DeviceRuntime")})
+
 
 @hookimpl
-def register_runtimes():
+def register_runtimes() -> list[type[Runtime]]:
+    from p4bench.plugins.device.launcher import DeviceRuntime
+
     return [DeviceRuntime]
 
 

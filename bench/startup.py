@@ -1,0 +1,181 @@
+"""Start-up cost of the command line and the fixed cost of a run (issue 21, part 4).
+
+    python bench/startup.py [--repeats 5] [--run-repeats 3] [--rounds 30] [--skip-run]
+
+Prints one JSON object. Every figure is a median over fresh processes, started the way
+a user starts them (the `p4bench` script next to this interpreter), with warm caches:
+one untimed call of each command, and one untimed run, come first. `*_min_s` is the
+fastest repeat and `*_cpu_s` the child's user + system CPU time: wall times on a shared
+2-core machine grow with its load (`load_average_at_start` / `_at_end`), CPU times and
+minima much less.
+
+- `help_s`, `version_s`, `list_s`: `p4bench --help`, `p4bench --version`, `p4bench list`
+  (their exit codes are reported: a command that does not exist yet still gets timed);
+- `run_*`: `p4bench run --method fedavg --rounds 30 --json` on digits (the defaults
+  otherwise), with `--results-dir` a fresh temporary folder each time (so the MLflow store
+  is created by the run: the worst case). The run executes in a child process whose only
+  addition is a probe plugin, registered on the process-wide plugin manager before
+  `p4bench.cli.main` runs; it records the wall clock at `run_started` (before the
+  tracker's) and at each `round_finished`, with the round's `seconds` (training and
+  communication as the driver measures them; evaluation excluded).
+
+  * `run_fixed_cost_s`: process start -> end of the first round, minus that round's
+    `seconds`: what a run costs before its first round trains (interpreter and imports,
+    plugins, data and features, privacy calibration, the tracker's MLflow store and run,
+    the first evaluation and its logging). The issue's target: under 3 s.
+  * `run_until_started_s`: process start -> `run_started` (data, plugins, calibration).
+  * `run_total_s`, `run_total_cpu_s`, `run_train_s` (sum of the rounds' `seconds`), and
+    `run_overhead_s` = total - train: the issue's "fixed cost" (15.7 s total, 6.1 s of
+    training), which also counts every round's evaluation and logging and the end of
+    the run (artifacts, plots).
+  * `run_first_round_s` and `run_median_round_s`: the first round also pays one-off
+    costs inside training (torch's first `torch.func.grad` imports torch._dynamo and
+    sympy, about 0.8 s), counted as training here.
+
+A cache outside the run folder (the MLflow store template of `p4bench.tracking_store`,
+where the tracker uses it) is filled by the untimed run; a machine's very first run pays
+for it once (about 1 s more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROBE = r"""
+import json, os, sys, time
+from p4bench.hookspecs import hookimpl
+from p4bench.plugin_manager import default_plugin_manager
+
+events = {"rounds": []}
+
+class StartupProbe:
+    @hookimpl(tryfirst=True)  # before the tracker's: its MLflow set-up is not counted here
+    def run_started(self, run):
+        events["run_started"] = time.time()
+
+    @hookimpl
+    def round_finished(self, run, report):
+        events["rounds"].append([time.time(), float(report.seconds), report.phase, report.round])
+
+default_plugin_manager().register(StartupProbe(), name="startup-probe")
+from p4bench.cli import main
+sys.argv = ["p4bench", *sys.argv[1:]]
+try:
+    main()
+finally:
+    with open(os.environ["P4BENCH_STARTUP_PROBE"], "w") as handle:
+        json.dump(events, handle)
+"""
+
+
+def _script() -> str:
+    """The `p4bench` console script next to this interpreter."""
+    script = Path(sys.executable).parent / "p4bench"
+    return str(script) if script.exists() else shutil.which("p4bench") or "p4bench"
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of the finished child processes so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_command(argv: list[str], repeats: int) -> dict[str, object]:
+    """Median wall and CPU time of `argv` over `repeats` fresh processes, after one untimed call."""
+    times, cpu, code = [], [], 0
+    for attempt in range(repeats + 1):
+        cpu_before = _children_cpu()
+        started = time.perf_counter()
+        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        elapsed = time.perf_counter() - started
+        code = done.returncode
+        if attempt:  # the first call warms the caches
+            times.append(elapsed)
+            cpu.append(_children_cpu() - cpu_before)
+    return {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
+            "cpu_s": round(statistics.median(cpu), 3), "exit_code": code}
+
+
+def time_run(rounds: int, extra: list[str]) -> dict[str, float]:
+    """One `p4bench run` in a child process with the probe plugin; see the module docstring."""
+    with tempfile.TemporaryDirectory(prefix="p4bench-startup-") as scratch:
+        probe_file = Path(scratch) / "probe.json"
+        env = {**os.environ, "P4BENCH_STARTUP_PROBE": str(probe_file)}
+        argv = [sys.executable, "-c", PROBE, "run", "--method", "fedavg", "--rounds", str(rounds),
+                "--results-dir", str(Path(scratch) / "results"), "--json", *extra]
+        cpu_before = _children_cpu()
+        started_wall = time.time()
+        started = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        total = time.perf_counter() - started
+        cpu = _children_cpu() - cpu_before
+        if done.returncode != 0:
+            raise SystemExit(f"the run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        events = json.loads(probe_file.read_text())
+    rounds_seen = events["rounds"]
+    if not rounds_seen or "run_started" not in events:
+        raise SystemExit("the probe saw no round: is the run still using the process-wide plugin manager?")
+    first_end, first_seconds = rounds_seen[0][0], rounds_seen[0][1]
+    train = sum(r[1] for r in rounds_seen)
+    return {
+        "run_fixed_cost_s": first_end - started_wall - first_seconds,
+        "run_until_started_s": events["run_started"] - started_wall,
+        "run_total_s": total,
+        "run_total_cpu_s": cpu,
+        "run_train_s": train,
+        "run_overhead_s": total - train,
+        "run_first_round_s": first_seconds,
+        "run_median_round_s": statistics.median(r[1] for r in rounds_seen),
+        "run_rounds_reported": len(rounds_seen),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each command (median)")
+    parser.add_argument("--run-repeats", type=int, default=3, help="timed runs (median of each figure)")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--skip-run", action="store_true", help="only the commands, not a run")
+    parser.add_argument("--run-option", action="append", default=[], help="extra argument for `p4bench run` (repeatable)")
+    args = parser.parse_args()
+
+    script = _script()
+    result: dict[str, object] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "bytecode_cache_written": not os.environ.get("PYTHONDONTWRITEBYTECODE"),
+        "load_average_at_start": round(os.getloadavg()[0], 2),  # other work on the machine inflates wall times
+        "repeats": args.repeats,
+    }
+    for label, argv in (("help", ["--help"]), ("version", ["--version"]), ("list", ["list"])):
+        timing = time_command([script, *argv], args.repeats)
+        result[f"{label}_s"] = timing["median_s"]
+        result[f"{label}_min_s"] = timing["min_s"]
+        result[f"{label}_cpu_s"] = timing["cpu_s"]
+        result[f"{label}_exit_code"] = timing["exit_code"]
+    if not args.skip_run:
+        time_run(args.rounds, args.run_option)  # untimed: warms the caches (the run's own, too)
+        runs = [time_run(args.rounds, args.run_option) for _ in range(args.run_repeats)]
+        result["run_repeats"] = args.run_repeats
+        result["run_rounds"] = args.rounds
+        for key in runs[0]:
+            result[key] = round(statistics.median(float(r[key]) for r in runs), 3)
+        for key in ("run_fixed_cost_s", "run_until_started_s", "run_total_s"):  # the least disturbed run
+            result[key[: -len("_s")] + "_min_s"] = round(min(float(r[key]) for r in runs), 3)
+    result["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Lazy re-exports of a package (PEP 562): its public names are imported on first use.
+
+The command line builds the plugin manager, and so imports every built-in plugin
+package, on each start; `p4bench --help` must not pay for torch, scipy and the rest.
+A package that re-exports names of its submodules lists them as
+
+    if TYPE_CHECKING:  # what type checkers, readers and the import-graph test see
+        from p4bench.engine.method import Method
+
+    __getattr__, __dir__ = lazy_exports(globals(), {"p4bench.engine.method": ("Method",)})
+
+and `from p4bench.engine import Method` imports `p4bench.engine.method` then.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["lazy_exports"]
+
+
+def lazy_exports(
+    namespace: dict[str, Any], exports: Mapping[str, tuple[str, ...]]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A module `__getattr__` and `__dir__` for the package whose `globals()` is
+    `namespace`; `exports` maps a module to the names the package takes from it. A name
+    is imported on first access and then kept in the package's namespace."""
+    package = namespace["__name__"]
+    where = {name: module for module, names in exports.items() for name in names}
+
+    def __getattr__(name: str) -> Any:
+        module = where.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *where})
+
+    return __getattr__, __dir__

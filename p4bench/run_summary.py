@@ -1,0 +1,157 @@
+"""A finished run's headline figures (the summary) and the per-round detection score.
+
+Counts are those the user asked for: `rounds` and `rounds_completed` are the rounds of
+the method's last phase (the configured `--rounds` for every built-in method); a phase
+before it (P4's grouping, SCAFFOLD's warm-up) is reported on its own in `phases`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from p4bench.records import Outcome, RoundReport, RunInfo, extra_metric_name
+
+__all__ = ["DetectionScore", "reported_mean", "summarize", "budget_fields", "summed_metrics", "early_stop_epsilon_note",
+           "phase_rounds"]
+
+
+def reported_mean(accuracy: np.ndarray, reported: np.ndarray) -> float:
+    """Mean of the reported clients' values (NaN when none is reported)."""
+    return float(accuracy[reported].mean()) if reported.any() else float("nan")
+
+
+def phase_rounds(info: RunInfo) -> tuple[int, dict[str, int]]:
+    """(rounds of the last phase, {phase: rounds} of every phase)."""
+    phases = {p.name: int(p.rounds) for p in info.phases}
+    return (int(info.phases[-1].rounds) if info.phases else 0), phases
+
+
+class DetectionScore:
+    """Per-round detection quality of a filtering defense, from the Aggregator's log of
+    kept and dropped senders; only the harness knows who is malicious.
+
+    precision = dropped malicious / dropped, recall = dropped malicious / malicious
+    updates received, benign_dropped = dropped benign / benign updates received; a figure
+    whose denominator is zero in a round is NaN (and not logged). The `_total` figures
+    cover every aggregation so far. No defense drops every update of an aggregation, so
+    where all senders are malicious (P4's similarity grouping puts label flippers
+    together) their updates count as missed, even for the ideal defense.
+    """
+
+    def __init__(self, malicious: np.ndarray) -> None:
+        self.malicious = malicious
+        self.seen = 0  # log entries already scored
+        self.totals = np.zeros(4, dtype=np.int64)  # true pos, false pos, false neg, true neg
+
+    def score(self, log: list[tuple[int, list[int], list[int]]]) -> dict[str, float]:
+        counts = np.zeros(4, dtype=np.int64)
+        for _, kept, dropped in log[self.seen :]:
+            bad_dropped = sum(1 for s in dropped if s >= 0 and self.malicious[s])
+            bad_kept = sum(1 for s in kept if s >= 0 and self.malicious[s])
+            counts += (bad_dropped, len(dropped) - bad_dropped, bad_kept, len(kept) - bad_kept)
+        self.seen = len(log)
+        self.totals += counts
+        return {**_detection(counts, ""), **_detection(self.totals, "_total")}
+
+
+def _detection(counts: np.ndarray, suffix: str) -> dict[str, float]:
+    tp, fp, fn, tn = (int(c) for c in counts)
+    ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
+    return {
+        f"detection_precision{suffix}": ratio(tp, tp + fp),
+        f"detection_recall{suffix}": ratio(tp, tp + fn),
+        f"detection_benign_dropped{suffix}": ratio(fp, fp + tn),
+    }
+
+
+def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, Any]:
+    """The run's headline figures; the JSON line of `p4bench run --json`."""
+    config, reported = info.config, info.reported
+    accuracy = outcome.accuracy
+    chosen = accuracy[reported] if reported.any() else np.array([float("nan")])
+    return {
+        "run_id": info.run_id,
+        "method": config.method,
+        "attack": config.attack,
+        "defense": info.defense,
+        "dataset": config.dataset,
+        "partitioner": config.partitioner,
+        "seed": config.seed,
+        **budget_fields(info, outcome),
+        "clients": config.clients,
+        "reported_clients": int(reported.sum()),
+        "accuracy_mean": float(chosen.mean()),
+        "accuracy_min": float(chosen.min()),
+        "accuracy_max": float(chosen.max()),
+        "accuracy_per_client": {str(i): float(accuracy[i]) for i in np.flatnonzero(reported)},
+        **{extra_metric_name(name): reported_mean(values, reported) for name, values in outcome.extra_accuracy.items()},
+        "epsilon": None,
+        "bytes_sent": int(outcome.bytes_sent),
+        "bytes_per_phase": _per_phase(outcome.reports, lambda r: r.bytes_sent),
+        "seconds_per_phase": {k: round(v, 4) for k, v in _per_phase(outcome.reports, lambda r: r.seconds).items()},
+        "client_bytes_sent": _client_total(outcome.reports, "client_bytes_sent"),
+        "client_bytes_received": _client_total(outcome.reports, "client_bytes_received"),
+        "wall_time_s": round(wall_time_s, 4),
+        "config_hash": info.config_hash or config.config_hash(),
+        "plugins": info.plugins,
+        "public_data": info.public_data,  # unlabeled public data the method read (threat model), or None
+        **({"partition_stats": dict(info.partition_report.stats)} if info.partition_report.stats else {}),
+    }
+
+
+def budget_fields(info: RunInfo, outcome: Outcome) -> dict[str, Any]:
+    """Rounds planned and run, per phase too, and whether the time budget
+    (`time_budget_min`) cut the run short; the accuracy of such a run is that of its last
+    completed round."""
+    rounds, phases = phase_rounds(info)
+    done = {name: 0 for name in phases}
+    for report in outcome.reports:
+        if report.round >= 0:
+            done[report.phase] = done.get(report.phase, 0) + 1
+    last = info.phases[-1].name if info.phases else ""
+    budget = info.config.time_budget_min
+    stopped = sum(done.values()) < info.total_rounds
+    return {"rounds": rounds, "rounds_completed": done.get(last, 0),
+            "phases": {name: {"rounds": planned, "completed": done.get(name, 0)} for name, planned in phases.items()},
+            "time_budget_min": budget,
+            "stopped_by_time_budget": budget is not None and stopped,
+            # the method's own stopping rule (`Method.finished`, e.g. P4L's mrt/mrr) ended it
+            "stopped_by_method": stopped and budget is None}
+
+
+def summed_metrics(reports: list[RoundReport]) -> dict[str, float]:
+    """Every round metric summed over the run (what `Method.derived_metrics` reads)."""
+    totals: dict[str, float] = {}
+    for report in reports:
+        for key, value in report.metrics.items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
+
+
+def early_stop_epsilon_note(summary: dict[str, Any]) -> str:
+    """What the epsilon of a run stopped by its time budget covers: the ledger counts the
+    releases actually taken, so it is the epsilon of the completed rounds, not the planned
+    one (sigma was calibrated for every round, so it is at most the target)."""
+    target = summary.get("epsilon_budget")
+    planned = f"; sigma was calibrated for all {summary['rounds']} rounds" + (
+        f" at target epsilon {target:g}" if isinstance(target, (int, float)) else "")
+    return (f"releases taken in the {summary['rounds_completed']} of {summary['rounds']} rounds completed before the "
+            f"time budget ({summary['time_budget_min']:g} min){planned}")
+
+
+def _per_phase(reports: list[RoundReport], value) -> dict[str, Any]:
+    totals: dict[str, Any] = {}
+    for report in reports:
+        totals[report.phase] = totals.get(report.phase, 0) + value(report)
+    return totals
+
+
+def _client_total(reports: list[RoundReport], field_name: str) -> dict[str, float]:
+    """Mean and max over clients of the bytes each sent (or received) in the whole run."""
+    arrays = [getattr(r, field_name) for r in reports if getattr(r, field_name) is not None]
+    if not arrays:
+        return {"mean": 0.0, "max": 0.0}
+    total = np.sum(arrays, axis=0)
+    return {"mean": float(total.mean()), "max": float(total.max())}

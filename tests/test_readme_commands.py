@@ -1,0 +1,319 @@
+"""Every `p4bench` command of the README's command blocks runs as written, so no example
+can rot; and the README's table of expected accuracies on digits holds.
+
+- `test_readme_command`: each command of a fenced ```bash block, in process
+  (`p4bench.cli.main`), in a scratch folder per block (so `compare` sees the block's
+  `sweep`; earlier commands of a block run first), at small sizes: the flags of
+  `small_sizes` are appended (click keeps an option's last value), nothing else changes.
+  Only the commands of `CANNOT_RUN_HERE` are skipped, each with its reason; they are
+  still parsed (`test_skipped_commands_parse`).
+- `test_expected_accuracy`: the table between `<!-- expected:begin -->` and
+  `<!-- expected:end -->`; each row marked *tested* runs exactly as written (plus
+  `--json`) and its accuracy must be within `TOLERANCE`. Those commands are covered
+  there at full size, so `test_readme_command` leaves them out.
+- `test_doc_page_commands_parse`: the `p4bench` commands of the docs pages parse
+  (subcommands, option names and types) without running.
+
+The data folder is an empty scratch folder, so a preset that falls back to digits does so
+here whatever `~/.cache/p4bench/data` holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from p4bench.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+TOLERANCE = 0.03
+
+# Commands that cannot run on a test machine: a prefix of the arguments after `p4bench`,
+# and why. Keep this short; everything else runs.
+CANNOT_RUN_HERE: dict[tuple[str, ...], str] = {
+    ("device", "serve"): "a peer serves until a launcher runs it: needs every peer of the peers file (docs/device.md)",
+    ("device", "launch"): "needs every peer of the peers file serving at its address (Raspberry Pis, docs/device.md)",
+    ("run", "--config", "examples/configs/karras-table2.yaml"): "needs CIFAR-10 files (`p4bench data download cifar10`, network)",
+    ("--install-completion",): "writes the user's shell start-up files",
+}
+
+# `reproduce NAME`: the runs kept at small size (`--only KEY=VALUE`), 3 to 5 of the preset's.
+REPRODUCE_ONLY = {
+    "heterogeneity": ["method=p4", "partitioner=shards"],
+    "karras": ["method=p2p-fl"],
+    "pdsl": ["method=pdsl"],
+    "p4l": ["seed=0", "attack=none", "partitioner=iid"],
+}
+
+_FENCE = re.compile(r"^\s*```\s*([A-Za-z]*)\s*$")
+_SHELL = {"bash", "sh", "shell", "console"}
+_SEPARATORS = {"&&", "||", ";", "&", "|"}
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PLACEHOLDER = re.compile(r"^\[|\]$|^<.*>$|\.\.\.")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One `p4bench` invocation of a fenced shell block."""
+
+    source: str  # file name
+    block: int  # index of the fenced block in the file
+    line: int  # 1-based line where the command starts
+    argv: tuple[str, ...]  # arguments after `p4bench`
+    env: tuple[tuple[str, str], ...] = field(default=())  # leading VAR=value assignments
+
+    @property
+    def text(self) -> str:
+        return " ".join(["p4bench", *self.argv])
+
+    @property
+    def id(self) -> str:
+        return f"{self.source}:{self.line}:{' '.join(self.argv[:2])}"
+
+
+def fenced_commands(path: Path) -> list[Command]:
+    """The `p4bench` commands of the shell blocks of a Markdown file: continuation lines
+    joined, comments dropped, `a && b` split, leading `VAR=value` kept as environment."""
+    commands, block, language, start, pending = [], -1, None, 0, ""
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        fence = _FENCE.match(raw)
+        if fence:
+            if language is None:
+                block, language = block + 1, fence.group(1).lower()
+            else:
+                language = None
+            continue
+        if language not in _SHELL:
+            continue
+        if not pending:
+            start = number
+        if raw.rstrip().endswith("\\"):
+            pending += raw.rstrip()[:-1] + " "
+            continue
+        line, pending = pending + raw, ""
+        tokens = shlex.split(line, comments=True)
+        segments, current = [], []
+        for token in tokens:
+            if token in _SEPARATORS:
+                segments.append(current)
+                current = []
+            else:
+                current.append(token)
+        segments.append(current)
+        for segment in segments:
+            env = []
+            while segment and _ASSIGNMENT.match(segment[0]):
+                key, _, value = segment.pop(0).partition("=")
+                env.append((key, value))
+            if segment and Path(segment[0]).name == "p4bench":
+                commands.append(Command(path.name, block, start, tuple(segment[1:]), tuple(env)))
+    return commands
+
+
+def cannot_run_here(command: Command) -> str | None:
+    for prefix, reason in CANNOT_RUN_HERE.items():
+        if command.argv[: len(prefix)] == prefix:
+            return reason
+    return None
+
+
+def small_sizes(argv: tuple[str, ...]) -> list[str]:
+    """The flags appended to make a README command cheap (the same command otherwise)."""
+    sub = argv[0] if argv else ""
+    if sub in ("run", "audit"):
+        extra = ["--rounds", "1"]
+        if "--local-peers" not in argv:
+            extra += ["--clients", "8"]
+        method = argv[argv.index("--method") + 1] if "--method" in argv else None
+        if method == "p4l":
+            extra += ["-o", "key_bits=512"]  # Paillier keys of 512 bits: the protocol, faster
+        if method == "feddf":
+            extra += ["-o", "distill_steps=10"]
+        return extra
+    if sub in ("sweep", "tune"):
+        return ["--set", "rounds=1", "--set", "clients=8"]
+    if sub == "reproduce":
+        only = REPRODUCE_ONLY.get(argv[1] if len(argv) > 1 else "", [])
+        # 10 clients: the presets' shards partitions need M * N / L to be an integer
+        return ["--quick", "--no-tune", "--set", "rounds=1", "--set", "clients=10", *[a for kv in only for a in ("--only", kv)]]
+    return []
+
+
+@dataclass
+class Outcome:
+    code: int
+    out: str
+    err: str
+
+
+@contextlib.contextmanager
+def _environment(cwd: Path, env: dict[str, str]):
+    saved_cwd, saved_env = Path.cwd(), dict(os.environ)
+    os.chdir(cwd)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def invoke(argv: list[str], cwd: Path, env: dict[str, str]) -> Outcome:
+    """`p4bench ARGV` in process, in `cwd`, with extra environment variables."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with _environment(cwd, env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return Outcome(code, out.getvalue(), err.getvalue())
+
+
+def workspace(root: Path) -> Path:
+    """A scratch folder with the repository's examples/ and an empty data folder."""
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "examples").exists():
+        (root / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
+    (root / "data-empty").mkdir(exist_ok=True)
+    return root
+
+
+def _environment_of(command: Command, root: Path) -> dict[str, str]:
+    return {"P4BENCH_DATA_DIR": str(root / "data-empty"), **dict(command.env)}
+
+
+# -- the expected-accuracy table ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expected:
+    command: str
+    accuracy: float
+    proxy: float | None
+    tested: bool
+
+
+def expected_rows(text: str) -> list[Expected]:
+    """The rows of the table between the `expected` markers of a Markdown text."""
+    _, _, rest = text.partition("<!-- expected:begin -->")
+    table, end, _ = rest.partition("<!-- expected:end -->")
+    assert end, "no <!-- expected:begin --> ... <!-- expected:end --> table"
+    rows = []
+    for line in table.strip().splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        numbers = [float(x) for x in re.findall(r"\d+\.\d+", cells[1])]
+        rows.append(Expected(cells[0].strip("`"), numbers[0], numbers[1] if len(numbers) > 1 else None,
+                             cells[-1] == "tested"))
+    return rows
+
+
+README_COMMANDS = fenced_commands(README)
+EXPECTED = expected_rows(README.read_text())
+TESTED = {row.command for row in EXPECTED if row.tested}
+
+
+# -- the tests ------------------------------------------------------------------------------
+
+
+def test_the_readme_has_commands_and_no_placeholders():
+    assert len(README_COMMANDS) >= 30
+    for command in README_COMMANDS:
+        odd = [token for token in command.argv if _PLACEHOLDER.search(token)]
+        assert not odd, f"README line {command.line}: {command.text!r} is not runnable as written ({odd})"
+
+
+def test_the_table_lists_readme_commands():
+    texts = {command.text for command in README_COMMANDS}
+    for row in EXPECTED:
+        assert row.command in texts, f"the expected-accuracy table lists {row.command!r}, which no README command block has"
+    assert "p4bench run" in TESTED
+
+
+@pytest.fixture(scope="module")
+def blocks(tmp_path_factory):
+    """Per README block: its scratch folder and the outcomes of the commands run so far."""
+    return {"root": tmp_path_factory.mktemp("readme"), "done": {}}
+
+
+def _run_small(command: Command, blocks) -> Outcome:
+    done = blocks["done"]
+    if command not in done:
+        root = workspace(blocks["root"] / f"block-{command.block}")
+        done[command] = invoke([*command.argv, *small_sizes(command.argv)], root, _environment_of(command, root))
+    return done[command]
+
+
+@pytest.mark.parametrize("command", [c for c in README_COMMANDS if c.text not in TESTED], ids=lambda c: c.id)
+def test_readme_command(command, blocks):
+    reason = cannot_run_here(command)
+    if reason:
+        pytest.skip(reason)
+    for earlier in README_COMMANDS:  # a block is a sequence: `compare` reads what `sweep` wrote
+        if earlier.block == command.block and earlier.line < command.line and not cannot_run_here(earlier):
+            _run_small(earlier, blocks)
+    outcome = _run_small(command, blocks)
+    assert outcome.code == 0, f"{command.text} (+ {' '.join(small_sizes(command.argv))}) exited {outcome.code}:\n{outcome.err[-3000:]}"
+
+
+@pytest.mark.parametrize("row", [row for row in EXPECTED if row.tested], ids=lambda row: row.command)
+def test_expected_accuracy(row, tmp_path_factory):
+    command = next(c for c in README_COMMANDS if c.text == row.command)
+    root = workspace(tmp_path_factory.getbasetemp() / "expected")
+    outcome = invoke([*command.argv, "--json"], root, _environment_of(command, root))
+    assert outcome.code == 0, outcome.err[-3000:]
+    summary = json.loads(outcome.out.strip().splitlines()[-1])
+    assert summary["accuracy_mean"] == pytest.approx(row.accuracy, abs=TOLERANCE), row.command
+    if row.proxy is not None:
+        assert summary["accuracy_proxy_mean"] == pytest.approx(row.proxy, abs=TOLERANCE), row.command
+
+
+def parse_only(argv: list[str]) -> None:
+    """Parse `p4bench ARGV` down to its leaf command (options, types, choices) without
+    running it; a usage error (unknown command or option, bad value) raises.
+
+    Duck-typed: typer builds on click (a vendored copy in recent typer), and a group is
+    whatever resolves subcommands."""
+    import typer.main
+
+    from p4bench.cli import build_app
+
+    command = typer.main.get_command(build_app())
+    try:
+        ctx = command.make_context("p4bench", list(argv))
+        while hasattr(command, "resolve_command"):
+            rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+            assert rest, f"p4bench {' '.join(argv)}: no command"
+            name, sub, args = command.resolve_command(ctx, rest)
+            assert sub is not None, f"no command {name!r}"
+            command, ctx = sub, sub.make_context(name, args, parent=ctx)
+    except Exception as exc:
+        if type(exc).__name__ == "Exit" and getattr(exc, "exit_code", None) == 0:
+            return  # an eager option (--help, --version, ...) ends parsing
+        raise
+
+
+@pytest.mark.parametrize("command", [c for c in README_COMMANDS if cannot_run_here(c)], ids=lambda c: c.id)
+def test_skipped_commands_parse(command, tmp_path):
+    with _environment(workspace(tmp_path), {"HOME": str(tmp_path)}):
+        parse_only(list(command.argv))
+
+
+DOC_COMMANDS = [c for page in sorted(DOCS.glob("*.md")) for c in fenced_commands(page)]
+
+
+@pytest.mark.parametrize("command", DOC_COMMANDS, ids=lambda c: c.id)
+def test_doc_page_commands_parse(command, tmp_path):
+    with _environment(workspace(tmp_path), {"HOME": str(tmp_path)}):
+        parse_only(list(command.argv))

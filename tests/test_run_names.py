@@ -1,0 +1,57 @@
+"""Truthful counts and names: rounds as configured (a phase before them reported on its
+own), resolved plugin names in MLflow params, run names `method-attack-defense-dataset-seed`."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+
+from p4bench.backends import RunTask, execute_task
+from p4bench.cli.run import ProgressDisplay, _rounds_text
+from p4bench.config import RunConfig
+from p4bench.runner import run
+from p4bench.tracking import run_name
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One results folder and MLflow store for the module: creating a store costs seconds."""
+    folder = tmp_path_factory.mktemp("names")
+    return str(folder / "runs"), f"sqlite:///{folder / 'store.db'}"
+
+
+def test_p4_reports_the_configured_rounds_and_its_resolved_default_defense(store):
+    results_dir, uri = store
+    text = io.StringIO()
+    display = ProgressDisplay(Console(file=text, width=120))
+    config = RunConfig(method="p4", clients=6, rounds=3, local_steps=1, seed=1, results_dir=results_dir, tracking_uri=uri)
+    summary = run(config, observers=[display]).summary
+    assert summary["rounds"] == 3 and summary["rounds_completed"] == 3
+    assert summary["phases"] == {"grouping": {"rounds": 1, "completed": 1}, "cotraining": {"rounds": 3, "completed": 3}}
+    assert _rounds_text(summary) == "3, after grouping (1 round)"
+    assert "3/3" in text.getvalue() and "4/4" not in text.getvalue()  # the bar counts the configured rounds
+    logged = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
+    assert logged.data.params["defense"] == "p4-secure" and logged.data.tags["defense"] == "p4-secure"
+    assert logged.info.run_name == "p4-none-p4-secure-digits-1"
+
+
+def test_attacked_and_clean_runs_are_named_apart(store):
+    results_dir, uri = store
+    config = RunConfig(method="fedavg", attack="label-flip", defense="median", clients=6, rounds=1, local_steps=1, seed=2,
+                       results_dir=results_dir, tracking_uri=uri)
+    summary = run(config).summary
+    logged = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
+    assert logged.info.run_name == "fedavg-label-flip-median-digits-2" and logged.data.params["defense"] == "median"
+    assert run_name(config.replace(attack=None, defense=None), None) == "fedavg-none-none-digits-2"
+
+
+def test_a_sweep_run_that_fails_is_named_with_its_resolved_defense(store):
+    results_dir, uri = store
+    config = RunConfig(method="p4", clients=6, rounds=1, results_dir=results_dir, tracking_uri=uri, options={"group_size": 99})
+    record = execute_task(RunTask(config.to_dict(), {"sweep": "names"}))
+    assert record.status == "failed"
+    logged = MlflowClient(tracking_uri=uri).get_run(record.mlflow_run_id)
+    assert logged.info.run_name == "p4-none-p4-secure-digits-0" and logged.data.params["defense"] == "p4-secure"
