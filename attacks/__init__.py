@@ -50,7 +50,7 @@ __all__ = [
     "SignFlip",
 ]
 
-__getattr__, __dir__ = lazy_exports(globals(), {
+__getattr__ = lazy_exports(globals(), {
     "p4bench.attacks.alie": ("ALittleIsEnough",),
     "p4bench.attacks.byzantine": ("ByzantineFlip", "ByzantineRandom", "ByzantineZero"),
     "p4bench.attacks.gaussian": ("Gaussian",),

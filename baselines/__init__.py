@@ -29,7 +29,7 @@ __all__ = [
     "PDSLLocalVal", "ProxyFL", "Scaffold",
 ]
 
-__getattr__, __dir__ = lazy_exports(globals(), {
+__getattr__ = lazy_exports(globals(), {
     "p4bench.baselines.centralized": ("Centralized",),
     "p4bench.baselines.dp_cga": ("DPCGA",),
     "p4bench.baselines.dsgt": ("DPDSGD", "DPDSGT"),

@@ -44,7 +44,7 @@ __all__ = [
     "TrimmedMean",
 ]
 
-__getattr__, __dir__ = lazy_exports(globals(), {
+__getattr__ = lazy_exports(globals(), {
     "p4bench.defenses.accept_if_better": ("AcceptIfBetter",),
     "p4bench.defenses.anomaly": ("AnomalyDetection",),
     "p4bench.defenses.bulyan": ("Bulyan",),

@@ -7,9 +7,14 @@ A package that re-exports names of its submodules lists them as
     if TYPE_CHECKING:  # what type checkers, readers and the import-graph test see
         from p4bench.engine.method import Method
 
-    __getattr__, __dir__ = lazy_exports(globals(), {"p4bench.engine.method": ("Method",)})
+    __all__ = ["Method"]
+    __getattr__ = lazy_exports(globals(), {"p4bench.engine.method": ("Method",)})
 
 and `from p4bench.engine import Method` imports `p4bench.engine.method` then.
+
+`dir(package)` lists a name once it is imported, not before: older pluggy releases
+(`pluggy>=1.3` is allowed) read every name `dir()` lists on a plugin module with
+`getattr`, which would import them all when the plugin manager is built.
 """
 
 from __future__ import annotations
@@ -21,12 +26,10 @@ from typing import Any
 __all__ = ["lazy_exports"]
 
 
-def lazy_exports(
-    namespace: dict[str, Any], exports: Mapping[str, tuple[str, ...]]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """A module `__getattr__` and `__dir__` for the package whose `globals()` is
-    `namespace`; `exports` maps a module to the names the package takes from it. A name
-    is imported on first access and then kept in the package's namespace."""
+def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, tuple[str, ...]]) -> Callable[[str], Any]:
+    """A module `__getattr__` for the package whose `globals()` is `namespace`; `exports`
+    maps a module to the names the package takes from it. A name is imported on first
+    access and then kept in the package's namespace."""
     package = namespace["__name__"]
     where = {name: module for module, names in exports.items() for name in names}
 
@@ -38,7 +41,4 @@ def lazy_exports(
         namespace[name] = value
         return value
 
-    def __dir__() -> list[str]:
-        return sorted({*namespace, *where})
-
-    return __getattr__, __dir__
+    return __getattr__

@@ -16,9 +16,10 @@ import pytest
 
 HEAVY = ("torch", "scipy", "mlflow", "pandas", "sklearn", "kymatio", "matplotlib")
 
-LAZY_PACKAGES = (
+LAZY_MODULES = (  # packages re-exporting their submodules' names, and hook modules the names they used to import
     "p4bench.engine", "p4bench.data", "p4bench.privacy", "p4bench.topology", "p4bench.baselines", "p4bench.attacks",
     "p4bench.defenses", "p4bench.plugins.p4", "p4bench.plugins.p4l", "p4bench.plugins.device",
+    "p4bench.engine.runtimes", "p4bench.data.builtin", "p4bench.privacy.builtin", "p4bench.topology.builtin",
 )
 
 
@@ -56,16 +57,16 @@ def test_default_registry_calls_no_hook_until_used():
     assert result == [0, False, True, True]
 
 
-@pytest.mark.parametrize("package", LAZY_PACKAGES)
-def test_lazy_exports_are_the_defined_objects(package):
-    module = importlib.import_module(package)
+@pytest.mark.parametrize("name", LAZY_MODULES)
+def test_lazy_exports_are_the_defined_objects(name):
+    module = importlib.import_module(name)
     assert module.__all__
-    for name in module.__all__:
-        value = getattr(module, name)
+    for export in module.__all__:
+        value = getattr(module, export)
         defined_in = getattr(value, "__module__", None)
         if defined_in and defined_in.startswith("p4bench") and isinstance(value, type):
             assert getattr(importlib.import_module(defined_in), value.__name__) is value
-        assert name in dir(module)
+        assert export in dir(module)  # once imported
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         module.not_a_name  # noqa: B018
 
@@ -74,9 +75,12 @@ def test_from_imports_and_submodules_still_work():
     from p4bench.baselines import FedAvg
     from p4bench.baselines.fedavg import FedAvg as defined
     from p4bench.engine import Method
+    from p4bench.engine.runtime import SimulationRuntime as runtime
+    from p4bench.engine.runtimes import SimulationRuntime
     from p4bench.privacy import BUILTIN_ACCOUNTANTS, Accountant
 
     assert FedAvg is defined and issubclass(FedAvg, Method)
+    assert SimulationRuntime is runtime
     assert all(issubclass(cls, Accountant) for cls in BUILTIN_ACCOUNTANTS)
     assert importlib.import_module("p4bench.engine").driver.__name__ == "p4bench.engine.driver"
 

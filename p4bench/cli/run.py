@@ -337,7 +337,8 @@ def show_config_defaults(command: Any, config: RunConfig | None = None) -> None:
         info = parameter.default
         field = {"time_budget": "time_budget_min"}.get(name, name)
         value = defaults.get(field)
-        if isinstance(info, typer.models.OptionInfo) and info.default is None and value is not None and value is not False and not isinstance(value, dict):
+        shown = value is not None and value is not False and not isinstance(value, dict)
+        if isinstance(info, typer.models.OptionInfo) and info.default is None and shown:
             info.show_default = str(value)
 
 

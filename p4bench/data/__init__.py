@@ -24,7 +24,7 @@ __all__ = [
     "split_client_indices",
 ]
 
-__getattr__, __dir__ = lazy_exports(globals(), {
+__getattr__ = lazy_exports(globals(), {
     "p4bench.data.base": ("ArrayDataset", "Dataset", "Partitioner"),
     "p4bench.data.federated": ("ClientTensors", "FederatedData", "build_federated_data", "split_client_indices"),
 })

@@ -45,7 +45,7 @@ __all__ = [
     "with_update_vectors",
 ]
 
-__getattr__, __dir__ = lazy_exports(globals(), {
+__getattr__ = lazy_exports(globals(), {
     "p4bench.engine.messages": ("MessageFormatError", "Messages", "decode", "encode"),
     "p4bench.engine.method": ("DEFAULT_EPSILON", "Capabilities", "Exchange", "LocalUpdate", "Method", "Phase", "StepContext"),
     "p4bench.engine.runtime": ("GroupedRuntime", "Job", "Outcome", "RoundReport", "Runtime"),

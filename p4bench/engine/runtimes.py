@@ -6,9 +6,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from p4bench.hookspecs import hookimpl
+from p4bench.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from p4bench.engine.runtime import Runtime
+    from p4bench.engine.runtime import BytesRuntime, ReferenceRuntime, Runtime, SimulationRuntime
+
+__all__ = ["BytesRuntime", "ReferenceRuntime", "Runtime", "SimulationRuntime", "register_runtimes"]
+
+# the names this module used to import, for code that imports them from here
+__getattr__ = lazy_exports(globals(), {
+    "p4bench.engine.runtime": ("BytesRuntime", "ReferenceRuntime", "Runtime", "SimulationRuntime"),
+})
 
 
 @hookimpl

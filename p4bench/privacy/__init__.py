@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_exports(globals(), {
+__getattr__ = lazy_exports(globals(), {
     "p4bench.privacy.accountants": (
         "Accountant", "NobleAccountant", "PRVAccountant", "RDPAccountant", "ReleaseSegment", "accounted_epsilon",
         "compact_history",

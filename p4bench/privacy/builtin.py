@@ -6,9 +6,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from p4bench.hookspecs import hookimpl
+from p4bench.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from p4bench.privacy.accountants import Accountant
+    from p4bench.privacy.catalog import BUILTIN_ACCOUNTANTS
+
+__all__ = ["Accountant", "BUILTIN_ACCOUNTANTS", "register_accountants"]
+
+# the names this module used to import, for code that imports them from here
+__getattr__ = lazy_exports(globals(), {
+    "p4bench.privacy.accountants": ("Accountant",),
+    "p4bench.privacy.catalog": ("BUILTIN_ACCOUNTANTS",),
+})
 
 
 @hookimpl

@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_exports(globals(), {
+__getattr__ = lazy_exports(globals(), {
     "p4bench.topology.graphs": (
         "BUILTIN_TOPOLOGIES", "CompleteGraph", "EdgeListGraph", "ErdosRenyiGraph", "ExponentialGraph", "RandomRegularGraph",
         "RingGraph", "Topology", "TorusGraph", "degree_stats", "exponential_shift", "is_connected", "is_symmetric",

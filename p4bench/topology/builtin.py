@@ -6,9 +6,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from p4bench.hookspecs import hookimpl
+from p4bench.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from p4bench.topology.graphs import Topology
+    from p4bench.topology.graphs import BUILTIN_TOPOLOGIES, Topology
+    from p4bench.topology.groups import GroupsGraph
+
+__all__ = ["BUILTIN_TOPOLOGIES", "GroupsGraph", "register_topologies"]
+
+# the names this module used to import, for code that imports them from here
+__getattr__ = lazy_exports(globals(), {
+    "p4bench.topology.graphs": ("BUILTIN_TOPOLOGIES",),
+    "p4bench.topology.groups": ("GroupsGraph",),
+})
 
 
 @hookimpl

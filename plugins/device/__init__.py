@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeviceRuntime", "DeviceOutcome"]
 
-__getattr__, __dir__ = lazy_exports(globals(), {"p4bench.plugins.device.launcher": ("DeviceOutcome", "DeviceRuntime")})
+__getattr__ = lazy_exports(globals(), {"p4bench.plugins.device.launcher": ("DeviceOutcome", "DeviceRuntime")})
 
 
 @hookimpl

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["P4", "P4Secure"]
 
-__getattr__, __dir__ = lazy_exports(globals(), {
+__getattr__ = lazy_exports(globals(), {
     "p4bench.plugins.p4.method": ("P4",),
     "p4bench.plugins.p4.secure": ("P4Secure",),
 })

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["P4L"]
 
-__getattr__, __dir__ = lazy_exports(globals(), {"p4bench.plugins.p4l.method": ("P4L",)})
+__getattr__ = lazy_exports(globals(), {"p4bench.plugins.p4l.method": ("P4L",)})
 
 
 @hookimpl
