@@ -121,6 +121,9 @@ class Tracker:
             logging.getLogger(noisy).setLevel(logging.WARNING)
         from mlflow.tracking import MlflowClient
 
+        from p4bench.tracking_store import seed_sqlite_store
+
+        seed_sqlite_store(self.uri)  # a new SQLite store: a copy of a migrated empty one, not ~1 s of migrations
         self.client = MlflowClient(tracking_uri=self.uri)
         experiment = self._mlflow("get experiment", self.client.get_experiment_by_name, self.config.experiment)
         if self.client is None:
@@ -226,7 +229,7 @@ class Tracker:
         with open(self.local_dir / "metrics.csv", "w", newline="") as handle:
             csv.writer(handle).writerow(["step", "phase", "round", "accuracy_mean", "train_loss", "seconds", "bytes_sent"])
         if run.data is not None:
-            write_partition_summary(run, self.local_dir)
+            write_partition_summary(run, self.local_dir, heatmap=False)  # partition.png in run_finished: matplotlib is ~0.5 s
         report = getattr(run, "partition_report", None)
         for name, text in (report.artifacts.items() if report is not None else ()):
             (self.local_dir / name).write_text(text)
@@ -261,6 +264,8 @@ class Tracker:
     def run_finished(self, run, result) -> None:
         folder = self.local_dir
         assert folder is not None  # set by run_started
+        if run.data is not None:
+            write_partition_summary(run, folder, table=False)
         self._write_clients(run, result, folder / "clients.csv")
         plot_accuracy(folder / "metrics.csv", folder / "accuracy.png", title=f"{self.config.method} on {self.config.dataset}")
         summary = dict(result.summary)
@@ -327,25 +332,28 @@ class Tracker:
                 writer.writerow([client, role, bool(run.malicious[client]), float(acc)])
 
 
-def write_partition_summary(run, folder: Path) -> None:
-    """partition.csv (per client: role, sizes, class counts) and a client-by-class heatmap."""
-    from p4bench.data.summary import plot_partition_heatmap
-
+def write_partition_summary(run, folder: Path, table: bool = True, heatmap: bool = True) -> None:
+    """partition.csv (per client: role, sizes, class counts) and a client-by-class heatmap
+    (partition.png); `table` and `heatmap` choose which."""
     data = run.data
     classes = data.num_classes
     counts = np.zeros((data.num_clients, classes), dtype=np.int64)
     for split in (data.train, data.test):
         for client in range(data.num_clients):
             counts[client] += np.bincount(split.y[client, : int(split.n[client])].numpy(), minlength=classes)
-    with open(folder / "partition.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["client", "role", "malicious", "n_train", "n_test", *[f"class_{c}" for c in data.class_names]])
-        for client in range(data.num_clients):
-            role = "evaluation" if run.evaluation[client] else "reported"
-            writer.writerow([client, role, bool(run.malicious[client]), int(data.train.n[client]), int(data.test.n[client]),
-                             *counts[client].tolist()])
-    plot_partition_heatmap(counts, data.class_names, folder / "partition.png",
-                           title=f"{run.config.dataset} / {run.config.partitioner}: samples per client and class")
+    if table:
+        with open(folder / "partition.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["client", "role", "malicious", "n_train", "n_test", *[f"class_{c}" for c in data.class_names]])
+            for client in range(data.num_clients):
+                role = "evaluation" if run.evaluation[client] else "reported"
+                writer.writerow([client, role, bool(run.malicious[client]), int(data.train.n[client]),
+                                 int(data.test.n[client]), *counts[client].tolist()])
+    if heatmap:
+        from p4bench.data.summary import plot_partition_heatmap
+
+        plot_partition_heatmap(counts, data.class_names, folder / "partition.png",
+                               title=f"{run.config.dataset} / {run.config.partitioner}: samples per client and class")
 
 
 # Run-level figures of the methods (PDSL's rho and Theorem 1 epsilon, P4L's completion rate,
