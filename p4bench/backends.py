@@ -106,12 +106,11 @@ class WithheldTests:
     def run_started(self, run) -> None:
         import torch
 
-        keep = torch.from_numpy(run.evaluation & ~run.malicious)
         test = run.data.test  # the very tensors the runtime reads when the rounds start
-        drop = ~keep
-        test.x[drop] = 0
-        test.y[drop] = 0
-        test.n[drop] = 0
+        drop = torch.from_numpy(~(run.evaluation & ~run.malicious))
+        test.x[drop.to(test.x.device)] = 0
+        test.y[drop.to(test.y.device)] = 0
+        test.n[drop.to(test.n.device)] = 0
         self.withheld = drop.numpy().copy()
 
     @staticmethod

@@ -86,6 +86,14 @@ class RunConfig:
             choices=("auto", "seeded", "secure"),
         ),
     )
+    noise_generator: str = field(
+        default="auto",
+        metadata=_meta(
+            "seeded DP noise: torch (a CPU generator per client), philox (per-client counter-based streams: the same "
+            "numbers on CPU and GPU), auto (torch on the CPU, philox on accelerators)",
+            choices=("auto", "torch", "philox"),
+        ),
+    )
     device_simulation: bool = field(
         default=False, metadata=_meta("allow seeded DP randomness on devices (a simulation on devices: epsilon uncertified)")
     )
@@ -98,6 +106,10 @@ class RunConfig:
         ),
     )
     seed: int = field(default=0, metadata=_meta("random seed", low=0, high=2**63 - 1))
+    device: str = field(
+        default="cpu",
+        metadata=_meta("where tensors live: cpu, cuda, cuda:N (one GPU), auto (a GPU where there is one, else cpu)"),
+    )
     time_budget_min: float | None = field(
         default=None,
         metadata=_meta(
@@ -137,6 +149,9 @@ class RunConfig:
         data = {k: v for k, v in self.to_dict().items() if k not in ("experiment", "tracking_uri", "results_dir")}
         if data["time_budget_min"] is None:  # added later: runs without a budget keep the hashes they had
             del data["time_budget_min"]
+        for name, default in (("device", "cpu"), ("noise_generator", "auto")):  # added later: older runs keep their hashes
+            if data[name] == default:
+                del data[name]
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

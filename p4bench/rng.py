@@ -178,14 +178,14 @@ class SecretSource:
     def words(self, rows: int, n: int) -> torch.Tensor:
         """(rows, n) uniformly random 32-bit words as int64."""
         if rows * n == 0:
-            return torch.zeros(rows, n, dtype=torch.int64)
+            return torch.zeros(rows, n, dtype=torch.int64, device="cpu")
         raw = torch.frombuffer(self.read(4 * rows * n), dtype=torch.int32).view(rows, n)
         return raw.to(torch.int64) & _MASK32
 
     def uniform53(self, count: int) -> torch.Tensor:
         """(count,) float64 uniforms in (0, 1) with 53 random bits each."""
         if count == 0:
-            return torch.zeros(0, dtype=torch.float64)
+            return torch.zeros(0, dtype=torch.float64, device="cpu")
         raw = torch.frombuffer(self.read(8 * count), dtype=torch.int64)
         return raw.bitwise_and_((1 << 53) - 1).double().add_(0.5).mul_(2.0**-53)
 
@@ -211,7 +211,7 @@ class SecretRng(ClientRng):
     def bits(self, n: int, tag: int = 0) -> torch.Tensor:
         """(rows, n) uniformly random secret 32-bit words as int64; `tag` is ignored."""
         self.calls = self.calls + 1
-        return self.source.words(self.rows, n)
+        return self.source.words(self.rows, n).to(self.calls.device)  # keystream on the host, used where the run is
 
     def take(self, rows: torch.Tensor) -> SecretRng:
         """The streams of a subset of rows (sharing the source; write back with `put`)."""

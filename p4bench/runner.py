@@ -21,6 +21,7 @@ from p4bench.data import FederatedData, build_federated_data
 from p4bench.data.base import load_dataset, run_partitioner
 from p4bench.data.paths import _data_dir
 from p4bench.data.public import public_data
+from p4bench.devices import MemoryPlan, describe_device, device_scope, plan_memory, resolve_device
 from p4bench.engine import Attack, Defense, Job, Method, RoundReport
 from p4bench.errors import IncompatibleError, UsageError
 from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
@@ -52,6 +53,8 @@ class PreparedRun:
     runtime: Any
     info: RunInfo
     ledger: PrivacyLedger | None = None
+    device: torch.device = torch.device("cpu")
+    memory: MemoryPlan | None = None
 
 
 def resolve_run_config(config: RunConfig, registry: Registry) -> RunConfig:
@@ -118,9 +121,13 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         if reason:
             raise IncompatibleError(f"{kind} '{cls.name}' cannot be used with method '{config.method}': {reason}")
 
+    device = resolve_device(config.device)
+    if device.type != "cpu" and getattr(runtime_cls, "separate_parties", False):
+        raise UsageError(f"runtime '{config.runtime}' trains on its peers' own processors; --device {config.device} "
+                         "applies to the simulation runtimes (simulation, reference, bytes)")
     dataset = load_dataset(dataset_cls, Path(_data_dir()), config)
-    if config.features == "scatter":
-        dataset = scatter_dataset(dataset)
+    if config.features == "scatter":  # the feature cache is shared by devices: computed where the run is
+        dataset = scatter_dataset(dataset, device=str(device) if device.type == "cuda" else "cpu")
     public = None
     if method_cls.needs_public_data:  # held-out records leave the dataset before any client gets a share
         dataset, public = public_data(dataset_cls, dataset, Path(_data_dir()), config,
@@ -139,32 +146,38 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         chooser = harness_rng(config.seed, SEED_MALICIOUS)
         malicious[chooser.permutation(config.clients)[: int(round(config.malicious_fraction * config.clients))]] = True
 
-    model = model_cls(data.feature_shape, data.num_classes)
-    method = method_cls(config, model, config.clients)
-    method.public_data = public
-    reasons = method.uncertified_steps() + (defense_cls.uncertified_steps() if defense_cls is not None else [])
-    certification = certify(config, reasons, bool(getattr(runtime_cls, "separate_parties", False)))
-    malicious_mask = torch.from_numpy(malicious)
-    job = Job(
-        config=config,
-        method=method,
-        model=model,
-        data=data,
-        attack=attack_cls(config, data.num_classes) if attack_cls else None,
-        defense=defense_cls(config) if defense_cls else None,
-        malicious=malicious_mask,
-    )
-    if job.defense is not None and job.defense.needs_oracle:
-        job.defense.reveal_malicious(malicious_mask)  # the ideal defense: a harness oracle
+    host_data = data
+    with device_scope(device):  # parameters, method state and data live on the run's device
+        model = model_cls(data.feature_shape, data.num_classes)
+        method = method_cls(config, model, config.clients)
+        method.public_data = public
+        num_parameters = model.num_parameters(method.initial_params())
+        memory = plan_memory(device, data.nbytes(), state_bytes(num_parameters, config.clients))
+        data = data.to(device, stream=memory.stream_data)
+        reasons = method.uncertified_steps() + (defense_cls.uncertified_steps() if defense_cls is not None else [])
+        certification = certify(config, reasons, bool(getattr(runtime_cls, "separate_parties", False)))
+        malicious_mask = torch.from_numpy(malicious).to(device)
+        job = Job(
+            config=config,
+            method=method,
+            model=model,
+            data=data,
+            attack=attack_cls(config, data.num_classes) if attack_cls else None,
+            defense=defense_cls(config) if defense_cls else None,
+            malicious=malicious_mask,
+        )
+        if job.defense is not None and job.defense.needs_oracle:
+            job.defense.reveal_malicious(malicious_mask)  # the ideal defense: a harness oracle
+        ledger = _setup_privacy(config, registry, method, data, job) if config.private else None
     info = RunInfo(
         run_id=uuid.uuid4().hex[:12],
         config=config,
-        evaluation=data.evaluation.numpy(),
+        evaluation=host_data.evaluation.numpy(),
         malicious=malicious,
         phases=method.phases(),
         defense=defense_cls.name if defense_cls else None,
         data=data,
-        num_parameters=model.num_parameters(method.initial_params()),
+        num_parameters=num_parameters,
         started_at=time.time(),
         certification=certification,
         config_hash=requested_hash,
@@ -173,8 +186,17 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         public_data=public.description if public is not None else None,
         partition_report=partitioner.report,
     )
-    ledger = _setup_privacy(config, registry, method, data, job) if config.private else None
-    return PreparedRun(config, job, runtime_cls(), info, ledger)
+    return PreparedRun(config, job, runtime_cls(), info, ledger, device, memory)
+
+
+# Per client: parameters, gradients, and method state (momentum, proxies, control
+# variates, received models) - a conservative multiple of one model's size in fp32.
+STATE_COPIES = 8
+
+
+def state_bytes(num_parameters: int, clients: int) -> int:
+    """Bytes of device memory the clients' state needs (for `plan_memory`)."""
+    return int(num_parameters) * int(clients) * 4 * STATE_COPIES
 
 
 def _setup_privacy(config: RunConfig, registry: Registry, method: Method, data: FederatedData, job: Job) -> PrivacyLedger:
@@ -272,8 +294,8 @@ def run(
             pm.hook.round_finished(run=info, report=report)
             session.checkpoint(force=interrupts.stop_requested())
 
-        with interrupts.training() if session.runtime is not None else nullcontext():  # else Ctrl-C stops at once
-            outcome = prepared.runtime.execute(prepared.job, on_round)
+        with interrupts.training() if session.runtime is not None else nullcontext(), device_scope(prepared.device):
+            outcome = prepared.runtime.execute(prepared.job, on_round)  # (without interrupts Ctrl-C stops at once)
         if session.stopped_by_request and not session.complete:
             raise session.interrupted(attached)
         wall = time.perf_counter() - started + session.elapsed_before
@@ -291,6 +313,9 @@ def run(
                 result.summary["epsilon_scope"] = early_stop_epsilon_note(result.summary)
         if info.certification is not None:
             result.summary.update(info.certification.summary_fields())
+        result.summary["compute_device"] = describe_device(prepared.device)
+        if prepared.memory is not None and prepared.device.type != "cpu":
+            result.summary.update(prepared.memory.summary())
         if resume is not None:
             result.summary["resumed_from_step"] = int(resume.meta.get("step", 0))
         pm.hook.run_finished(run=info, result=result)

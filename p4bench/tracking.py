@@ -339,8 +339,9 @@ def write_partition_summary(run, folder: Path, table: bool = True, heatmap: bool
     classes = data.num_classes
     counts = np.zeros((data.num_clients, classes), dtype=np.int64)
     for split in (data.train, data.test):
+        labels, sizes = split.y.cpu().numpy(), split.n.cpu().numpy()  # one copy from the run's device
         for client in range(data.num_clients):
-            counts[client] += np.bincount(split.y[client, : int(split.n[client])].numpy(), minlength=classes)
+            counts[client] += np.bincount(labels[client, : sizes[client]], minlength=classes)
     if table:
         with open(folder / "partition.csv", "w", newline="") as handle:
             writer = csv.writer(handle)

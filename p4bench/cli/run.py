@@ -103,6 +103,9 @@ def run_command(
         help="DP noise and batches: auto (default: secure on devices, seeded in simulation) | seeded (reproducible, not secret) "
         "| secure (secret per client, keyed from the OS CSPRNG)",
     ),
+    noise_generator: str | None = typer.Option(
+        None, help="seeded DP noise: auto (default: torch on cpu, philox on GPUs) | torch | philox (same numbers on CPU and GPU)"
+    ),
     device_simulation: bool = typer.Option(
         False, "--device-simulation", help="device runtime: allow seeded DP randomness (a simulation on devices; epsilon uncertified)"
     ),
@@ -118,6 +121,9 @@ def run_command(
         None, help="device runtime: N peer processes on 127.0.0.1 (sets --runtime device and --clients N)"
     ),
     seed: int | None = typer.Option(None, help="random seed"),
+    device: str | None = typer.Option(
+        None, help="where tensors live: cpu (default) | cuda | cuda:N | auto (a GPU where there is one); recorded in the run"
+    ),
     time_budget: float | None = typer.Option(
         None, "--time-budget", metavar="MINUTES",
         help="stop after the first round that ends past MINUTES of training (all runtimes; on devices the launcher's "
@@ -196,8 +202,8 @@ def _overrides(o: dict[str, Any]) -> dict[str, Any]:
                       **parse_key_values(o["option"])}
     names = ("method", "attack", "defense", "dataset", "partitioner", "similarity", "clients", "samples_per_client",
              "rounds", "local_steps", "client_rate", "data_rate", "lr", "global_lr", "malicious_fraction", "epsilon",
-             "delta", "noise_multiplier", "clip", "neighbouring", "accountant", "noise_source", "feature_norm",
-             "eval_fraction", "features", "model", "runtime", "seed", "experiment", "tracking_uri", "results_dir")
+             "delta", "noise_multiplier", "clip", "neighbouring", "accountant", "noise_source", "noise_generator", "feature_norm",
+             "eval_fraction", "features", "model", "runtime", "seed", "device", "experiment", "tracking_uri", "results_dir")
     values = {name: o[name] for name in names}
     values.update(no_dp=o["no_dp"] or None, device_simulation=o["device_simulation"] or None,
                   time_budget_min=o["time_budget"], options=plugin_options or None)
@@ -217,7 +223,7 @@ def _resume(o: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
     from p4bench.results import tracking_uri_for
     from p4bench.runner import run
 
-    given = sorted(k for k in _overrides(o) if k not in ("results_dir", "tracking_uri"))
+    given = sorted(k for k in _overrides(o) if k not in ("results_dir", "tracking_uri", "device"))
     if given or o["config"] is not None or o["local_peers"] is not None:
         named = ", ".join(f"--{k.replace('_', '-')}" for k in given) or "--config / --local-peers"
         raise UsageError(f"--resume continues a run with its saved options; it takes no run options ({named} given)")
@@ -241,7 +247,7 @@ def _resume(o: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
         checkpoint.state()
     except Exception as exc:  # noqa: BLE001 - a damaged or foreign file: one line, not a traceback
         raise UsageError(f"the checkpoint in {folder} cannot be read ({type(exc).__name__}); start the run again") from None
-    config = RunConfig(**checkpoint.config)
+    config = RunConfig(**{**checkpoint.config, **({"device": o["device"]} if o["device"] else {})})  # may move devices
     if checkpoint.meta.get("secret_randomness"):
         display.say("[yellow]this run draws secret (OS-CSPRNG) randomness, which cannot be replayed: the resumed rounds "
                     "draw fresh noise, so results are not bit-identical to an uninterrupted run[/yellow]")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +32,8 @@ def orthonormal_bases(x: torch.Tensor, chunk: int = 32) -> tuple[torch.Tensor, t
     flat = x.flatten(start_dim=2)
     count, width, dim = flat.shape
     m = min(width, dim)
-    basis, coords = torch.empty(count, m, dim), torch.empty(count, m, width)
+    basis = torch.empty(count, m, dim, device=flat.device)
+    coords = torch.empty(count, m, width, device=flat.device)
     for start in range(0, count, chunk):
         q, r = torch.linalg.qr(flat[start : start + chunk].transpose(1, 2))
         basis[start : start + chunk] = q.transpose(1, 2)
@@ -54,7 +56,8 @@ class ClientTensors:
         """The clients at `index`, trimmed to their own longest length."""
         n = self.n[index]
         width = int(n.max()) if len(n) else 0
-        subset = ClientTensors(self.x[index, :width], self.y[index, :width], n)
+        samples = self.x[index.to(self.x.device), :width]  # streamed samples stay in host memory
+        subset = ClientTensors(samples, self.y[index, :width], n)
         if _NORMS in self.__dict__:
             subset.__dict__[_NORMS] = self.__dict__[_NORMS][index, :width]
         subset.__dict__[_PARENT] = (self, index, width)  # `gram` computes once, on the parent
@@ -93,7 +96,19 @@ class ClientTensors:
 
     @property
     def mask(self) -> torch.Tensor:
-        return torch.arange(self.y.shape[1]) < self.n.unsqueeze(1)
+        return torch.arange(self.y.shape[1], device=self.n.device) < self.n.unsqueeze(1)
+
+    def nbytes(self) -> int:
+        """Bytes of the samples, labels and counts."""
+        return sum(t.numel() * t.element_size() for t in (self.x, self.y, self.n))
+
+    def to(self, device: torch.device, stream: bool = False) -> ClientTensors:
+        """These tensors on `device`; with `stream`, the samples stay in pinned host memory
+        (labels and counts move) and `gather_batch` moves each batch to the device."""
+        if device.type == "cpu":
+            return self
+        x = (self.x.pin_memory() if device.type == "cuda" else self.x) if stream else self.x.to(device)
+        return ClientTensors(x, self.y.to(device), self.n.to(device))
 
     @staticmethod
     def from_lists(xs: list[np.ndarray], ys: list[np.ndarray], feature_shape: tuple[int, ...]) -> ClientTensors:
@@ -123,6 +138,18 @@ class FederatedData:
     @property
     def num_clients(self) -> int:
         return int(self.train.n.shape[0])
+
+    def nbytes(self) -> int:
+        """Bytes of every client's train and test tensors."""
+        return self.train.nbytes() + self.test.nbytes()
+
+    def to(self, device: torch.device, stream: bool = False) -> FederatedData:
+        """The clients' tensors on `device` (this object itself on the CPU); `stream`
+        keeps the samples in pinned host memory (`ClientTensors.to`)."""
+        if device.type == "cpu":
+            return self
+        return dataclasses.replace(self, train=self.train.to(device, stream), test=self.test.to(device, stream),
+                                   evaluation=self.evaluation.to(device))
 
 
 def split_client_indices(

@@ -73,7 +73,9 @@ class PublicData:
         """(inputs, labels) of the whole labeled pool; DataError when it has no labels."""
         if self.labels is None:
             raise DataError(f"public data ({self.description}) has no labels")
-        return torch.from_numpy(np.asarray(self.load(), dtype=np.float32)), torch.from_numpy(self.labels.astype(np.int64))
+        device = torch.get_default_device()  # the run's (p4bench.devices.device_scope)
+        return (torch.from_numpy(np.asarray(self.load(), dtype=np.float32)).to(device),
+                torch.from_numpy(self.labels.astype(np.int64)).to(device))
 
     def splits(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(U_train (n_train, ...), U_val (n_val, ...)) float32, computed once."""
@@ -88,7 +90,8 @@ class PublicData:
                 raise DataError(f"public data ({self.description}) is too small for a validation split of {val}")
             tensor = torch.from_numpy(x)
             self._splits = (tensor[torch.from_numpy(order[val:])], tensor[torch.from_numpy(order[:val])])
-        return self._splits
+        device = torch.get_default_device()  # the run's (p4bench.devices.device_scope)
+        return self._splits[0].to(device), self._splits[1].to(device)
 
 
 def without_records(dataset: ArrayDataset, drop: np.ndarray) -> ArrayDataset:

@@ -194,8 +194,9 @@ class RoundDriver:
     def _run_block(self, block: Block, step: int) -> RoundReport:
         count = self.job.data.num_clients
         self._losses: list[torch.Tensor] = []
-        self._sent, self._received = np.zeros(count, np.int64), np.zeros(count, np.int64)
-        self._bytes_sent = self._bytes_received = 0
+        # the communication ledger stays where the messages are; read once, in the report
+        self._sent, self._received = torch.zeros(count, dtype=torch.int64), torch.zeros(count, dtype=torch.int64)
+        self._bytes_sent, self._bytes_received = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
         self._metrics = {}
         self.network.begin_round(block.phase.name, block.round)
         started = time.perf_counter()
@@ -215,9 +216,9 @@ class RoundDriver:
         return RoundReport(
             phase=block.phase.name, round=block.round, step=step, accuracy=accuracy_now,
             train_loss=float(losses.mean()) if len(losses) else float("nan"), seconds=seconds,
-            bytes_sent=self._bytes_sent, bytes_received=self._bytes_received,
-            client_bytes_sent=self._sent, client_bytes_received=self._received,
-            extra_accuracy=extra, losses=losses.numpy(), metrics=dict(self._metrics),
+            bytes_sent=int(self._bytes_sent), bytes_received=int(self._bytes_received),
+            client_bytes_sent=self._sent.cpu().numpy(), client_bytes_received=self._received.cpu().numpy(),
+            extra_accuracy=extra, losses=losses.cpu().numpy(), metrics=dict(self._metrics),
         )
 
     # -- groups and contexts -----------------------------------------------------------
@@ -307,16 +308,17 @@ class RoundDriver:
     def _account(self, outgoing: Messages, sent_sizes: torch.Tensor, inbox: Messages, inbox_sizes: torch.Tensor) -> None:
         """Communication ledger: bytes each client sent and received over the network (a
         node does not send to itself over the network; the server, id -1, has no row)."""
-        if len(outgoing):
-            wire = outgoing.src != outgoing.dst
-            self._bytes_sent += int(sent_sizes[wire].sum())
-            client = wire & (outgoing.src >= 0)
-            np.add.at(self._sent, outgoing.src[client].numpy(), sent_sizes[client].numpy())
-        if len(inbox):
-            wire = inbox.src != inbox.dst
-            self._bytes_received += int(inbox_sizes[wire].sum())
-            client = wire & (inbox.dst >= 0)
-            np.add.at(self._received, inbox.dst[client].numpy(), inbox_sizes[client].numpy())
+        for messages, sizes, total, per_client, node in (
+            (outgoing, sent_sizes, self._bytes_sent, self._sent, outgoing.src),
+            (inbox, inbox_sizes, self._bytes_received, self._received, inbox.dst),
+        ):
+            if not len(messages):
+                continue
+            sizes = sizes.to(total.device)
+            wire = (messages.src != messages.dst).to(total.device)
+            total += (sizes * wire).sum()  # no host read: masks, not boolean indexing
+            client = wire & (node.to(total.device) >= 0)
+            per_client.index_add_(0, node.to(total.device).clamp_min(0), sizes * client)
 
     def _receive(self, receive: Callable[[Messages], State], inbox: Messages, foreign: bool, exchange: str) -> State | None:
         """The new state; on an untrusted network a `receive` that fails on what other
@@ -402,7 +404,7 @@ class RoundDriver:
 
         def on_every_client(params_of: Callable[[State], Params]) -> np.ndarray:
             parts = [accuracy(model, params_of(g.state), g.test.x, g.test.y, g.test.n) for g in self.groups]
-            return torch.cat(parts)[order].numpy()
+            return torch.cat(parts)[order].cpu().numpy()
 
         names = method.extra_models(self.groups[0].state).keys()
         def extra_model(name: str) -> Callable[[State], Params]:
@@ -410,12 +412,12 @@ class RoundDriver:
 
         extra = {name: on_every_client(extra_model(name)) for name in names}
         for name in method.client_accuracies(self.groups[0].state):  # measured by the method itself
-            extra[name] = torch.cat([method.client_accuracies(g.state)[name] for g in self.groups])[order].numpy()
+            extra[name] = torch.cat([method.client_accuracies(g.state)[name] for g in self.groups])[order].cpu().numpy()
         if method.test_metrics:
             parts = [test_metrics(model, method.deployed_params(g.state), g.test.x, g.test.y, g.test.n, method.test_metrics)
                      for g in self.groups]
             for name in parts[0]:
-                extra[name] = torch.cat([p[name] for p in parts])[order].numpy()
+                extra[name] = torch.cat([p[name] for p in parts])[order].cpu().numpy()
         return on_every_client(method.deployed_params), extra
 
     def deployed_params(self) -> Params:

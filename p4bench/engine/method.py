@@ -139,7 +139,10 @@ class Method(ABC):
 
     def initial_params(self) -> Params:
         """The common initialisation every client starts from (a function of the seed only)."""
-        return self.model.init(torch.Generator().manual_seed(self.config.seed))
+        with torch.device("cpu"):  # drawn on the host, so every device starts from the same numbers
+            params = self.model.init(torch.Generator().manual_seed(self.config.seed))
+        device = torch.get_default_device()
+        return {name: value.to(device) for name, value in params.items()}
 
     def uncertified_steps(self) -> list[str]:
         """Reasons the run's epsilon would not hold with the configured options: each a

@@ -152,8 +152,11 @@ def gather_batch(
 ) -> torch.Tensor:
     """values (C, n, ...) and index (B, b) -> (B, b, ...): sample index[i, j] of client
     clients[i] (default: of client i, B = C); into `workspace` memory if given."""
+    if values.device != index.device:  # samples streamed from (pinned) host memory: gather there, move the batch
+        host_clients = None if clients is None else clients.cpu()
+        return gather_batch(values, index.cpu(), clients=host_clients).to(index.device, non_blocking=True)
     count, width = values.shape[:2]
-    owners = (torch.arange(count) if clients is None else clients).unsqueeze(1)
+    owners = (torch.arange(count, device=index.device) if clients is None else clients).unsqueeze(1)
     if not values.is_contiguous():
         return values[owners, index]
     # index_select copies whole rows: much faster than advanced indexing for wide samples
@@ -170,19 +173,33 @@ def gather_batch(
     return picked.reshape(*index.shape, *values.shape[2:])
 
 
+# Clients per chunk when samples are streamed from host memory for evaluation.
+STREAM_CHUNK_CLIENTS = 64
+
+
 @torch.no_grad()
 def logits_of(model: Model, params: Params, x: torch.Tensor) -> torch.Tensor:
-    """(C, n, L) logits of each client's model on its own samples (C, n, ...)."""
-    return vmap(model.forward)(params, x)
+    """(C, n, L) logits of each client's model on its own samples (C, n, ...); samples
+    held in host memory (streamed runs) are moved to the parameters' device in chunks of
+    clients."""
+    device = next(iter(params.values())).device if params else x.device
+    if x.device == device:
+        return vmap(model.forward)(params, x)
+    chunks = []
+    for start in range(0, x.shape[0], STREAM_CHUNK_CLIENTS):
+        part = slice(start, start + STREAM_CHUNK_CLIENTS)
+        chunk = {k: v[part] for k, v in params.items()}
+        chunks.append(vmap(model.forward)(chunk, x[part].to(device, non_blocking=True)))
+    return torch.cat(chunks)
 
 
 @torch.no_grad()
 def accuracy(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """(C,) accuracy of each client's model on its own padded samples."""
     if x.shape[0] == 0:
-        return torch.zeros(0)
+        return torch.zeros(0, dtype=torch.float64)
     logits = logits_of(model, params, x)
-    mask = torch.arange(y.shape[1]) < n.unsqueeze(1)
+    mask = torch.arange(y.shape[1], device=y.device) < n.unsqueeze(1)
     correct = ((logits.argmax(dim=-1) == y) & mask).sum(dim=1)
     return correct.double() / n.clamp_min(1).double()
 

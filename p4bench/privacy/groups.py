@@ -11,6 +11,7 @@ from p4bench.privacy.mechanism import DPMechanism, DPSettings
 from p4bench.privacy.noise import NoiseStreams
 
 if TYPE_CHECKING:
+    from p4bench.config import RunConfig
     from p4bench.engine.job import Job, MechanismFactory
 
 __all__ = ["attach_mechanisms"]
@@ -29,7 +30,7 @@ def attach_mechanisms(job: Job, settings: DPSettings) -> None:
 
 def _factory(job: Job, settings: DPSettings) -> MechanismFactory:
     def build(rows: torch.Tensor, secret: bool) -> DPMechanism:
-        noise = NoiseStreams(job.config.seed, rows.tolist(), secure=secret)
+        noise = NoiseStreams(job.config.seed, rows.tolist(), secure=secret, generator=noise_generator(job.config))
         mechanism = DPMechanism(
             settings, noise, lambda release: job.report_release(release),
             lambda clients, rate, phase: job.release_allowed(clients, rate, phase),
@@ -37,3 +38,11 @@ def _factory(job: Job, settings: DPSettings) -> MechanismFactory:
         return job.wrap_mechanism(mechanism) if job.wrap_mechanism is not None else mechanism
 
     return build
+
+
+def noise_generator(config: RunConfig) -> str:
+    """The seeded noise generator of a run: `config.noise_generator`, with `auto` meaning
+    torch's CPU generators on the CPU and the device-independent Philox streams elsewhere."""
+    if config.noise_generator != "auto":
+        return config.noise_generator
+    return "torch" if config.device == "cpu" else "philox"

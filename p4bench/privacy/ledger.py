@@ -109,9 +109,9 @@ class PrivacyLedger:
     # -- budget -----------------------------------------------------------------------
     def allowed(self, clients: torch.Tensor, sample_rate: float, phase: str) -> torch.Tensor:
         """(len(clients),) bool: who can afford one more step at `sample_rate` in `phase`."""
-        ids = clients.numpy().astype(np.int64)
         if self.budget is None:
-            return torch.ones(len(ids), dtype=torch.bool)
+            return torch.ones(len(clients), dtype=torch.bool, device=clients.device)
+        ids = clients.cpu().numpy().astype(np.int64)  # bookkeeping on the host (one read per release)
         self._current_phase = phase
         key = (phase, float(sample_rate), float(self.settings.noise_multiplier))
         done = self.steps[key][ids] if key in self.steps else np.zeros(len(ids), dtype=np.int64)
@@ -125,7 +125,7 @@ class PrivacyLedger:
         if len(newly):
             self.stopped[newly] = True
             self.stop_log.append((self._current_phase, self._current_round, newly.tolist()))
-        return torch.from_numpy(ok)
+        return torch.from_numpy(ok).to(clients.device)
 
     def _affordable(self, client: int, key: tuple[str, float, float]) -> int:
         """Largest step count under `key` that keeps the client within budget."""

@@ -10,7 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from p4bench.rng import SecretSource
+from p4bench.rng import ClientRng, SecretSource, node_keys
+
+# Seeded noise: `torch` (a CPU generator per node, the default on the CPU) or `philox`
+# (the per-node counter-based streams of p4bench.rng: identical numbers on every device,
+# batched over nodes; the default on accelerators).
+NOISE_GENERATORS = ("torch", "philox")
+PURPOSE_NOISE, TAG_NOISE = 3, 0x4E4F
 
 _PARALLEL_MIN = 1 << 22  # draws below ~4M normals: threads cost more than they save
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (owner pid, pool): a forked child needs its own
@@ -42,13 +48,16 @@ class NoiseStreams:
     numbers do not depend on the thread count.
     """
 
-    def __init__(self, seed: int, node_ids: list[int], secure: bool = False) -> None:
+    def __init__(self, seed: int, node_ids: list[int], secure: bool = False, generator: str = "torch") -> None:
+        if generator not in NOISE_GENERATORS:
+            raise ValueError(f"noise generator must be one of {', '.join(NOISE_GENERATORS)}, got {generator!r}")
         self.secure = secure
         self.node_ids = list(node_ids)
         self.source = SecretSource() if secure else None
+        self.philox = ClientRng(node_keys(seed, self.node_ids, PURPOSE_NOISE)) if generator == "philox" and not secure else None
         self.generators: list[torch.Generator | None] = [
             None
-            if secure
+            if secure or self.philox is not None
             else torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1, i + 1]).generate_state(1, np.uint64)[0] >> 1))
             for i in self.node_ids
         ]
@@ -56,7 +65,7 @@ class NoiseStreams:
 
     def _buffer(self, rows: int, size: int) -> torch.Tensor:
         scratch = self._scratch.get("noise")
-        if scratch is None or scratch.numel() < rows * size:
+        if scratch is None or scratch.numel() < rows * size or scratch.device != torch.get_default_device():
             scratch = torch.empty(rows * size)
             self._scratch["noise"] = scratch
         return scratch[: rows * size].view(rows, size)
@@ -69,6 +78,8 @@ class NoiseStreams:
         picked = positions.tolist()
         sub.node_ids = [self.node_ids[p] for p in picked]
         sub.generators = [self.generators[p] for p in picked]
+        sub.philox = self.philox.take(positions) if self.philox is not None else None
+        sub._parent, sub._positions = self, positions  # a philox sub-stream writes its counters back
         sub._scratch = self._scratch
         return sub
 
@@ -114,6 +125,16 @@ class NoiseStreams:
                 offset += size
             return
 
+        if self.philox is not None:  # counter-based: one batched draw, the same numbers on every device
+            sizes = [math.prod(part.shape[1:]) for part in parts]
+            normal = self.philox.normal(sum(sizes), tag=TAG_NOISE)
+            self._write_back()
+            offset = 0
+            for part, size in zip(parts, sizes):
+                part.copy_(normal[:, offset : offset + size].reshape(part.shape))
+                offset += size
+            return
+
         def draw(rows: range) -> None:
             for row in rows:
                 generator = self.generators[row]
@@ -127,6 +148,14 @@ class NoiseStreams:
             list(_thread_pool().map(draw, [range(w, count, workers) for w in range(workers)]))
 
 
+    def _write_back(self) -> None:
+        """Advance the parent's counters of the rows this sub-stream (from `take`) drew."""
+        parent = getattr(self, "_parent", None)
+        if parent is not None and parent.philox is not None and self.philox is not None:
+            parent.philox.put(self._positions, self.philox)
+            parent._write_back()
+
+
 def _secret_normal(source: SecretSource, count: int) -> torch.Tensor:
     """(count,) float64 standard normals from `source`: Box-Muller on 53-bit uniforms
     (float64 throughout, so the tails are those of a Gaussian, not of a coarse grid)."""
@@ -134,7 +163,7 @@ def _secret_normal(source: SecretSource, count: int) -> torch.Tensor:
     uniform = source.uniform53(2 * half)
     radius = uniform[:half].log_().mul_(-2.0).sqrt_()
     angle = uniform[half:].mul_(2.0 * math.pi)
-    out = torch.empty(2 * half, dtype=torch.float64)
+    out = torch.empty(2 * half, dtype=torch.float64, device="cpu")  # keystream on the host; `fill` copies it over
     torch.mul(radius, torch.cos(angle), out=out[:half])
     torch.mul(radius, angle.sin_(), out=out[half:])
     return out[:count]
