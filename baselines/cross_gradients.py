@@ -50,11 +50,13 @@ MODEL, GRADIENT = UPDATE_PREFIX + "model", UPDATE_PREFIX + "gradient"
 @dataclass(frozen=True)
 class Neighbourhoods:
     """A static graph's mixing matrix W (M, M), each agent's neighbourhood M_i (itself
-    included, (M, M) bool) and W's report (rho, degrees; `p4bench.topology.assumptions`)."""
+    included, (M, M) bool) and W's report (rho, degrees; `p4bench.topology.assumptions`);
+    `members` and `matrix` (W, float64) live on the run's device."""
 
     weights: np.ndarray
     members: torch.Tensor
     report: dict[str, Any]
+    matrix: torch.Tensor
 
 
 def static_neighbourhoods(values: dict[str, Any], num_clients: int, seed: int, method: str) -> Neighbourhoods:
@@ -68,7 +70,9 @@ def static_neighbourhoods(values: dict[str, Any], num_clients: int, seed: int, m
         raise ConfigError("options.topology", f"graph '{values['topology']}' is not connected")
     weights = (metropolis_hastings if values["mixing"] == "metropolis" else uniform_averaging)(adjacency)
     report = check_pdsl_assumption(weights)  # rho < 1, W symmetric and doubly stochastic, w_ii > 0
-    return Neighbourhoods(weights, torch.from_numpy((weights > 0) | np.eye(num_clients, dtype=bool)), report)
+    device = torch.get_default_device()  # the run's (p4bench.devices.device_scope)
+    members = torch.from_numpy((weights > 0) | np.eye(num_clients, dtype=bool)).to(device)
+    return Neighbourhoods(weights, members, report, torch.from_numpy(weights).to(device))
 
 
 def release_rate(clip_mode: str, data_rate: float) -> float:

@@ -176,6 +176,7 @@ class DPCGA(Method):
         self.values = values
         graph = static_neighbourhoods(values, self.num_clients, self.config.seed, self.name)
         self.weights, self.neighbourhood, self.mixing = graph.weights, graph.members, graph.report
+        self.weight_matrix = graph.matrix  # W on the run's device
         self.clip_mode = str(values["clip_mode"])
 
     # -- schedule and privacy ----------------------------------------------------------------
@@ -218,7 +219,7 @@ class DPCGA(Method):
         if exchange == "gradients":
             return self._step(state, received_gradients(inbox, state, ctx.rows, self.neighbourhood), ctx)
         if exchange == "gossip":
-            mixed = gossip_mix(inbox, ctx.rows, self.neighbourhood, self.weights, {"x": state["x_hat"]})
+            mixed = gossip_mix(inbox, ctx.rows, self.neighbourhood, self.weight_matrix, {"x": state["x_hat"]})
             return {**state, "params": unvectorize(mixed["x"].to(state["x_hat"].dtype), state["params"])}
         return state
 
@@ -226,7 +227,7 @@ class DPCGA(Method):
         """QP aggregation, momentum, then the new model (cta) or x_hat for the gossip (atc)."""
         rows, count = ctx.rows, len(ctx.rows)
         mine = torch.arange(count)
-        w = torch.from_numpy(self.weights[rows.numpy()]).to(received.dtype)  # (C, M)
+        w = self.weight_matrix[rows].to(received.dtype)  # (C, M)
         weighted = received * w.unsqueeze(2)  # the authors scale every gradient by its pi_ij
         others = self.neighbourhood[rows].clone()
         others[mine, rows] = False

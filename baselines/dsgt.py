@@ -91,14 +91,18 @@ def iteration_matrices(weights: np.ndarray, order: str) -> tuple[torch.Tensor, t
 
     Synchronous: A = B = W, C = I. Sequential (the authors' in-place loops):
     A = S (D + U), B = S W, C = S with S = (I - L)^-1 (module docstring).
+    Computed on the host (the same numbers on every device), returned on the run's
+    device (the default device of `p4bench.devices.device_scope`).
     """
+    device = torch.get_default_device()
     w = torch.from_numpy(np.asarray(weights, dtype=np.float64))
+    identity = torch.eye(len(w), dtype=torch.float64, device="cpu")
     if order == SYNCHRONOUS:
-        return w, w, torch.eye(len(w), dtype=torch.float64)
+        w = w.to(device)
+        return w, w, identity.to(device)
     lower = torch.tril(w, diagonal=-1)
-    identity = torch.eye(len(w), dtype=torch.float64)
     s = torch.linalg.solve_triangular(identity - lower, identity, upper=False)
-    return s @ (w - lower), s @ w, s
+    return (s @ (w - lower)).to(device), (s @ w).to(device), s.to(device)
 
 
 class _Consensus(Method):

@@ -164,8 +164,15 @@ def distill(
     moments, active = AdamMoments.zeros(student), torch.ones(1)
     loss, labels, weight = ensemble_kl(temperature), torch.zeros(1, batch, dtype=torch.long), torch.ones(1, batch)
     taken, last_kl = 0, best_kl
+    # the batches' indices are drawn on the host (the generator's numbers on every device),
+    # one block per `eval_every` steps (the same sequence as one draw per step), and moved
+    # to U_train's device in one copy per block
+    block, draws = min(eval_every, steps), torch.empty(0, batch, dtype=torch.long)
     for step in range(steps):
-        index = torch.randint(len(u_train), (batch,), generator=generator)
+        if step % block == 0:
+            shape = (min(block, steps - step), batch)
+            draws = torch.randint(len(u_train), shape, generator=generator, device="cpu").to(u_train.device)
+        index = draws[step % block]
         x = u_train[index]
         target = train_targets[index] if train_targets is not None else _teacher_logits(model, teachers, x)
         # the server's one model, computed the same way in every runtime (not ctx.loss_and_grad)

@@ -123,7 +123,7 @@ class Muffliato(Method):
             weights = mixing_matrix(self.graph.adjacency(key), self.mixing)
             steps = max(self.gossip_steps, 1)
             omega = chebyshev_weights(1.0 - spectral_gap(weights), steps) if self.chebyshev else [1.0] * steps
-            self._cache[key] = (torch.from_numpy(np.asarray(weights, dtype=np.float64)), omega)
+            self._cache[key] = (torch.from_numpy(np.asarray(weights, dtype=np.float64)).to(torch.get_default_device()), omega)
         return self._cache[key]
 
     def privacy_plan(self):

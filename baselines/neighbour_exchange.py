@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from p4bench.baselines.cross_gradients import GRADIENT, MODEL
@@ -52,10 +51,11 @@ def received_gradients(inbox: Messages, state: dict[str, Any], rows: torch.Tenso
     return grid
 
 
-def gossip_mix(inbox: Messages, rows: torch.Tensor, members: torch.Tensor, weights: np.ndarray,
+def gossip_mix(inbox: Messages, rows: torch.Tensor, members: torch.Tensor, weights: torch.Tensor,
                own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """sum_j w_ij v_j for each gossiped key, the row's own value `own[key]` in its slot."""
-    w = torch.from_numpy(weights[rows.numpy()])
+    """sum_j w_ij v_j for each gossiped key, the row's own value `own[key]` in its slot
+    (`weights`: W (M, M), on the rows' device)."""
+    w = weights[rows]
     mine, out = torch.arange(len(rows)), {}
     for key, value in own.items():
         grid = neighbour_grid(inbox, rows, key, value.shape[1], members)

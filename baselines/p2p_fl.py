@@ -242,7 +242,7 @@ class P2PFL(Method):
         return {"prefit_val": state["prefit_val"], "postfit_val": state["postfit_val"]}
 
     def write_artifacts(self, state: State, folder: Path) -> list[Path]:
-        history, weights = state["history"].numpy(), state["weights"].numpy()
+        history, weights = state["history"].cpu().numpy(), state["weights"].cpu().numpy()
         validation, mixing = folder / "p2p_validation.csv", folder / "p2p_weights.csv"
         with open(validation, "w", newline="") as handle:
             writer = csv.writer(handle)

@@ -91,6 +91,7 @@ class PDSL(Method):
         self.values = values
         graph = static_neighbourhoods(values, self.num_clients, self.config.seed, self.name)
         self.weights, self.neighbourhood, self.mixing = graph.weights, graph.members, graph.report
+        self.weight_matrix = graph.matrix  # W on the run's device
         self.clip_mode = str(values["clip_mode"])
         largest = int(self.neighbourhood.sum(1).max())
         if values["shapley"] == "exact" and largest > 12:
@@ -170,7 +171,7 @@ class PDSL(Method):
         if exchange == "gradients":
             return self._shapley_step(state, received_gradients(inbox, state, ctx.rows, self.neighbourhood), ctx)
         if exchange == "gossip":
-            mixed = gossip_mix(inbox, ctx.rows, self.neighbourhood, self.weights, {"u": state["u_hat"], "x": state["x_hat"]})
+            mixed = gossip_mix(inbox, ctx.rows, self.neighbourhood, self.weight_matrix, {"u": state["u_hat"], "x": state["x_hat"]})
             return {**state, "momentum": mixed["u"].float(), "params": unvectorize(mixed["x"].float(), state["params"])}
         return state
 
@@ -189,7 +190,7 @@ class PDSL(Method):
             keys = ctx.rng.uniform(int(self.values["R"]) * self.num_clients).view(len(rows), -1, self.num_clients)
             phi = monte_carlo_shapley(values, present, int(self.values["R"]), keys=keys)
         _, shares, fallback = minmax_shares(phi, present)
-        w = torch.from_numpy(self.weights[rows.numpy()]).to(shares.dtype)
+        w = self.weight_matrix[rows].to(shares.dtype)
         pi = shares if bool(self.values["normalize_pi"]) else torch.where(present, shares / w.clamp_min(1e-300), 0.0)
         g_bar = torch.bmm(pi.unsqueeze(1).to(received.dtype), received).squeeze(1)
         u_hat = float(self.values["momentum"]) * state["momentum"] + g_bar
@@ -219,8 +220,9 @@ class PDSL(Method):
         metrics["pdsl.agents"] = metrics.get("pdsl.agents", 0.0) + float(len(ctx.rows))
         metrics["pdsl.fallbacks"] = metrics.get("pdsl.fallbacks", 0.0) + float(fallback.sum())
         metrics["pdsl.shapley_s"] = metrics.get("pdsl.shapley_s", 0.0) + seconds
+        agents, phis, pis = ctx.rows.tolist(), phi.tolist(), pi.tolist()  # one host read each, not one per pair
         for a, j in present.nonzero().tolist():
-            self.log.append((ctx.round, int(ctx.rows[a]), j, float(phi[a, j]), float(pi[a, j])))
+            self.log.append((ctx.round, int(agents[a]), j, float(phis[a][j]), float(pis[a][j])))
 
     def derived_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         agents = totals.get("pdsl.agents", 0.0)

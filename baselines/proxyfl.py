@@ -139,12 +139,13 @@ class ProxyFL(Method):
 
     # -- messages --------------------------------------------------------------------------
     def mixing(self, round_index: int) -> torch.Tensor:
-        """M[i, j]: weight client i gives to the proxy it gets from j (its own when i == j)."""
-        adjacency = self.graph.adjacency(round_index)
+        """M[i, j]: weight client i gives to the proxy it gets from j (its own when i == j),
+        computed on the host and returned on the run's device."""
+        adjacency, device = self.graph.adjacency(round_index), torch.get_default_device()
         if self.proxy_update == "average":
-            return torch.from_numpy(uniform_averaging(adjacency))
+            return torch.from_numpy(uniform_averaging(adjacency)).to(device)
         receives = torch.from_numpy(adjacency.T.astype("float64"))  # receives[i, j]: i hears j
-        return receives / receives.sum(dim=1, keepdim=True).clamp_min(1.0)
+        return (receives / receives.sum(dim=1, keepdim=True).clamp_min(1.0)).to(device)
 
     def outgoing(self, exchange, state, ctx):
         """Only the proxy is sent (to the round's out-neighbours, and to oneself when averaging)."""

@@ -20,7 +20,10 @@ def gather_rank(values: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
 
 
 class PairMemory:
-    """Vectors remembered per (receiver, sender) pair, e.g. FoolsGold histories."""
+    """Vectors remembered per (receiver, sender) pair, e.g. FoolsGold histories.
+
+    The ids are read back to the host once per call (dictionary keys); the vectors stay
+    where they are, on the run's device."""
 
     def __init__(self) -> None:
         self.store: dict[tuple[int, int], torch.Tensor] = {}
@@ -28,18 +31,29 @@ class PairMemory:
     def gather(self, receivers: torch.Tensor, senders: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(values (B, n, P) zeros where unknown, known (B, n) bool)."""
         values = torch.zeros_like(like)
-        known = torch.zeros(senders.shape, dtype=torch.bool)
-        for b, receiver in enumerate(receivers.tolist()):
-            for i, sender in enumerate(senders[b].tolist()):
+        known = torch.zeros(senders.shape, dtype=torch.bool, device=senders.device)
+        if not self.store:
+            return values, known
+        rows, slots, found = [], [], []
+        for b, (receiver, *row) in enumerate(torch.cat((receivers.unsqueeze(1), senders), dim=1).tolist()):
+            for i, sender in enumerate(row):
                 stored = self.store.get((receiver, sender)) if sender >= 0 else None
                 if stored is not None:
-                    values[b, i], known[b, i] = stored, True
+                    rows.append(b)
+                    slots.append(i)
+                    found.append(stored)
+        if found:
+            index = (torch.tensor(rows, device=values.device), torch.tensor(slots, device=values.device))
+            values[index] = torch.stack(found).to(values.dtype)
+            known[index] = True
         return values, known
 
     def put(self, receivers: torch.Tensor, senders: torch.Tensor, values: torch.Tensor, which: torch.Tensor) -> None:
         """Remember `values[b, i]` for every pair where `which[b, i]`."""
-        for b, i in which.nonzero().tolist():
-            self.store[(int(receivers[b]), int(senders[b, i]))] = values[b, i].detach().clone()
+        b, i = which.nonzero().unbind(1)
+        pairs = torch.stack((receivers[b], senders[b, i]), dim=1).tolist()
+        for (receiver, sender), value in zip(pairs, values.detach()[b, i].unbind(0)):
+            self.store[(receiver, sender)] = value.clone()  # its own copy: frees the rest when replaced
 
 
 class ReceiverMemory:
@@ -50,16 +64,19 @@ class ReceiverMemory:
 
     def gather(self, receivers: torch.Tensor, width: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(values (B, P) zeros where unknown, known (B,) bool)."""
-        values = torch.zeros(len(receivers), width, dtype=dtype)
-        known = torch.zeros(len(receivers), dtype=torch.bool)
-        for b, receiver in enumerate(receivers.tolist()):
-            if receiver in self.store:
-                values[b], known[b] = self.store[receiver], True
+        values = torch.zeros(len(receivers), width, dtype=dtype, device=receivers.device)
+        known = torch.zeros(len(receivers), dtype=torch.bool, device=receivers.device)
+        ids = receivers.tolist() if self.store else []
+        rows = [b for b, receiver in enumerate(ids) if receiver in self.store]
+        if rows:
+            index = torch.tensor(rows, device=receivers.device)
+            values[index] = torch.stack([self.store[ids[b]] for b in rows]).to(dtype)
+            known[index] = True
         return values, known
 
     def put(self, receivers: torch.Tensor, values: torch.Tensor) -> None:
-        for b, receiver in enumerate(receivers.tolist()):
-            self.store[receiver] = values[b].detach().clone()
+        for receiver, value in zip(receivers.tolist(), values.detach().unbind(0)):
+            self.store[receiver] = value.clone()
 
 
 def receivers_or_default(identities: dict[str, torch.Tensor], mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,9 @@ generators), the server's state and stream, the state the method, attack and def
 objects keep between rounds, the privacy ledger's releases, the reports so far and the
 MLflow run id, into `<run folder>/checkpoint.pt` (a temporary file, then `os.replace`,
 so a crash never leaves half a checkpoint). Everything is saved as plain dicts, lists and
-tensors, so `torch.load(..., weights_only=True)` reads it. A small `checkpoint.json`
+tensors, so `torch.load(..., weights_only=True)` reads it. Tensors are saved from the
+host whatever the run's device, and restored onto the device of the run that resumes
+(which may be another: `--resume --device`). A small `checkpoint.json`
 next to it says which run it belongs to, so sweeps find checkpoints without loading them.
 
 `p4bench run --resume` rebuilds the run from its saved config (data, partition and
@@ -87,16 +89,18 @@ def snapshot(
     groups = []
     for index, group in enumerate(driver.groups):
         noise = getattr(group.dp, "noise", None)
+        philox = getattr(noise, "philox", None)  # counter-based noise streams: their draw counters
         groups.append({
-            "rows": group.rows, "state": encode(group.state, unsaved, f"group{index}.state"),
-            "rng_calls": group.rng.calls, "attack_rng_calls": group.attack_rng.calls,
+            "rows": encode(group.rows), "state": encode(group.state, unsaved, f"group{index}.state"),
+            "rng_calls": encode(group.rng.calls), "attack_rng_calls": encode(group.attack_rng.calls),
             "noise": [encode(g) for g in getattr(noise, "generators", [])],
+            **({"noise_calls": encode(philox.calls)} if philox is not None else {}),
         })
     job = driver.job
     state = {
         "position": driver.position, "total_bytes": driver.total_bytes, "receive_errors": driver.receive_errors,
         "groups": groups, "server_state": encode(driver.server_state, unsaved, "server_state"),
-        "server_rng_calls": driver.server_rng.calls, "torch_rng": torch.get_rng_state(),
+        "server_rng_calls": encode(driver.server_rng.calls), "torch_rng": torch.get_rng_state(),
         "method": capture(job.method, unsaved, "method"), "attack": capture(job.attack, unsaved, "attack"),
         "defense": capture(job.defense, unsaved, "defense"),
         "ledger": _ledger_state(ledger) if ledger is not None else None,
@@ -107,24 +111,30 @@ def snapshot(
 
 
 def restore(driver: RoundDriver, ledger: PrivacyLedger | None, state: Mapping[str, Any]) -> None:
-    """Write a snapshot into a freshly built driver (and ledger) of the same run."""
+    """Write a snapshot into a freshly built driver (and ledger) of the same run; its
+    tensors go to the driver's device (where its streams' counters live)."""
     if len(state["groups"]) != len(driver.groups):
         raise ValueError("the checkpoint holds a different grouping of clients")
+    device = driver.server_rng.calls.device
+    on_device = None if device.type == "cpu" else device  # on the CPU: exactly as loaded
     for group, saved in zip(driver.groups, state["groups"]):
-        if not torch.equal(group.rows, saved["rows"]):
+        if not torch.equal(group.rows, saved["rows"].to(group.rows.device)):
             raise ValueError("the checkpoint holds different client rows")
-        group.state = decode_into(None, saved["state"])
-        group.rng.calls = saved["rng_calls"].clone()
-        group.attack_rng.calls = saved["attack_rng_calls"].clone()
+        group.state = decode_into(None, saved["state"], on_device)
+        group.rng.calls = saved["rng_calls"].to(group.rng.calls.device, copy=True)
+        group.attack_rng.calls = saved["attack_rng_calls"].to(group.attack_rng.calls.device, copy=True)
         noise = getattr(group.dp, "noise", None)
         for generator, generator_state in zip(getattr(noise, "generators", []), saved["noise"]):
             if generator is not None and generator_state is not None:
                 decode_into(generator, generator_state)
-    driver.server_state = decode_into(None, state["server_state"])
-    driver.server_rng.calls = state["server_rng_calls"].clone()
+        philox = getattr(noise, "philox", None)
+        if philox is not None and "noise_calls" in saved:
+            philox.calls = saved["noise_calls"].to(philox.calls.device, copy=True)
+    driver.server_state = decode_into(None, state["server_state"], on_device)
+    driver.server_rng.calls = state["server_rng_calls"].to(device, copy=True)
     job = driver.job
     for obj, key in ((job.method, "method"), (job.attack, "attack"), (job.defense, "defense")):
-        restore_object(obj, state[key])
+        restore_object(obj, state[key], on_device)
     driver.position, driver.total_bytes = int(state["position"]), int(state["total_bytes"])
     driver.receive_errors = int(state["receive_errors"])
     driver.reports = [unpack_report(r) for r in state["reports"]]

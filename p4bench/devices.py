@@ -50,7 +50,7 @@ def resolve_device(spec: str) -> torch.device:
     text = str(spec).strip().lower()
     kind = text.split(":", 1)[0]
     if kind in _EMULATED:
-        return torch.device(text)
+        return torch.device(text) if ":" in text else torch.device(kind, 0)
     match = _PATTERN.match(text)
     if match is None or (match.group(1) != "cuda" and match.group(2) is not None):
         raise UsageError(f"--device must be one of {DEVICE_FORMS}, got {spec!r}")

@@ -7,6 +7,10 @@ state. `decode_into` writes a saved value back into the live object of the same 
 (tensors, arrays and generators in place, containers item by item), so references other
 objects hold stay valid; `restore_object` does so for a captured object.
 
+Encoded tensors are on the host whatever device the run used (a checkpoint of a run on
+an accelerator loads anywhere); `decode_into` puts a tensor back on the device of the
+live tensor it replaces, others on the `device` it is given (the run's).
+
 Functions, models and secret sources are taken as stateless and left out; so are the
 config, public data and attributes named like caches or scratch memory. Whatever else
 cannot be encoded (locks, handles, foreign key objects) is left out and its path
@@ -61,6 +65,8 @@ def encode(value: Any, unsaved: list[str] | None = None, path: str = "", _seen: 
         return {_TAG: "dtype", "v": str(value).removeprefix("torch.")}
     if isinstance(value, torch.Tensor):
         tensor = value.detach()
+        if tensor.device.type != "cpu":
+            return tensor.cpu()  # a compact host copy: checkpoints do not depend on the run's device
         compact = tensor.is_contiguous() and tensor.storage_offset() == 0 and \
             tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
         return tensor if compact else tensor.clone()  # a view would save its whole storage
@@ -119,27 +125,30 @@ def capture(obj: Any, unsaved: list[str] | None = None, path: str = "", _seen: f
     return out
 
 
-def decode_into(existing: Any, saved: Any) -> Any:
+def decode_into(existing: Any, saved: Any, device: torch.device | None = None) -> Any:
     """The value `saved` encodes, written into `existing` where it is of the same kind
     (tensors, arrays and generators in place, containers and objects item by item), so
-    references other objects hold stay valid; returns the value to store."""
+    references other objects hold stay valid; returns the value to store. A tensor that
+    replaces a live one goes to that tensor's device, any other to `device` (None: stays
+    where it was loaded, the host)."""
     if isinstance(saved, torch.Tensor):
         if isinstance(existing, torch.Tensor) and existing.shape == saved.shape and existing.dtype == saved.dtype:
             with torch.no_grad():
                 existing.copy_(saved)
             return existing
-        return saved
+        place = existing.device if isinstance(existing, torch.Tensor) else device
+        return saved if place is None or saved.device == place else saved.to(place)
     if isinstance(saved, list):
         if isinstance(existing, list) and len(existing) == len(saved):
-            existing[:] = [decode_into(e, s) for e, s in zip(existing, saved)]
+            existing[:] = [decode_into(e, s, device) for e, s in zip(existing, saved)]
             return existing
-        return [decode_into(None, s) for s in saved]
+        return [decode_into(None, s, device) for s in saved]
     if not isinstance(saved, dict):
         return saved
     tag = saved.get(_TAG)
     if tag is None:
         target = existing if isinstance(existing, dict) else {}
-        new = {k: decode_into(target.get(k), v) for k, v in saved.items()}
+        new = {k: decode_into(target.get(k), v, device) for k, v in saved.items()}
         target.clear()
         target.update(new)
         return target
@@ -162,18 +171,18 @@ def decode_into(existing: Any, saved: Any) -> Any:
         return bytes(saved["v"].numpy().tobytes())
     if tag in ("tuple", "set"):
         olds = list(existing) if isinstance(existing, tuple) and len(existing) == len(saved["v"]) else [None] * len(saved["v"])
-        items = [decode_into(e, s) for e, s in zip(olds, saved["v"])]
+        items = [decode_into(e, s, device) for e, s in zip(olds, saved["v"])]
         return tuple(items) if tag == "tuple" else set(items)
     if tag == "dict":
         target = existing if isinstance(existing, dict) else {}
         pairs = [(_hashable(decode_into(None, k)), v) for k, v in saved["v"]]
-        new = {k: decode_into(target.get(k), v) for k, v in pairs}
+        new = {k: decode_into(target.get(k), v, device) for k, v in pairs}
         target.clear()
         target.update(new)
         return target
     if tag == "object":
         if existing is not None and hasattr(existing, "__dict__"):
-            restore_object(existing, saved["v"])
+            restore_object(existing, saved["v"], device)
         return existing
     raise ValueError(f"unknown checkpoint entry {tag!r}")
 
@@ -182,12 +191,13 @@ def _hashable(key: Any) -> Any:
     return tuple(key) if isinstance(key, list) else key
 
 
-def restore_object(obj: Any, saved: Mapping[str, Any]) -> None:
-    """Write attributes saved by `capture` back into `obj`."""
+def restore_object(obj: Any, saved: Mapping[str, Any], device: torch.device | None = None) -> None:
+    """Write attributes saved by `capture` back into `obj` (new tensors on `device`, as
+    `decode_into`)."""
     if obj is None:
         return
     for name, value in saved.items():
         current = getattr(obj, name, None)
-        new = decode_into(current, value)
+        new = decode_into(current, value, device)
         if new is not current:
             object.__setattr__(obj, name, new)  # also into frozen dataclasses

@@ -45,6 +45,7 @@ CANNOT_RUN_HERE: dict[tuple[str, ...], str] = {
     ("device", "launch"): "needs every peer of the peers file serving at its address (Raspberry Pis, docs/device.md)",
     ("run", "--config", "examples/configs/karras-table2.yaml"): "needs CIFAR-10 files (`p4bench data download cifar10`, network)",
     ("--install-completion",): "writes the user's shell start-up files",
+    ("run", "--method", "p4", "--model", "scatter-cnn", "--device", "cuda"): "needs a CUDA GPU",
 }
 
 # `reproduce NAME`: the runs kept at small size (`--only KEY=VALUE`), 3 to 5 of the preset's.

@@ -275,7 +275,8 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         ("test accuracy min / max", f"{summary['accuracy_min']:.4f} / {summary['accuracy_max']:.4f}"),
         ("epsilon", _claim_text(summary)),
         ("DP randomness", _randomness_text(summary)),
-        ("wall time", f"{summary['wall_time_s']:.2f} s"),
+        ("wall time", f"{summary['wall_time_s']:.2f} s on {summary.get('compute_device', 'cpu')}"
+                      + (" (client data streamed from host memory)" if summary.get("device.data_placement") == "streamed" else "")),
         ("MLflow run", f"{summary.get('run_id')} at {summary.get('tracking_uri')}"),
         ("local results", str(summary.get("results_dir"))),
     ]

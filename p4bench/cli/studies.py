@@ -26,6 +26,7 @@ _ADDRESS = typer.Option(None, "--address", help="Ray cluster address (default: s
 _RESULTS = typer.Option(None, "--results-dir", help="folder for local copies and the default MLflow store")
 _URI = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: SQLite in the results dir)")
 _SET = typer.Option([], "--set", help="base run option KEY=VALUE for every run (repeatable)")
+_DEVICE = typer.Option(None, "--device", help="where every run's tensors live: cpu | cuda | cuda:N | auto (as --set device=...)")
 _MIXED = typer.Option(False, "--allow-mixed-privacy",
                       help="compare private runs under different neighbouring relations or with uncertified epsilons "
                            "(refused otherwise, exit 2); the table marks each run's privacy")
@@ -74,12 +75,19 @@ def _check_study_paths(results_dir: str | None, tracking_uri: str | None, base: 
                 tracking_uri or base.get("tracking_uri") or base.get("tracking-uri"))
 
 
-def _sets(pairs: list[str]) -> dict[str, Any]:
+def _sets(pairs: list[str], device: str | None = None) -> dict[str, Any]:
+    """The `--set` pairs (and `--device`, checked against this machine before any run)."""
     from p4bench.sweep import option_key
 
     values = parse_key_values(pairs, "--set")
     for key in values:
         option_key(key)
+    if device is not None:
+        values["device"] = device
+    if "device" in values:
+        from p4bench.devices import resolve_device
+
+        resolve_device(str(values["device"]))
     return values
 
 
@@ -117,6 +125,7 @@ def sweep_command(
     results_dir: str | None = _RESULTS,
     tracking_uri: str | None = _URI,
     set_: list[str] = _SET,
+    device: str | None = _DEVICE,
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs and what would be skipped; run nothing"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON line per run after the summary"),
     allow_mixed_privacy: bool = _MIXED,
@@ -127,7 +136,7 @@ def sweep_command(
     from p4bench.sweep import describe_run, load_sweep, run_sweep
 
     spec = load_sweep(file)
-    spec = spec.with_base(**_sets(set_))
+    spec = spec.with_base(**_sets(set_, device))
     if dry_run:
         _dry_run(spec, results_dir, tracking_uri, allow_mixed_privacy)
         return
@@ -182,6 +191,7 @@ def tune_command(
     results_dir: str | None = _RESULTS,
     tracking_uri: str | None = _URI,
     set_: list[str] = _SET,
+    device: str | None = _DEVICE,
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
     """Grid-search each method's hyperparameters on the evaluation clients only; write the best.
@@ -202,7 +212,7 @@ def tune_command(
                 if not g:
                     raise UsageError(f"method '{m}' has no grid in {file}; give one with --grid KEY=V1,V2,...")
             spec = TuneSpec(spec.name, spec.base, grids, spec.seeds, spec.shared)
-    base = {**spec.base, **_sets(set_)}
+    base = {**spec.base, **_sets(set_, device)}
     try:
         chosen_seeds = tuple(int(s) for s in seeds.split(",")) if seeds else spec.seeds
     except ValueError:
@@ -310,6 +320,7 @@ def reproduce_command(
     results_dir: str | None = _RESULTS,
     tracking_uri: str | None = _URI,
     set_: list[str] = _SET,
+    device: str | None = _DEVICE,
     only: list[str] = typer.Option([], "--only", help="keep runs whose option is one of KEY=V1,V2,... (repeatable)"),
     no_tune: bool = typer.Option(False, "--no-tune", help="do not tune lr on the evaluation clients first"),
     tune_rounds: int | None = typer.Option(None, "--tune-rounds", help="rounds of the lr tuning runs (default: the preset's)"),
@@ -328,7 +339,7 @@ def reproduce_command(
         raise UsageError(f"unknown format '{fmt}'; choose table, markdown or csv")
     if plot is not None:
         check_plot_path(plot)
-    overrides = _sets(set_)
+    overrides = _sets(set_, device)
     _check_study_paths(results_dir, tracking_uri)  # reproduce places every run there, whatever the preset's base
 
     def notice(text: str) -> None:

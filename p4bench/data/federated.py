@@ -67,7 +67,7 @@ class ClientTensors:
         """(C, n_max) squared L2 norm of every sample's flattened features, computed once
         (per-example clipping of linear models needs them at every DP step)."""
         if _NORMS not in self.__dict__:  # frozen dataclass: cache outside the fields
-            self.__dict__[_NORMS] = squared_norms(self.x)
+            self.__dict__[_NORMS] = squared_norms(self.x).to(self.n.device)  # streamed samples: on the host, moved once
         return self.__dict__[_NORMS]
 
     def gram(self) -> torch.Tensor:

@@ -183,5 +183,6 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[str, int, M
         raise
     except Exception as exc:  # malformed JSON, bad dtype, truncated buffer, missing keys
         raise MessageFormatError(f"malformed message: {exc}") from None
-    payload = {k: v.unsqueeze(0) for k, v in tensors.items()}
+    device = torch.get_default_device()  # the run's (p4bench.devices.device_scope): parsed on the host, moved there
+    payload = {k: v.unsqueeze(0).to(device) for k, v in tensors.items()}
     return exchange, round_index, Messages(torch.tensor([src]), torch.tensor([dst]), payload)

@@ -206,11 +206,12 @@ def pad_by_destination(
     (B, n), mask (B, n), src (B, n), -1 where padded)."""
     updates = update_vectors(inbox.payload)
     dst, counts = torch.unique_consecutive(inbox.dst, return_counts=True)
-    width = int(counts.max()) if len(counts) else 0
+    width = int(counts.max()) if len(counts) else 0  # the one read back to the host (the padded shape)
+    total = len(inbox)  # = counts.sum(), known on the host: repeat_interleave need not read it back
     starts = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(len(inbox)) - torch.repeat_interleave(starts, counts)
-    row = torch.repeat_interleave(torch.arange(len(dst)), counts)
-    if bool((counts == width).all()):  # every receiver got as many: already (B, n, P) in order
+    slot = torch.arange(total) - torch.repeat_interleave(starts, counts, output_size=total)
+    row = torch.repeat_interleave(torch.arange(len(dst)), counts, output_size=total)
+    if width * len(dst) == total:  # every receiver got as many (none above width): already (B, n, P) in order
         padded = updates.view(len(dst), width, updates.shape[1])
     else:
         padded = updates.new_zeros(len(dst), width, updates.shape[1])
@@ -249,6 +250,9 @@ class Aggregator:
             return dst, weighted_mean(updates, w)
         identities = {"receivers": dst, "senders": src} if self.defense.uses_identities else {}
         combined, kept = self.defense.aggregate(updates, w, mask, **identities)
-        for b in range(len(dst)):
-            self.log.append((round_index, src[b][kept[b] & mask[b]].tolist(), src[b][~kept[b] & mask[b]].tolist()))
+        # one read back for the whole log: senders, and per slot 1 kept, 2 dropped, 0 padding
+        status = torch.where(kept & mask, 1, torch.where(mask, 2, 0))
+        senders, marks = torch.stack((src, status)).tolist()
+        for ids, row in zip(senders, marks):
+            self.log.append((round_index, [s for s, m in zip(ids, row) if m == 1], [s for s, m in zip(ids, row) if m == 2]))
         return dst, combined

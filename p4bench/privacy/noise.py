@@ -48,6 +48,9 @@ class NoiseStreams:
     numbers do not depend on the thread count.
     """
 
+    _parent: NoiseStreams | None = None  # set by `take`: the streams this one was taken from
+    _positions: torch.Tensor  # ... and its rows there
+
     def __init__(self, seed: int, node_ids: list[int], secure: bool = False, generator: str = "torch") -> None:
         if generator not in NOISE_GENERATORS:
             raise ValueError(f"noise generator must be one of {', '.join(NOISE_GENERATORS)}, got {generator!r}")
@@ -119,6 +122,10 @@ class NoiseStreams:
             assert self.source is not None  # set when secure
             sizes = [math.prod(part.shape[1:]) for part in parts]
             normal = _secret_normal(self.source, count * sum(sizes)).view(count, sum(sizes))
+            device = parts[0].device if parts else normal.device
+            if device != normal.device:  # keystream drawn on the host: one copy to the run's device
+                dtypes = {part.dtype for part in parts}
+                normal = (normal.to(dtypes.pop()) if len(dtypes) == 1 else normal).to(device)
             offset = 0
             for part, size in zip(parts, sizes):
                 part.copy_(normal[:, offset : offset + size].reshape(part.shape))
@@ -135,10 +142,15 @@ class NoiseStreams:
                 offset += size
             return
 
+        targets = list(parts)
+        if any(part.device.type != "cpu" for part in parts):
+            # torch's CPU generators draw on the host (the CPU run's numbers), copied over once
+            targets = self._host_parts(parts)
+
         def draw(rows: range) -> None:
             for row in rows:
                 generator = self.generators[row]
-                for part in parts:
+                for part in targets:
                     part[row].normal_(generator=generator)
 
         workers, total = _workers(), sum(part.numel() for part in parts)
@@ -146,6 +158,30 @@ class NoiseStreams:
             draw(range(count))
         else:
             list(_thread_pool().map(draw, [range(w, count, workers) for w in range(workers)]))
+        for part, target in zip(parts, targets):
+            if target is not part:
+                part.copy_(target)
+
+    def _host_parts(self, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Host tensors shaped like `parts` (those not on the CPU), in one reused buffer."""
+        sizes = {dtype: sum(p.numel() for p in parts if p.dtype == dtype and p.device.type != "cpu")
+                 for dtype in {p.dtype for p in parts}}
+        buffers = {}
+        for dtype, size in sizes.items():
+            scratch = self._scratch.get(f"host-{dtype}")
+            if scratch is None or scratch.numel() < size:
+                scratch = torch.empty(size, dtype=dtype, device="cpu")
+                self._scratch[f"host-{dtype}"] = scratch
+            buffers[dtype] = scratch
+        out, offsets = [], dict.fromkeys(sizes, 0)
+        for part in parts:
+            if part.device.type == "cpu":
+                out.append(part)
+                continue
+            start = offsets[part.dtype]
+            out.append(buffers[part.dtype][start : start + part.numel()].view(part.shape))
+            offsets[part.dtype] = start + part.numel()
+        return out
 
 
     def _write_back(self) -> None:

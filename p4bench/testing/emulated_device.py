@@ -5,7 +5,8 @@ Tensors on it are CPU tensors wrapped in `EmulatedTensor`, which computes on the
 but keeps a GPU's rules:
 
 - an operation mixing an `emu` tensor with a CPU tensor that has dimensions fails, as
-  CUDA does (0-dim CPU tensors and CPU index tensors are allowed, as CUDA allows them);
+  CUDA does (0-dim CPU tensors and CPU index tensors are allowed, as CUDA allows them,
+  and so is `copy_` between the two devices, a transfer);
 - `.numpy()` on an `emu` tensor fails, as it does on CUDA (`.cpu()` first);
 - factory calls with `device=emu` (or inside `torch.device("emu")`) make `emu` tensors,
   and a CPU `torch.Generator` cannot draw them;
@@ -38,6 +39,8 @@ _reads = {"count": 0}
 _HOST = torch.device("cpu")
 # Ops where CUDA accepts CPU index tensors for an accelerator `self`.
 _INDEX_OPS = {"aten::index.Tensor", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"}
+# Copies between the devices, which CUDA performs (host to device, device to host).
+_COPY_OPS = {"aten::copy_"}
 
 
 def host_reads() -> int:
@@ -71,7 +74,7 @@ class EmulatedTensor(torch.Tensor):
         return f"EmulatedTensor({self.elem!r})"
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         kwargs = dict(kwargs or {})
         emulated, host = [False], [False]
 
@@ -84,11 +87,20 @@ class EmulatedTensor(torch.Tensor):
             return value
 
         plain_args, plain_kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
+        generator = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Generator)), None)
+        if emulated[0] and generator is not None and generator.device.type != "emu":
+            # in-place sampling (`t.normal_(generator=g)`): CUDA refuses a CPU generator too
+            raise RuntimeError(f"Expected a 'emu' device type for generator but found '{generator.device.type}'")
         name = func._schema.name + (f".{func._overloadname}" if func._overloadname != "default" else "")
         indexing = name in _INDEX_OPS or func._schema.name in _INDEX_OPS
-        if emulated[0] and host[0] and not (indexing and isinstance(args[0], EmulatedTensor)):
+        copying = func._schema.name in _COPY_OPS
+        if emulated[0] and host[0] and not copying and not (indexing and isinstance(args[0], EmulatedTensor)):
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                                f"emu:0 and cpu! (in {func})")
+        if copying and not isinstance(args[0], EmulatedTensor):  # device to host into a CPU tensor: a read
+            _reads["count"] += 1
+            func(*plain_args, **plain_kwargs)
+            return args[0]
         target = plain_kwargs.get("device")
         to_host = target is not None and torch.device(target).type == "cpu"
         if _is_emulated(target):

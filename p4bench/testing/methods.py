@@ -4,8 +4,10 @@ Checks (names as in the report; pick with `checks=`/`skip=`):
 - ``state``: every state leaf is a tensor with one row per client of the call; losses
   are (C,); a node sends only as itself and to existing nodes; inboxes arrive sorted.
 - ``runtimes``: the same seeded config gives the same deployed parameters, accuracies
-  and bytes on the wire in `simulation`, `reference`, `bytes` (and `device`, opt-in),
-  with DP on and off.
+  and bytes on the wire in `simulation`, `reference`, `bytes`, `accelerator` (the
+  simulation on the emulated accelerator of `p4bench.testing.emulated_device`, which
+  fails where a tensor is misplaced for a GPU; compared with DP noise from the Philox
+  streams on both sides) and `device` (opt-in), with DP on and off.
 - ``ledger``: with DP on, every release the mechanism reports reaches the ledger; each
   client's noise draws match its recorded releases, per phase; the records match
   `privacy_plan()` (phases, sample rates, steps) and no budget stops a client; a
@@ -23,11 +25,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 import torch
 
+from p4bench.testing.emulated_device import emulation
 from p4bench.testing.option_checks import check_options
 from p4bench.testing.report import ConformanceReport
 from p4bench.testing.runs import (
@@ -45,7 +49,7 @@ from p4bench.testing.runs import (
 __all__ = ["METHOD_CHECKS", "check_method"]
 
 METHOD_CHECKS = ("state", "runtimes", "ledger", "capabilities", "options")
-RUNTIMES = ("simulation", "reference", "bytes")
+RUNTIMES = ("simulation", "reference", "bytes", "accelerator")
 
 
 def check_method(
@@ -126,9 +130,14 @@ def _check_runtimes(
         for runtime in wanted if expected is not None else []:
             if runtime == "device" and mode != "dp":
                 continue  # one device run: peers start in seconds, not milliseconds
-            got = _attempt(lambda c=config, r=runtime: run_config(runtime_config(c, r), pm).result, runtime, problems)
-            if got is not None:
-                problems += compare_outcomes(f"{runtime} vs simulation", expected, got, atol, accuracy_atol)
+            reference = expected
+            if runtime == "accelerator" and mode == "dp":  # accelerators draw seeded noise from the Philox streams
+                reference = _attempt(lambda c=config: run_config(c.replace(noise_generator="philox"), pm).result,
+                                     "simulation (philox noise)", problems)
+            with emulation() if runtime == "accelerator" else nullcontext():
+                got = _attempt(lambda c=config, r=runtime: run_config(runtime_config(c, r), pm).result, runtime, problems)
+            if got is not None and reference is not None:
+                problems += compare_outcomes(f"{runtime} vs simulation", reference, got, atol, accuracy_atol)
         ran = ", ".join(["simulation", *[r for r in wanted if r != "device" or mode == "dp"]])
         report.add(f"runtimes.{mode}", not problems, "; ".join(problems[:4]) or f"{ran} agree")
 

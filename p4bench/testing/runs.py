@@ -136,7 +136,7 @@ def compare_outcomes(label: str, expected: Any, got: Any, atol: float, accuracy_
     if sorted(a.final_params) != sorted(b.final_params):
         return [f"{label}: deployed parameter names {sorted(b.final_params)} != {sorted(a.final_params)}"]
     for key in sorted(a.final_params):
-        x, y = a.final_params[key].double(), b.final_params[key].double()
+        x, y = a.final_params[key].cpu().double(), b.final_params[key].cpu().double()  # runs on different devices
         if x.shape != y.shape:
             problems.append(f"{label}: deployed '{key}' has shape {tuple(y.shape)}, expected {tuple(x.shape)}")
             continue
@@ -172,7 +172,10 @@ def _compare_accuracy(label: str, what: str, x: np.ndarray, y: np.ndarray, toler
 
 def runtime_config(config: RunConfig, runtime: str) -> RunConfig:
     """`config` on `runtime`; the device runtime runs local peers on 127.0.0.1 with the
-    simulator's seeded streams (a simulation on devices), so results are comparable."""
+    simulator's seeded streams (a simulation on devices), so results are comparable;
+    `accelerator` is the simulation on the emulated `emu` device."""
+    if runtime == "accelerator":  # the simulation on the emulated accelerator (run it under `emulation()`)
+        return config.replace(runtime="simulation", device="emu", noise_generator="philox")
     if runtime != "device":
         return config.replace(runtime=runtime)
     options = {**dict(config.options), "device_local_peers": config.clients}

@@ -7,7 +7,9 @@ Attack checks:
 - ``needs``: on each of `methods`, an accepted attack changes the outcome; a refusal
   is justified (the attack poisons no labels and the method sends no ``update.*``
   payload); `needs_individual_updates` holds where it is accepted.
-- ``runtimes``: an attacked run agrees across runtimes. ``options``: as for methods.
+- ``runtimes``: an attacked run agrees across runtimes, `accelerator` included (the
+  simulation on the emulated accelerator of `p4bench.testing.emulated_device`, which
+  fails where a tensor is misplaced for a GPU). ``options``: as for methods.
 
 Defense checks:
 - ``aggregate``: shapes, kept updates a subset of the real ones, never all dropped,
@@ -16,12 +18,14 @@ Defense checks:
 - ``needs``: on each of `methods`, an accepted defense is reached (the method
   aggregates through `ctx.aggregator`); a refused one is justified (nothing reaches
   the aggregator there).
-- ``runtimes``: a defended, attacked run agrees across runtimes. ``options``.
+- ``runtimes``: a defended, attacked run agrees across runtimes (`accelerator` included).
+  ``options``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -30,6 +34,7 @@ from p4bench.engine.messages import Messages
 from p4bench.engine.threats import UPDATE_PREFIX, Attack
 from p4bench.errors import IncompatibleError
 from p4bench.rng import ClientRng, node_keys
+from p4bench.testing.emulated_device import emulation
 from p4bench.testing.option_checks import check_options
 from p4bench.testing.report import ConformanceReport
 from p4bench.testing.runs import compare_outcomes, make_config, names, resolve_plugin, run_config, runtime_config
@@ -39,12 +44,13 @@ __all__ = ["ATTACK_CHECKS", "DEFENSE_CHECKS", "check_attack", "check_defense"]
 ATTACK_CHECKS = ("tamper", "labels", "needs", "runtimes", "options")
 DEFENSE_CHECKS = ("aggregate", "needs", "runtimes", "options")
 METHODS = ("fedavg", "dp-dsgd", "local")
+RUNTIMES = ("simulation", "reference", "bytes", "accelerator")
 _CLASSES = 10
 
 
 def check_attack(
     attack: str | type, *, methods: Sequence[str] = METHODS, checks: Sequence[str] = ATTACK_CHECKS,
-    skip: Sequence[str] = (), runtimes: Sequence[str] = ("simulation", "reference", "bytes"), atol: float = 1e-5,
+    skip: Sequence[str] = (), runtimes: Sequence[str] = RUNTIMES, atol: float = 1e-5,
     plugin_manager: Any = None, raise_on_failure: bool = True, **overrides: Any,
 ) -> ConformanceReport:
     """Conformance checks of an attack (registered name or `Attack` subclass) against
@@ -77,7 +83,7 @@ def check_attack(
 def check_defense(
     defense: str | type, *, methods: Sequence[str] = METHODS + ("proxyfl",), attack: str | None = "byzantine-random",
     checks: Sequence[str] = DEFENSE_CHECKS, skip: Sequence[str] = (),
-    runtimes: Sequence[str] = ("simulation", "reference", "bytes"), atol: float = 1e-5, plugin_manager: Any = None,
+    runtimes: Sequence[str] = RUNTIMES, atol: float = 1e-5, plugin_manager: Any = None,
     raise_on_failure: bool = True, **overrides: Any,
 ) -> ConformanceReport:
     """Conformance checks of a defense (registered name or `Defense` subclass) against
@@ -144,8 +150,16 @@ def _check_runtimes(report: ConformanceReport, config: Any, pm: Any, runtimes: t
     expected = run_config(config, pm).result
     problems = []
     for runtime in [r for r in runtimes if r != "simulation"]:
-        got = run_config(runtime_config(config, runtime), pm).result
-        problems += compare_outcomes(f"{runtime} vs simulation", expected, got, atol, 1e-6)
+        reference = expected
+        if runtime == "accelerator" and config.private:  # accelerators draw seeded DP noise from the Philox streams
+            reference = run_config(config.replace(noise_generator="philox"), pm).result
+        try:
+            with emulation() if runtime == "accelerator" else nullcontext():
+                got = run_config(runtime_config(config, runtime), pm).result
+        except Exception as exc:  # noqa: BLE001 - a runtime the plugin or method breaks on is a finding
+            problems.append(f"the {runtime} run raised {type(exc).__name__}: {exc}")
+            continue
+        problems += compare_outcomes(f"{runtime} vs simulation", reference, got, atol, 1e-6)
     report.add("runtimes", not problems, "; ".join(problems[:3]) or f"{config.method}: {', '.join(runtimes)} agree")
 
 

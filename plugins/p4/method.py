@@ -227,7 +227,11 @@ class P4(Method):
         return state["group_proxy"] if self.teacher == "last-proxy" else private
 
     def _fused_step(self, train, ctx) -> LinearCotraining:
-        """The span path when forced or when it needs fewer FLOPs, else the bucketed one."""
+        """The span path when forced or when it needs fewer FLOPs, else the bucketed one.
+        Samples streamed from host memory (`ClientTensors.to(stream=True)`) take the
+        bucketed path: the span path reads every sample each round (or a basis as large)."""
+        if train.x.device != train.y.device:
+            return self._buckets
         if self.fused == "auto":
             samples, dim, c = train.x.shape[1], math.prod(train.x.shape[2:]), self.config
             cheaper = span_is_cheaper(samples, dim, ctx.model.num_classes, c.local_steps, c.data_rate, ctx.dp is not None, self.span_noise)
@@ -295,13 +299,21 @@ class P4(Method):
         return Messages(src[keep], dst[keep], {"known": state["known"]}, shared)
 
     def _receive_share(self, state, inbox, ctx):
-        members = state["members"].clone()
+        rows = ctx.rows.tolist()
+        # grouping runs on the host: each row's group, written back to the state in one copy
+        assigned = np.zeros((len(rows), self.num_clients), dtype=bool)
+        found = np.zeros(len(rows), dtype=bool)
+        seen, groups = None, []
         for position, matrix in self._assembled_views(state, inbox, ctx):
-            groups = self._groups(matrix)
+            if matrix is not seen:  # usually one matrix for every row: group (and copy to the host) once
+                seen, groups = matrix, self._groups(matrix)
             for group in groups:
-                if int(ctx.rows[position]) in group:
-                    members[position] = False
-                    members[position, group] = True
+                if rows[position] in group:
+                    assigned[position] = False
+                    assigned[position, group] = True
+                    found[position] = True
+        members, device = state["members"], state["members"].device
+        members = torch.where(torch.from_numpy(found).to(device).unsqueeze(1), torch.from_numpy(assigned).to(device), members)
         return {**state, "members": members}
 
     def _assembled_views(self, state, inbox, ctx):
@@ -331,8 +343,9 @@ class P4(Method):
             yield position, matrix
 
     def _groups(self, matrix: torch.Tensor) -> list[list[int]]:
+        host = matrix.cpu().numpy()  # grouping is host-side numpy (one read of an M x M matrix)
         return _cached_groups(
-            hashlib.sha256(matrix.numpy().tobytes()).hexdigest(), matrix.numpy(), self.group_size,
+            hashlib.sha256(host.tobytes()).hexdigest(), host, self.group_size,
             self.config.seed, self.grouping,
         )
 
@@ -488,7 +501,7 @@ class P4(Method):
             {"grouping": self.grouping, "target_size": self.group_size, "groups": groups,
              "sizes": [len(g) for g in groups], "collaboration_matrix": matrix.tolist()}
         ))
-        known = state["known"].numpy()
+        known = state["known"].cpu().numpy()
         dissimilarity = np.fmin(known, known.T)
         order = [c for g in groups for c in g]
         _plot_dissimilarity(dissimilarity[np.ix_(order, order)], [len(g) for g in groups], folder / "dissimilarity.png")

@@ -34,8 +34,10 @@ others. Individual updates are never visible, so defenses that inspect them are 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +165,9 @@ class P4L(Method):
     # -- clients -------------------------------------------------------------------------
     def init_client_state(self, train, ctx):
         count = len(ctx.rows)
-        for node in ctx.rows.tolist():
-            self.peers[node] = Peer(node, self.crypto, self.settings, self.settings.largest)
+        with _host():
+            for node in ctx.rows.tolist():
+                self.peers[node] = Peer(node, self.crypto, self.settings, self.settings.largest)
         params = replicate(self.initial_params(), count)
         return {
             "params": params,
@@ -187,7 +190,7 @@ class P4L(Method):
         rows = ctx.rows
         if exchange == "keys":
             table = {"vk": torch.stack([torch.frombuffer(bytearray(self.peers[n].signing.public_bytes), dtype=torch.uint8)
-                                        for n in rows.tolist()])}
+                                        for n in rows.tolist()]).to(rows.device)}
             others = torch.arange(self.num_clients).unsqueeze(0) != rows.unsqueeze(1)
             sender, receiver = others.nonzero(as_tuple=True)
             return Messages(rows[sender], receiver, table, rows=sender)
@@ -195,19 +198,25 @@ class P4L(Method):
             return Messages(rows, rows.clone(), {UPDATE_PREFIX + k: v for k, v in state["params"].items()})
         if exchange.startswith("hop"):
             tick = int(exchange[3:])
-            return _pack([(n, dst, token) for n in rows.tolist() for dst, token in self.peers[n].hop_outgoing(tick, self.reachable[n])])
+            with _host():
+                tokens = [(n, dst, token) for n in rows.tolist() for dst, token in self.peers[n].hop_outgoing(tick, self.reachable[n])]
+            return _pack(tokens, rows.device)
         if exchange.startswith("ack"):
-            beacons = [(n, dst, {"synergy": torch.tensor(s), "hop": torch.tensor(h)})
-                       for n in rows.tolist() for dst, s, h in self.peers[n].ack_outgoing()]
-            return _pack(beacons)
+            with _host():
+                beacons = [(n, dst, {"synergy": torch.tensor(s), "hop": torch.tensor(h)})
+                           for n in rows.tolist() for dst, s, h in self.peers[n].ack_outgoing()]
+            return _pack(beacons, rows.device)
         if exchange == "aggregate":
-            return _pack([(n, member, payload) for n in rows.tolist()
-                          for members, payload in self.peers[n].aggregates() for member in members], share=True)
+            with _host():
+                aggregates = [(n, member, payload) for n in rows.tolist()
+                              for members, payload in self.peers[n].aggregates() for member in members]
+            return _pack(aggregates, rows.device, share=True)
         return Messages.empty()
 
     def receive(self, exchange, state, inbox, ctx):
         if exchange == "keys":
-            for src, dst, vk in zip(inbox.src.tolist(), inbox.dst.tolist(), inbox.value("vk")):
+            keys = inbox.value("vk").cpu() if len(inbox) else ()
+            for src, dst, vk in zip(inbox.src.tolist(), inbox.dst.tolist(), keys):
                 self.peers[dst].directory[src] = bytes(vk.numpy().tobytes())
             for node in ctx.rows.tolist():
                 self.peers[node].directory[node] = self.peers[node].signing.public_bytes
@@ -216,8 +225,9 @@ class P4L(Method):
             return self._contribute(state, inbox, ctx)
         if exchange.startswith("hop"):
             tick = int(exchange[3:])
-            for i, (src, dst) in enumerate(zip(inbox.src.tolist(), inbox.dst.tolist())):
-                self.peers[dst].hop_receive(tick, src, _row(inbox, i))
+            with _host():
+                for src, dst, token in zip(inbox.src.tolist(), inbox.dst.tolist(), _host_rows(inbox)):
+                    self.peers[dst].hop_receive(tick, src, token)
             return state
         if exchange.startswith("ack"):
             got: dict[int, list[tuple[int, int, int]]] = {n: [] for n in ctx.rows.tolist()}
@@ -240,8 +250,10 @@ class P4L(Method):
             position = torch.searchsorted(ctx.rows, inbox.dst)
             contribution[position] = sent
         plans = round_plan(self.settings, ctx.round)
-        for i, node in enumerate(ctx.rows.tolist()):
-            self.peers[node].new_round(plans, contribution[i])
+        host = contribution.cpu()  # the chains' cryptography works on the host
+        with _host():
+            for i, node in enumerate(ctx.rows.tolist()):
+                self.peers[node].new_round(plans, host[i])
         return {**state, "contribution": contribution}
 
     def _aggregate(self, state, inbox, ctx):
@@ -249,12 +261,12 @@ class P4L(Method):
         averages: list[list[torch.Tensor]] = [[] for _ in rows]
         completed: list[set[int]] = [set() for _ in rows]
         position = {node: i for i, node in enumerate(rows)}
-        for i, (src, dst) in enumerate(zip(inbox.src.tolist(), inbox.dst.tolist())):
-            payload = _row(inbox, i)
-            average = self.peers[dst].open_aggregate(src, payload)
-            if average is not None:
-                averages[position[dst]].append(average)
-                completed[position[dst]].add(int(payload["synergy"]))
+        with _host():
+            for src, dst, payload in zip(inbox.src.tolist(), inbox.dst.tolist(), _host_rows(inbox)):
+                average = self.peers[dst].open_aggregate(src, payload)
+                if average is not None:
+                    averages[position[dst]].append(average.to(ctx.rows.device))  # back to the run's device
+                    completed[position[dst]].add(int(payload["synergy"]))
         assert ctx.train is not None, "the driver passes the rows' records to every step"
         _, validation = self._splits(ctx.train, state)
         params, accepted, refused = merge_candidates(
@@ -288,15 +300,30 @@ class P4L(Method):
         return [path]
 
 
-def _row(inbox: Messages, index: int) -> dict[str, torch.Tensor]:
-    """Message `index`'s payload as a flat dict of tensors (no leading axis)."""
-    row = int(inbox.table_rows()[index])
-    return {k: v[row] for k, v in inbox.table.items()}
+@contextlib.contextmanager
+def _host() -> Iterator[None]:
+    """The peers' protocol and cryptography (Python ints, bytes, signatures) run on the
+    host: inside, factory calls make CPU tensors even in a run on an accelerator."""
+    if torch.get_default_device().type == "cpu":
+        yield
+        return
+    with torch.device("cpu"):
+        yield
 
 
-def _pack(items: list[tuple[int, int, dict[str, torch.Tensor]]], share: bool = False) -> Messages:
-    """Messages (src, dst, payload); with `share`, consecutive messages with the same
-    payload object share one table row (an aggregate sent to all members is stored once)."""
+def _host_rows(inbox: Messages) -> list[dict[str, torch.Tensor]]:
+    """Every message's payload as a flat dict of host tensors (no leading axis); the
+    table is copied to the host once."""
+    if not len(inbox):
+        return []
+    table = {k: v.cpu() for k, v in inbox.table.items()}
+    return [{k: v[row] for k, v in table.items()} for row in inbox.table_rows().tolist()]
+
+
+def _pack(items: list[tuple[int, int, dict[str, torch.Tensor]]], device: torch.device, share: bool = False) -> Messages:
+    """Messages (src, dst, payload) on `device` (the run's) from the peers' host tensors;
+    with `share`, consecutive messages with the same payload object share one table row
+    (an aggregate sent to all members is stored once)."""
     if not items:
         return Messages.empty()
     keys = sorted(items[0][2])
@@ -306,7 +333,7 @@ def _pack(items: list[tuple[int, int, dict[str, torch.Tensor]]], share: bool = F
         if not (share and payloads and payloads[-1] is payload):
             payloads.append(payload)
         rows.append(len(payloads) - 1)
-    table = {k: torch.stack([p[k] for p in payloads]) for k in keys}
-    src = torch.tensor([s for s, _, _ in items])
-    dst = torch.tensor([d for _, d, _ in items])
-    return Messages(src, dst, table, rows=torch.tensor(rows))
+    table = {k: torch.stack([p[k] for p in payloads]).to(device) for k in keys}
+    src = torch.tensor([s for s, _, _ in items], device=device)
+    dst = torch.tensor([d for _, d, _ in items], device=device)
+    return Messages(src, dst, table, rows=torch.tensor(rows, device=device))

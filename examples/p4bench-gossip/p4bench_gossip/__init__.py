@@ -72,7 +72,8 @@ class Gossip(Method):
         """(M, M) bool adjacency of the round: [i, j] when client i sends to client j."""
         key = round_index if self.topology.time_varying else 0
         rng = np.random.default_rng(np.random.SeedSequence([self.config.seed, _GRAPH_STREAM, key]))
-        return torch.from_numpy(np.asarray(self.topology.edges(self.num_clients, key, rng), dtype=bool))
+        edges = torch.from_numpy(np.asarray(self.topology.edges(self.num_clients, key, rng), dtype=bool))
+        return edges.to(torch.get_default_device())  # the run's device (a GPU run's default)
 
     # -- client state: one row per client ------------------------------------------------------
     def init_client_state(self, train, ctx):
