@@ -61,12 +61,13 @@ def coalition_values(
     todo = torch.nonzero(size > 0).flatten()
     forward = vmap(model.forward, in_dims=(0, None) if q_n is None else (0, 0))  # one Q for every model, or the agent's
     flat_g = g.reshape(num_agents * slots, -1)
+    owners = agent[todo].tolist()  # one read for every chunk's span of agents
     for start in range(0, len(todo), chunk):
         rows = todo[start : start + chunk]
         owner = agent[rows]
         # Mean gradients as one matmul: each row's weights 1/|S| are placed in its agent's
         # block of slots, over only the agents this chunk spans (rows are sorted by agent).
-        first, last = int(owner[0]), int(owner[-1]) + 1
+        first, last = owners[start], owners[min(start + chunk, len(owners)) - 1] + 1
         weights = torch.zeros(len(rows), last - first, slots, dtype=g.dtype, device=g.device)
         weights[torch.arange(len(rows), device=g.device), owner - first] = (
             members[rows].to(g.dtype) / size[rows, None].to(g.dtype)

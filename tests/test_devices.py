@@ -23,7 +23,7 @@ from p4bench.config import RunConfig
 from p4bench.devices import MemoryPlan, device_scope, plan_memory, resolve_device
 from p4bench.errors import UsageError
 from p4bench.runner import run
-from p4bench.testing.emulated_device import EmulatedTensor, emulation
+from p4bench.testing.emulated_device import EmulatedTensor, emulation, host_reads, reset_host_reads
 
 # The methods the issue names for CPU/GPU equality, each with DP where it has it.
 EQUALITY_CASES = {
@@ -199,3 +199,23 @@ def _tensors(value):
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _tensors(item)
+
+
+def _host_reads_of_one_round(method: str, clients: int, results_dir: str, **changes) -> int:
+    counts = []
+    for rounds in (1, 2):
+        with emulation():
+            reset_host_reads()
+            run(small(results_dir, method=method, clients=clients, rounds=rounds, device="emu", **changes), track=False)
+            counts.append(host_reads())
+    return counts[1] - counts[0]
+
+
+@pytest.mark.parametrize(("method", "changes"), [("fedavg", {"epsilon": 8.0}), ("p4", {}), ("dp-dsgt", {"epsilon": 8.0}),
+                                                 ("proxyfl", {}), ("pdsl", {})])
+def test_reads_back_to_the_host_per_round_do_not_grow_with_the_clients(method, changes, results_dir):
+    """A round reads a bounded number of values back to the host (batch widths, the
+    ledger's stepping clients, the report), never one per client: on a GPU each is a sync."""
+    few = _host_reads_of_one_round(method, 10, results_dir, **changes)
+    many = _host_reads_of_one_round(method, 30, results_dir, **changes)
+    assert many == few and few < 60, (few, many)
