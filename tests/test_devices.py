@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from p4bench import hookimpl, interrupts
+from p4bench import interrupts
 from p4bench.checkpoint import CHECKPOINT_FILE, load
 from p4bench.cli import main
 from p4bench.config import RunConfig
@@ -24,6 +24,7 @@ from p4bench.devices import MemoryPlan, device_scope, plan_memory, resolve_devic
 from p4bench.errors import UsageError
 from p4bench.runner import run
 from p4bench.testing.emulated_device import EmulatedTensor, emulation, host_reads, reset_host_reads
+from p4bench.testing.runs import StopAfterStep
 
 # The methods the issue names for CPU/GPU equality, each with DP where it has it.
 EQUALITY_CASES = {
@@ -159,16 +160,6 @@ def test_p4_scatter_cnn_runs_on_cuda_with_secure_noise(results_dir):
     assert result.summary["compute_device"].startswith("cuda:") and math.isfinite(result.summary["accuracy_mean"])
 
 
-class _StopAfterStep:
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    @hookimpl
-    def round_finished(self, run, report) -> None:
-        if report.step == self.step:
-            interrupts.request_stop()
-
-
 @pytest.mark.parametrize(("first", "second"), [("emu", "emu"), ("emu", "cpu")])
 def test_a_run_interrupted_on_an_accelerator_resumes_to_the_uninterrupted_result(first, second, tmp_path):
     """Checkpoints hold host tensors (and the Philox noise counters), so a run resumes on
@@ -179,7 +170,7 @@ def test_a_run_interrupted_on_an_accelerator_resumes_to_the_uninterrupted_result
     interrupts.clear_stop()
     with pytest.raises(interrupts.RunInterrupted) as stopped:
         with emulation():
-            run(config.replace(device=first), observers=[_StopAfterStep(2)])
+            run(config.replace(device=first), observers=[StopAfterStep(2)])
     interrupts.clear_stop()
     folder = Path(stopped.value.results_dir)
     saved = torch.load(folder / CHECKPOINT_FILE, weights_only=True)

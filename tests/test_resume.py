@@ -15,25 +15,14 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from p4bench import hookimpl, interrupts
+from p4bench import interrupts
 from p4bench.checkpoint import CHECKPOINT_FILE, load
 from p4bench.cli import main
 from p4bench.config import RunConfig
 from p4bench.interrupts import RunInterrupted
 from p4bench.runner import run
 from p4bench.sweep import SweepInterrupted, parse_sweep, run_sweep
-
-
-class StopAfterStep:
-    """Asks for a stop in round `step`, as the first Ctrl-C does (`p4bench.interrupts`)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    @hookimpl
-    def round_finished(self, run, report) -> None:
-        if report.step == self.step:
-            interrupts.request_stop()
+from p4bench.testing.runs import StopAfterStep
 
 
 @pytest.fixture(autouse=True)

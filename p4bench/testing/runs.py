@@ -14,7 +14,9 @@ from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
 from p4bench.testing.probes import Recorder, count_mechanism, probe_defense, spy_on
 
-__all__ = ["BASE_CONFIG", "Instrumented", "compare_outcomes", "make_config", "resolve_plugin", "run_config"]
+__all__ = [
+    "BASE_CONFIG", "Instrumented", "StopAfterStep", "compare_outcomes", "make_config", "resolve_plugin", "run_config",
+]
 
 # Small enough that a check of every runtime takes seconds: 4 clients, 2 rounds of 2
 # steps on the bundled digits data; every client reported; the fast rdp accountant.
@@ -184,3 +186,18 @@ def runtime_config(config: RunConfig, runtime: str) -> RunConfig:
 
 def names(values: Sequence[str] | str) -> tuple[str, ...]:
     return (values,) if isinstance(values, str) else tuple(values)
+
+
+class StopAfterStep:
+    """An observer that asks a run to stop in round `step`, as the first Ctrl-C does
+    (`p4bench.interrupts`): the run ends after that round with a checkpoint."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @hookimpl
+    def round_finished(self, run: Any, report: Any) -> None:
+        if report.step == self.step:
+            from p4bench import interrupts
+
+            interrupts.request_stop()
