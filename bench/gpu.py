@@ -61,6 +61,7 @@ import torch
 from p4 import CLASSES, FEATURES  # bench/p4.py: the CIFAR-10 workload's shape
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
+from p4bench.baselines.fedavg import FedAvg
 from p4bench.config import RunConfig
 from p4bench.data import ClientTensors, FederatedData
 from p4bench.devices import describe_device, device_scope, resolve_device, synchronize
@@ -79,26 +80,31 @@ FULL_CLIENTS, FULL_SAMPLES = [260, 2080], 160  # the issue's sizes
 REDUCED_CLIENTS, REDUCED_SAMPLES = [8], 32  # devices other than CUDA
 QUICK_CLIENTS, QUICK_SAMPLES = [4], 8  # --quick (CI)
 STEPS, RATE, GROUP, SIGMA, CLIP = 5, 0.5, 8, 1.0, 1.0
+# DP-FedAvg at scale (a linear model on digits-shaped clients: 8x8 features, every client in every round)
+FULL_FEDAVG, REDUCED_FEDAVG, QUICK_FEDAVG = 100_000, 2_000, 8
+FEDAVG_FEATURES, FEDAVG_SAMPLES, FEDAVG_TEST = (1, 8, 8), 20, 4
 CHUNK = 128  # clients drawn at once (bounds the temporaries of building 2,080 clients' data)
 
 
-def synthetic_data(clients: int, train: int, test: int, device: torch.device, seed: int = 0) -> FederatedData:
+def synthetic_data(clients: int, train: int, test: int, device: torch.device, seed: int = 0,
+                   features: tuple[int, ...] = FEATURES) -> FederatedData:
     """bench/p4.py's synthetic clients (class centres plus noise) with the sizes as
     parameters, drawn on `device` itself: at 2,080 clients the samples are 26 GB, which
     the host would draw far slower than the GPU."""
     torch.manual_seed(seed)  # the default generators of the CPU and every CUDA device
     with device_scope(device):
-        centers = torch.randn(CLASSES, *FEATURES)
+        centers = torch.randn(CLASSES, *features)
+        chunk = max(CHUNK, (1 << 24) // max(train * math.prod(features), 1))  # small clients: larger chunks
 
         def split(count: int) -> ClientTensors:
             y = torch.randint(0, CLASSES, (clients, count))
-            x = torch.empty(clients, count, *FEATURES)
-            for start in range(0, clients, CHUNK):
-                rows = slice(start, start + CHUNK)
+            x = torch.empty(clients, count, *features)
+            for start in range(0, clients, chunk):
+                rows = slice(start, start + chunk)
                 x[rows] = torch.randn(x[rows].shape).add_(centers[y[rows]], alpha=0.3)
             return ClientTensors(x, y, torch.full((clients,), count))
 
-        data = FederatedData(split(train), split(test), torch.zeros(clients, dtype=torch.bool), CLASSES, FEATURES,
+        data = FederatedData(split(train), split(test), torch.zeros(clients, dtype=torch.bool), CLASSES, features,
                              tuple(map(str, range(CLASSES))), tuple())
     return data.to(device)  # the runner's placement (p4bench.runner.prepare): here already there
 
@@ -135,15 +141,15 @@ class TimedNetwork(InProcessNetwork):
     driver's `begin_round` and `steps_finished` hooks (device synchronised at both),
     and counting the FLOPs of round `count_round` instead of timing it."""
 
-    def __init__(self, device: torch.device, count_round: int) -> None:
-        self.device, self.count_round = device, count_round
+    def __init__(self, device: torch.device, count_round: int, phase: str | None = COTRAINING) -> None:
+        self.device, self.count_round, self.phase = device, count_round, phase
         self.seconds: list[float] = []
         self.flops: int | None = None
         self.counter: FlopCounterMode | None = None
         self._started = 0.0
 
     def begin_round(self, phase: str, round_index: int) -> None:
-        if phase != COTRAINING:
+        if self.phase is not None and phase != self.phase:
             return
         if round_index == self.count_round:
             self.counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flop})
@@ -152,7 +158,7 @@ class TimedNetwork(InProcessNetwork):
         self._started = time.perf_counter()
 
     def steps_finished(self, phase: str, round_index: int) -> None:
-        if phase != COTRAINING:
+        if self.phase is not None and phase != self.phase:
             return
         synchronize(self.device)
         elapsed = time.perf_counter() - self._started
@@ -207,16 +213,29 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
 
 
+def build_job(config: RunConfig, model_name: str, data: FederatedData) -> tuple[Job, Any]:
+    """The job of one configuration (inside the run device's scope): P4 with DP on the
+    proxy (replace-one), or DP-FedAvg (add-remove), as the runner would build them."""
+    model = MODELS[model_name](data.feature_shape, CLASSES)
+    if config.method == "p4":
+        method: Any = P4(config, model, config.clients)
+        settings = DPSettings(clip=CLIP, noise_multiplier=SIGMA, neighbouring="replace-one")
+    else:
+        method = FedAvg(config, model, config.clients)
+        settings = DPSettings(clip=CLIP, noise_multiplier=SIGMA, neighbouring="add-remove")
+    job = Job(config=config, method=method, model=model, data=fresh(data))
+    attach_mechanisms(job, settings)
+    return job, model
+
+
 def run_config(config: RunConfig, model_name: str, data: FederatedData, device: torch.device) -> dict[str, Any]:
-    """Warm-up, timed and counted co-training rounds of one configuration."""
+    """Warm-up, timed and counted rounds of one configuration."""
     clients = config.clients
-    timed = TimedNetwork(device, count_round=config.rounds - 1)
+    timed = TimedNetwork(device, count_round=config.rounds - 1, phase=COTRAINING if config.method == "p4" else None)
     started = time.perf_counter()
     try:
         with device_scope(device):
-            model = MODELS[model_name](FEATURES, CLASSES)
-            job = Job(config=config, method=P4(config, model, clients), model=model, data=fresh(data))
-            attach_mechanisms(job, DPSettings(clip=CLIP, noise_multiplier=SIGMA, neighbouring="replace-one"))
+            job, model = build_job(config, model_name, data)
             TimedRuntime(timed).execute(job, lambda report: None)
     finally:
         timed.close()
@@ -226,8 +245,10 @@ def run_config(config: RunConfig, model_name: str, data: FederatedData, device: 
     if flops is None:  # the run ended before its counted round: an engine problem, not a measurement
         raise RuntimeError(f"the counted round did not run ({len(timed.seconds)} co-training rounds timed)")
     samples = int(data.train.n[0])
-    if model_name == "linear":
-        path = "span" if span_is_cheaper(samples, math.prod(FEATURES), CLASSES, STEPS, RATE, private=True) else "buckets"
+    if config.method != "p4":
+        path = "dp-sgd"
+    elif model_name == "linear":
+        path = "span" if span_is_cheaper(samples, math.prod(data.feature_shape), CLASSES, STEPS, RATE, private=True) else "buckets"
     else:
         path = "autograd"
     return {
@@ -264,6 +285,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"training samples per client (default: {FULL_SAMPLES} on CUDA, {REDUCED_SAMPLES} elsewhere)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"models, e.g. linear,scatter-cnn (of {list(MODELS)})")
     parser.add_argument("--rounds", type=int, default=None, help="timed co-training rounds (default 3; 1 with --quick)")
+    parser.add_argument("--fedavg-clients", type=int, default=None,
+                        help=f"clients of the DP-FedAvg round (default: {FULL_FEDAVG} on CUDA, {REDUCED_FEDAVG} elsewhere; 0: none)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI): a few seconds on a CPU")
     args = parser.parse_args(argv)
     args.models = [m for part in args.models for m in part.split(",") if m]
@@ -276,10 +299,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--clients must be integers, got {args.clients}")
         if not args.clients or min(args.clients) < 2:
             parser.error("--clients must be at least 2 (P4 groups clients)")
+    if args.fedavg_clients is not None and args.fedavg_clients not in range(2, 10**8) and args.fedavg_clients != 0:
+        parser.error("--fedavg-clients must be 0 (none) or at least 2")
     for name in ("samples", "rounds"):
         if getattr(args, name) is not None and getattr(args, name) < (2 if name == "samples" else 1):
             parser.error(f"--{name} is too small")
     return args
+
+
+def measure(results: list[dict[str, Any]], method: str, count: int, samples: int, test: int, features: tuple[int, ...],
+            models: list[str], rounds: int, device: torch.device) -> None:
+    """Time every model of `method` at `count` clients (one data set for all), appending
+    one entry per model to `results`; a failure is that entry's `error`."""
+    try:
+        data = synthetic_data(count, samples, test, device, features=features)
+    except Exception as exc:  # noqa: BLE001 - out of memory building the data: every model of this size fails
+        results += [{"method": method, "model": name, "clients": count, "error": f"building the data: {error_text(exc)}"}
+                    for name in models]
+        release(device)
+        return
+    for name in models:
+        options = {"group_size": min(GROUP, count), "samples": min(35, count - 1)} if method == "p4" else {}
+        config = RunConfig(method=method, model=name, clients=count, rounds=rounds + 2, local_steps=STEPS, data_rate=RATE,
+                           client_rate=1.0, lr=0.5, noise_multiplier=SIGMA, clip=CLIP, device=str(device), options=options)
+        entry: dict[str, Any] = {"method": method, "model": name, "clients": count}
+        reset_peak_memory(device)
+        try:
+            entry.update(run_config(config, name, data, device))
+            entry["peak_memory_bytes"] = peak_memory_bytes(device)
+        except Exception as exc:  # noqa: BLE001 - reported for this configuration; the others still run
+            entry["error"] = error_text(exc)
+        results.append(entry)
+        release(device)
+        status = entry.get("error") or (f"{entry['round_s']:.4f} s/round, {entry['per_client_ms']:.3f} ms/client, "
+                                        f"{entry['tflops']:.4f} TFLOP/s")
+        print(f"{method} {name} x {count} clients: {status}", flush=True)
+    del data
+    release(device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,39 +349,20 @@ def main(argv: list[str] | None = None) -> int:
     clients = args.clients or (QUICK_CLIENTS if args.quick else FULL_CLIENTS if full else REDUCED_CLIENTS)
     samples = args.samples or (QUICK_SAMPLES if args.quick else FULL_SAMPLES if full else REDUCED_SAMPLES)
     rounds = args.rounds or (1 if args.quick else 3)
+    fedavg_clients = args.fedavg_clients if args.fedavg_clients is not None else (
+        QUICK_FEDAVG if args.quick else FULL_FEDAVG if full else REDUCED_FEDAVG)
     test = max(2, samples // 4)  # evaluated each round, never timed: kept small
-    reduced = sorted(clients) != FULL_CLIENTS or samples != FULL_SAMPLES
+    reduced = sorted(clients) != FULL_CLIENTS or samples != FULL_SAMPLES or fedavg_clients != FULL_FEDAVG
     matmul_size = 8192 if device.type == "cuda" else 512 if args.quick else 2048
     matmul_repeats = 10 if device.type == "cuda" else 3 if args.quick else 5
     tf32 = bool(torch.backends.cuda.matmul.allow_tf32) if device.type == "cuda" else None
 
     peak_before = peak_tflops(device, matmul_size, matmul_repeats)
-    results = []
+    results: list[dict[str, Any]] = []
     for count in clients:
-        try:
-            data = synthetic_data(count, samples, test, device)
-        except Exception as exc:  # noqa: BLE001 - out of memory building the data: every model of this size fails
-            results += [{"model": name, "clients": count, "error": f"building the data: {error_text(exc)}"} for name in args.models]
-            release(device)
-            continue
-        for name in args.models:
-            config = RunConfig(method="p4", model=name, clients=count, rounds=rounds + 2, local_steps=STEPS, data_rate=RATE,
-                               client_rate=1.0, lr=0.5, noise_multiplier=SIGMA, clip=CLIP, device=str(device),
-                               options={"group_size": min(GROUP, count), "samples": min(35, count - 1)})
-            entry: dict[str, Any] = {"model": name, "clients": count}
-            reset_peak_memory(device)
-            try:
-                entry.update(run_config(config, name, data, device))
-                entry["peak_memory_bytes"] = peak_memory_bytes(device)
-            except Exception as exc:  # noqa: BLE001 - reported for this configuration; the others still run
-                entry["error"] = error_text(exc)
-            results.append(entry)
-            release(device)
-            status = entry.get("error") or (f"{entry['round_s']:.4f} s/round, {entry['per_client_ms']:.3f} ms/client, "
-                                            f"{entry['tflops']:.4f} TFLOP/s")
-            print(f"{name} x {count} clients: {status}", flush=True)
-        del data
-        release(device)
+        measure(results, "p4", count, samples, test, FEATURES, args.models, rounds, device)
+    if fedavg_clients:
+        measure(results, "fedavg", fedavg_clients, FEDAVG_SAMPLES, FEDAVG_TEST, FEDAVG_FEATURES, ["linear"], rounds, device)
     peak = max(peak_before, peak_tflops(device, matmul_size, matmul_repeats))
     for entry in results:
         if "tflops" in entry:
@@ -343,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
             "test_per_client": test, "features": list(FEATURES), "classes": CLASSES, "local_steps": STEPS,
             "data_rate": RATE, "client_rate": 1.0, "group_size": GROUP, "defense": None,
             "dp": {"noise_multiplier": SIGMA, "clip": CLIP, "neighbouring": "replace-one"},
+            "fedavg": {"clients": fedavg_clients, "samples_per_client": FEDAVG_SAMPLES, "features": list(FEDAVG_FEATURES),
+                       "client_rate": 1.0, "local_steps": STEPS, "data_rate": RATE,
+                       "dp": {"noise_multiplier": SIGMA, "clip": CLIP, "neighbouring": "add-remove"}},
             "noise_generator": noise_generator(RunConfig(device=str(device))),
             "warmup_rounds": 1, "timed_rounds": rounds, "quick": args.quick,
         },

@@ -24,6 +24,17 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(skip)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test that needs the emulated accelerator skips on a machine with CUDA, where it
+    cannot be registered (p4bench.testing.emulated_device); the `cuda` tests run there."""
+    outcome = yield
+    from p4bench.testing.emulated_device import EmulationUnavailable
+
+    if outcome.excinfo is not None and isinstance(outcome.excinfo[1], EmulationUnavailable):
+        outcome.force_exception(pytest.skip.Exception(f"needs the emulated accelerator: {outcome.excinfo[1]}"))
+
+
 @pytest.fixture
 def results_dir(tmp_path):
     return str(tmp_path / "runs")

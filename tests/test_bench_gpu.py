@@ -15,7 +15,7 @@ import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPT = BENCH / "gpu.py"
-RESULT_KEYS = {"model", "clients", "round_s", "rounds_s", "first_round_s", "per_client_ms", "flops_per_round", "tflops",
+RESULT_KEYS = {"method", "model", "clients", "round_s", "rounds_s", "first_round_s", "per_client_ms", "flops_per_round", "tflops",
                "fraction_of_peak", "peak_memory_bytes", "path", "num_parameters", "config_wall_s"}
 
 
@@ -33,17 +33,19 @@ def check_output(out: dict, device_type: str) -> None:
     assert out["reduced"] is True and "reduced" in out["reduced_note"]
     assert math.isfinite(out["peak_tflops"]) and out["peak_tflops"] > 0
     assert "FlopCounterMode" in out["flops_method"]
-    assert [(r["model"], r["clients"]) for r in out["results"]] == [("linear", 4), ("scatter-cnn", 4)]
+    assert [(r["method"], r["model"], r["clients"]) for r in out["results"]] == [
+        ("p4", "linear", 4), ("p4", "scatter-cnn", 4), ("fedavg", "linear", 8)]
+    assert out["config"]["fedavg"]["clients"] == 8 and out["config"]["fedavg"]["dp"]["neighbouring"] == "add-remove"
     for result in out["results"]:
         assert set(result) == RESULT_KEYS, result
         for key in ("round_s", "first_round_s", "per_client_ms", "flops_per_round", "tflops", "fraction_of_peak",
                     "peak_memory_bytes"):
             assert math.isfinite(result[key]) and result[key] > 0, (key, result)
-        assert result["per_client_ms"] == pytest.approx(result["round_s"] / 4 * 1000, rel=1e-3)
+        assert result["per_client_ms"] == pytest.approx(result["round_s"] / result["clients"] * 1000, rel=1e-3)
         assert result["tflops"] == pytest.approx(result["flops_per_round"] / result["round_s"] / 1e12, rel=1e-3)
         assert len(result["rounds_s"]) == out["config"]["timed_rounds"] == 1
-    linear, cnn = out["results"]
-    assert linear["path"] in ("span", "buckets") and cnn["path"] == "autograd"
+    linear, cnn, fedavg = out["results"]
+    assert linear["path"] in ("span", "buckets") and cnn["path"] in ("autograd", "stacked") and fedavg["path"] == "dp-sgd"
     assert cnn["flops_per_round"] > linear["flops_per_round"]  # convolutions over 243 channels, and 5 steps of them
 
 
@@ -87,7 +89,7 @@ def test_a_failing_configuration_is_reported_and_the_others_run(gpu_bench, monke
         return {"round_s": 0.5, "per_client_ms": 125.0, "tflops": 1e-3}
 
     monkeypatch.setattr(gpu_bench, "run_config", run_config)
-    assert gpu_bench.main(["--device", "cpu", "--quick", "--clients", "4,5"]) == 1  # after the JSON
+    assert gpu_bench.main(["--device", "cpu", "--quick", "--clients", "4,5", "--fedavg-clients", "0"]) == 1  # after the JSON
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["failed"] == 2 and out["config"]["clients"] == [4, 5]
     assert [(r["model"], r["clients"], "error" in r) for r in out["results"]] == [

@@ -16,6 +16,12 @@ but keeps a GPU's rules:
 So a run with `--device emu` fails wherever a run with `--device cuda` would fail for a
 misplaced tensor, and the suite checks that on machines without a GPU. Only for tests:
 every operation goes through Python and is slow.
+
+Registering a PrivateUse1 backend makes it the process's accelerator in PyTorch's eyes,
+and autograd on CUDA tensors then fails (an internal assert about streams). So nothing
+is registered at import: `install()` (or the first `emulation()`) does it, and refuses
+with `EmulationUnavailable` where CUDA is available; there, test on the real GPU
+(`pytest -m cuda`; the conformance kit's `accelerator` runtime uses CUDA itself).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from torch.utils._pytree import tree_map
 
 from p4bench.devices import register_emulated_type
 
-__all__ = ["EMULATED", "EmulatedTensor", "install", "emulation", "host_reads", "reset_host_reads"]
+__all__ = ["EMULATED", "EmulatedTensor", "EmulationUnavailable", "install", "emulation", "host_reads", "reset_host_reads",
+           "available", "accelerator_device", "accelerator_scope"]
 
 _lock = threading.Lock()
 _installed = False
@@ -65,7 +72,7 @@ class EmulatedTensor(torch.Tensor):
     def __new__(cls, elem: torch.Tensor) -> EmulatedTensor:
         wrapper = torch.Tensor._make_wrapper_subclass(
             cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
-            layout=elem.layout, device=EMULATED, requires_grad=elem.requires_grad,
+            layout=elem.layout, device=_DEVICE["emu"], requires_grad=elem.requires_grad,
         )
         wrapper.elem = elem
         return wrapper
@@ -175,23 +182,45 @@ def _register_allocators() -> None:
     _library.impl("empty_strided", empty_strided, "PrivateUse1")
 
 
+class EmulationUnavailable(RuntimeError):
+    """The emulated accelerator cannot be registered in a process that uses CUDA."""
+
+
+def available() -> bool:
+    """Whether the emulated accelerator can be used here (no CUDA in this process)."""
+    return _installed or not torch.cuda.is_available()
+
+
 def install() -> torch.device:
     """Register the `emu` device type (once per process: PyTorch allows one rename of its
-    PrivateUse1 backend). Returns the emulated device."""
+    PrivateUse1 backend). Returns the emulated device. Refused (`EmulationUnavailable`)
+    where CUDA is available: the registered backend would break CUDA autograd."""
     global _installed
     with _lock:
         if not _installed:
+            if torch.cuda.is_available():
+                raise EmulationUnavailable(
+                    "the emulated accelerator 'emu' is for machines without a GPU: registering it makes PyTorch's "
+                    "autograd fail on CUDA tensors in this process; here, run on the real GPU (pytest -m cuda)")
             from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
             if torch._C._get_privateuse1_backend_name() != "emu":
                 _setup_privateuseone_for_python_backend("emu")
             _register_allocators()
             register_emulated_type("emu")
+            _DEVICE["emu"] = torch.device("emu", 0)
             _installed = True
-    return torch.device("emu", 0)
+    return _DEVICE["emu"]
 
 
-EMULATED = install()
+_DEVICE: dict[str, torch.device] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """`EMULATED`, the emulated device, registered on first use (module docstring)."""
+    if name == "EMULATED":
+        return install()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @contextlib.contextmanager
@@ -199,6 +228,22 @@ def emulation() -> Iterator[torch.device]:
     """Inside: factory calls and moves naming `emu` make emulated tensors (this thread)."""
     from torch.utils._device import _device_constructors
 
-    install()
+    device = install()
     with _EmulationMode(set(_device_constructors())):
-        yield EMULATED
+        yield device
+
+
+def accelerator_device() -> str:
+    """The device of the conformance kit's `accelerator` runtime: the emulated `emu`, or
+    CUDA itself where CUDA is available (where `emu` cannot be registered)."""
+    return "emu" if available() else "cuda"
+
+
+@contextlib.contextmanager
+def accelerator_scope() -> Iterator[None]:
+    """What a run on `accelerator_device()` needs around it: `emulation()` for `emu`."""
+    if accelerator_device() == "emu":
+        with emulation():
+            yield
+    else:
+        yield

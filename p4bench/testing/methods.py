@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from p4bench.testing.emulated_device import emulation
+from p4bench.testing.emulated_device import accelerator_scope
 from p4bench.testing.option_checks import check_options
 from p4bench.testing.report import ConformanceReport
 from p4bench.testing.runs import (
@@ -134,7 +134,7 @@ def _check_runtimes(
             if runtime == "accelerator" and mode == "dp":  # accelerators draw seeded noise from the Philox streams
                 reference = _attempt(lambda c=config: run_config(c.replace(noise_generator="philox"), pm).result,
                                      "simulation (philox noise)", problems)
-            with emulation() if runtime == "accelerator" else nullcontext():
+            with accelerator_scope() if runtime == "accelerator" else nullcontext():
                 got = _attempt(lambda c=config, r=runtime: run_config(runtime_config(c, r), pm).result, runtime, problems)
             if got is not None and reference is not None:
                 problems += compare_outcomes(f"{runtime} vs simulation", reference, got, atol, accuracy_atol)

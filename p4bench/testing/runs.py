@@ -175,9 +175,12 @@ def _compare_accuracy(label: str, what: str, x: np.ndarray, y: np.ndarray, toler
 def runtime_config(config: RunConfig, runtime: str) -> RunConfig:
     """`config` on `runtime`; the device runtime runs local peers on 127.0.0.1 with the
     simulator's seeded streams (a simulation on devices), so results are comparable;
-    `accelerator` is the simulation on the emulated `emu` device."""
-    if runtime == "accelerator":  # the simulation on the emulated accelerator (run it under `emulation()`)
-        return config.replace(runtime="simulation", device="emu", noise_generator="philox")
+    `accelerator` is the simulation on the emulated `emu` device (run it under
+    `accelerator_scope()`), or on CUDA where CUDA is available."""
+    if runtime == "accelerator":
+        from p4bench.testing.emulated_device import accelerator_device
+
+        return config.replace(runtime="simulation", device=accelerator_device(), noise_generator="philox")
     if runtime != "device":
         return config.replace(runtime=runtime)
     options = {**dict(config.options), "device_local_peers": config.clients}

@@ -34,7 +34,7 @@ from p4bench.engine.messages import Messages
 from p4bench.engine.threats import UPDATE_PREFIX, Attack
 from p4bench.errors import IncompatibleError
 from p4bench.rng import ClientRng, node_keys
-from p4bench.testing.emulated_device import emulation
+from p4bench.testing.emulated_device import accelerator_scope
 from p4bench.testing.option_checks import check_options
 from p4bench.testing.report import ConformanceReport
 from p4bench.testing.runs import compare_outcomes, make_config, names, resolve_plugin, run_config, runtime_config
@@ -154,7 +154,7 @@ def _check_runtimes(report: ConformanceReport, config: Any, pm: Any, runtimes: t
         if runtime == "accelerator" and config.private:  # accelerators draw seeded DP noise from the Philox streams
             reference = run_config(config.replace(noise_generator="philox"), pm).result
         try:
-            with emulation() if runtime == "accelerator" else nullcontext():
+            with accelerator_scope() if runtime == "accelerator" else nullcontext():
                 got = run_config(runtime_config(config, runtime), pm).result
         except Exception as exc:  # noqa: BLE001 - a runtime the plugin or method breaks on is a finding
             problems.append(f"the {runtime} run raised {type(exc).__name__}: {exc}")
