@@ -149,7 +149,7 @@ class TimedNetwork(InProcessNetwork):
         self._started = 0.0
 
     def begin_round(self, phase: str, round_index: int) -> None:
-        if self.phase is not None and phase != self.phase:
+        if round_index < 0 or (self.phase is not None and phase != self.phase):  # setup blocks are not rounds
             return
         if round_index == self.count_round:
             self.counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flop})
@@ -158,7 +158,7 @@ class TimedNetwork(InProcessNetwork):
         self._started = time.perf_counter()
 
     def steps_finished(self, phase: str, round_index: int) -> None:
-        if self.phase is not None and phase != self.phase:
+        if round_index < 0 or (self.phase is not None and phase != self.phase):  # setup blocks are not rounds
             return
         synchronize(self.device)
         elapsed = time.perf_counter() - self._started
