@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.func import grad_and_value, vmap
 
 from p4bench.models import Model, Params
+from p4bench.stacked import stacked_logits, stacked_loss_and_grad, supports_stacked
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
@@ -93,6 +94,8 @@ def batched_loss_and_grad(
     loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Params]:
     """(loss (C,), grads) for stacked params (C, ...) and batches (C, b, ...)."""
+    if supports_stacked(model):  # every client in batched GEMMs (p4bench.stacked), not vmap
+        return stacked_loss_and_grad(model, params, x, y, weight, loss, aux)  # type: ignore[arg-type]
     fn = grad_and_value(partial(weighted_loss, model, loss))
     if aux is None:
         grads, value = vmap(lambda p, xs, ys, ws: fn(p, xs, ys, ws))(params, x, y, weight)
@@ -184,6 +187,8 @@ def logits_of(model: Model, params: Params, x: torch.Tensor) -> torch.Tensor:
     clients."""
     device = next(iter(params.values())).device if params else x.device
     if x.device == device:
+        if supports_stacked(model):
+            return stacked_logits(model, params, x)  # type: ignore[arg-type]
         return vmap(model.forward)(params, x)
     chunks = []
     for start in range(0, x.shape[0], STREAM_CHUNK_CLIENTS):

@@ -6,7 +6,8 @@ the clipped sum is computed from per-example logit gradients without materialisi
 per-example weight gradients (||g_i x_i^T||^2 = ||g_i||^2 ||x_i||^2), so a DP step costs
 two GEMMs; other models use nested vmap. `clip_scale` is that linear-layer factor on
 its own, for fast paths that apply the clipped step inside their own GEMMs (through
-`Releases.clip_scale`, which supplies the run's C).
+`Releases.clip_scale`, which supplies the run's C). Models with a stacked forward
+(`p4bench.stacked`: the scatter-CNN) are clipped there, by ghost clipping.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch.func import grad, vmap
 
+from p4bench import stacked
 from p4bench.data.federated import squared_norms
 from p4bench.engine.training import PerExampleLoss, cross_entropy
 from p4bench.models import LinearSoftmax, Model, Params
@@ -33,6 +35,8 @@ def clipped_gradient_sum(
     """
     if type(model) is LinearSoftmax:
         return _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms)
+    if stacked.supports_stacked(model):  # ghost clipping on batched GEMMs, no per-example gradients
+        return stacked.clipped_gradient_sum(model, params, x, y, mask, clip, loss, aux)  # type: ignore[arg-type]
     return _generic_clipped_sum(model, params, x, y, mask, clip, loss, aux)
 
 
