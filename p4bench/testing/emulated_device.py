@@ -18,10 +18,11 @@ misplaced tensor, and the suite checks that on machines without a GPU. Only for 
 every operation goes through Python and is slow.
 
 Registering a PrivateUse1 backend makes it the process's accelerator in PyTorch's eyes,
-and autograd on CUDA tensors then fails (an internal assert about streams). So nothing
-is registered at import: `install()` (or the first `emulation()`) does it, and refuses
-with `EmulationUnavailable` where CUDA is available; there, test on the real GPU
-(`pytest -m cuda`; the conformance kit's `accelerator` runtime uses CUDA itself).
+and autograd on CUDA tensors then fails (an internal assert about streams). So `emu` is
+registered at import only where CUDA is not available (early: autograd sizes its device
+queues at its first backward pass); where it is, `install()` and `emulation()` refuse
+with `EmulationUnavailable`: test on the real GPU there (`pytest -m cuda`; the
+conformance kit's `accelerator` runtime uses CUDA itself).
 """
 
 from __future__ import annotations
@@ -214,6 +215,9 @@ def install() -> torch.device:
 
 
 _DEVICE: dict[str, torch.device] = {}
+if not torch.cuda.is_available():
+    # registered before any backward pass: autograd sizes its per-device queues at its first one
+    install()
 
 
 def __getattr__(name: str) -> Any:
