@@ -215,16 +215,9 @@ def install() -> torch.device:
 
 
 _DEVICE: dict[str, torch.device] = {}
-if not torch.cuda.is_available():
-    # registered before any backward pass: autograd sizes its per-device queues at its first one
-    install()
-
-
-def __getattr__(name: str) -> Any:
-    """`EMULATED`, the emulated device, registered on first use (module docstring)."""
-    if name == "EMULATED":
-        return install()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Registered at import (before any backward pass: autograd sizes its per-device queues at
+# its first one), except where CUDA is available (None there: see the module docstring).
+EMULATED: torch.device | None = None if torch.cuda.is_available() else install()
 
 
 @contextlib.contextmanager
