@@ -60,3 +60,31 @@ def test_subsets_are_distinct_valid_and_width_independent():
         assert (chosen < population[row]).all()
     alone, alone_mask = ClientRng(keys[1:2]).subsets(population[1:2], size[1:2], width=4)
     assert torch.equal(alone[0][alone_mask[0]], index[1][mask[1]])
+
+
+def _philox_in_python_integers(counter: list[int], key: list[int]) -> list[int]:
+    """Philox4x32-10 as Random123 defines it, in Python's unbounded integers."""
+    mask, multipliers, weyl = 0xFFFFFFFF, (0xD2511F53, 0xCD9E8D57), (0x9E3779B9, 0xBB67AE85)
+    c, (k0, k1) = list(counter), key
+    for round_index in range(10):
+        if round_index:
+            k0, k1 = (k0 + weyl[0]) & mask, (k1 + weyl[1]) & mask
+        p0, p1 = multipliers[0] * c[0], multipliers[1] * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & mask, (p0 >> 32) ^ c[3] ^ k1, p0 & mask]
+    return c
+
+
+def test_batched_philox_equals_the_definition_on_random_and_extreme_words():
+    """The tensor version multiplies in wrapping int64 (the 64-bit products exceed int64's
+    range): every word of every row must still be the definition's."""
+    generator = torch.Generator().manual_seed(1)
+    keys = torch.randint(0, 2**32, (16, 2), generator=generator, dtype=torch.int64)
+    keys[0], keys[1] = 0xFFFFFFFF, 0
+    counter = [torch.randint(0, 2**32, (16, 9), generator=generator, dtype=torch.int64) for _ in range(4)]
+    for word in counter:
+        word[:, 0], word[:, 1] = 0xFFFFFFFF, 0
+    got = philox4x32(tuple(counter), (keys[:, :1], keys[:, 1:]))
+    for row in range(16):
+        for column in range(9):
+            expected = _philox_in_python_integers([int(w[row, column]) for w in counter], keys[row].tolist())
+            assert [int(w[row, column]) for w in got] == expected, (row, column)

@@ -11,6 +11,7 @@ import torch
 from p4bench.data.base import ArrayDataset
 
 _NORMS, _GRAM, _BASIS, _PARENT = "_squared_norms", "_gram", "_basis", "_parent"  # caches outside the frozen fields
+_MAX_COUNT = "_max_count"  # max(n), read once
 
 
 def squared_norms(x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +62,15 @@ class ClientTensors:
         if _NORMS in self.__dict__:
             subset.__dict__[_NORMS] = self.__dict__[_NORMS][index, :width]
         subset.__dict__[_PARENT] = (self, index, width)  # `gram` computes once, on the parent
+        subset.__dict__[_MAX_COUNT] = width
         return subset
+
+    def max_count(self) -> int:
+        """max(n), the longest client's sample count: read once per dataset (on a GPU each
+        read is a synchronisation), known without a read for subsets taken with `rows`."""
+        if _MAX_COUNT not in self.__dict__:
+            self.__dict__[_MAX_COUNT] = int(self.n.max()) if len(self.n) else 0
+        return int(self.__dict__[_MAX_COUNT])
 
     def squared_norms(self) -> torch.Tensor:
         """(C, n_max) squared L2 norm of every sample's flattened features, computed once

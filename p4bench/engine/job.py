@@ -32,7 +32,7 @@ def _report_nothing(release: Release) -> None:
 
 def _allow_all(clients: torch.Tensor, rate: float, phase: str) -> torch.Tensor:
     """Default `Job.release_allowed`: no budget to enforce."""
-    return torch.ones(len(clients), dtype=torch.bool)
+    return torch.ones(len(clients), dtype=torch.bool, device=clients.device)
 
 
 @dataclass

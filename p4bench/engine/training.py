@@ -209,12 +209,15 @@ def accuracy(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, n: 
     return correct.double() / n.clamp_min(1).double()
 
 
-def poisson_batches(rng: ClientRng, n: torch.Tensor, rate: float) -> tuple[torch.Tensor, torch.Tensor]:
+def poisson_batches(rng: ClientRng, n: torch.Tensor, rate: float, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Poisson sampling: each of a client's n_i samples is in the batch with prob `rate`.
 
-    Returns (index, mask) compacted to the largest realised batch.
+    Returns (index, mask) compacted to the largest realised batch (read back: the one
+    host synchronisation of a step on a GPU). `width`, max(n) when the caller knows it
+    (`ClientTensors.max_count`), saves a second one.
     """
-    width = int(n.max()) if len(n) else 0
+    if width is None:
+        width = int(n.max()) if len(n) else 0
     chosen = (rng.uniform(max(width, 1))[:, :width] < rate) & (torch.arange(width) < n.unsqueeze(1))
     order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)
     counts = chosen.sum(dim=1)
@@ -226,7 +229,7 @@ def sample_batches(ctx: TrainingContext, train: ClientTensors) -> tuple[torch.Te
     """(index, mask) of one batch per row: Poisson sampling at rate s when the run is
     private (what the DP analysis assumes), else round(s * n_i) samples without replacement."""
     if ctx.dp is not None:
-        return poisson_batches(ctx.rng, train.n, ctx.config.data_rate)
+        return poisson_batches(ctx.rng, train.n, ctx.config.data_rate, train.max_count())
     return fixed_size_batches(ctx, train)
 
 

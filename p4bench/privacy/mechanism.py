@@ -51,6 +51,14 @@ class DPSettings:
         return factor * self.noise_multiplier * self.clip
 
 
+@dataclass(frozen=True)
+class _HostRows:
+    """A release context's rows (client ids) read back to the host, and its phase."""
+
+    rows: torch.Tensor
+    phase: str
+
+
 class DPMechanism:
     """DP-SGD for the clients of one runtime group, reporting each release.
 
@@ -127,11 +135,17 @@ class DPMechanism:
         """(steps, C) bool: admit and record `steps` consecutive releases of the rows of
         `ctx` at once, the same decisions and ledger entries as `steps` rounds of
         `admit`/`record` (the ledger decides on no data)."""
+        # The ledger lives on the host: the rows are read back once for the whole
+        # transaction (on a GPU every read is a synchronisation), the decisions go back once.
+        device = ctx.rows.device
+        on_host = _HostRows(ctx.rows.cpu(), ctx.phase)
         admitted = []
         for _ in range(steps):
-            admitted.append(self.admit(ctx, sample_rate))
-            self.record(ctx, admitted[-1], sample_rate)
-        return torch.stack(admitted) if admitted else torch.zeros(0, len(ctx.rows), dtype=torch.bool)
+            admitted.append(self.admit(on_host, sample_rate).cpu())
+            self.record(on_host, admitted[-1], sample_rate)
+        decided = torch.stack(admitted) if admitted else torch.zeros(0, len(on_host.rows), dtype=torch.bool)
+        self.decided_on_host = decided  # the last transaction's decisions, for checks without a read back
+        return decided.to(device)
 
     def draw_noise(self, parts: list[torch.Tensor]) -> None:
         """Standard normals into `parts`, row i from its own stream (`NoiseStreams.fill`):
@@ -148,7 +162,7 @@ class DPMechanism:
         with Releases(self, ctx, sample_rate) as releases:
             released = releases.admitted[0]
             noisy = releases.add_noise(sums, expected_batch)
-        if not bool(released.all()):
+        if not bool(self.decided_on_host[0].all()):  # the host's copy: no read back from the device
             keep = released.to(torch.float32)
             noisy = {k: g.mul_(keep.reshape(-1, *([1] * (g.dim() - 1)))) for k, g in noisy.items()}
         return noisy, released
@@ -179,12 +193,12 @@ class DPMechanism:
         taken = torch.zeros(len(ctx.rows), dtype=torch.float64)
         norms = train.squared_norms() if type(ctx.model) is LinearSoftmax else None  # cached per dataset
         for _ in range(steps):
-            index, mask = poisson_batches(ctx.rng, train.n, rate)
+            index, mask = poisson_batches(ctx.rng, train.n, rate, train.max_count())
             grads, step_loss, released = self.step(
                 ctx, params, gather_batch(train.x, index), gather_batch(train.y, index), mask.float(), rate, expected,
                 sq_norms=None if norms is None else gather_batch(norms, index),
             )
-            if not bool(released.any()):
+            if not bool(self.decided_on_host[0].any()):  # the ledger refused every row (host copy: no read back)
                 break
             params = {k: params[k] - lr * grads[k] for k in params}
             total += step_loss.double() * released

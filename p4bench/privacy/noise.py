@@ -55,7 +55,9 @@ class NoiseStreams:
         if generator not in NOISE_GENERATORS:
             raise ValueError(f"noise generator must be one of {', '.join(NOISE_GENERATORS)}, got {generator!r}")
         self.secure = secure
-        self.node_ids = list(node_ids)
+        self._ids: list[int] | None = list(node_ids)
+        self._lazy_ids: tuple[NoiseStreams, torch.Tensor] | None = None
+        self.count = len(self._ids)
         self.source = SecretSource() if secure else None
         self.philox = ClientRng(node_keys(seed, self.node_ids, PURPOSE_NOISE)) if generator == "philox" and not secure else None
         self.generators: list[torch.Generator | None] = [
@@ -73,14 +75,34 @@ class NoiseStreams:
             self._scratch["noise"] = scratch
         return scratch[: rows * size].view(rows, size)
 
+    @property
+    def node_ids(self) -> list[int]:
+        """The node id of every row (read back from the device on first use, for sub-streams
+        of the Philox or secret streams, which never need them to draw)."""
+        if self._ids is None:
+            assert self._lazy_ids is not None
+            parent, positions = self._lazy_ids
+            ids = parent.node_ids
+            self._ids, self._lazy_ids = [ids[p] for p in positions.tolist()], None
+        return self._ids
+
+    @node_ids.setter
+    def node_ids(self, ids: list[int]) -> None:
+        self._ids, self._lazy_ids, self.count = list(ids), None, len(ids)
+
     def take(self, positions: torch.Tensor) -> NoiseStreams:
         """The streams of some rows, in the order of `positions` (shares the generators,
         so draws advance them)."""
         sub = NoiseStreams.__new__(NoiseStreams)
         sub.secure, sub.source = self.secure, self.source
-        picked = positions.tolist()
-        sub.node_ids = [self.node_ids[p] for p in picked]
-        sub.generators = [self.generators[p] for p in picked]
+        if self.philox is None and not self.secure:  # torch's generators are picked on the host
+            picked = positions.tolist()
+            sub.node_ids = [self.node_ids[p] for p in picked]
+            sub.generators = [self.generators[p] for p in picked]
+        else:  # the Philox streams and the keystream need no read back (on a GPU, a synchronisation):
+            sub._ids, sub._lazy_ids = None, (self, positions)  # ids resolved only if asked for
+            sub.generators = [None] * len(positions)
+        sub.count = len(positions)
         sub.philox = self.philox.take(positions) if self.philox is not None else None
         sub._parent, sub._positions = self, positions  # a philox sub-stream writes its counters back
         sub._scratch = self._scratch
@@ -99,10 +121,10 @@ class NoiseStreams:
         """One (rows, *shape) tensor of standard normals per shape, drawn as `fill` does,
         in one scratch buffer reused by the next call: use them before drawing again."""
         sizes = [math.prod(shape) for shape in shapes]
-        scratch = self._buffer(len(self.node_ids), sum(sizes))
+        scratch = self._buffer(self.count, sum(sizes))
         parts, offset = [], 0
         for shape, size in zip(shapes, sizes):
-            parts.append(scratch[:, offset : offset + size].view(len(self.node_ids), *shape))
+            parts.append(scratch[:, offset : offset + size].view(self.count, *shape))
             offset += size
         self.fill(parts)
         return parts
@@ -115,7 +137,7 @@ class NoiseStreams:
         [bias_0, weight_0, ..., bias_K-1, weight_K-1] consume every stream identically.
         Each part's rows must be contiguous (`part[i]` is filled in memory order).
         """
-        count = len(self.node_ids)
+        count = self.count
         if any(len(part) != count or not part[0].is_contiguous() for part in parts if part.numel()):
             raise ValueError("noise parts need one contiguous block per stream")
         if self.secure:  # one batched draw for every part and row
