@@ -65,7 +65,7 @@ from p4bench.baselines.fedavg import FedAvg
 from p4bench.config import RunConfig
 from p4bench.data import ClientTensors, FederatedData
 from p4bench.devices import describe_device, device_scope, resolve_device, synchronize
-from p4bench.engine import Job
+from p4bench.engine import Job, Phase
 from p4bench.engine.network import InProcessNetwork
 from p4bench.engine.runtime import SimulationRuntime
 from p4bench.errors import UsageError
@@ -213,12 +213,30 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
 
 
+class FixedGroupsP4(P4):
+    """P4's co-training (phase 2) on fixed groups of V consecutive clients, without phase 1.
+
+    The timed rounds are phase 2's; phase 1 (similarity grouping) builds every client's
+    view of the M x M dissimilarities from M(M-1) shares of M values: cubic in M (36 GB per
+    copy at 2,080 clients, the scale issue's work), and it would not fit beside the data
+    on one GPU. Phase 2 does not depend on how the groups were formed."""
+
+    def phases(self):
+        return [Phase(COTRAINING, self.config.rounds)]
+
+    def init_client_state(self, train, ctx):
+        state = super().init_client_state(train, ctx)
+        group = torch.arange(self.num_clients) // self.group_size
+        state["members"] = group[ctx.rows].unsqueeze(1) == group.unsqueeze(0)
+        return state
+
+
 def build_job(config: RunConfig, model_name: str, data: FederatedData) -> tuple[Job, Any]:
     """The job of one configuration (inside the run device's scope): P4 with DP on the
     proxy (replace-one), or DP-FedAvg (add-remove), as the runner would build them."""
     model = MODELS[model_name](data.feature_shape, CLASSES)
     if config.method == "p4":
-        method: Any = P4(config, model, config.clients)
+        method: Any = FixedGroupsP4(config, model, config.clients)
         settings = DPSettings(clip=CLIP, noise_multiplier=SIGMA, neighbouring="replace-one")
     else:
         method = FedAvg(config, model, config.clients)
@@ -379,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             "method": "p4", "models": args.models, "clients": clients, "samples_per_client": samples,
             "test_per_client": test, "features": list(FEATURES), "classes": CLASSES, "local_steps": STEPS,
             "data_rate": RATE, "client_rate": 1.0, "group_size": GROUP, "defense": None,
+            "grouping": "fixed groups of V consecutive clients; phase 1 (similarity grouping, cubic memory in M) not run",
             "dp": {"noise_multiplier": SIGMA, "clip": CLIP, "neighbouring": "replace-one"},
             "fedavg": {"clients": fedavg_clients, "samples_per_client": FEDAVG_SAMPLES, "features": list(FEDAVG_FEATURES),
                        "client_rate": 1.0, "local_steps": STEPS, "data_rate": RATE,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 
 import numpy as np
 import torch
@@ -67,6 +68,74 @@ def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch
     return c0, c1, c2, c3
 
 
+def _philox_counters(keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int) -> tuple[torch.Tensor, ...]:
+    """The inputs of a draw, broadcastable to (rows, blocks): block j of row i is
+    Philox(counter (j, calls lo, calls hi, tag), key i)."""
+    device, count = keys.device, calls.unsqueeze(1)
+    position = torch.arange(blocks, dtype=torch.int64, device=device).unsqueeze(0)
+    return (position, count & _MASK32, count >> 32, torch.full_like(count, tag & _MASK32), keys[:, :1], keys[:, 1:])
+
+
+def _philox_block_words(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor, k0: torch.Tensor,
+                        k1: torch.Tensor) -> torch.Tensor:
+    """(rows, 4 * blocks) words of the counters and keys of `_philox_counters`."""
+    rows, blocks = k0.shape[0], c0.shape[1]
+    full = (c0.expand(rows, blocks), c1.expand(rows, blocks), c2.expand(rows, blocks), c3.expand(rows, blocks))
+    return torch.stack(philox4x32(full, (k0, k1)), dim=-1).reshape(rows, blocks * 4)
+
+
+def _philox_words_eager(keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int) -> torch.Tensor:
+    """(rows, 4 * blocks) words: block j of row i is Philox(counter (j, calls lo, calls hi, tag), key i)."""
+    return _philox_block_words(*_philox_counters(keys, calls, blocks, tag))
+
+
+# On CUDA the 130 elementwise operations of a draw are fused into one kernel by
+# torch.compile (40x less memory traffic; the draw of P4's noise was most of a round's GPU
+# time). The fused kernel is used only after it gave the eager words bit for bit on a
+# check draw on that device; otherwise, or with P4BENCH_COMPILE=0, the eager version runs.
+_FUSED: dict[str, object] = {}
+
+
+def _fused_for(device: torch.device) -> object:
+    """The checked fused draw for `device`, or None (eager)."""
+    name = str(device)
+    if name in _FUSED:
+        return _FUSED[name]
+    fused: object = None
+    if device.type == "cuda" and os.environ.get("P4BENCH_COMPILE", "1") != "0":
+        try:
+            compiled = torch.compile(_philox_block_words, dynamic=True)
+
+            def candidate(keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int) -> torch.Tensor:
+                return compiled(*_philox_counters(keys, calls, blocks, tag))  # type: ignore[no-any-return]
+
+            generator = torch.Generator().manual_seed(0)
+            keys = torch.randint(0, 2**32, (5, 2), generator=generator, dtype=torch.int64)
+            calls = torch.tensor([0, 1, 2**32 - 1, 2**32, 2**40 + 3], dtype=torch.int64)
+            keys[0] = _MASK32
+            for blocks, tag in ((7, 0), (33, 0x4E4F)):
+                expected = _philox_words_eager(keys, calls, blocks, tag)
+                with torch._C.DisableTorchFunction():
+                    got = candidate(keys.to(device), calls.to(device), blocks, tag).cpu()
+                if not torch.equal(got, expected):
+                    raise RuntimeError("the fused Philox draw differs from the eager one")
+            fused = candidate
+        except Exception as exc:  # noqa: BLE001 - no compiler, or a wrong kernel: the eager draw is always right
+            warnings.warn(f"Philox streams on {device}: fused kernel unavailable ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}); using the eager version", stacklevel=3)
+    _FUSED[name] = fused
+    return fused
+
+
+def philox_words(keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int) -> torch.Tensor:
+    """`_philox_words_eager`, fused into one kernel where that is available and checked."""
+    fused = _fused_for(keys.device) if keys.device.type == "cuda" else None
+    if fused is None:
+        return _philox_words_eager(keys, calls, blocks, tag)
+    with torch._C.DisableTorchFunction():  # the run's device scope is a function mode: not traced
+        return fused(keys, calls, blocks, tag)  # type: ignore[operator,no-any-return]
+
+
 def node_keys(seed: int, node_ids: torch.Tensor | list[int], purpose: int = 0) -> torch.Tensor:
     """Secret 64-bit Philox keys (as two 32-bit words) for the given node ids.
 
@@ -95,17 +164,7 @@ class ClientRng:
 
     def bits(self, n: int, tag: int = 0) -> torch.Tensor:
         """(rows, n) uniformly random 32-bit words as int64; advances every row by one draw."""
-        blocks = (n + 3) // 4
-        position = torch.arange(blocks, dtype=torch.int64).unsqueeze(0)
-        calls = self.calls.unsqueeze(1)
-        counter = (
-            position.expand(len(self), blocks),
-            (calls & _MASK32).expand(len(self), blocks),
-            (calls >> 32).expand(len(self), blocks),
-            torch.full((len(self), blocks), tag & _MASK32, dtype=torch.int64),
-        )
-        key = (self.keys[:, :1], self.keys[:, 1:])
-        words = torch.stack(philox4x32(counter, key), dim=-1).reshape(len(self), blocks * 4)
+        words = philox_words(self.keys, self.calls, (n + 3) // 4, tag)
         self.calls = self.calls + 1
         return words[:, :n]
 

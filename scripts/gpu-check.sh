@@ -5,7 +5,8 @@
 #                                          -> DIR/gpu.json
 #   3. one `p4bench run ... --model scatter-cnn --device cuda --json` per DP method family
 #                                          -> DIR/runs.jsonl (one summary per line, or the error)
-#   4. optional (GPU_CHECK_PROFILE=1): bench/gpu_profile.py's tables -> DIR/profile/
+#   4. bench/gpu_agreement.py: CPU and CUDA runs of one seed, Philox noise on both -> DIR/agreement.json
+#   5. optional (GPU_CHECK_PROFILE=1): bench/gpu_profile.py's tables -> DIR/profile/
 #   DIR/check.json: every step's exit status and seconds. GPU_CHECK_BUNDLE=1 packs the logs
 #   and tables into DIR/logs.tar.gz (the lent GPU machine returns at most 8 files).
 # Usage: scripts/gpu-check.sh [DIR]   (default: gpu-check-results; $OUT on the lent GPU machine)
@@ -82,7 +83,7 @@ for family in "${families[@]}"; do
   read -r method rest <<<"$family"
   start=$(date +%s)
   # shellcheck disable=SC2086  # the family's own options
-  timeout --kill-after=10 "${GPU_CHECK_RUN_S:-120}" "$python" -c 'from p4bench.cli import main; main()' run --method $method $rest --model scatter-cnn \
+  timeout --kill-after=10 "${GPU_CHECK_RUN_S:-90}" "$python" -c 'from p4bench.cli import main; main()' run --method $method $rest --model scatter-cnn \
     --device cuda --clients 8 --rounds 2 --json --results-dir "$results" >"$out/run.out" 2>"$out/run.err"
   status=$?
   if [ "$status" -eq 0 ]; then
@@ -95,9 +96,14 @@ for family in "${families[@]}"; do
 done
 rm -rf "$results" "$out/run.out" "$out/run.err"
 
-# 4. where a round's time goes (for tuning; off by default)
+# 4. how close the GPU is to the CPU (same seed, same Philox noise)
+timed agreement "${GPU_CHECK_AGREEMENT_S:-120}" "$python" bench/gpu_agreement.py --device cuda ${GPU_CHECK_AGREEMENT_ARGS:-}
+grep '^{' "$out/agreement.log" | tail -n 1 >"$out/agreement.json"
+
+# 5. where a round's time goes (for tuning; off by default)
 if [ "${GPU_CHECK_PROFILE:-0}" = 1 ]; then
-  timed profile "${GPU_CHECK_PROFILE_S:-150}" "$python" bench/gpu_profile.py --device cuda --out "$out/profile"
+  timed profile "${GPU_CHECK_PROFILE_S:-150}" "$python" bench/gpu_profile.py --device cuda --out "$out/profile" \
+    ${GPU_CHECK_PROFILE_ARGS:-}
 fi
 
 # the lent machine returns at most 8 files: with GPU_CHECK_BUNDLE=1 the logs and tables go into one archive
