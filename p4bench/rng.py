@@ -109,12 +109,13 @@ def _fused_for(device: torch.device) -> object:
             def candidate(keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int) -> torch.Tensor:
                 return compiled(*_philox_counters(keys, calls, blocks, tag))  # type: ignore[no-any-return]
 
-            generator = torch.Generator().manual_seed(0)
-            keys = torch.randint(0, 2**32, (5, 2), generator=generator, dtype=torch.int64)
-            calls = torch.tensor([0, 1, 2**32 - 1, 2**32, 2**40 + 3], dtype=torch.int64)
+            generator = torch.Generator().manual_seed(0)  # the check's inputs: drawn on the host, whatever the scope
+            keys = torch.randint(0, 2**32, (5, 2), generator=generator, dtype=torch.int64, device="cpu")
+            calls = torch.tensor([0, 1, 2**32 - 1, 2**32, 2**40 + 3], dtype=torch.int64, device="cpu")
             keys[0] = _MASK32
             for blocks, tag in ((7, 0), (33, 0x4E4F)):
-                expected = _philox_words_eager(keys, calls, blocks, tag)
+                with torch._C.DisableTorchFunction():  # the reference on the host, outside the run's device scope
+                    expected = _philox_words_eager(keys, calls, blocks, tag)
                 with torch._C.DisableTorchFunction():
                     got = candidate(keys.to(device), calls.to(device), blocks, tag).cpu()
                 if not torch.equal(got, expected):

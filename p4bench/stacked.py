@@ -79,15 +79,25 @@ def conv2d(params: Params, name: str, h: torch.Tensor, stride: int = 1, padding:
     weight, bias = params[f"{name}.weight"], params[f"{name}.bias"]
     clients, batch, channels, height, width = h.shape
     out_channels, kernel = weight.shape[1], weight.shape[-1]
-    unfolded = F.unfold(h.reshape(clients * batch, channels, height, width), kernel, padding=padding, stride=stride)
-    positions = unfolded.shape[-1]
-    rows = unfolded.transpose(1, 2).reshape(clients, batch * positions, -1)  # (C, b*R, Cin*k*k)
+    rows = _patch_rows(h.reshape(clients * batch, channels, height, width), kernel, stride, padding)
+    positions = rows.shape[1]
+    rows = rows.view(clients, batch * positions, -1)  # (C, b*R, Cin*k*k)
     out = torch.baddbmm(bias.unsqueeze(1), rows, weight.reshape(clients, out_channels, -1).transpose(1, 2))
     if tape is not None:
         tape.append(Layer(f"{name}.weight", f"{name}.bias", rows, out, positions))
     side_h = (height + 2 * padding - kernel) // stride + 1
     side_w = (width + 2 * padding - kernel) // stride + 1
     return out.view(clients, batch, side_h, side_w, out_channels).permute(0, 1, 4, 2, 3)
+
+
+def _patch_rows(h: torch.Tensor, kernel: int, stride: int, padding: int) -> torch.Tensor:
+    """(N, R, Cin*k*k) input patches of every output position (im2col, in `F.unfold`'s
+    order), as strided views and one copy. `F.unfold` on CUDA runs one kernel per sample
+    (and its backward too): 2,000 launches for one chunk of clients."""
+    padded = F.pad(h, (padding, padding, padding, padding)) if padding else h
+    windows = padded.unfold(2, kernel, stride).unfold(3, kernel, stride)  # (N, Cin, H', W', k, k), a view
+    count, channels, side_h, side_w = windows.shape[:4]
+    return windows.permute(0, 2, 3, 1, 4, 5).reshape(count, side_h * side_w, channels * kernel * kernel)
 
 
 def linear(params: Params, name: str, a: torch.Tensor, tape: list[Layer] | None = None) -> torch.Tensor:

@@ -160,7 +160,9 @@ def test_philox_streams_give_the_cpu_words_on_cuda():
     """The counter-based streams are integer arithmetic (64-bit products that wrap): the
     GPU must give the CPU's words bit for bit, and normals to float64 rounding."""
     keys = node_keys(5, list(range(300)))
-    on_cpu, on_gpu = ClientRng(keys), ClientRng(keys.cuda())
+    on_cpu = ClientRng(keys)
+    with device_scope(torch.device("cuda")):  # as in a run: the draw counters live on the device too
+        on_gpu = ClientRng(keys.cuda())
     assert torch.equal(on_gpu.bits(1001).cpu(), on_cpu.bits(1001))
     assert torch.equal(on_gpu.uniform(257).cpu(), on_cpu.uniform(257))
     torch.testing.assert_close(on_gpu.normal(513).cpu(), on_cpu.normal(513), rtol=1e-12, atol=1e-12)
