@@ -177,11 +177,25 @@ class ClientRng:
 
     def normal(self, n: int, tag: int = 0) -> torch.Tensor:
         """(rows, n) float64 standard normals (Box-Muller on `uniform`)."""
+        out = self.normal_of(slice(None), n, tag)
+        self.calls = self.calls + 1
+        return out
+
+    def normal_of(self, rows: slice, n: int, tag: int = 0) -> torch.Tensor:
+        """What `normal(n, tag)` gives the rows `rows`, without advancing any stream: a
+        large draw can be made a few rows at a time (each row's numbers depend on its
+        own key and count alone), then `advance()` once."""
         half = (n + 1) // 2
-        u = self.uniform(2 * half, tag)
+        words = philox_words(self.keys[rows], self.calls[rows], (4 * half + 3) // 4, tag)[:, : 4 * half]
+        high, low = words[:, 0::2] >> 5, words[:, 1::2] >> 6  # as `uniform`: 27 + 26 bits
+        u = ((high * 67108864 + low).double() + 0.5) / 9007199254740992.0
         radius = torch.sqrt(-2.0 * torch.log(u[:, :half]))
         angle = 2.0 * torch.pi * u[:, half:]
         return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)], dim=1)[:, :n]
+
+    def advance(self) -> None:
+        """Count one draw for every row (after draws made with `normal_of`)."""
+        self.calls = self.calls + 1
 
     def subsets(self, population: torch.Tensor, size: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample `size[i]` of `population[i]` slots without replacement, per row.

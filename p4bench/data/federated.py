@@ -57,8 +57,12 @@ class ClientTensors:
         """The clients at `index`, trimmed to their own longest length."""
         n = self.n[index]
         width = int(n.max()) if len(n) else 0
-        samples = self.x[index.to(self.x.device), :width]  # streamed samples stay in host memory
-        subset = ClientTensors(samples, self.y[index, :width], n)
+        if len(index) == len(self.n) and torch.equal(index.cpu(), torch.arange(len(self.n), device="cpu")):
+            # every client in order (one group holds them all): views, not a copy of the samples
+            subset = ClientTensors(self.x[:, :width], self.y[:, :width], n)
+        else:
+            samples = self.x[index.to(self.x.device), :width]  # streamed samples stay in host memory
+            subset = ClientTensors(samples, self.y[index, :width], n)
         if _NORMS in self.__dict__:
             subset.__dict__[_NORMS] = self.__dict__[_NORMS][index, :width]
         subset.__dict__[_PARENT] = (self, index, width)  # `gram` computes once, on the parent
@@ -89,6 +93,11 @@ class ClientTensors:
         """(Q^T (C, m, d), R (C, m, n_max)) with X = R^T Q^T per client (`orthonormal_bases`),
         computed once per dataset and shared with row subsets like `gram`."""
         return self._derived(_BASIS, orthonormal_bases, lambda basis, index, width: (basis[0][index], basis[1][index, :, :width]))
+
+    def has_orthonormal_basis(self) -> bool:
+        """Whether `orthonormal_basis` is already computed (here or on the parent)."""
+        parent = self.__dict__.get(_PARENT)
+        return _BASIS in self.__dict__ or (parent is not None and parent[0].has_orthonormal_basis())
 
     def _derived(self, name: str, compute, select):
         """A per-dataset cache: computed from x, or selected from the parent's cache."""

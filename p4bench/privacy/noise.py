@@ -18,6 +18,7 @@ from p4bench.rng import ClientRng, SecretSource, node_keys
 NOISE_GENERATORS = ("torch", "philox")
 PURPOSE_NOISE, TAG_NOISE = 3, 0x4E4F
 
+_PHILOX_CHUNK = 1 << 25  # normals per batch of rows of a Philox draw (1.3 GB of temporaries)
 _PARALLEL_MIN = 1 << 22  # draws below ~4M normals: threads cost more than they save
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (owner pid, pool): a forked child needs its own
 
@@ -154,14 +155,20 @@ class NoiseStreams:
                 offset += size
             return
 
-        if self.philox is not None:  # counter-based: one batched draw, the same numbers on every device
+        if self.philox is not None:  # counter-based: batched draws, the same numbers on every device
             sizes = [math.prod(part.shape[1:]) for part in parts]
-            normal = self.philox.normal(sum(sizes), tag=TAG_NOISE)
+            total = sum(sizes)
+            # rows at a time, so the temporaries (words, float64) stay bounded whatever the
+            # clients; a row's numbers do not depend on the others: the same draws as at once
+            step = max(1, _PHILOX_CHUNK // max(total, 1))
+            for start in range(0, count, step):
+                rows = slice(start, min(start + step, count))
+                normal, offset = self.philox.normal_of(rows, total, tag=TAG_NOISE), 0
+                for part, size in zip(parts, sizes):
+                    part[rows].copy_(normal[:, offset : offset + size].reshape(part[rows].shape))
+                    offset += size
+            self.philox.advance()
             self._write_back()
-            offset = 0
-            for part, size in zip(parts, sizes):
-                part.copy_(normal[:, offset : offset + size].reshape(part.shape))
-                offset += size
             return
 
         targets = list(parts)

@@ -47,6 +47,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from p4bench.devices import WORKSPACE_FRACTION, free_device_memory
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, params_layout
 from p4bench.engine.method import PlannedRelease
@@ -235,7 +236,7 @@ class P4(Method):
         if self.fused == "auto":
             samples, dim, c = train.x.shape[1], math.prod(train.x.shape[2:]), self.config
             cheaper = span_is_cheaper(samples, dim, ctx.model.num_classes, c.local_steps, c.data_rate, ctx.dp is not None, self.span_noise)
-            return self._span if cheaper else self._buckets
+            return self._span if cheaper and _span_fits(train, ctx.dp is not None and self.span_noise == "basis") else self._buckets
         return self._span if self.fused == "span" else self._buckets
 
     @staticmethod
@@ -506,6 +507,17 @@ class P4(Method):
         order = [c for g in groups for c in g]
         _plot_dissimilarity(dissimilarity[np.ix_(order, order)], [len(g) for g in groups], folder / "dissimilarity.png")
         return [folder / "groups.json", folder / "dissimilarity.png"]
+
+
+def _span_fits(train, basis: bool) -> bool:
+    """Whether the span path's per-dataset tables fit beside the data on an accelerator:
+    the orthonormal basis is as large as the samples and its QR needs as much again (the
+    Gram matrices are small). Checked once per dataset, before they are built; on the
+    CPU, host memory is the limit, as for the data."""
+    free = free_device_memory(train.x.device)
+    if free is None or not basis or train.has_orthonormal_basis():
+        return True
+    return 2 * train.x.numel() * train.x.element_size() < free[0] * (1 - WORKSPACE_FRACTION)
 
 
 def _plot_dissimilarity(values: np.ndarray, sizes: list[int], path) -> None:
