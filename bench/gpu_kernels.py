@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     model = ScatterCNN(FEATURES, CLASSES)
     out: dict[str, object] = {"benchmark": "gpu_kernels", "device": str(device), "clients": args.clients, "batch": args.batch}
     pieces: dict[str, float] = {}
+    base = model.init(torch.Generator().manual_seed(0))  # drawn on the host, as runs do
     with device_scope(device):
-        base = model.init(torch.Generator().manual_seed(0))
         params = {k: v.to(device).expand(args.clients, *v.shape).clone() for k, v in base.items()}
         x = torch.randn(args.clients, args.batch, *FEATURES)
         y = torch.randint(0, CLASSES, (args.clients, args.batch))
