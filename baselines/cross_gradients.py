@@ -96,7 +96,10 @@ def cross_gradients(
     count, slots, size = models.shape
     private = ctx.dp is not None
     per_example = private and clip_mode == "per-example"
-    index, mask = poisson_batches(ctx.rng, train.n, ctx.config.data_rate, train.max_count()) if per_example else fixed_size_batches(ctx, train)
+    if per_example:
+        index, mask = poisson_batches(ctx.rng, train.n, ctx.config.data_rate, train.max_count())
+    else:
+        index, mask = fixed_size_batches(ctx, train)
     x, y = gather_batch(train.x, index), gather_batch(train.y, index)
     params = unvectorize(models.reshape(count * slots, size), {k: _repeat_rows(v, slots) for k, v in like.items()})
     xs, ys, masks = _repeat_rows(x, slots), _repeat_rows(y, slots), _repeat_rows(mask.float(), slots)

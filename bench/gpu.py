@@ -356,12 +356,19 @@ def measure(results: list[dict[str, Any]], method: str, count: int, samples: int
     release(device)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def cli_device(spec: str) -> torch.device | None:
+    """`--device SPEC` resolved, or None after one line on stderr (the caller exits 2)."""
     try:
-        device = resolve_device(args.device)
+        return resolve_device(spec)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = cli_device(args.device)
+    if device is None:
         return 2
     full = device.type == "cuda" and not args.quick
     clients = args.clients or (QUICK_CLIENTS if args.quick else FULL_CLIENTS if full else REDUCED_CLIENTS)

@@ -18,10 +18,10 @@ import tempfile
 
 import numpy as np
 import torch
+from gpu import cli_device  # bench/gpu.py, beside this script
 
 from p4bench.config import RunConfig
-from p4bench.devices import describe_device, resolve_device
-from p4bench.errors import UsageError
+from p4bench.devices import describe_device
 from p4bench.runner import run
 
 CASES = {
@@ -54,10 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--methods", default=",".join(CASES), help=f"of {list(CASES)}")
     args = parser.parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    device = cli_device(args.device)
+    if device is None:
         return 2
     results = {}
     with tempfile.TemporaryDirectory() as folder:

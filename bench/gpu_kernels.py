@@ -24,11 +24,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from gpu import cli_device  # bench/gpu.py, beside this script
 
 from p4bench import stacked
-from p4bench.devices import device_scope, resolve_device, synchronize
+from p4bench.devices import device_scope, synchronize
 from p4bench.engine.training import cross_entropy
-from p4bench.errors import UsageError
 from p4bench.models import ScatterCNN
 
 FEATURES, CLASSES = (243, 8, 8), 10
@@ -53,10 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=99, help="realised batch width (Poisson at s = 0.5 of 160: about 99)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    device = cli_device(args.device)
+    if device is None:
         return 2
     model = ScatterCNN(FEATURES, CLASSES)
     out: dict[str, object] = {"benchmark": "gpu_kernels", "device": str(device), "clients": args.clients, "batch": args.batch}

@@ -38,13 +38,13 @@ from gpu import (
     TimedNetwork,
     TimedRuntime,
     build_job,
+    cli_device,
     synthetic_data,
 )
 from torch.profiler import ProfilerActivity, profile
 
 from p4bench.config import RunConfig
-from p4bench.devices import device_scope, resolve_device, synchronize
-from p4bench.errors import UsageError
+from p4bench.devices import device_scope, synchronize
 from p4bench.plugins.p4.method import COTRAINING
 
 SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -119,10 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="method:model:clients, comma-separated")
     parser.add_argument("--out", default=".", help="folder for the tables and profile.json")
     args = parser.parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    device = cli_device(args.device)
+    if device is None:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

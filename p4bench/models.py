@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from p4bench import stacked
+from p4bench import stacked as layers
 from p4bench.errors import IncompatibleError
 from p4bench.options import Option
 
@@ -136,20 +136,20 @@ class ScatterCNN(Model):
             h = torch.tanh(F.linear(h.flatten(start_dim=1), params["fc1.weight"], params["fc1.bias"]))
         return F.linear(h.flatten(start_dim=1), params["fc.weight"], params["fc.bias"])
 
-    def stacked_forward(self, params: Params, x: torch.Tensor, tape: list[stacked.Layer] | None = None) -> torch.Tensor:
+    def stacked_forward(self, params: Params, x: torch.Tensor, tape: list[layers.Layer] | None = None) -> torch.Tensor:
         """`forward` for every client at once: params (C, ...), x (C, b, ...) -> (C, b, L)."""
         clients, batch = x.shape[:2]
         h = F.group_norm(x.reshape(clients * batch, *self.feature_shape), self.groups, eps=1e-5)
         h = h.view(clients, batch, *self.feature_shape)
         if self.wide:
-            h = torch.tanh(stacked.conv2d(params, "conv1", h, padding=1, tape=tape))
+            h = torch.tanh(layers.conv2d(params, "conv1", h, padding=1, tape=tape))
             pooled = F.max_pool2d(h.reshape(clients * batch, *h.shape[2:]), 2)
-            h = torch.tanh(stacked.conv2d(params, "conv2", pooled.view(clients, batch, *pooled.shape[1:]), padding=1, tape=tape))
+            h = torch.tanh(layers.conv2d(params, "conv2", pooled.view(clients, batch, *pooled.shape[1:]), padding=1, tape=tape))
         else:
-            h = torch.tanh(stacked.conv2d(params, "conv1", h, stride=2, padding=1, tape=tape))
-            h = torch.tanh(stacked.conv2d(params, "conv2", h, padding=1, tape=tape))
-            h = torch.tanh(stacked.linear(params, "fc1", h.reshape(clients, batch, -1), tape=tape))
-        return stacked.linear(params, "fc", h.reshape(clients, batch, -1), tape=tape)
+            h = torch.tanh(layers.conv2d(params, "conv1", h, stride=2, padding=1, tape=tape))
+            h = torch.tanh(layers.conv2d(params, "conv2", h, padding=1, tape=tape))
+            h = torch.tanh(layers.linear(params, "fc1", h.reshape(clients, batch, -1), tape=tape))
+        return layers.linear(params, "fc", h.reshape(clients, batch, -1), tape=tape)
 
     def stacked_rows(self, x: torch.Tensor) -> int:
         """Elements of the first convolution's unfolded input per client (the largest temporary)."""

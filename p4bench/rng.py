@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -93,21 +94,22 @@ def _philox_words_eager(keys: torch.Tensor, calls: torch.Tensor, blocks: int, ta
 # torch.compile (40x less memory traffic; the draw of P4's noise was most of a round's GPU
 # time). The fused kernel is used only after it gave the eager words bit for bit on a
 # check draw on that device; otherwise, or with P4BENCH_COMPILE=0, the eager version runs.
-_FUSED: dict[str, object] = {}
+_FUSED: dict[str, Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor] | None] = {}
 
 
-def _fused_for(device: torch.device) -> object:
+def _fused_for(device: torch.device) -> Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor] | None:
     """The checked fused draw for `device`, or None (eager)."""
     name = str(device)
     if name in _FUSED:
         return _FUSED[name]
-    fused: object = None
+    fused: Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor] | None = None
     if device.type == "cuda" and os.environ.get("P4BENCH_COMPILE", "1") != "0":
         try:
             compiled = torch.compile(_philox_block_words, dynamic=True)
 
             def candidate(keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int) -> torch.Tensor:
-                return compiled(*_philox_counters(keys, calls, blocks, tag))  # type: ignore[no-any-return]
+                words: torch.Tensor = compiled(*_philox_counters(keys, calls, blocks, tag))
+                return words
 
             generator = torch.Generator().manual_seed(0)  # the check's inputs: drawn on the host, whatever the scope
             keys = torch.randint(0, 2**32, (5, 2), generator=generator, dtype=torch.int64, device="cpu")
@@ -134,7 +136,7 @@ def philox_words(keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int)
     if fused is None:
         return _philox_words_eager(keys, calls, blocks, tag)
     with torch._C.DisableTorchFunction():  # the run's device scope is a function mode: not traced
-        return fused(keys, calls, blocks, tag)  # type: ignore[operator,no-any-return]
+        return fused(keys, calls, blocks, tag)
 
 
 def node_keys(seed: int, node_ids: torch.Tensor | list[int], purpose: int = 0) -> torch.Tensor:
