@@ -1,0 +1,85 @@
+"""p4bench.stacked: every client at once without vmap (the scatter-CNN), and ghost
+clipping on it, against the per-client vmap path and F.unfold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import vmap
+
+from p4bench import stacked
+from p4bench.engine.training import cross_entropy, distillation_loss, reference_loss_and_grad
+from p4bench.models import ScatterCNN
+from p4bench.privacy import clipping
+
+SHAPES = [(243, 8, 8), (81, 2, 2), (81, 7, 7)]  # CIFAR-10's scatter features (wide model), digits', MNIST's
+
+
+def _problem(shape, clients=3, batch=5, seed=0):
+    torch.manual_seed(seed)
+    model = ScatterCNN(shape, 10)
+    base = model.init(torch.Generator().manual_seed(seed))
+    params = {k: v.expand(clients, *v.shape) + 0.05 * torch.randn(clients, *v.shape) for k, v in base.items()}
+    x, y = torch.randn(clients, batch, *shape), torch.randint(0, 10, (clients, batch))
+    mask = (torch.rand(clients, batch) < 0.7).float()
+    mask[:, 0] = 1.0
+    return model, params, x, y, mask
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_stacked_forward_is_every_clients_forward(shape):
+    model, params, x, _, _ = _problem(shape)
+    torch.testing.assert_close(model.stacked_forward(params, x), vmap(model.forward)(params, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("distill", [False, True])
+def test_ghost_clipping_gives_the_per_example_clipped_sums(shape, distill):
+    """Norms from Gram matrices, sums as one GEMM: the sums of explicitly clipped
+    per-example gradients (the vmap path), with a clip that binds for some examples only."""
+    model, params, x, y, mask = _problem(shape)
+    loss, aux = (distillation_loss(0.5), torch.randn(*y.shape, 10)) if distill else (cross_entropy, None)
+    expected, expected_losses = clipping._generic_clipped_sum(model, params, x, y, mask, 0.5, loss, aux)
+    got, losses = stacked.clipped_gradient_sum(model, params, x, y, mask, 0.5, loss, aux)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(losses, expected_losses, rtol=1e-5, atol=1e-5)
+
+
+def test_loss_and_gradients_equal_the_per_client_autograd_loop():
+    model, params, x, y, mask = _problem((81, 7, 7))
+    value, grads = stacked.stacked_loss_and_grad(model, params, x, y, mask, cross_entropy)
+    ref_value, ref_grads = reference_loss_and_grad(model, params, x, y, mask)
+    torch.testing.assert_close(value, ref_value, rtol=1e-5, atol=1e-6)
+    for key in grads:
+        torch.testing.assert_close(grads[key], ref_grads[key], rtol=1e-4, atol=1e-6)
+
+
+def test_chunks_of_clients_change_nothing(monkeypatch):
+    model, params, x, y, mask = _problem((243, 8, 8), clients=4)
+    whole, _ = stacked.clipped_gradient_sum(model, params, x, y, mask, 0.5, cross_entropy)
+    monkeypatch.setattr(stacked, "CHUNK_ELEMENTS", 1)  # one client per chunk
+    assert stacked._chunks(model, x) == [slice(i, i + 1) for i in range(4)]
+    chunked, _ = stacked.clipped_gradient_sum(model, params, x, y, mask, 0.5, cross_entropy)
+    for key in whole:
+        torch.testing.assert_close(chunked[key], whole[key], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(stacked.stacked_logits(model, params, x), model.stacked_forward(params, x))
+
+
+@pytest.mark.parametrize(("kernel", "stride", "padding"), [(3, 1, 1), (3, 2, 1), (2, 2, 0)])
+def test_patch_rows_are_f_unfolds(kernel, stride, padding):
+    h = torch.randn(4, 5, 7, 6)
+    expected = F.unfold(h, kernel, padding=padding, stride=stride).transpose(1, 2)
+    torch.testing.assert_close(stacked._patch_rows(h, kernel, stride, padding), expected, rtol=0, atol=0)
+
+
+def test_padding_examples_contribute_nothing():
+    model, params, x, y, mask = _problem((81, 2, 2))
+    mask[1, 1:] = 0.0
+    sums, _ = stacked.clipped_gradient_sum(model, params, x, y, mask, 0.5, cross_entropy)
+    x2 = x.clone()
+    x2[1, 1:] = torch.randn_like(x2[1, 1:]) * 10  # other values where the mask is 0
+    again, _ = stacked.clipped_gradient_sum(model, params, x2, y, mask, 0.5, cross_entropy)
+    for key in sums:
+        torch.testing.assert_close(again[key][1], sums[key][1], rtol=1e-6, atol=1e-7)
