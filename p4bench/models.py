@@ -151,6 +151,13 @@ class ScatterCNN(Model):
             h = torch.tanh(layers.linear(params, "fc1", h.reshape(clients, batch, -1), tape=tape))
         return layers.linear(params, "fc", h.reshape(clients, batch, -1), tape=tape)
 
+    def first_layer_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """(C*b, R, K) the first convolution's input rows for inputs x (C, b, ...): a
+        function of the data alone (GroupNorm has no parameters here)."""
+        clients, batch = x.shape[:2]
+        h = F.group_norm(x.reshape(clients * batch, *self.feature_shape), self.groups, eps=1e-5)
+        return layers._patch_rows(h, 3, 1 if self.wide else 2, 1)
+
     def stacked_rows(self, x: torch.Tensor) -> int:
         """Elements of the first convolution's unfolded input per client (the largest temporary)."""
         _, height, width = self.feature_shape

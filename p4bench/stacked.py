@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["StackedModel", "Layer", "conv2d", "linear", "stacked_logits", "stacked_loss_and_grad", "clipped_gradient_sum",
-           "CHUNK_ELEMENTS"]
+           "input_grams", "dataset_input_grams", "CHUNK_ELEMENTS"]
 
 Params = dict[str, torch.Tensor]
 PerExampleLoss = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -149,13 +149,45 @@ def stacked_loss_and_grad(model: StackedModel, params: Params, x: torch.Tensor, 
     return torch.cat(values), {k: torch.cat([g[k] for g in grads]) for k in params}
 
 
-def _squared_norms(layer: Layer, grad_out: torch.Tensor, examples: int) -> torch.Tensor:
-    """(N,) squared norms of each example's gradient of one layer (weight and bias)."""
+def input_grams(model: StackedModel, x: torch.Tensor) -> torch.Tensor | None:
+    """(C, n, R, R) Gram matrices U U^T of each sample's first-layer input rows, or None
+    where the first layer has one row per example. They depend on the data alone, so a
+    caller computes them once per dataset (`dataset_input_grams`) and gathers a batch's:
+    the ghost norm of the first layer, the largest, then costs no GEMM per step."""
+    first_rows = getattr(model, "first_layer_rows", None)
+    if first_rows is None:
+        return None
+    clients, samples = x.shape[:2]
+    step = max(1, min(clients, CHUNK_ELEMENTS // max(1, model.stacked_rows(x[:1]))))
+    parts = []
+    for start in range(0, clients, step):
+        rows = first_rows(x[start : start + step])  # (c * n, R, K)
+        if rows.shape[1] == 1:
+            return None
+        parts.append(torch.bmm(rows, rows.transpose(1, 2)).view(-1, samples, rows.shape[1], rows.shape[1]))
+    return torch.cat(parts)
+
+
+def dataset_input_grams(model: StackedModel, train: object) -> torch.Tensor | None:
+    """`input_grams` of a client dataset's samples (`ClientTensors`), computed once and
+    kept on it (one entry per model architecture and input shape)."""
+    cache: dict[tuple[str, tuple[int, ...]], torch.Tensor | None] = train.__dict__.setdefault("_input_grams", {})
+    key = (type(model).__name__, tuple(getattr(model, "feature_shape", ())))
+    if key not in cache:
+        cache[key] = input_grams(model, train.x)  # type: ignore[attr-defined]
+    return cache[key]
+
+
+def _squared_norms(layer: Layer, grad_out: torch.Tensor, examples: int, input_gram: torch.Tensor | None = None) -> torch.Tensor:
+    """(N,) squared norms of each example's gradient of one layer (weight and bias);
+    `input_gram` (N, R, R): U U^T of the layer's input rows when the caller has it."""
     per = layer.per_example
     g = grad_out.reshape(examples, per, -1)  # (N, R, out)
     u = layer.rows.reshape(examples, per, -1)  # (N, R, K)
     if per == 1:
         weight = g.square().sum((1, 2)) * u.square().sum((1, 2))
+    elif input_gram is not None:  # ghost norm with the precomputed U U^T
+        weight = (torch.bmm(g, g.transpose(1, 2)) * input_gram.reshape(examples, per, per)).sum((1, 2))
     elif per * per < g.shape[-1] * u.shape[-1]:  # ghost norm: <G G^T, U U^T>
         weight = (torch.bmm(g, g.transpose(1, 2)) * torch.bmm(u, u.transpose(1, 2))).sum((1, 2))
     else:
@@ -164,10 +196,12 @@ def _squared_norms(layer: Layer, grad_out: torch.Tensor, examples: int) -> torch
 
 
 def clipped_gradient_sum(model: StackedModel, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-                         clip: float, loss: PerExampleLoss, aux: torch.Tensor | None = None) -> tuple[Params, torch.Tensor]:
+                         clip: float, loss: PerExampleLoss, aux: torch.Tensor | None = None,
+                         grams: torch.Tensor | None = None) -> tuple[Params, torch.Tensor]:
     """`p4bench.privacy.clipping.clipped_gradient_sum`'s contract for a stacked model:
     (sum over each client's batch of per-example gradients clipped to L2 norm `clip`,
-    per-example losses (C, b)), by ghost clipping (module docstring)."""
+    per-example losses (C, b)), by ghost clipping (module docstring). `grams` (C, b, R, R):
+    the batch's `input_grams`, where the caller keeps them (else computed here)."""
     sums: list[Params] = []
     all_losses = []
     for part in _chunks(model, x):
@@ -180,7 +214,9 @@ def clipped_gradient_sum(model: StackedModel, params: Params, x: torch.Tensor, y
             grad_outs = torch.autograd.grad((losses * mask[part]).sum(), [layer.out for layer in tape])
         with torch.no_grad():
             count, width = losses.shape
-            squared = sum(_squared_norms(layer, g, count * width) for layer, g in zip(tape, grad_outs))
+            first = None if grams is None else grams[part]
+            squared = sum(_squared_norms(layer, g, count * width, first if index == 0 else None)
+                          for index, (layer, g) in enumerate(zip(tape, grad_outs)))
             norms = torch.as_tensor(squared).sqrt().view(count, width)
             scale = (clip / norms.clamp_min(1e-12)).clamp(max=1.0) * mask[part]
             chunk: Params = {}

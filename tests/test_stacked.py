@@ -83,3 +83,26 @@ def test_padding_examples_contribute_nothing():
     again, _ = stacked.clipped_gradient_sum(model, params, x2, y, mask, 0.5, cross_entropy)
     for key in sums:
         torch.testing.assert_close(again[key][1], sums[key][1], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", [(243, 8, 8), (81, 7, 7), (81, 2, 2)])
+def test_first_layer_grams_kept_per_dataset_give_the_same_sums(shape):
+    """The first layer's input Grams depend on the samples alone: computed once per data
+    set and gathered per batch, they give the sums computed from the batch itself."""
+    from p4bench.data import ClientTensors
+    from p4bench.engine.training import gather_batch
+    from p4bench.privacy.mechanism import input_statistics
+
+    model, params, _, _, _ = _problem(shape)
+    train = ClientTensors(torch.randn(3, 9, *shape), torch.randint(0, 10, (3, 9)), torch.full((3,), 9))
+    index = torch.stack([torch.randperm(9)[:5] for _ in range(3)])
+    x, y, mask = gather_batch(train.x, index), gather_batch(train.y, index), torch.ones(3, 5)
+    stats = input_statistics(model, train)
+    if shape == (81, 2, 2):  # one output position: the norms need no Gram
+        assert stats is None
+        return
+    assert stats is input_statistics(model, train) and stats.shape[:2] == (3, 9)  # kept on the data set
+    expected, _ = stacked.clipped_gradient_sum(model, params, x, y, mask, 0.5, cross_entropy)
+    got, _ = stacked.clipped_gradient_sum(model, params, x, y, mask, 0.5, cross_entropy, grams=gather_batch(stats, index))
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-7)

@@ -36,6 +36,7 @@ class _DPSteps(Protocol):
     def step(
         self, ctx: Any, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, sample_rate: float,
         expected_batch: torch.Tensor, loss: PerExampleLoss = ..., aux: torch.Tensor | None = ...,
+        sq_norms: torch.Tensor | None = ...,
     ) -> tuple[Params, torch.Tensor, torch.Tensor]: ...
 
     def sgd(self, ctx: Any, params: Params, train: Any, steps: int, lr: float) -> tuple[Params, torch.Tensor]: ...
@@ -241,14 +242,17 @@ def fixed_size_batches(ctx: TrainingContext, train: ClientTensors) -> tuple[torc
 
 def batch_gradient(
     ctx: TrainingContext, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, train: ClientTensors,
-    loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,
+    loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None, input_stats: torch.Tensor | None = None,
 ) -> tuple[Params, torch.Tensor, torch.Tensor]:
     """Mean gradient of each row's batch: through the DP mechanism (clipping, noise,
     ledger, budget) when the run is private. Returns (grads, loss (C,) float64,
-    done (C,) float: 0 where the budget refused the step and the gradient is zero)."""
+    done (C,) float: 0 where the budget refused the step and the gradient is zero).
+    `input_stats`: the batch's per-sample statistics for clipping, where the caller keeps
+    them (`p4bench.privacy.mechanism.input_statistics`, gathered like the samples)."""
     if ctx.dp is not None:
         expected = ctx.config.data_rate * train.n.double()
-        grads, value, released = ctx.dp.step(ctx, params, x, y, mask.float(), ctx.config.data_rate, expected, loss, aux)
+        grads, value, released = ctx.dp.step(ctx, params, x, y, mask.float(), ctx.config.data_rate, expected, loss, aux,
+                                              sq_norms=input_stats)
         return grads, value.double(), released.float()
     value, grads = ctx.loss_and_grad(params, x, y, mask.float(), loss=loss, aux=aux)
     return grads, value.detach().double(), torch.ones(len(ctx.rows))

@@ -31,12 +31,14 @@ def clipped_gradient_sum(
     (one norm across all parameters). Returns (sums (C, ...), per-example losses (C, b)).
 
     `sq_norms` (C, b), the squared norms of the flattened inputs, saves the linear
-    path a pass over the batch when the caller has them precomputed.
+    path a pass over the batch when the caller has them precomputed; for a stacked model
+    (C, b, R, R), the batch's first-layer input Grams (`p4bench.stacked.input_grams`).
     """
     if type(model) is LinearSoftmax:
         return _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms)
     if stacked.supports_stacked(model):  # ghost clipping on batched GEMMs, no per-example gradients
-        return stacked.clipped_gradient_sum(model, params, x, y, mask, clip, loss, aux)  # type: ignore[arg-type]
+        # `sq_norms` of a stacked model: its first layer's per-sample input Grams (`stacked.input_grams`)
+        return stacked.clipped_gradient_sum(model, params, x, y, mask, clip, loss, aux, sq_norms)  # type: ignore[arg-type]
     return _generic_clipped_sum(model, params, x, y, mask, clip, loss, aux)
 
 

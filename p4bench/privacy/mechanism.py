@@ -26,6 +26,7 @@ from p4bench.privacy.clipping import clip_scale, clipped_gradient_sum, logit_gra
 from p4bench.privacy.noise import NoiseStreams
 from p4bench.privacy.releases import ReleaseContext, Releases
 from p4bench.records import Release  # re-exported: it was defined here
+from p4bench.stacked import dataset_input_grams, supports_stacked
 
 __all__ = [
     "DPMechanism", "DPSettings", "NEIGHBOURING", "NOISE_SOURCES", "NoiseStreams", "Release", "Releases",
@@ -49,6 +50,17 @@ class DPSettings:
         """Std of the Gaussian noise added to the sum of clipped gradients."""
         factor = 2.0 if self.neighbouring == "replace-one" else 1.0
         return factor * self.noise_multiplier * self.clip
+
+
+def input_statistics(model: Model, train: Any) -> torch.Tensor | None:
+    """What a model's clipping reads of each training sample alone, computed once per
+    dataset (C, n, ...), for `clipped_gradient_sum`'s `sq_norms`: squared norms for a
+    linear model, first-layer input Grams for a stacked one, else None."""
+    if type(model) is LinearSoftmax:
+        return train.squared_norms()  # type: ignore[no-any-return]
+    if supports_stacked(model):
+        return dataset_input_grams(model, train)  # type: ignore[arg-type]
+    return None
 
 
 @dataclass(frozen=True)
@@ -191,7 +203,7 @@ class DPMechanism:
         expected = rate * train.n.double()
         total = torch.zeros(len(ctx.rows), dtype=torch.float64)
         taken = torch.zeros(len(ctx.rows), dtype=torch.float64)
-        norms = train.squared_norms() if type(ctx.model) is LinearSoftmax else None  # cached per dataset
+        norms = input_statistics(ctx.model, train)  # cached per dataset
         for _ in range(steps):
             index, mask = poisson_batches(ctx.rng, train.n, rate, train.max_count())
             grads, step_loss, released = self.step(

@@ -60,6 +60,7 @@ from p4bench.plugins.p4.fused import FusedCotraining, LinearCotraining
 from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, random_groups
 from p4bench.plugins.p4.losses import distillation_loss
 from p4bench.plugins.p4.span import NOISE_MODES, SpanCotraining, span_is_cheaper
+from p4bench.privacy.mechanism import input_statistics
 
 GROUPING, COTRAINING = "grouping", "cotraining"
 UPDATE, MODEL = UPDATE_PREFIX, MODEL_PREFIX
@@ -203,11 +204,13 @@ class P4(Method):
             proxy, private, total, taken = self._fused_step(train, ctx).run(proxy, private, train, ctx, self.config.local_steps)
             stopped |= taken < self.config.local_steps  # the ledger refused a step: budget spent
             return self._cotrained(state, proxy, private, stopped, total, taken)
+        stats = input_statistics(ctx.model, train) if ctx.dp is not None else None  # per dataset, cached
         for _ in range(self.config.local_steps):
             index, mask = sample_batches(ctx, train)
             x, y = gather_batch(train.x, index), gather_batch(train.y, index)
             teacher = self._teacher(state, private)
-            grads, loss, done = self._proxy_step(proxy, x, y, mask, train, ctx, teacher)
+            grads, loss, done = self._proxy_step(proxy, x, y, mask, train, ctx, teacher,
+                                                 None if stats is None else gather_batch(stats, index))
             if self.use_proxy:
                 # the private model learns on the same batch, without DP, from the proxy's pre-step outputs
                 proxy_logits = logits_of(ctx.model, proxy, x)
@@ -247,14 +250,16 @@ class P4(Method):
     def _proxy_gradient(self, proxy, train, ctx, teacher_params):
         index, mask = sample_batches(ctx, train)
         x, y = gather_batch(train.x, index), gather_batch(train.y, index)
-        return self._proxy_step(proxy, x, y, mask, train, ctx, teacher_params)
+        stats = input_statistics(ctx.model, train) if ctx.dp is not None else None
+        return self._proxy_step(proxy, x, y, mask, train, ctx, teacher_params, None if stats is None else gather_batch(stats, index))
 
-    def _proxy_step(self, proxy, x, y, mask, train, ctx, teacher_params):
+    def _proxy_step(self, proxy, x, y, mask, train, ctx, teacher_params, stats=None):
         """Gradient of the proxy's loss: DP when the run is private. Returns
-        (grads, loss (C,), done (C,) float: 1 where the step was taken)."""
+        (grads, loss (C,), done (C,) float: 1 where the step was taken). `stats`: the
+        batch's `input_statistics` (precomputed per dataset)."""
         loss_fn = distillation_loss(self.alpha if teacher_params is not None else 0.0)
         teacher = logits_of(ctx.model, teacher_params, x) if teacher_params is not None else None
-        return batch_gradient(ctx, proxy, x, y, mask, train, loss_fn, teacher)
+        return batch_gradient(ctx, proxy, x, y, mask, train, loss_fn, teacher, input_stats=stats)
 
     # -- phase 1 messages ---------------------------------------------------------------
     def outgoing(self, exchange, state, ctx):
