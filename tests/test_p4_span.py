@@ -79,18 +79,18 @@ def test_basis_noise_has_the_joint_distribution_of_per_step_draws(dim):
 def test_the_span_path_gives_way_to_the_buckets_where_its_basis_would_not_fit(monkeypatch):
     """On an accelerator the basis (as large as the samples) and its QR must fit beside the
     data: otherwise `auto` takes the bucketed path (same math), never an out-of-memory."""
-    import p4bench.plugins.p4.method as p4_method
+    import p4bench.plugins.p4.span as p4_method
     from p4bench.data import ClientTensors
 
     train = ClientTensors(torch.randn(3, 6, 40), torch.zeros(3, 6, dtype=torch.long), torch.full((3,), 6))
     need = 2 * train.x.numel() * 4
     monkeypatch.setattr(p4_method, "free_device_memory", lambda device: (need, 10 * need))
-    assert not p4_method._span_fits(train, basis=True)
-    assert p4_method._span_fits(train, basis=False)  # the streams mode keeps no basis
+    assert not p4_method.span_fits(train, basis=True)
+    assert p4_method.span_fits(train, basis=False)  # the streams mode keeps no basis
     monkeypatch.setattr(p4_method, "free_device_memory", lambda device: (4 * need, 10 * need))
-    assert p4_method._span_fits(train, basis=True)
+    assert p4_method.span_fits(train, basis=True)
     train.orthonormal_basis()
     monkeypatch.setattr(p4_method, "free_device_memory", lambda device: (0, 10 * need))
-    assert p4_method._span_fits(train, basis=True)  # already built: nothing more to fit
+    assert p4_method.span_fits(train, basis=True)  # already built: nothing more to fit
     monkeypatch.setattr(p4_method, "free_device_memory", lambda device: None)  # the CPU
-    assert p4_method._span_fits(ClientTensors(train.x, train.y, train.n), basis=True)
+    assert p4_method.span_fits(ClientTensors(train.x, train.y, train.n), basis=True)

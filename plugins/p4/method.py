@@ -47,7 +47,6 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from p4bench.devices import WORKSPACE_FRACTION, free_device_memory
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, params_layout
 from p4bench.engine.method import PlannedRelease
@@ -59,7 +58,7 @@ from p4bench.options import Option, resolve_options
 from p4bench.plugins.p4.fused import FusedCotraining, LinearCotraining
 from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, random_groups
 from p4bench.plugins.p4.losses import distillation_loss
-from p4bench.plugins.p4.span import NOISE_MODES, SpanCotraining, span_is_cheaper
+from p4bench.plugins.p4.span import NOISE_MODES, SpanCotraining, span_fits, span_is_cheaper
 from p4bench.privacy.mechanism import input_statistics
 
 GROUPING, COTRAINING = "grouping", "cotraining"
@@ -239,7 +238,7 @@ class P4(Method):
         if self.fused == "auto":
             samples, dim, c = train.x.shape[1], math.prod(train.x.shape[2:]), self.config
             cheaper = span_is_cheaper(samples, dim, ctx.model.num_classes, c.local_steps, c.data_rate, ctx.dp is not None, self.span_noise)
-            return self._span if cheaper and _span_fits(train, ctx.dp is not None and self.span_noise == "basis") else self._buckets
+            return self._span if cheaper and span_fits(train, ctx.dp is not None and self.span_noise == "basis") else self._buckets
         return self._span if self.fused == "span" else self._buckets
 
     @staticmethod
@@ -512,17 +511,6 @@ class P4(Method):
         order = [c for g in groups for c in g]
         _plot_dissimilarity(dissimilarity[np.ix_(order, order)], [len(g) for g in groups], folder / "dissimilarity.png")
         return [folder / "groups.json", folder / "dissimilarity.png"]
-
-
-def _span_fits(train, basis: bool) -> bool:
-    """Whether the span path's per-dataset tables fit beside the data on an accelerator:
-    the orthonormal basis is as large as the samples and its QR needs as much again (the
-    Gram matrices are small). Checked once per dataset, before they are built; on the
-    CPU, host memory is the limit, as for the data."""
-    free = free_device_memory(train.x.device)
-    if free is None or not basis or train.has_orthonormal_basis():
-        return True
-    return 2 * train.x.numel() * train.x.element_size() < free[0] * (1 - WORKSPACE_FRACTION)
 
 
 def _plot_dissimilarity(values: np.ndarray, sizes: list[int], path) -> None:

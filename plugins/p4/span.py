@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import torch
 
+from p4bench.data import ClientTensors
+from p4bench.devices import WORKSPACE_FRACTION, free_device_memory
 from p4bench.engine.training import sample_batches
 from p4bench.models import Params
 from p4bench.plugins.p4.fused import LinearCotraining, mutual_distillation_gradients
 from p4bench.privacy.releases import Releases
 from p4bench.privacy.span import NOISE_MODES, SpanNoise
 
-__all__ = ["NOISE_MODES", "SpanCotraining", "span_is_cheaper"]
+__all__ = ["NOISE_MODES", "SpanCotraining", "span_fits", "span_is_cheaper"]
 
 
 def span_is_cheaper(samples: int, dim: int, classes: int, steps: int, data_rate: float, private: bool, noise: str = "basis") -> bool:
@@ -51,6 +53,17 @@ def span_is_cheaper(samples: int, dim: int, classes: int, steps: int, data_rate:
     rows = min(samples, dim) if basis else samples
     span = 2 * rows * dim * (4 * classes + noise_rows) + steps * 4 * classes * samples**2
     return span < buckets
+
+
+def span_fits(train: ClientTensors, basis: bool) -> bool:
+    """Whether the span path's per-dataset tables fit beside the data on an accelerator:
+    the orthonormal basis is as large as the samples and its QR needs as much again (the
+    Gram matrices are small). Checked once per dataset, before they are built; on the
+    CPU, host memory is the limit, as for the data."""
+    free = free_device_memory(train.x.device)
+    if free is None or not basis or train.has_orthonormal_basis():
+        return True
+    return 2 * train.x.numel() * train.x.element_size() < free[0] * (1 - WORKSPACE_FRACTION)
 
 
 class SpanCotraining(LinearCotraining):
