@@ -139,11 +139,6 @@ class P2PFL(Method):
         return {"receivers_per_release": self.num_clients - 1,
                 "release_observers": "every peer" + (" and the coordinator" if self.exchange == "relay" else "")}
 
-    def uncertified_steps(self) -> list[str]:
-        config = self.config
-        if config.accountant == "noble" and str(config.options.get("noble_view", "aggregator")) == "third-party":
-            return ["noble_view=third-party: p2p-fl peers see every sender's individual model, not an aggregate"]
-        return []
 
     # -- clients ---------------------------------------------------------------------------------
     def init_client_state(self, train, ctx):

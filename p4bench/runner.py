@@ -155,7 +155,9 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         memory = plan_memory(device, data.nbytes(), state_bytes(num_parameters, config.clients))
         data = data.to(device, stream=memory.stream_data)
         reasons = method.uncertified_steps() + (defense_cls.uncertified_steps() if defense_cls is not None else [])
-        certification = certify(config, reasons, bool(getattr(runtime_cls, "separate_parties", False)))
+        accountant_cls = registry.get("accountant", config.accountant) if config.private else None
+        certification = certify(config, reasons, bool(getattr(runtime_cls, "separate_parties", False)), accountant_cls,
+                                method_cls.capabilities)
         malicious_mask = torch.from_numpy(malicious).to(device)
         job = Job(
             config=config,

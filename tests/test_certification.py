@@ -72,3 +72,31 @@ def test_cli_shows_uncertified_epsilon_in_red_words(capsys, results_dir):
 def test_no_dp_with_epsilon_exits_2(capsys):
     code, _, err = invoke(["run", "--method", "p4", "--no-dp", "--epsilon", "3"], capsys)
     assert code == 2 and "--no-dp" in err
+
+
+def test_an_accountant_certifies_only_the_sampling_and_view_it_is_proved_for():
+    """noble (the P4 paper's bound) is stated for batches of fixed size drawn without
+    replacement and, in its third-party view, for an observer of the aggregate only."""
+    from p4bench.baselines.fedavg import FedAvg
+    from p4bench.plugins.p4.method import P4
+    from p4bench.privacy.accountants import NobleAccountant
+    from p4bench.privacy.pld import PLDAccountant
+
+    config = RunConfig(method="p4", epsilon=12.0, accountant="noble")
+    assert certify(config.replace(accountant="pld"), [], False, PLDAccountant, P4.capabilities).certified
+    aggregator = certify(config, [], False, NobleAccountant, P4.capabilities)
+    assert not aggregator.certified and aggregator.reasons == (
+        "accountant noble is proved for fixed-size batches; this run samples poisson batches, so its figure does not "
+        "bound the run (the pld epsilon beside it is the tight one)",)
+    third_party = certify(config.replace(options={"noble_view": "third-party"}), [], False, NobleAccountant, FedAvg.capabilities)
+    assert len(third_party.reasons) == 2 and "sends individual updates" in third_party.reasons[1]
+
+
+def test_a_noble_run_is_uncertified_with_the_tight_figure_beside_it(capsys, results_dir):
+    args = ["run", "--method", "p4", "--clients", "6", "--rounds", "2", "--epsilon", "12", "--accountant", "noble",
+            "-o", "noble_view=third-party", "--results-dir", results_dir, "--json"]
+    code, out, _ = invoke(args, capsys)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and summary["epsilon_certified"] is False
+    assert "poisson" in summary["uncertified_reason"] and "noble_view=third-party" in summary["uncertified_reason"]
+    assert summary["epsilon_pld"] > 0  # the tight figure, for the run's own sampling, reported beside it

@@ -321,9 +321,7 @@ def _privacy_text(summary: dict[str, Any]) -> str:
     if summary.get("epsilon") is None:
         return "non-private"
     pld = f", {summary['epsilon_pld']:.3f} max (pld)" if summary.get("epsilon_pld") is not None and summary["accountant"] != "pld" else ""
-    label = summary["accountant"]
-    if label == "noble":
-        label += "; bound stated for fixed-size sampling without replacement, runs use Poisson batches"
+    label = summary["accountant"]  # an accountant used outside its proof (noble) makes the run uncertified
     return (
         f"{summary['epsilon']:.3f} max / {summary['epsilon_mean']:.3f} mean ({label}), "
         f"{summary['epsilon_rdp']:.3f} max (rdp){pld}; delta {summary['delta']:.2g}, sigma {summary['noise_multiplier']:.3f}, "

@@ -134,6 +134,10 @@ class Accountant(ABC):
     attribute; the other follows. `uses_rounds` says whether epsilon depends on the
     rounds offered (`ReleaseSegment.rounds`) and not only on the steps taken.
     `options` declares the run options (`config.options`) the accountant reads.
+    `sampling` names the batch sampling schemes the analysis is proved for:
+    ``"poisson"`` (each record independently, as private runs sample) or
+    ``"fixed-size"`` (batches of fixed size drawn without replacement); a run whose
+    sampling is not among them is reported uncertified (`p4bench.privacy.certification`).
     """
 
     name: ClassVar[str]
@@ -142,6 +146,7 @@ class Accountant(ABC):
     relation: ClassVar[str] = "add-remove"
     relations: ClassVar[tuple[str, ...]] = ("add-remove",)
     uses_rounds: ClassVar[bool] = False
+    sampling: ClassVar[tuple[str, ...]] = ("poisson",)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -192,6 +197,7 @@ class NobleAccountant(Accountant):
     name = "noble"
     description = "Noble et al. 2022 nested bound (client ratio outside, data ratio inside); has a noise floor"
     relations = ("replace-one",)  # subsampling without replacement (WBK19) and sensitivity 2C/b
+    sampling = ("fixed-size",)  # WBK19's amplification by sampling batches of fixed size without replacement
     uses_rounds = True
     # read by the runner into every release segment's `view`
     options = (Option("noble_view", str, "aggregator", "who observes the noise: aggregator (whoever sees one "

@@ -12,7 +12,11 @@ run still reports the accountant's figure, but as *uncertified*, with the reason
 - preprocessing computed from a client's records outside the ledger (ScatterNet
   features normalised with each client's own statistics);
 - seeded DP randomness where the clients are separate parties (devices): every peer
-  holds the seed, so it can recompute a neighbour's noise and batches.
+  holds the seed, so it can recompute a neighbour's noise and batches;
+- an accountant used outside what it is proved for (`accountant_reasons`): a sampling
+  scheme other than the run's Poisson batches (Noble et al.'s bound is stated for
+  batches of fixed size), or noble's third-party view for a method whose receivers see
+  individual updates. The tight pld figure is reported beside it.
 
 Non-private runs carry no epsilon; they are reported as such, never as certified.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Certification", "certify", "RANDOMNESS_LABELS"]
+__all__ = ["Certification", "certify", "accountant_reasons", "RANDOMNESS_LABELS"]
 
 RANDOMNESS_LABELS = {
     "seeded": "seeded (reproducible, not secret)",
@@ -72,11 +76,36 @@ class Certification:
         return tags
 
 
-def certify(config: Any, method_reasons: list[str], separate_parties: bool) -> Certification:
+# How private runs sample their batches (p4bench.engine.training.poisson_batches).
+RUN_SAMPLING = "poisson"
+
+
+def accountant_reasons(config: Any, accountant: Any, capabilities: Any) -> list[str]:
+    """Why `accountant` (its class) does not certify this run: the run's sampling scheme
+    is not one the analysis is proved for, or (noble) the third-party view is taken for a
+    method whose receivers see individual updates. Empty where it applies."""
+    reasons = []
+    name = getattr(accountant, "name", config.accountant)
+    proved = tuple(getattr(accountant, "sampling", (RUN_SAMPLING,)))
+    if RUN_SAMPLING not in proved:
+        reasons.append(
+            f"accountant {name} is proved for {' or '.join(proved)} batches; this run samples {RUN_SAMPLING} batches, "
+            "so its figure does not bound the run (the pld epsilon beside it is the tight one)")
+    view = str((config.options or {}).get("noble_view", "aggregator"))
+    if name == "noble" and view == "third-party" and getattr(capabilities, "shares_individual_updates", False):
+        reasons.append(
+            f"noble_view=third-party counts only an aggregate of many clients' noisy updates, but method "
+            f"'{config.method}' sends individual updates: its aggregator or neighbours see one client's noise alone")
+    return reasons
+
+
+def certify(config: Any, method_reasons: list[str], separate_parties: bool, accountant: Any = None,
+            capabilities: Any = None) -> Certification:
     """The certification of a run whose config is resolved (`runner.resolve_run_config`).
 
     `method_reasons` are the method's own `uncertified_steps()`; `separate_parties` says
-    whether the runtime's clients are separate parties (devices).
+    whether the runtime's clients are separate parties (devices); `accountant` is the
+    run's accountant class and `capabilities` the method's (`accountant_reasons`).
     """
     randomness = "secret" if config.noise_source == "secure" else "seeded"
     if not config.private:
@@ -92,4 +121,6 @@ def certify(config: Any, method_reasons: list[str], separate_parties: bool) -> C
             "device simulation with seeded DP randomness: every peer holds the seed and can recompute "
             "a neighbour's noise and batches"
         )
+    if accountant is not None:
+        reasons += accountant_reasons(config, accountant, capabilities)
     return Certification(True, not reasons, tuple(reasons), randomness)
