@@ -31,6 +31,7 @@ from p4bench.privacy.certification import certify
 from p4bench.privacy.groups import attach_mechanisms
 from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
 from p4bench.privacy.mechanism import DPSettings
+from p4bench.privacy.plan_check import plan_reasons
 from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
 from p4bench.rng import SEED_MALICIOUS, SEED_PARTITION, harness_rng
 from p4bench.run_session import RunSession, mark_interrupted
@@ -314,6 +315,9 @@ def run(
             if result.summary["stopped_by_time_budget"]:
                 result.summary["epsilon_scope"] = early_stop_epsilon_note(result.summary)
         if info.certification is not None:
+            if prepared.ledger is not None and info.certification.private:  # the declaration against the ledger
+                extra = plan_reasons(prepared.ledger, method.privacy_plan(), result.summary.get("phases"))
+                info.certification = info.certification.with_reasons(extra)
             result.summary.update(info.certification.summary_fields())
         result.summary["compute_device"] = describe_device(prepared.device)
         if prepared.memory is not None and prepared.device.type != "cpu":

@@ -287,6 +287,12 @@ class Tracker:
             final.update(method_figures(result.summary))
             stopped = str(bool(result.summary.get("stopped_by_time_budget"))).lower()
             self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, "stopped_by_time_budget", stopped)
+            if result.summary.get("epsilon_certified") is not None:  # checks after training may have changed it
+                self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, "dp.certified",
+                             str(bool(result.summary["epsilon_certified"])).lower())
+                if result.summary.get("uncertified_reason"):
+                    self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, "dp.uncertified_reason",
+                                 str(result.summary["uncertified_reason"]))
             if result.summary.get("epsilon") is not None:
                 final.update({
                     k: float(result.summary[k])

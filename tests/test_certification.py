@@ -100,3 +100,54 @@ def test_a_noble_run_is_uncertified_with_the_tight_figure_beside_it(capsys, resu
     assert code == 0 and summary["epsilon_certified"] is False
     assert "poisson" in summary["uncertified_reason"] and "noble_view=third-party" in summary["uncertified_reason"]
     assert summary["epsilon_pld"] > 0  # the tight figure, for the run's own sampling, reported beside it
+
+
+class _SkipsTheMechanism:
+    """A third-party method's honest mistake: it trains through `ctx.loss_and_grad`, as
+    the method guide shows, and never calls `ctx.dp`, in a private run."""
+
+    @staticmethod
+    def build(plan_nothing: bool = False):
+        from p4bench.baselines.local import LocalTraining
+
+        class NoDP(LocalTraining):
+            name = "test-no-dp"
+
+            def local_update(self, state, train, ctx):
+                from p4bench.engine.training import fixed_size_batches, gather_batch
+
+                index, mask = fixed_size_batches(ctx, train)
+                loss, grads = ctx.loss_and_grad(state["params"], gather_batch(train.x, index), gather_batch(train.y, index),
+                                                mask.float())
+                return {**state, "params": {k: v - 0.1 * grads[k] for k, v in state["params"].items()}}, loss.double()
+
+            def privacy_plan(self):
+                return [] if plan_nothing else super().privacy_plan()
+
+        return NoDP
+
+
+@pytest.mark.parametrize("plan_nothing", [False, True])
+def test_a_method_that_skips_the_dp_mechanism_is_not_certified(plan_nothing, results_dir):
+    from p4bench.hookspecs import hookimpl
+    from p4bench.plugin_manager import create_plugin_manager
+
+    method = _SkipsTheMechanism.build(plan_nothing)
+
+    class Plugin:
+        @hookimpl
+        def register_methods(self):
+            return [method]
+
+    pm = create_plugin_manager(extra_plugins=(Plugin(),), autoload=False)
+    config = RunConfig(method="test-no-dp", clients=4, rounds=2, local_steps=2, results_dir=results_dir,
+                       **({"noise_multiplier": 1.0} if plan_nothing else {"epsilon": 4.0}))
+    uri = f"sqlite:///{results_dir}.db"
+    summary = run(config.replace(tracking_uri=uri), plugin_manager=pm).summary
+    assert summary["private"] is True and summary["epsilon_certified"] is False
+    tags = MlflowClient(uri).get_run(summary["run_id"]).data.tags  # set at the start, corrected at the end
+    assert tags["dp.certified"] == "false" and tags["dp.uncertified_reason"] == summary["uncertified_reason"]
+    expected = "declares no DP release" if plan_nothing else "the ledger recorded no release in its 2 round(s)"
+    assert expected in summary["uncertified_reason"], summary["uncertified_reason"]
+    honest = run(config.replace(method="local"), track=False).summary  # the same run through ctx.dp: certified
+    assert honest["epsilon_certified"] is True and honest["epsilon"] > 0

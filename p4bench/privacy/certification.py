@@ -55,6 +55,12 @@ class Certification:
         """The reasons joined in one line, or None."""
         return "; ".join(self.reasons) if self.reasons else None
 
+    def with_reasons(self, reasons: list[str]) -> Certification:
+        """This verdict with more reasons (uncertified if there are any)."""
+        if not reasons:
+            return self
+        return Certification(self.private, False, (*self.reasons, *reasons), self.randomness)
+
     def summary_fields(self) -> dict[str, Any]:
         """The keys every run summary (and `--json` line) carries."""
         return {
