@@ -7,7 +7,8 @@ about twice the noise of add-remove at the same figure. And an *uncertified* eps
 dependent step outside the ledger, see `p4bench.privacy.certification`) is no privacy claim
 at all. So, for the runs of one table:
 
-- every private run must use the same neighbouring relation, and
+- every private run must use the same neighbouring relation, delta and accountant (where the
+  runs record them: runs that have not run yet are checked when they have), and
 - no private run may be uncertified.
 
 Non-private runs (`dp.private=false`: local training, a `--no-dp` reference) may appear; they
@@ -64,6 +65,8 @@ class RunPrivacy:
     neighbouring: str | None = None
     certified: bool = True  # meaningful for private runs only
     reason: str | None = None  # why not certified
+    delta: float | None = None  # None: not known (yet)
+    accountant: str | None = None
 
     @property
     def relation(self) -> str:
@@ -153,12 +156,23 @@ def check_privacy(runs: Iterable[RunPrivacy], *, allow_mixed: bool = False, what
     if len(by_relation) > 1:
         groups = "; ".join(f"{relation}: {_named(members)}" for relation, members in sorted(by_relation.items()))
         verdict.problems.append(f"private runs under different neighbouring relations ({groups})")
+    for name, value_of in (("delta", lambda r: None if r.delta is None else f"{r.delta:.6g}"),
+                           ("accountant", lambda r: r.accountant)):
+        by_value: dict[str, list[RunPrivacy]] = {}
+        for run in private:
+            value = value_of(run)
+            if value is not None:
+                by_value.setdefault(value, []).append(run)
+        if len(by_value) > 1:
+            groups = "; ".join(f"{value}: {_named(members)}" for value, members in sorted(by_value.items()))
+            verdict.problems.append(f"private runs under different {name} ({groups})")
     uncertified = [r for r in private if not r.certified] if certification else []
     if uncertified:
         verdict.problems.append(f"uncertified epsilon: {_named(uncertified, detail=True)}")
     if verdict.problems and not allow_mixed:
         raise UnequalPrivacyError(f"{what}: refusing to compare runs under unequal privacy: {'; '.join(verdict.problems)}. "
-                         f"Give one neighbouring relation to every private run (and certified settings), or pass "
+                         f"Give one neighbouring relation, delta and accountant to every private run (and certified "
+                         f"settings), or pass "
                          f"{FLAG} to compare them anyway, marked in a '{COLUMN}' column")
     return verdict
 
@@ -199,11 +213,21 @@ def from_row(row: Mapping[str, Any], params: str = "params.") -> RunPrivacy:
         return RunPrivacy(label, method, False)
     neighbouring = _text(row.get("dp.neighbouring")) or _text(row.get(f"{params}neighbouring")) or _default_relation(method)
     certified_tag = _text(row.get("dp.certified"))
+    delta = _number(_text(row.get("dp.delta")) or _text(row.get(f"{params}delta")))
+    accountant = _text(row.get("dp.accountant")) or _text(row.get(f"{params}accountant"))
     if certified_tag is None:
-        return RunPrivacy(label, method, True, neighbouring, False, "no dp.certified tag (logged before certification)")
+        return RunPrivacy(label, method, True, neighbouring, False, "no dp.certified tag (logged before certification)",
+                          delta, accountant)
     certified = certified_tag.lower() == "true"
     reason = None if certified else (_text(row.get("dp.uncertified_reason")) or "not certified")
-    return RunPrivacy(label, method, True, neighbouring, certified, reason)
+    return RunPrivacy(label, method, True, neighbouring, certified, reason, delta, accountant)
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def from_summary(summary: Mapping[str, Any], label: str | None = None) -> RunPrivacy:
@@ -216,11 +240,12 @@ def from_summary(summary: Mapping[str, Any], label: str | None = None) -> RunPri
     if not private:
         return RunPrivacy(label, method, False)
     certified = summary.get("epsilon_certified")
+    delta, accountant = _number(_text(summary.get("delta"))), _text(summary.get("accountant"))
     if certified is None:
         return RunPrivacy(label, method, True, _text(summary.get("neighbouring")), False,
-                          "no certification recorded")
+                          "no certification recorded", delta, accountant)
     reason = None if certified else (summary.get("uncertified_reason") or "not certified")
-    return RunPrivacy(label, method, True, _text(summary.get("neighbouring")), bool(certified), reason)
+    return RunPrivacy(label, method, True, _text(summary.get("neighbouring")), bool(certified), reason, delta, accountant)
 
 
 def _method_class(method: str, registry: Any = None) -> Any:
@@ -254,7 +279,8 @@ def from_config(config: Any, label: str | None = None, registry: Any = None) -> 
     label = label or _label(config.method, config.seed)
     if not planned_private(config, registry):
         return RunPrivacy(label, config.method, False)
-    return RunPrivacy(label, config.method, True, config.neighbouring or _default_relation(config.method, registry))
+    return RunPrivacy(label, config.method, True, config.neighbouring or _default_relation(config.method, registry),
+                      delta=config.delta, accountant=config.accountant)
 
 
 def settle_relation(configs: Sequence[Any], registry: Any = None) -> tuple[list[Any], str | None, bool]:

@@ -127,6 +127,7 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         raise UsageError(f"runtime '{config.runtime}' trains on its peers' own processors; --device {config.device} "
                          "applies to the simulation runtimes (simulation, reference, bytes)")
     dataset = load_dataset(dataset_cls, Path(_data_dir()), config)
+    records = len(dataset.y_train)  # the default delta's N (`default_delta`), before any public split
     if config.features == "scatter":  # the feature cache is shared by devices: computed where the run is
         dataset = scatter_dataset(dataset, device=str(device) if device.type == "cuda" else "cpu")
     public = None
@@ -171,7 +172,7 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         )
         if job.defense is not None and job.defense.needs_oracle:
             job.defense.reveal_malicious(malicious_mask)  # the ideal defense: a harness oracle
-        ledger = _setup_privacy(config, registry, method, data, job) if config.private else None
+        ledger = _setup_privacy(config, registry, method, job, records) if config.private else None
     info = RunInfo(
         run_id=uuid.uuid4().hex[:12],
         config=config,
@@ -202,16 +203,17 @@ def state_bytes(num_parameters: int, clients: int) -> int:
     return int(num_parameters) * int(clients) * 4 * STATE_COPIES
 
 
-def _setup_privacy(config: RunConfig, registry: Registry, method: Method, data: FederatedData, job: Job) -> PrivacyLedger:
-    """Calibrate sigma (unless given), build the ledger and plug the mechanism into the job."""
+def _setup_privacy(config: RunConfig, registry: Registry, method: Method, job: Job, records: int) -> PrivacyLedger:
+    """Calibrate sigma (unless given), build the ledger and plug the mechanism into the job;
+    `records`: the data set's training records, N of the default delta."""
     from p4bench.privacy.accountants import ReleaseSegment
-    from p4bench.privacy.calibration import calibrate_noise
+    from p4bench.privacy.calibration import calibrate_noise, default_delta
 
     accountant = registry.get("accountant", config.accountant)()
     reference = registry.get("accountant", "rdp")()
     pld = registry.get("accountant", "pld")()  # reported next to rdp: tight for both relations
     neighbouring = config.neighbouring or method.default_neighbouring
-    delta = config.delta if config.delta is not None else 1.0 / int(data.train.n.sum())
+    delta = config.delta if config.delta is not None else default_delta(records)
     plan = method.privacy_plan()
     # In P2P (and for an honest-but-curious server) the receiver sees individual
     # updates, so the noble bound's honest default is the aggregator view.

@@ -63,6 +63,33 @@ def test_rule_refuses_mixed_relations_and_uncertified_runs_naming_them():
     assert [r.mark for r in allowed.runs][-2:] == ["replace-one", "add-remove UNCERTIFIED"]
 
 
+def test_rule_refuses_private_runs_under_different_deltas_or_accountants():
+    from p4bench.equal_privacy import from_summary
+
+    def summary(method, delta, accountant="pld"):
+        return {"method": method, "seed": 0, "private": True, "epsilon_certified": True, "neighbouring": "add-remove",
+                "delta": delta, "accountant": accountant, "epsilon": 8.0}
+
+    same = [from_summary(summary("feddf", 6.96e-5)), from_summary(summary("pdsl", 6.96e-5))]
+    assert check_privacy(same).ok and same[0].delta == 6.96e-5 and same[0].accountant == "pld"
+    with pytest.raises(UnequalPrivacyError, match=r"different delta \(0.000696: pdsl seed=0; 6.96e-05: feddf seed=0\)"):
+        check_privacy([same[0], from_summary(summary("pdsl", 6.96e-4))])
+    with pytest.raises(UnequalPrivacyError, match="different accountant"):
+        check_privacy([same[0], from_summary(summary("p4", 6.96e-5, "noble"))])
+    unknown = from_config(RunConfig(method="pdsl", epsilon=8.0))  # delta settled by the run: checked once it ran
+    assert unknown.delta is None and check_privacy([same[0], unknown]).ok
+
+
+def test_the_default_delta_is_far_below_one_over_n_and_one_per_data_set(tmp_path):
+    """delta = 1/(10 N), N the data set's training records: the same for FedDF (which sets
+    public records aside) as for FedAvg, and below 1/(10 N') for the records the clients hold."""
+    from p4bench.runner import run
+
+    summaries = [run(RunConfig(method=m, clients=4, rounds=1, local_steps=1, epsilon=8.0, results_dir=str(tmp_path)),
+                     track=False).summary for m in ("fedavg", "feddf")]
+    assert summaries[0]["delta"] == summaries[1]["delta"] == pytest.approx(1 / (10 * 1437))
+
+
 def test_runs_read_from_tags_params_and_configs():
     tags = {"method": "p4", "seed": "0", "run_id": "abcdef123456", "dp.private": "true", "dp.certified": "false",
             "dp.neighbouring": "replace-one", "dp.uncertified_reason": "why"}

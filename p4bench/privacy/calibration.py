@@ -10,7 +10,19 @@ from typing import Any
 from p4bench.errors import ConfigError, UsageError
 from p4bench.privacy.accountants import Accountant, ReleaseSegment, accounted_epsilon, native_relations
 
-__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise", "calibrate_accountant"]
+__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise", "calibrate_accountant", "default_delta", "DELTA_RULE"]
+
+# delta << 1/N: a mechanism that publishes one record in full with probability delta is
+# (0, delta)-DP, so delta must be far below 1/N. N is the training records of the data set the
+# clients' data is drawn from (not of the federation): every method on one data set then
+# gets the same delta, also those that set public records aside (FedDF, PDSL), and it is at
+# most 1/(10 N') for the N' records the clients hold.
+DELTA_RULE = "1/(10 N), N the training records of the data set"
+
+
+def default_delta(records: int) -> float:
+    """A run's delta when none is given (`DELTA_RULE`)."""
+    return 1.0 / (10 * max(int(records), 1))
 
 MAX_NOISE_MULTIPLIER = 1e6
 """Noise multipliers above this are treated as "no noise level reaches the target"."""
