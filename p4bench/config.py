@@ -61,7 +61,8 @@ class RunConfig:
     )
     delta: float | None = field(
         default=None,
-        metadata=_meta("target delta; default 1/(10 N), N the training records of the data set", low=0, high=1, low_open=True, high_open=True),
+        metadata=_meta("target delta; default 1/(10 N), N the training records of the data set", low=0, high=1,
+                       low_open=True, high_open=True),
     )
     noise_multiplier: float | None = field(
         default=None, metadata=_meta("DP noise multiplier sigma; default: calibrated from --epsilon", low=0, high=1e6, low_open=True)
