@@ -139,6 +139,23 @@ def test_audit_of_fedavg_stays_below_the_claim(small_config):
     assert result.line().endswith(": consistent") and "certified epsilon" in result.line()
 
 
+def test_a_claim_above_the_ceiling_is_inconclusive_and_says_how_many_runs_would_test_it(small_config):
+    """A bound from N trials cannot exceed log(TPR_lo / FPR_hi) of a perfect test: a claim
+    above that ceiling cannot fail, and the audit says so instead of "consistent"."""
+    from p4bench.audit.stats import epsilon_ceiling, runs_to_reach
+
+    result = run_audit(small_config(epsilon=8.0, local_steps=4), track=False)
+    b = result.bound
+    assert b.ceiling == pytest.approx(epsilon_ceiling(b.positives, b.negatives, b.delta, b.confidence))
+    assert b.epsilon_lower <= b.ceiling < 8.0 and result.inconclusive and result.verdict == "inconclusive"
+    needed = result.runs_needed()
+    assert needed is not None and needed > 1
+    assert epsilon_ceiling(b.positives * needed, b.negatives * needed, b.delta, b.confidence) > 8.0
+    assert f"--runs {needed}" in result.line() and "inconclusive: ceiling" in result.line()
+    assert "mechanism-level" in result.line() and result.as_dict()["runs_needed"] == needed
+    assert runs_to_reach(1e6, b.positives, b.negatives, b.delta, b.confidence, 1) is None  # out of reach
+
+
 def test_audit_catches_a_mechanism_that_adds_less_noise_than_it_reports(small_config):
     result = run_audit(small_config(epsilon=4.0, local_steps=4, clients=12), wrap_mechanism=tenth_noise, track=False)
     assert result.exceeds and result.bound.epsilon_lower > result.claimed_epsilon
@@ -174,7 +191,8 @@ def test_cli_prints_the_bound_and_logs_it_to_mlflow(capsys, results_dir, tmp_pat
     )
     assert code == 0, err
     line, figures = out.strip().splitlines()[-2:]
-    assert line.startswith("audit fedavg on digits: empirical epsilon >= ") and "at 95% confidence (3900 trials in 1 run)" in line
+    assert line.startswith("audit fedavg on digits (mechanism-level: gradient canaries after clipping, observed in the noisy "
+                           "releases): empirical epsilon >= ") and "at 95% confidence (3900 trials in 1 run, ceiling " in line
     assert line.endswith(": consistent")
     figures = json.loads(figures)
     assert figures["epsilon_lower"] <= figures["claimed_epsilon"] and plot.exists()

@@ -78,6 +78,7 @@ def log_audit(audit: AuditResult) -> str | None:
             "audit_tpr_lower": bound.tpr_lower,
             "audit_fpr_upper": bound.fpr_upper,
             "audit_trials": float(bound.trials),
+            "audit_ceiling": bound.ceiling,
         }
         params = {
             "audit.runs": str(audit.runs),
@@ -88,8 +89,7 @@ def log_audit(audit: AuditResult) -> str | None:
             "audit.direction": bound.direction,
             "audit.threshold": f"{bound.threshold:.6g}",
         }
-        tags = {"audit": "true", "audit.verdict": "exceeds" if audit.exceeds else "consistent",
-                "audit.claim": audit.claim_label}
+        tags = {"audit": "true", "audit.verdict": audit.verdict, "audit.claim": audit.claim_label}
         for summary in tracked:
             client = MlflowClient(tracking_uri=summary["tracking_uri"])
             run_id = summary["run_id"]

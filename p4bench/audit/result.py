@@ -12,10 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from p4bench.audit.stats import AuditBound
+from p4bench.audit.stats import AuditBound, runs_to_reach
 from p4bench.config import RunConfig
 
-__all__ = ["AuditResult"]
+__all__ = ["AuditResult", "SCOPE"]
+
+# What this audit checks, said on every line: the DP mechanism alone. Its canaries are
+# gradients inserted after clipping, at the claimed sampling rate, and observed in the noisy
+# releases; the method's own sampling, clipping, teachers and messages are not checked.
+SCOPE = "mechanism-level: gradient canaries after clipping, observed in the noisy releases"
 
 
 @dataclass
@@ -43,17 +48,40 @@ class AuditResult:
         return self.bound.epsilon_lower > self.claimed_epsilon
 
     @property
+    def inconclusive(self) -> bool:
+        """The claim cannot fail: even a perfect test on these trials stays below it."""
+        return not self.exceeds and self.bound.ceiling <= self.claimed_epsilon
+
+    @property
+    def verdict(self) -> str:
+        """`exceeds`, `inconclusive` or `consistent`."""
+        return "exceeds" if self.exceeds else "inconclusive" if self.inconclusive else "consistent"
+
+    def runs_needed(self) -> int | None:
+        """Runs whose trials could show a bound above the claim (None: beyond 100,000)."""
+        b = self.bound
+        return runs_to_reach(self.claimed_epsilon, b.positives, b.negatives, b.delta, b.confidence, self.runs)
+
+    @property
     def claim_label(self) -> str:
         return {True: "certified", False: "uncertified", None: "claimed"}[self.certified]
 
     def line(self) -> str:
         b = self.bound
-        verdict = "EXCEEDS the claimed epsilon: the privacy claim does not hold" if self.exceeds else "consistent"
+        if self.exceeds:
+            verdict = "EXCEEDS the claimed epsilon: the privacy claim does not hold"
+        elif self.inconclusive:
+            needed = self.runs_needed()
+            verdict = (f"inconclusive: ceiling {b.ceiling:.2f} below the claim (no bound from these trials can exceed "
+                       f"it); " + (f"--runs {needed} would lift the ceiling above it" if needed else
+                                   "more than 100,000 runs would be needed"))
+        else:
+            verdict = "consistent"
         runs = f"{self.runs} run" + ("s" if self.runs != 1 else "")
         return (
-            f"audit {self.config.method} on {self.config.dataset}: empirical epsilon >= {b.epsilon_lower:.2f} "
-            f"at {_percent(b.confidence)} confidence ({b.trials} trials in {runs}) vs {self.claim_label} epsilon "
-            f"{self.claimed_epsilon:.2f} ({self.accountant}, {self.neighbouring}): {verdict}"
+            f"audit {self.config.method} on {self.config.dataset} ({SCOPE}): empirical epsilon >= {b.epsilon_lower:.2f} "
+            f"at {_percent(b.confidence)} confidence ({b.trials} trials in {runs}, ceiling {b.ceiling:.2f}) vs "
+            f"{self.claim_label} epsilon {self.claimed_epsilon:.2f} ({self.accountant}, {self.neighbouring}): {verdict}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -64,6 +92,9 @@ class AuditResult:
             "claimed_epsilon": self.claimed_epsilon,
             "epsilon_certified": self.certified,
             "exceeds": self.exceeds,
+            "verdict": self.verdict,
+            "checked": SCOPE,
+            "runs_needed": self.runs_needed() if self.inconclusive else None,
             "accountant": self.accountant,
             "neighbouring": self.neighbouring,
             "runs": self.runs,

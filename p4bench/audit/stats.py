@@ -82,9 +82,34 @@ class AuditBound:
     negatives: int
     trials: int
     selection_trials: int
+    ceiling: float = math.inf  # the largest bound these trials could show (a perfect test: `epsilon_ceiling`)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def epsilon_ceiling(positives: int, negatives: int, delta: float, confidence: float) -> float:
+    """The largest lower bound `empirical_epsilon` can print from `positives` and
+    `negatives` evaluated trials: every positive guessed, no negative. A claim above it
+    cannot be refuted by these trials, whatever the method does."""
+    alpha = (1.0 - confidence) / 2.0
+    tpr_lower, _ = clopper_pearson(positives, positives, alpha)
+    _, fpr_upper = clopper_pearson(0, negatives, alpha)
+    return float(epsilon_from_rates(tpr_lower, fpr_upper, delta))
+
+
+def runs_to_reach(claim: float, positives: int, negatives: int, delta: float, confidence: float,
+                  runs: int, limit: int = 100_000) -> int | None:
+    """How many runs (trials grow with them) lift the ceiling above `claim`, or None
+    beyond `limit` runs."""
+    if positives <= 0 or negatives <= 0 or runs <= 0:
+        return None
+    factor = 1
+    while runs * factor <= limit:
+        if epsilon_ceiling(positives * factor, negatives * factor, delta, confidence) > claim:
+            return runs * factor
+        factor *= 2
+    return None
 
 
 def _sweep(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -155,4 +180,5 @@ def empirical_epsilon(
         threshold=DIRECTIONS[direction][0] * threshold,
         tpr_lower=float(tpr_lower), fpr_upper=float(fpr_upper), true_positives=tp, positives=positives,
         false_positives=fp, negatives=negatives, trials=len(scores), selection_trials=half,
+        ceiling=epsilon_ceiling(positives, negatives, delta, confidence),
     )

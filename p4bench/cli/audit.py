@@ -1,9 +1,11 @@
 """`p4bench audit`: an empirical privacy audit of one method and config.
 
-Prints one line (the lower bound next to the claimed epsilon) and, with --json, a
-last JSON line with the figures. Exits 0 when the claim is consistent with the
-audit, 1 when the lower bound exceeds it (the claim is refuted), 2 for bad input
-(including a non-private run).
+Prints one line (what was checked, the lower bound next to the claimed epsilon, and the
+ceiling: the highest bound the trials could show) and, with --json, a last JSON line with
+the figures (`verdict`: consistent, exceeds or inconclusive). Exits 0 when the claim is
+consistent with the audit or the audit is inconclusive (the ceiling is below the claim:
+the line says how many runs would lift it), 1 when the lower bound exceeds it (the claim
+is refuted), 2 for bad input (including a non-private run).
 """
 
 from __future__ import annotations
