@@ -169,13 +169,13 @@ def input_grams(model: StackedModel, x: torch.Tensor) -> torch.Tensor | None:
 
 
 def dataset_input_grams(model: StackedModel, train: object) -> torch.Tensor | None:
-    """`input_grams` of a client dataset's samples (`ClientTensors`), computed once and
-    kept on it (one entry per model architecture and input shape)."""
-    cache: dict[tuple[str, tuple[int, ...]], torch.Tensor | None] = train.__dict__.setdefault("_input_grams", {})
-    key = (type(model).__name__, tuple(getattr(model, "feature_shape", ())))
-    if key not in cache:
-        cache[key] = input_grams(model, train.x)  # type: ignore[attr-defined]
-    return cache[key]
+    """`input_grams` of a client dataset's samples (`ClientTensors`), computed once per
+    data set and model architecture, and selected (not recomputed) for the row subsets
+    that rounds with partial participation take (`ClientTensors._derived`)."""
+    name = f"_input_grams_{type(model).__name__}_{'x'.join(map(str, getattr(model, 'feature_shape', ())))}"
+    grams: torch.Tensor | None = train._derived(  # type: ignore[attr-defined]
+        name, lambda x: input_grams(model, x), lambda value, index, width: None if value is None else value[index, :width])
+    return grams
 
 
 def _squared_norms(layer: Layer, grad_out: torch.Tensor, examples: int, input_gram: torch.Tensor | None = None) -> torch.Tensor:

@@ -108,3 +108,21 @@ def test_freed_memory_policy_applies_once_and_can_be_switched_off(setting, expec
     env = {**os.environ, "P4BENCH_KEEP_HEAP": setting}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert out == [expected, expected]
+
+
+def test_batch_gradient_calls_a_mechanism_written_before_input_statistics():
+    """A DP mechanism wrapper whose `step` predates the `sq_norms` keyword still works when
+    the caller has no per-sample statistics to pass."""
+    from types import SimpleNamespace
+
+    from p4bench.engine.training import batch_gradient
+
+    class OldMechanism:
+        def step(self, ctx, params, x, y, mask, sample_rate, expected_batch, loss=None, aux=None):
+            return {"w": torch.zeros(2)}, torch.zeros(2), torch.ones(2, dtype=torch.bool)
+
+    ctx = SimpleNamespace(dp=OldMechanism(), config=SimpleNamespace(data_rate=0.5), rows=torch.arange(2))
+    train = SimpleNamespace(n=torch.tensor([4, 4]))
+    grads, loss, done = batch_gradient(ctx, {"w": torch.zeros(2)}, torch.zeros(2, 1, 3), torch.zeros(2, 1, dtype=torch.long),
+                                       torch.ones(2, 1), train)
+    assert done.tolist() == [1.0, 1.0] and loss.dtype == torch.float64

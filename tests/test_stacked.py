@@ -106,3 +106,35 @@ def test_first_layer_grams_kept_per_dataset_give_the_same_sums(shape):
     got, _ = stacked.clipped_gradient_sum(model, params, x, y, mask, 0.5, cross_entropy, grams=gather_batch(stats, index))
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-7)
+
+
+def test_row_subsets_select_the_data_sets_grams_instead_of_recomputing(monkeypatch):
+    from p4bench.data import ClientTensors
+
+    model, _, _, _, _ = _problem((81, 7, 7))
+    train = ClientTensors(torch.randn(3, 6, 81, 7, 7), torch.zeros(3, 6, dtype=torch.long), torch.tensor([6, 4, 5]))
+    whole = stacked.dataset_input_grams(model, train)
+    calls = []
+    monkeypatch.setattr(stacked, "input_grams", lambda *a: calls.append(a) or pytest.fail("recomputed"))
+    subset = train.rows(torch.tensor([2, 1]))
+    torch.testing.assert_close(stacked.dataset_input_grams(model, subset), whole[torch.tensor([2, 1]), :5], rtol=0, atol=0)
+    assert not calls
+
+
+@pytest.mark.parametrize("shape", [(243, 8, 8), (81, 2, 2)])
+def test_one_replaced_record_moves_a_clipped_sum_by_at_most_two_clips(shape):
+    """Replace-one sensitivity of the ghost-clipped sum, checked on two batches that differ
+    in one record (features and label): the released sum moves by at most 2C in L2 norm,
+    and the other clients' sums not at all."""
+    model, params, x, y, mask = _problem(shape, clients=2, batch=6, seed=3)
+    mask[:] = 1.0
+    clip = 0.05  # small enough to bind for every example
+    neighbour_x, neighbour_y = x.clone(), y.clone()
+    neighbour_x[0, 2] = 50 * torch.randn_like(x[0, 2])
+    neighbour_y[0, 2] = (y[0, 2] + 1) % 10
+    sums, _ = stacked.clipped_gradient_sum(model, params, x, y, mask, clip, cross_entropy)
+    moved, _ = stacked.clipped_gradient_sum(model, params, neighbour_x, neighbour_y, mask, clip, cross_entropy)
+    change = torch.sqrt(sum(((moved[k][0] - sums[k][0]) ** 2).sum() for k in sums))
+    assert 0 < float(change) <= 2 * clip * (1 + 1e-5)
+    for key in sums:
+        torch.testing.assert_close(moved[key][1], sums[key][1], rtol=0, atol=0)

@@ -251,8 +251,10 @@ def batch_gradient(
     them (`p4bench.privacy.mechanism.input_statistics`, gathered like the samples)."""
     if ctx.dp is not None:
         expected = ctx.config.data_rate * train.n.double()
+        # sq_norms only when there are statistics: a mechanism wrapper written before it existed keeps working
+        extra = {} if input_stats is None else {"sq_norms": input_stats}
         grads, value, released = ctx.dp.step(ctx, params, x, y, mask.float(), ctx.config.data_rate, expected, loss, aux,
-                                              sq_norms=input_stats)
+                                              **extra)
         return grads, value.double(), released.float()
     value, grads = ctx.loss_and_grad(params, x, y, mask.float(), loss=loss, aux=aux)
     return grads, value.detach().double(), torch.ones(len(ctx.rows))

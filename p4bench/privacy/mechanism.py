@@ -84,6 +84,9 @@ class DPMechanism:
     may override them, methods do not call them.
     """
 
+    decided_on_host: torch.Tensor | None = None  # (steps, C) bool: the last `reserve`'s decisions, on the host
+    released_on_host: torch.Tensor  # (C,) bool: which rows the last `release` released, on the host
+
     def __init__(
         self,
         settings: DPSettings,
@@ -171,10 +174,14 @@ class DPMechanism:
         (budget check, ledger, noise). Returns (noisy mean gradients, released (C,) bool);
         rows that cannot afford the step get zero gradients and are not reported. Works in
         place: the returned gradients are the tensors of `sums`."""
+        self.decided_on_host = None  # set by `reserve`; a subclass's own `reserve` may not
         with Releases(self, ctx, sample_rate) as releases:
             released = releases.admitted[0]
             noisy = releases.add_noise(sums, expected_batch)
-        if not bool(self.decided_on_host[0].all()):  # the host's copy: no read back from the device
+        decided = self.decided_on_host
+        # the host's copy of the decisions where `reserve` kept one: no read back from the device
+        self.released_on_host = decided[0] if decided is not None else released.cpu()
+        if not bool(self.released_on_host.all()):
             keep = released.to(torch.float32)
             noisy = {k: g.mul_(keep.reshape(-1, *([1] * (g.dim() - 1)))) for k, g in noisy.items()}
         return noisy, released
@@ -210,7 +217,7 @@ class DPMechanism:
                 ctx, params, gather_batch(train.x, index), gather_batch(train.y, index), mask.float(), rate, expected,
                 sq_norms=None if norms is None else gather_batch(norms, index),
             )
-            if not bool(self.decided_on_host[0].any()):  # the ledger refused every row (host copy: no read back)
+            if not bool(self.released_on_host.any()):  # the ledger refused every row (host copy: no read back)
                 break
             params = {k: params[k] - lr * grads[k] for k in params}
             total += step_loss.double() * released
