@@ -33,7 +33,7 @@ from p4bench.engine.messages import MODEL_PREFIX
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize, vectorize
 from p4bench.privacy.mechanism import NoiseStreams, clipped_gradient_sum
-from p4bench.privacy.releases import Releases
+from p4bench.privacy.releases import Releases, add_central_noise
 from p4bench.rng import SERVER_ID
 
 MODEL, GRADIENT = MODEL_PREFIX, "gradient."
@@ -124,7 +124,7 @@ class Centralized(Method):
         if size <= 0:
             return state
         if std > 0:
-            total = total + self._noise.normal(total.shape[1]).double() * std
+            total = add_central_noise(total, std, self._noise)
         params = vectorize(state["params"]).double() - self.config.lr * total / size
         return {**state, "params": unvectorize(params.float(), state["params"])}
 

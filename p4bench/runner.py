@@ -32,6 +32,7 @@ from p4bench.privacy.groups import attach_mechanisms
 from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
 from p4bench.privacy.mechanism import DPSettings
 from p4bench.privacy.plan_check import plan_reasons
+from p4bench.privacy.verification import verify_method
 from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
 from p4bench.rng import SEED_MALICIOUS, SEED_PARTITION, harness_rng
 from p4bench.run_session import RunSession, mark_interrupted
@@ -251,11 +252,13 @@ def run(
     track: bool = True,
     on_prepared: Callable[[PreparedRun], None] | None = None,
     resume: Checkpoint | None = None,
+    verify: bool = True,
 ) -> RunResult:
     """Execute one run. Observers are plugin objects implementing observation hooks;
     with `track` the MLflow tracker (which also keeps a local copy) is one of them.
     `on_prepared` may adjust the prepared run before training (the privacy audit
-    wraps the DP mechanism there).
+    wraps the DP mechanism there). With `verify` a private run's method is checked for
+    post-processing first (`p4bench.privacy.verification`: once per plugin version, cached).
 
     A tracked run is checkpointed into its local folder after its rounds
     (`p4bench.checkpoint`); `resume` continues such a run (same config, same folder, same
@@ -275,6 +278,10 @@ def run(
         check_resumable(config, registry)
         resume.state()  # read now: the tracker continues from the snapshot's own round
     prepared = prepare(config, registry)
+    certification = prepared.info.certification
+    if verify and certification is not None and certification.private:  # behaviour, not declarations
+        verdict = verify_method(prepared.config, type(prepared.job.method), prepared.info.plugins, pm)
+        prepared.info.certification = certification.with_post_processing(verdict)
     if on_prepared is not None:
         on_prepared(prepared)
     info = prepared.info

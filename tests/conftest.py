@@ -6,6 +6,9 @@ import os
 
 os.environ["P4BENCH_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+# The runner's post-processing check (p4bench.privacy.verification) costs seconds per new
+# method configuration; tests of it switch it on (`verify_on`), others report "not yet verified".
+os.environ["P4BENCH_VERIFY"] = "0"
 
 import pytest  # noqa: E402
 
@@ -33,6 +36,14 @@ def pytest_runtest_call(item):
 
     if outcome.excinfo is not None and isinstance(outcome.excinfo[1], EmulationUnavailable):
         outcome.force_exception(pytest.skip.Exception(f"needs the emulated accelerator: {outcome.excinfo[1]}"))
+
+
+@pytest.fixture
+def verify_on(monkeypatch, tmp_path):
+    """The runner's post-processing check on, with a cache of this test's own."""
+    monkeypatch.setenv("P4BENCH_VERIFY", "1")
+    monkeypatch.setenv("P4BENCH_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "post_processing.json"
 
 
 @pytest.fixture

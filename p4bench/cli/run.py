@@ -307,7 +307,9 @@ def _claim_text(summary: dict[str, Any]) -> str:
         text += f"; epsilon of the {summary['epsilon_scope']}"
     if summary.get("epsilon_certified") is False:
         return f"[bold red]UNCERTIFIED[/bold red] [red]{text}; why: {summary.get('uncertified_reason')}[/red]"
-    return f"[green]certified[/green] {text}"
+    if summary.get("post_processing", "verified") != "verified":  # the check did not run (P4BENCH_VERIFY=0)
+        return f"[green]certified[/green] {text} [yellow](post-processing {summary['post_processing']})[/yellow]"
+    return f"[green]certified[/green] {text}; post-processing verified"
 
 
 def _randomness_text(summary: dict[str, Any]) -> str:

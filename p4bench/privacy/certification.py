@@ -16,7 +16,11 @@ run still reports the accountant's figure, but as *uncertified*, with the reason
 - an accountant used outside what it is proved for (`accountant_reasons`): a sampling
   scheme other than the run's Poisson batches (Noble et al.'s bound is stated for
   batches of fixed size), or noble's third-party view for a method whose receivers see
-  individual updates. The tight pld figure is reported beside it.
+  individual updates. The tight pld figure is reported beside it;
+- the method's messages are not post-processing of its releases: the post-processing
+  check (`p4bench.privacy.post_processing`, run by the runner once per plugin version)
+  replayed it with other records and forced releases, and a message changed (or the
+  check could not force its releases).
 
 Non-private runs carry no epsilon; they are reported as such, never as certified.
 """
@@ -43,12 +47,15 @@ class Certification:
         certified: its epsilon holds (False for non-private runs: there is no claim).
         reasons: why not, one line each (empty when certified).
         randomness: ``"seeded"`` or ``"secret"``, the DP noise and batch selection source.
+        post_processing: the method's post-processing check (`p4bench.privacy.post_processing`):
+            "verified", "failed", "not verifiable" or "not yet verified" (not run).
     """
 
     private: bool
     certified: bool
     reasons: tuple[str, ...]
     randomness: str
+    post_processing: str = "not yet verified"
 
     @property
     def reason(self) -> str | None:
@@ -59,7 +66,18 @@ class Certification:
         """This verdict with more reasons (uncertified if there are any)."""
         if not reasons:
             return self
-        return Certification(self.private, False, (*self.reasons, *reasons), self.randomness)
+        return Certification(self.private, False, (*self.reasons, *reasons), self.randomness, self.post_processing)
+
+    def with_post_processing(self, verdict: dict[str, Any] | None) -> Certification:
+        """This verdict with the method's post-processing check (None: not run); a check
+        that failed, or could not be made, adds its reason."""
+        if verdict is None or not self.private:
+            return self
+        status = str(verdict["status"])
+        reasons = [] if status == "verified" else [
+            f"post-processing check {status} for method '{verdict['method']}': {'; '.join(verdict['findings'])}"]
+        updated = self.with_reasons(reasons)
+        return Certification(updated.private, updated.certified, updated.reasons, updated.randomness, status)
 
     def summary_fields(self) -> dict[str, Any]:
         """The keys every run summary (and `--json` line) carries."""
@@ -68,6 +86,7 @@ class Certification:
             "epsilon_certified": self.certified,
             "uncertified_reason": self.reason,
             "dp_randomness": self.randomness,
+            **({"post_processing": self.post_processing} if self.private else {}),
         }
 
     def tags(self) -> dict[str, str]:
@@ -77,6 +96,8 @@ class Certification:
             "dp.certified": str(self.certified).lower(),
             "dp.randomness": self.randomness,
         }
+        if self.private:
+            tags["dp.post_processing"] = self.post_processing
         if self.reason:
             tags["dp.uncertified_reason"] = self.reason
         return tags

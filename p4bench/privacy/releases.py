@@ -31,8 +31,9 @@ import torch
 
 from p4bench.models import Params
 from p4bench.privacy.clipping import clip_scale
+from p4bench.privacy.tape import current_tape
 
-__all__ = ["ReleaseContext", "Releases", "current_releases"]
+__all__ = ["ReleaseContext", "Releases", "add_central_noise", "current_releases"]
 
 _OPEN: ContextVar[tuple[Releases, ...]] = ContextVar("p4bench_open_releases", default=())
 
@@ -108,6 +109,7 @@ class Releases:
         """One release: (sums + std N) / expected batch, in place (`DPMechanism.add_noise`)."""
         self._take(1)
         noisy: Params = self.mechanism.add_noise(sums, expected_batch)
+        _to_tape("add_noise", noisy)
         return noisy
 
     def add_scaled_noise(self, targets: Params, scale: torch.Tensor | None) -> None:
@@ -115,17 +117,25 @@ class Releases:
         The draw does not depend on the scale, so a path may fold lr / E into it."""
         self._take(1)
         self.mechanism.add_scaled_noise(targets, scale)
+        _to_tape("add_scaled_noise", targets)
 
     def draw(self, parts: list[torch.Tensor]) -> None:
         """Standard normals for all `steps` releases at once into `parts` (`DPMechanism.draw_noise`:
         parts [bias_0, weight_0, ..., bias_K-1, weight_K-1] are the draws of K `add_scaled_noise`)."""
         self._take(self.steps)
         self.mechanism.draw_noise(parts)
+        tape = current_tape()
+        if tape is not None:
+            tape.note_unforceable("draw (a fused kernel's noise)")
 
     def delegate(self) -> None:
         """All releases get their noise elsewhere, from a trusted party that adds it to the
-        sum of the rows' contributions (central DP: the centralized baseline's server)."""
+        sum of the rows' contributions (central DP: the centralized baseline's server,
+        which adds it with `add_central_noise`)."""
         self._take(self.steps)
+        tape = current_tape()
+        if tape is not None:
+            tape.delegated += self.steps
 
     def _take(self, count: int) -> None:
         if self not in _OPEN.get():
@@ -133,3 +143,18 @@ class Releases:
         if self.drawn + count > self.steps:
             raise RuntimeError(f"noise for {self.drawn + count} releases, only {self.steps} recorded")
         self.drawn += count
+
+
+def add_central_noise(total: torch.Tensor, std: float, noise: Any) -> torch.Tensor:
+    """A trusted server's release of the pooled sum of delegated releases: `total` (1, P)
+    plus std N(0, I) from the server's own `NoiseStreams`, as float64 (central DP)."""
+    noisy = total + noise.normal(total.shape[1]).double() * std
+    _to_tape("central", {"total": noisy})
+    return noisy
+
+
+def _to_tape(kind: str, values: Params) -> None:
+    """Hand one release's value to the open release tape, if any (`p4bench.privacy.tape`)."""
+    tape = current_tape()
+    if tape is not None:
+        tape.release(kind, [values[k] for k in sorted(values)])

@@ -12,6 +12,9 @@ Checks (names as in the report; pick with `checks=`/`skip=`):
   client's noise draws match its recorded releases, per phase; the records match
   `privacy_plan()` (phases, sample rates, steps) and no budget stops a client; a
   method that trains or sends models without `ctx.dp` fails.
+- ``post-processing``: with DP on, a replay with every client's records replaced and
+  every release forced to its recorded value sends identical messages
+  (`p4bench.privacy.post_processing`); a difference names the message.
 - ``capabilities``: each declared flag against what the run did: `uses_server` iff
   messages go to or come from the server; `shares_individual_updates` iff some node
   receives a single client's ``update.*`` payload; `has_aggregator` iff updates reach
@@ -48,7 +51,7 @@ from p4bench.testing.runs import (
 
 __all__ = ["METHOD_CHECKS", "check_method"]
 
-METHOD_CHECKS = ("state", "runtimes", "ledger", "capabilities", "options")
+METHOD_CHECKS = ("state", "runtimes", "ledger", "post-processing", "capabilities", "options")
 RUNTIMES = ("simulation", "reference", "bytes", "accelerator")
 
 
@@ -99,6 +102,8 @@ def check_method(
             report.skip("ledger", "the config opts out of DP (no_dp)")
         else:
             _check_ledger(report, probe)
+    if "post-processing" in wanted:
+        _check_post_processing(report, dp_config, pm)
     if "capabilities" in wanted and probe is not None:
         _check_capabilities(report, cls, probe, consensus_tolerance)
     if "options" in wanted:
@@ -149,6 +154,25 @@ def _attempt(run: Any, runtime: str, problems: list[str]) -> Any:
     except Exception as exc:  # noqa: BLE001 - a runtime the method breaks on is a finding
         problems.append(f"the {runtime} run raised {type(exc).__name__}: {exc}")
         return None
+
+
+# -- post-processing ------------------------------------------------------------------------------
+def _check_post_processing(report: ConformanceReport, dp_config: Any, pm: Any) -> None:
+    """Every message must be post-processing of the DP releases (`p4bench.privacy.post_processing`)."""
+    from p4bench.privacy.post_processing import check_post_processing, generic_path
+
+    if dp_config is None:
+        report.skip("post-processing", "the config opts out of DP (no_dp)")
+        return
+    try:
+        config, _ = generic_path(dp_config.replace(rounds=max(dp_config.rounds, 2)))
+        result = check_post_processing(config, pm)
+    except Exception as exc:  # noqa: BLE001 - a crashing method is a finding, not a kit error
+        report.fail("post-processing", f"the check's runs raised {type(exc).__name__}: {exc}")
+        return
+    report.add("post-processing", result.passed, result.reason() or
+               f"{result.messages} messages identical with every client's records replaced and {result.releases} "
+               "releases forced")
 
 
 # -- privacy ledger -----------------------------------------------------------------------------

@@ -1,0 +1,283 @@
+"""The post-processing check: does a method send anything but post-processing of its
+DP releases?
+
+A method's epsilon holds only if every message it sends is computed from its DP
+releases and public values (DESIGN.md's privacy boundary). Declarations cannot show it;
+behaviour can. The check runs the method twice on a small federation, with the same
+seed:
+
+1. *recorded*: every release's value goes on a tape (`p4bench.privacy.tape`) and every
+   message sent is kept;
+2. *replay*: every client's training records are replaced by other records (client
+   i gets client i-1's features, reversed, every label changed: `replaced_records`), and every
+   release is forced to its recorded value.
+
+Every message must then be bit-identical: a message that differs names the round, the
+exchange, the sender, the receiver and the payload entry that read records outside the
+DP mechanism (a non-DP step on a shared model, a mixture with a non-DP personal model,
+training through `ctx.loss_and_grad` without `ctx.dp`, a loss value sent in the clear).
+Replacing *every* client's records at once checks every sender in one replay.
+
+What is not compared: a node's messages to itself (they never leave it), and, for
+central DP (releases `delegate`d to a trusted server), the clients' raw sums addressed
+to the server: the server is trusted with them, and its noisy sum is forced like any
+release. What cannot be checked: a release computed in a fused kernel from draws
+(`Releases.draw`): the method's generic path is checked instead where it has one
+(P4's ``fused=false``, the same releases), else the result says "not verifiable".
+A release made with `add_scaled_noise` is forced whole, so state a path mixes into its
+target before the noise is forced with it (documented limit of the check).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from p4bench.config import RunConfig
+from p4bench.engine.messages import Messages
+from p4bench.engine.network import Delivery, Network
+from p4bench.errors import ConfigError, UsageError
+from p4bench.privacy.tape import ReleaseTape, ReplayDiverged, using_tape
+from p4bench.rng import SERVER_ID
+
+__all__ = [
+    "PostProcessingResult", "SentMessages", "check_config", "check_post_processing", "generic_path", "replaced_records",
+    "run_check",
+]
+
+# The federation the check runs on: small enough for seconds, two rounds so that a
+# message computed from the previous round's state is compared too.
+CHECK_SIZE: dict[str, Any] = dict(clients=4, rounds=2, local_steps=2, eval_fraction=0.0)
+MAX_FINDINGS = 1  # differing messages named in the result; a count says how many more
+
+
+@dataclass
+class PostProcessingResult:
+    """The verdict of one check.
+
+    `status` is "verified" (every compared message identical), "failed" (`findings`
+    name the messages) or "not verifiable" (`findings` say why)."""
+
+    method: str
+    status: str
+    findings: list[str] = field(default_factory=list)
+    releases: int = 0
+    messages: int = 0  # messages compared
+    exempt: int = 0  # a node's messages to itself, and raw sums to a trusted server
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "verified"
+
+    def reason(self) -> str | None:
+        """One line for the run's certification (None when verified)."""
+        if self.passed:
+            return None
+        return f"post-processing check {self.status} for method '{self.method}': {'; '.join(self.findings)}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class _Exchange:
+    exchange: str
+    phase: str
+    round_index: int
+    src: torch.Tensor
+    dst: torch.Tensor
+    payload: dict[str, torch.Tensor]
+
+
+class SentMessages(Network):
+    """A network that keeps a copy of every message sent through the one it wraps."""
+
+    def __init__(self, inner: Network) -> None:
+        self.inner = inner
+        self.untrusted = inner.untrusted  # type: ignore[misc]  # the wrapped network's policy
+        self.log: list[_Exchange] = []
+
+    def begin_round(self, phase: str, round_index: int) -> None:
+        self.inner.begin_round(phase, round_index)
+
+    def steps_finished(self, phase: str, round_index: int) -> None:
+        self.inner.steps_finished(phase, round_index)
+
+    def start_exchange(self, exchange: str) -> None:
+        self.inner.start_exchange(exchange)
+
+    def finish_exchange(self, exchange: str) -> None:
+        self.inner.finish_exchange(exchange)
+
+    def computing(self) -> Any:
+        return self.inner.computing()
+
+    def receive_failed(self, exchange: str, messages: int) -> None:
+        self.inner.receive_failed(exchange, messages)
+
+    def exchange(self, exchange: str, phase: str, round_index: int, outgoing: Messages) -> Delivery:
+        payload = {k: v.detach().cpu().clone() for k, v in outgoing.payload.items()}
+        self.log.append(_Exchange(exchange, phase, round_index, outgoing.src.cpu().clone(), outgoing.dst.cpu().clone(),
+                                  payload))
+        return self.inner.exchange(exchange, phase, round_index, outgoing)
+
+
+def replaced_records(train: Any, num_classes: int) -> Any:
+    """Other training records of the same counts: client i gets the features of client
+    i-1's padded records in reverse order, and every label moves to the next class."""
+    from p4bench.data.federated import ClientTensors
+
+    x = train.x.roll(1, dims=0).flip(1).contiguous()
+    y = ((train.y + 1) % max(int(num_classes), 1)).contiguous()  # every label changes
+    return ClientTensors(x, y, train.n.clone())
+
+
+def check_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
+    """The small federation the check runs `config`'s method on, and notes on what differs.
+
+    Same method, options, model, features, dataset and privacy; `CHECK_SIZE` clients,
+    rounds and steps (two rounds even for a one-round run: messages after training count), no attack, the simulator on the
+    CPU with seeded randomness (the two runs must draw the same streams), the fast rdp
+    accountant (the check reads no epsilon)."""
+    checked = config.replace(**CHECK_SIZE, attack=None, runtime="simulation", device="cpu", noise_source="seeded",
+                             accountant="rdp", time_budget_min=None)
+    return generic_path(checked)
+
+
+def generic_path(config: RunConfig) -> tuple[RunConfig, list[str]]:
+    """`config` on the method's generic release path where its default path is fused
+    (releases computed from raw draws cannot be forced), and a note saying so."""
+    if config.method == "p4" and config.options.get("fused") not in (False, "off"):
+        return config.replace(options={**config.options, "fused": False}), [
+            "p4 checked with -o fused=false: its fused kernels compute a release from raw draws, which a replay "
+            "cannot force (the same releases, unfused)"]
+    return config, []
+
+
+def check_post_processing(config: RunConfig, plugin_manager: Any = None,
+                          prepare: Callable[[Any], None] | None = None) -> PostProcessingResult:
+    """Run the check on `config` as given (see `check_config` for the small federation
+    the runner uses). `prepare` adjusts each of the two prepared runs (tests)."""
+    from p4bench.plugin_manager import create_plugin_manager
+
+    if not config.private:
+        raise UsageError("the post-processing check needs a private run: give --epsilon or --noise-multiplier")
+    pm = plugin_manager or create_plugin_manager()
+    started = time.perf_counter()
+    result = PostProcessingResult(config.method, "verified")
+    recorded_tape = ReleaseTape()
+    recorded = _run(config, pm, recorded_tape, replace=False, prepare=prepare)
+    result.releases = len(recorded_tape.values)
+    if recorded_tape.unforceable:
+        result.status = "not verifiable"
+        result.findings.append(f"its releases use {', '.join(recorded_tape.unforceable)}, whose value a replay cannot "
+                               "force; run its generic (unfused) path")
+    else:
+        if not recorded_tape.values and not recorded_tape.delegated:
+            result.notes.append("it made no DP release: every message it sends must then read no record")
+        replay_tape = ReleaseTape(recorded_tape.values)
+        try:
+            replayed = _run(config, pm, replay_tape, replace=True, prepare=prepare)
+        except ReplayDiverged as diverged:
+            result.status, result.findings = "failed", [f"the releases depend on the replaced records: {diverged}"]
+        else:
+            if not replay_tape.finished:
+                result.status = "failed"
+                result.findings.append(f"the replay made {replay_tape.position} of the {len(recorded_tape.values)} "
+                                       "recorded releases: which releases it makes depends on the records")
+            compared, exempt, differences = _compare(recorded, replayed, central=recorded_tape.delegated > 0)
+            result.messages, result.exempt = compared, exempt
+            if differences:
+                result.status = "failed"
+                extra = len(differences) - MAX_FINDINGS
+                result.findings += differences[:MAX_FINDINGS] + ([f"{extra} more message(s) differ"] if extra > 0 else [])
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _run(config: RunConfig, pm: Any, tape: ReleaseTape, *, replace: bool,
+         prepare: Callable[[Any], None] | None) -> list[_Exchange]:
+    from p4bench.runner import run
+
+    logs: list[SentMessages] = []
+
+    def on_prepared(prepared: Any) -> None:
+        if prepare is not None:
+            prepare(prepared)
+        runtime = prepared.runtime
+        if not hasattr(runtime, "network"):
+            raise UsageError(f"runtime '{config.runtime}' has no in-process network to observe; check on the simulation")
+        inner = runtime.network
+
+        def network() -> Network:
+            logs.append(SentMessages(inner()))
+            return logs[-1]
+
+        runtime.network = network
+        if replace:
+            data = prepared.job.data
+            prepared.job.data = dataclasses.replace(data, train=replaced_records(data.train, data.num_classes))
+
+    with using_tape(tape):
+        run(config, plugin_manager=pm, track=False, on_prepared=on_prepared, verify=False)
+    return [entry for log in logs for entry in log.log]
+
+
+def _compare(recorded: list[_Exchange], replayed: list[_Exchange], *, central: bool) -> tuple[int, int, list[str]]:
+    """(messages compared, messages exempt, one line per differing message)."""
+    if len(recorded) != len(replayed):
+        return 0, 0, [f"the replay made {len(replayed)} exchanges, the recorded run {len(recorded)}: the schedule "
+                      "depends on the records"]
+    compared = exempt = 0
+    differences: list[str] = []
+    for a, b in zip(recorded, replayed):
+        where = f"phase '{a.phase}' round {a.round_index}, exchange '{a.exchange}'"
+        if (a.exchange, a.phase, a.round_index) != (b.exchange, b.phase, b.round_index):
+            return compared, exempt, differences + [f"{where}: the replay ran exchange '{b.exchange}' there instead"]
+        if not (torch.equal(a.src, b.src) and torch.equal(a.dst, b.dst)):
+            differences.append(f"{where}: the replay sent to other nodes (who talks to whom depends on the records)")
+            continue
+        if sorted(a.payload) != sorted(b.payload):
+            differences.append(f"{where}: payload entries {sorted(b.payload)} on the replay, {sorted(a.payload)} recorded")
+            continue
+        skip = a.src == a.dst
+        if central:  # the trusted server's raw input
+            skip |= (a.dst == SERVER_ID) & (a.src != SERVER_ID)
+        exempt += int(skip.sum())
+        compared += int((~skip).sum())
+        for i in torch.nonzero(~skip).flatten().tolist():
+            for key in sorted(a.payload):
+                x, y = a.payload[key][i], b.payload[key][i]
+                if not torch.equal(x, y):
+                    gap = (x.double() - y.double()).abs().nan_to_num(float("inf")).max() if x.numel() else 0.0
+                    differences.append(f"{where}: message {_node(int(a.src[i]))} -> {_node(int(a.dst[i]))} "
+                                       f"'{key}' differs by up to {float(gap):.3g}")
+                    break
+    return compared, exempt, differences
+
+
+def _node(node: int) -> str:
+    return "server" if node == SERVER_ID else f"client {node}"
+
+
+def run_check(config: RunConfig, plugin_manager: Any = None) -> PostProcessingResult:
+    """The check at the runner's small size (`check_config`); a method that cannot run
+    at that size is checked at its own size with two rounds."""
+    checked, notes = check_config(config)
+    try:
+        result = check_post_processing(checked, plugin_manager)
+    except (UsageError, ConfigError):
+        checked = config.replace(rounds=min(config.rounds, 2), attack=None, runtime="simulation", device="cpu",
+                                 noise_source="seeded", accountant="rdp", time_budget_min=None,
+                                 options=checked.options)
+        result = check_post_processing(checked, plugin_manager)
+        notes.append(f"checked at the run's own size ({config.clients} clients): it does not run at {CHECK_SIZE['clients']}")
+    result.notes = notes + result.notes
+    return result

@@ -1,0 +1,185 @@
+"""The post-processing check: a replay with other records and forced releases must send
+the same messages (p4bench.privacy.post_processing), run by the runner once per plugin
+version (p4bench.privacy.verification) and by the conformance kit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from p4bench.baselines.common import draw_batch
+from p4bench.baselines.dsgt import DPDSGD
+from p4bench.config import RunConfig
+from p4bench.engine.state import flatten
+from p4bench.privacy.post_processing import check_post_processing, replaced_records, run_check
+from p4bench.privacy.tape import ReleaseTape, ReplayDiverged
+from p4bench.testing.runs import resolve_plugin
+
+BUILT_IN_PRIVATE = ("centralized", "dp-cga", "dp-dsgd", "dp-dsgt", "fedavg", "feddf", "local", "muffliato", "p2p-fl",
+                    "p4", "pdsl", "proxyfl", "scaffold")
+
+
+def _non_dp_step(method, params, train, ctx):
+    """One plain gradient step on a batch: what a method may do to its *personal* model."""
+    x, y, mask = draw_batch(ctx, train)
+    loss, grads = ctx.loss_and_grad(params, x, y, mask.float())
+    return {k: v - method.config.lr * grads[k] for k, v in params.items()}, loss.detach().double()
+
+
+class TrainsWithoutDP(DPDSGD):
+    """An honest mistake: trains through `ctx.loss_and_grad`, as the method guide shows,
+    and never calls `ctx.dp`."""
+
+    name = "test-trains-without-dp"
+
+    def local_update(self, state, train, ctx):
+        params, loss = _non_dp_step(self, state["params"], train, ctx)
+        return {**state, "params": params, "iteration": state["iteration"] + 1}, loss
+
+
+class AddsNonDPStep(DPDSGD):
+    """A DP step, then one non-DP step on the shared model it gossips."""
+
+    name = "test-adds-non-dp-step"
+
+    def local_update(self, state, train, ctx):
+        state, loss = super().local_update(state, train, ctx)
+        params, _ = _non_dp_step(self, state["params"], train, ctx)
+        return {**state, "params": params}, loss
+
+
+class SendsMixture(DPDSGD):
+    """Keeps a non-DP personal model and gossips the mixture of it with the DP model."""
+
+    name = "test-sends-mixture"
+
+    def init_client_state(self, train, ctx):
+        state = super().init_client_state(train, ctx)
+        return {**state, "personal": {k: v.clone() for k, v in state["params"].items()}}
+
+    def local_update(self, state, train, ctx):
+        state, loss = super().local_update(state, train, ctx)
+        personal, _ = _non_dp_step(self, state["personal"], train, ctx)
+        return {**state, "personal": personal}, loss
+
+    def outgoing(self, exchange, state, ctx):
+        messages = super().outgoing(exchange, state, ctx)
+        mixture = {k: 0.5 * (state["params"][k] + state["personal"][k]) for k in state["params"]}
+        sender = torch.searchsorted(ctx.rows, messages.src)  # the row of each message's sender
+        payload = {**messages.payload, **{k: v[sender] for k, v in flatten(mixture, "update.").items()}}
+        return type(messages)(messages.src, messages.dst, payload)
+
+
+def _check(method_cls, **changes):
+    name, _, pm = resolve_plugin("method", method_cls)
+    config = RunConfig(method=name, epsilon=8.0, clients=4, rounds=2, local_steps=2, eval_fraction=0.0,
+                       accountant="rdp", **changes)
+    return check_post_processing(config, pm)
+
+
+@pytest.mark.parametrize("method_cls", [TrainsWithoutDP, AddsNonDPStep, SendsMixture])
+def test_a_method_that_sends_more_than_its_releases_fails_naming_the_message(method_cls):
+    result = _check(method_cls)
+    assert result.status == "failed" and not result.passed
+    first = result.findings[0]
+    # the round, the exchange, the sender, the receiver and the payload entry
+    assert "exchange 'gossip'" in first and "message client" in first and "'update." in first, first
+    assert "post-processing check failed" in result.reason()
+
+
+def test_the_honest_parent_of_those_methods_passes():
+    result = _check(DPDSGD)
+    assert result.status == "verified" and result.findings == [] and result.messages > 0 and result.releases > 0
+
+
+@pytest.mark.parametrize("method", BUILT_IN_PRIVATE)
+def test_every_built_in_private_method_passes(method):
+    result = run_check(RunConfig(method=method, epsilon=8.0))
+    assert result.status == "verified", result.findings
+    assert result.releases > 0 and (result.messages > 0 or method == "local")
+
+
+def test_the_check_finds_the_documented_leak_of_pdsl_local_val():
+    """pdsl-local-val declares its Shapley weights read Q_i outside the ledger: the
+    replay sees it in the cross-gradient messages, without reading the declaration."""
+    result = run_check(RunConfig(method="pdsl-local-val", epsilon=8.0))
+    assert result.status == "failed" and "exchange 'gossip'" in result.findings[0]
+
+
+def test_central_dp_exempts_only_the_raw_sums_sent_to_the_trusted_server():
+    result = run_check(RunConfig(method="centralized", epsilon=8.0))
+    # 4 clients x 2 rounds x 2 steps: the uploads are exempt, the broadcasts compared
+    assert result.status == "verified" and result.exempt == 16 and result.messages == 16
+
+
+def test_p4_is_checked_on_its_generic_path():
+    result = run_check(RunConfig(method="p4", epsilon=8.0))
+    assert result.status == "verified" and any("fused=false" in note for note in result.notes)
+
+
+def test_replaced_records_differ_everywhere_and_keep_the_counts():
+    from p4bench.data.federated import ClientTensors
+
+    x = torch.arange(24, dtype=torch.float32).reshape(3, 4, 2)
+    y = torch.tensor([[0, 1, 2, 0], [1, 1, 0, 2], [2, 0, 1, 1]])
+    train = ClientTensors(x, y, torch.tensor([4, 3, 4]))
+    other = replaced_records(train, 3)
+    assert torch.equal(other.n, train.n) and other.x.shape == x.shape
+    assert not torch.equal(other.x[0], x[0]) and bool((other.y != y).all())
+
+
+def test_a_replay_refuses_a_different_sequence_of_releases():
+    recorded = ReleaseTape()
+    recorded.release("add_noise", [torch.ones(2, 3)])
+    replay = ReleaseTape(recorded.values)
+    with pytest.raises(ReplayDiverged, match="shapes"):
+        replay.release("add_noise", [torch.ones(2, 4)])
+    forced = ReleaseTape(recorded.values)
+    value = torch.zeros(2, 3)
+    forced.release("add_noise", [value])
+    assert torch.equal(value, torch.ones(2, 3)) and forced.finished
+    with pytest.raises(ReplayDiverged, match="replay only"):
+        forced.release("add_noise", [value])
+
+
+def test_the_runner_verifies_once_and_uncertifies_a_failing_method(verify_on):
+    from p4bench.runner import run
+
+    name, _, pm = resolve_plugin("method", SendsMixture)
+    config = RunConfig(method=name, epsilon=8.0, clients=4, rounds=1, local_steps=1, accountant="rdp")
+    result = run(config, plugin_manager=pm, track=False)
+    assert result.summary["post_processing"] == "failed" and result.summary["epsilon_certified"] is False
+    assert "post-processing check failed" in result.summary["uncertified_reason"]
+    cached = json.loads(verify_on.read_text())
+    assert len(cached) == 1 and next(iter(cached.values()))["status"] == "failed"
+    again = run(config.replace(seed=3), plugin_manager=pm, track=False)  # the cached verdict
+    assert again.summary["post_processing"] == "failed" and json.loads(verify_on.read_text()) == cached
+
+
+def test_the_runner_reports_a_verified_method(verify_on):
+    from p4bench.runner import run
+
+    result = run(RunConfig(method="fedavg", epsilon=8.0, clients=4, rounds=1), track=False)
+    assert result.summary["post_processing"] == "verified" and result.summary["epsilon_certified"] is True
+
+
+def test_without_verification_the_epsilon_is_not_yet_verified(monkeypatch, capsys, results_dir):
+    from p4bench.cli import main
+
+    monkeypatch.setenv("P4BENCH_VERIFY", "0")
+    with pytest.raises(SystemExit):
+        main(["run", "--method", "fedavg", "--epsilon", "8", "--clients", "4", "--rounds", "1", "--results-dir", results_dir,
+              "--json"])
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["post_processing"] == "not yet verified" and "not yet verified" in out
+
+
+def test_the_conformance_kit_runs_the_check():
+    from p4bench.testing import check_method
+
+    failing = check_method(SendsMixture, checks=["post-processing"], raise_on_failure=False)
+    assert not failing.passed and "exchange 'gossip'" in str(failing)
+    assert check_method("p4", checks=["post-processing"], raise_on_failure=False).passed
