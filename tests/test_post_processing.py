@@ -183,3 +183,25 @@ def test_the_conformance_kit_runs_the_check():
     failing = check_method(SendsMixture, checks=["post-processing"], raise_on_failure=False)
     assert not failing.passed and "exchange 'gossip'" in str(failing)
     assert check_method("p4", checks=["post-processing"], raise_on_failure=False).passed
+
+
+class StepsTwice(DPDSGD):
+    """Two DP steps per iteration, while its privacy_plan() declares one."""
+
+    name = "test-steps-twice"
+
+    def local_update(self, state, train, ctx):
+        state, _ = super().local_update(state, train, ctx)
+        return super().local_update(state, train, ctx)
+
+
+def test_more_releases_than_the_plan_declares_is_uncertified():
+    """With a target epsilon the budget refuses the extra releases; with a given noise
+    multiplier nothing stops them, and the plan the run was set up with is wrong."""
+    from p4bench.runner import run
+
+    name, _, pm = resolve_plugin("method", StepsTwice)
+    result = run(RunConfig(method=name, noise_multiplier=1.0, clients=4, rounds=2, local_steps=1, accountant="rdp"),
+                 plugin_manager=pm, track=False)
+    assert result.summary["epsilon_certified"] is False
+    assert "a client made 4 releases in phase 'train'; privacy_plan() declares 2" in result.summary["uncertified_reason"]

@@ -10,6 +10,8 @@ accountant says, because a declaration is not evidence:
   alone: its epsilon would read 0);
 - the ledger recorded releases in a phase, or at a sampling rate, the plan does not
   declare (the noise was calibrated without them);
+- a client made more releases in a phase than the plan declares for it, where every
+  client takes part in every round (client_rate 1);
 - a private run whose plan declares no release at all.
 
 Clients that take more or fewer steps than a typical one (client sampling, the budget
@@ -29,9 +31,13 @@ def plan_reasons(ledger: Any, plan: Sequence[Any], phases: Mapping[str, Mapping[
     """Why the ledger of a finished private run does not match the method's `plan`
     (`PlannedRelease` entries); `phases` is the summary's rounds completed per phase."""
     planned: dict[str, list[float]] = {}
+    most: dict[str, int | None] = {}  # releases one client can make in the phase (None: client sampling)
     for entry in plan:
         if entry.steps > 0:
             planned.setdefault(entry.phase, []).append(float(entry.sample_rate))
+            everyone = float(getattr(entry, "client_rate", 1.0)) >= 1.0
+            bound = most.get(entry.phase, 0)
+            most[entry.phase] = bound + int(entry.steps) if everyone and bound is not None else None
     if not planned:
         return ["a private run whose privacy_plan() declares no DP release: nothing the method computes from its "
                 "clients' records is covered by the ledger"]
@@ -46,6 +52,12 @@ def plan_reasons(ledger: Any, plan: Sequence[Any], phases: Mapping[str, Mapping[
         if not any(math.isclose(rate, r, rel_tol=1e-9) for r in planned[phase]):
             reasons.append(f"releases in phase '{phase}' at sampling rate {rate:g}; privacy_plan() declares "
                            f"{', '.join(f'{r:g}' for r in sorted(planned[phase]))}")
+    for phase, bound in most.items():
+        counts = [ledger.steps[key] for key in ledger.keys if key[0] == phase]
+        largest = int(sum(counts).max()) if counts else 0
+        if bound is not None and largest > bound:
+            reasons.append(f"a client made {largest} releases in phase '{phase}'; privacy_plan() declares {bound} "
+                           "(the noise was calibrated for fewer)")
     everyone_stopped = bool(ledger.stopped.all())  # the budget can end every client before a phase
     for phase, total in recorded.items():
         ran = int((phases or {}).get(phase, {}).get("completed", 0))

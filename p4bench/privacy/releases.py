@@ -148,7 +148,7 @@ class Releases:
 def add_central_noise(total: torch.Tensor, std: float, noise: Any) -> torch.Tensor:
     """A trusted server's release of the pooled sum of delegated releases: `total` (1, P)
     plus std N(0, I) from the server's own `NoiseStreams`, as float64 (central DP)."""
-    noisy = total + noise.normal(total.shape[1]).double() * std
+    noisy: torch.Tensor = total + noise.normal(total.shape[1]).double() * std
     _to_tape("central", {"total": noisy})
     return noisy
 
