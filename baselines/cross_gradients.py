@@ -134,13 +134,13 @@ def _privatise(
         if clip_mode == "per-example":
             scale = degree.sqrt()  # std sqrt(k) * noise_std on the sums
             target = {"g": grads.reshape(grads.shape[0], -1)}
-            releases.add_scaled_noise(target, scale)
+            releases.privatise(target, scale)
             noisy = target["g"].reshape(grads.shape) / expected.clamp_min(1.0).view(-1, 1, 1).float()
         else:
             factor = 2.0 * settings.clip * settings.noise_multiplier / max(settings.noise_std, 1e-300)
             scale = degree.sqrt() * factor  # std 2 C sigma sqrt(k) on the clipped means
             target = {"g": grads.reshape(grads.shape[0], -1).clone()}
-            releases.add_scaled_noise(target, scale)
+            releases.privatise(target, scale)
             noisy = target["g"].reshape(grads.shape)
     keep = (present & released.unsqueeze(1)).unsqueeze(2)
     return noisy * keep, released

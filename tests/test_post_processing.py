@@ -205,3 +205,11 @@ def test_more_releases_than_the_plan_declares_is_uncertified():
                  plugin_manager=pm, track=False)
     assert result.summary["epsilon_certified"] is False
     assert "a client made 4 releases in phase 'train'; privacy_plan() declares 2" in result.summary["uncertified_reason"]
+
+
+def test_a_fused_release_is_not_verifiable():
+    """P4's fused kernels (`Releases.draw`, `add_scaled_noise` on its weights) cannot be
+    forced: checked as configured, it is not verifiable; the runner checks fused=false."""
+    result = check_post_processing(RunConfig(method="p4", epsilon=8.0, clients=4, rounds=2, local_steps=2,
+                                             eval_fraction=0.0, accountant="rdp", options={"fused": True}))
+    assert result.status == "not verifiable" and "post-processing check not verifiable" in result.reason()

@@ -21,11 +21,11 @@ Replacing *every* client's records at once checks every sender in one replay.
 What is not compared: a node's messages to itself (they never leave it), and, for
 central DP (releases `delegate`d to a trusted server), the clients' raw sums addressed
 to the server: the server is trusted with them, and its noisy sum is forced like any
-release. What cannot be checked: a release computed in a fused kernel from draws
-(`Releases.draw`): the method's generic path is checked instead where it has one
-(P4's ``fused=false``, the same releases), else the result says "not verifiable".
-A release made with `add_scaled_noise` is forced whole, so state a path mixes into its
-target before the noise is forced with it (documented limit of the check).
+release. What cannot be checked: a fused release (`Releases.draw`, computed from raw draws in
+the method's own kernel, or `Releases.add_scaled_noise`, whose target may hold state
+besides the release): the method's generic path is checked instead where it has one
+(P4's ``fused=false``, the same releases), else the result says "not verifiable" and
+the run is uncertified.
 """
 
 from __future__ import annotations

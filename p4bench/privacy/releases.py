@@ -112,12 +112,26 @@ class Releases:
         _to_tape("add_noise", noisy)
         return noisy
 
+    def privatise(self, sums: Params, scale: torch.Tensor | None) -> Params:
+        """One release of `sums`, which hold the release's clipped values and nothing else:
+        sums[k][i] += scale[i] std N, in place (`DPMechanism.add_scaled_noise`). The
+        post-processing check forces the result on its replay."""
+        self._take(1)
+        self.mechanism.add_scaled_noise(sums, scale)
+        _to_tape("add_noise", sums)
+        return sums
+
     def add_scaled_noise(self, targets: Params, scale: torch.Tensor | None) -> None:
         """One release: targets[k][i] += scale[i] std N, in place (`DPMechanism.add_scaled_noise`).
-        The draw does not depend on the scale, so a path may fold lr / E into it."""
+        The draw does not depend on the scale, so a path may fold lr / E into it, and
+        apply the step to its state in place (a fused path: the target then holds state
+        besides the release, so the post-processing check cannot force it; use
+        `privatise` where the target holds the release alone)."""
         self._take(1)
         self.mechanism.add_scaled_noise(targets, scale)
-        _to_tape("add_scaled_noise", targets)
+        tape = current_tape()
+        if tape is not None:
+            tape.note_unforceable("add_scaled_noise (a target that may hold state besides the release)")
 
     def draw(self, parts: list[torch.Tensor]) -> None:
         """Standard normals for all `steps` releases at once into `parts` (`DPMechanism.draw_noise`:

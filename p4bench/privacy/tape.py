@@ -9,12 +9,13 @@ outside the DP mechanism.
 `Releases` (the one entry point to DP noise) hands each release's value to the tape
 open in this context, if any:
 
-- `add_noise`: the noisy means, after the mechanism has drawn its noise;
-- `add_scaled_noise`: the targets after the noise (forced whole: a path that mixes
-  other state into the target before the noise has that state forced with it);
+- `add_noise` (and `privatise`): the noisy sums or means, after the mechanism has
+  drawn its noise;
 - `central`: a trusted server's noisy pooled sum (`add_central_noise`);
-- `draw` (fused kernels): the draws are not the release, which is computed in the
-  method's own kernel afterwards, so it cannot be forced; the tape notes it.
+- `add_scaled_noise` and `draw` (fused paths) cannot be forced: the first's target may
+  hold state besides the release (forcing it would force that state too and hide what
+  it read), the second's draws are turned into the release in the method's own kernel.
+  The tape notes them, and the check says the method is not verifiable on that path.
 
 On a replay the mechanism still draws its noise (every random stream advances as in
 the recorded run) before the value is overwritten.
