@@ -280,7 +280,7 @@ def run(
     prepared = prepare(config, registry)
     certification = prepared.info.certification
     if verify and certification is not None and certification.private:  # behaviour, not declarations
-        verdict = verify_method(prepared.config, type(prepared.job.method), prepared.info.plugins, pm)
+        verdict = verify_method(prepared.config, type(prepared.job.method), prepared.info.plugins, pm, run)
         prepared.info.certification = certification.with_post_processing(verdict)
     if on_prepared is not None:
         on_prepared(prepared)

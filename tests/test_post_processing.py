@@ -15,6 +15,7 @@ from p4bench.config import RunConfig
 from p4bench.engine.state import flatten
 from p4bench.privacy.post_processing import check_post_processing, replaced_records, run_check
 from p4bench.privacy.tape import ReleaseTape, ReplayDiverged
+from p4bench.runner import run
 from p4bench.testing.runs import resolve_plugin
 
 BUILT_IN_PRIVATE = ("centralized", "dp-cga", "dp-dsgd", "dp-dsgt", "fedavg", "feddf", "local", "muffliato", "p2p-fl",
@@ -76,7 +77,7 @@ def _check(method_cls, **changes):
     name, _, pm = resolve_plugin("method", method_cls)
     config = RunConfig(method=name, epsilon=8.0, clients=4, rounds=2, local_steps=2, eval_fraction=0.0,
                        accountant="rdp", **changes)
-    return check_post_processing(config, pm)
+    return check_post_processing(config, run, pm)
 
 
 @pytest.mark.parametrize("method_cls", [TrainsWithoutDP, AddsNonDPStep, SendsMixture])
@@ -96,7 +97,7 @@ def test_the_honest_parent_of_those_methods_passes():
 
 @pytest.mark.parametrize("method", BUILT_IN_PRIVATE)
 def test_every_built_in_private_method_passes(method):
-    result = run_check(RunConfig(method=method, epsilon=8.0))
+    result = run_check(RunConfig(method=method, epsilon=8.0), run)
     assert result.status == "verified", result.findings
     assert result.releases > 0 and (result.messages > 0 or method == "local")
 
@@ -104,18 +105,18 @@ def test_every_built_in_private_method_passes(method):
 def test_the_check_finds_the_documented_leak_of_pdsl_local_val():
     """pdsl-local-val declares its Shapley weights read Q_i outside the ledger: the
     replay sees it in the cross-gradient messages, without reading the declaration."""
-    result = run_check(RunConfig(method="pdsl-local-val", epsilon=8.0))
+    result = run_check(RunConfig(method="pdsl-local-val", epsilon=8.0), run)
     assert result.status == "failed" and "exchange 'gossip'" in result.findings[0]
 
 
 def test_central_dp_exempts_only_the_raw_sums_sent_to_the_trusted_server():
-    result = run_check(RunConfig(method="centralized", epsilon=8.0))
+    result = run_check(RunConfig(method="centralized", epsilon=8.0), run)
     # 4 clients x 2 rounds x 2 steps: the uploads are exempt, the broadcasts compared
     assert result.status == "verified" and result.exempt == 16 and result.messages == 16
 
 
 def test_p4_is_checked_on_its_generic_path():
-    result = run_check(RunConfig(method="p4", epsilon=8.0))
+    result = run_check(RunConfig(method="p4", epsilon=8.0), run)
     assert result.status == "verified" and any("fused=false" in note for note in result.notes)
 
 
@@ -145,8 +146,6 @@ def test_a_replay_refuses_a_different_sequence_of_releases():
 
 
 def test_the_runner_verifies_once_and_uncertifies_a_failing_method(verify_on):
-    from p4bench.runner import run
-
     name, _, pm = resolve_plugin("method", SendsMixture)
     config = RunConfig(method=name, epsilon=8.0, clients=4, rounds=1, local_steps=1, accountant="rdp")
     result = run(config, plugin_manager=pm, track=False)
@@ -159,8 +158,6 @@ def test_the_runner_verifies_once_and_uncertifies_a_failing_method(verify_on):
 
 
 def test_the_runner_reports_a_verified_method(verify_on):
-    from p4bench.runner import run
-
     result = run(RunConfig(method="fedavg", epsilon=8.0, clients=4, rounds=1), track=False)
     assert result.summary["post_processing"] == "verified" and result.summary["epsilon_certified"] is True
 
@@ -198,8 +195,6 @@ class StepsTwice(DPDSGD):
 def test_more_releases_than_the_plan_declares_is_uncertified():
     """With a target epsilon the budget refuses the extra releases; with a given noise
     multiplier nothing stops them, and the plan the run was set up with is wrong."""
-    from p4bench.runner import run
-
     name, _, pm = resolve_plugin("method", StepsTwice)
     result = run(RunConfig(method=name, noise_multiplier=1.0, clients=4, rounds=2, local_steps=1, accountant="rdp"),
                  plugin_manager=pm, track=False)
@@ -211,5 +206,5 @@ def test_a_fused_release_is_not_verifiable():
     """P4's fused kernels (`Releases.draw`, `add_scaled_noise` on its weights) cannot be
     forced: checked as configured, it is not verifiable; the runner checks fused=false."""
     result = check_post_processing(RunConfig(method="p4", epsilon=8.0, clients=4, rounds=2, local_steps=2,
-                                             eval_fraction=0.0, accountant="rdp", options={"fused": True}))
+                                             eval_fraction=0.0, accountant="rdp", options={"fused": True}), run)
     assert result.status == "not verifiable" and "post-processing check not verifiable" in result.reason()

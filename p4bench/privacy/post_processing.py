@@ -161,10 +161,11 @@ def generic_path(config: RunConfig) -> tuple[RunConfig, list[str]]:
     return config, []
 
 
-def check_post_processing(config: RunConfig, plugin_manager: Any = None,
+def check_post_processing(config: RunConfig, run: Callable[..., Any], plugin_manager: Any = None,
                           prepare: Callable[[Any], None] | None = None) -> PostProcessingResult:
     """Run the check on `config` as given (see `check_config` for the small federation
-    the runner uses). `prepare` adjusts each of the two prepared runs (tests)."""
+    the runner uses), with `run` the runner's `p4bench.runner.run` (passed in: the
+    runner calls this module). `prepare` adjusts each of the two prepared runs (tests)."""
     from p4bench.plugin_manager import create_plugin_manager
 
     if not config.private:
@@ -173,7 +174,7 @@ def check_post_processing(config: RunConfig, plugin_manager: Any = None,
     started = time.perf_counter()
     result = PostProcessingResult(config.method, "verified")
     recorded_tape = ReleaseTape()
-    recorded = _run(config, pm, recorded_tape, replace=False, prepare=prepare)
+    recorded = _run(run, config, pm, recorded_tape, replace=False, prepare=prepare)
     result.releases = len(recorded_tape.values)
     if recorded_tape.unforceable:
         result.status = "not verifiable"
@@ -184,7 +185,7 @@ def check_post_processing(config: RunConfig, plugin_manager: Any = None,
             result.notes.append("it made no DP release: every message it sends must then read no record")
         replay_tape = ReleaseTape(recorded_tape.values)
         try:
-            replayed = _run(config, pm, replay_tape, replace=True, prepare=prepare)
+            replayed = _run(run, config, pm, replay_tape, replace=True, prepare=prepare)
         except ReplayDiverged as diverged:
             result.status, result.findings = "failed", [f"the releases depend on the replaced records: {diverged}"]
         else:
@@ -202,10 +203,8 @@ def check_post_processing(config: RunConfig, plugin_manager: Any = None,
     return result
 
 
-def _run(config: RunConfig, pm: Any, tape: ReleaseTape, *, replace: bool,
+def _run(run: Callable[..., Any], config: RunConfig, pm: Any, tape: ReleaseTape, *, replace: bool,
          prepare: Callable[[Any], None] | None) -> list[_Exchange]:
-    from p4bench.runner import run
-
     logs: list[SentMessages] = []
 
     def on_prepared(prepared: Any) -> None:
@@ -267,17 +266,17 @@ def _node(node: int) -> str:
     return "server" if node == SERVER_ID else f"client {node}"
 
 
-def run_check(config: RunConfig, plugin_manager: Any = None) -> PostProcessingResult:
+def run_check(config: RunConfig, run: Callable[..., Any], plugin_manager: Any = None) -> PostProcessingResult:
     """The check at the runner's small size (`check_config`); a method that cannot run
     at that size is checked at its own size with two rounds."""
     checked, notes = check_config(config)
     try:
-        result = check_post_processing(checked, plugin_manager)
+        result = check_post_processing(checked, run, plugin_manager)
     except (UsageError, ConfigError):
         checked = config.replace(rounds=min(config.rounds, 2), attack=None, runtime="simulation", device="cpu",
                                  noise_source="seeded", accountant="rdp", time_budget_min=None,
                                  options=checked.options)
-        result = check_post_processing(checked, plugin_manager)
+        result = check_post_processing(checked, run, plugin_manager)
         notes.append(f"checked at the run's own size ({config.clients} clients): it does not run at {CHECK_SIZE['clients']}")
     result.notes = notes + result.notes
     return result

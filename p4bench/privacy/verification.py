@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,10 @@ def _write(path: Path, cache: dict[str, Any]) -> None:
 
 
 def verify_method(config: RunConfig, method_cls: type, provenance: dict[str, dict[str, str]],
-                  plugin_manager: Any) -> dict[str, Any] | None:
+                  plugin_manager: Any, run: Callable[..., Any]) -> dict[str, Any] | None:
     """The cached verdict of `config`'s method (`PostProcessingResult.as_dict()`), running
-    the check where there is none; None where verification is switched off."""
+    the check with the runner's `run` where there is none; None where verification is
+    switched off."""
     if not verification_enabled():
         return None
     from p4bench.privacy.post_processing import run_check
@@ -90,7 +92,7 @@ def verify_method(config: RunConfig, method_cls: type, provenance: dict[str, dic
     cached = _read(path).get(key)
     if isinstance(cached, dict) and "status" in cached:
         return {**cached, "cached": True}
-    verdict = run_check(config, plugin_manager).as_dict()
+    verdict = run_check(config, run, plugin_manager).as_dict()
     cache = _read(path)
     cache[key] = verdict
     _write(path, cache)

@@ -160,13 +160,14 @@ def _attempt(run: Any, runtime: str, problems: list[str]) -> Any:
 def _check_post_processing(report: ConformanceReport, dp_config: Any, pm: Any) -> None:
     """Every message must be post-processing of the DP releases (`p4bench.privacy.post_processing`)."""
     from p4bench.privacy.post_processing import check_post_processing, generic_path
+    from p4bench.runner import run
 
     if dp_config is None:
         report.skip("post-processing", "the config opts out of DP (no_dp)")
         return
     try:
         config, _ = generic_path(dp_config.replace(rounds=max(dp_config.rounds, 2)))
-        result = check_post_processing(config, pm)
+        result = check_post_processing(config, run, pm)
     except Exception as exc:  # noqa: BLE001 - a crashing method is a finding, not a kit error
         report.fail("post-processing", f"the check's runs raised {type(exc).__name__}: {exc}")
         return
