@@ -40,8 +40,11 @@ Equal privacy and tuning (the paper's protocol):
   and the same epsilon under another relation is another guarantee) and one target epsilon;
   the table is refused (exit 2, naming the runs) if any private run is uncertified or under
   another relation, unless `allow_mixed_privacy`. The output states which methods are private.
-- The local step size `lr` of every method is tuned on the evaluation clients before the
-  runs (`p4bench.tune`: reported clients' test splits withheld): grid `TUNE_GRID`
+- The local step size `lr` of every method is tuned on the evaluation clients alone before
+  the runs (`p4bench.tune`, `p4bench.tune_federation`: a federation of the tuning run's
+  evaluation clients, disjoint from its reported clients; `tune_on="federation"`,
+  `--tune-on federation`, tunes on the whole federation instead, reported clients'
+  training records included, and says so): grid `TUNE_GRID`
   (`QUICK_TUNE_GRID` with `quick`), one tuning seed (the first seed: the same federation),
   at the preset's tuning setting (`Preset.tune_at`, e.g. alpha 50% for heterogeneity) with
   the preset's rounds (fewer with `tune_rounds`), one tuned lr per method (and feature
@@ -222,10 +225,13 @@ def _at(run: PlannedRun, where: Mapping[str, Any]) -> bool:
 
 
 def plan_lr_tuning(preset: Preset, runs: Sequence[PlannedRun], experiment: str, grid: Sequence[float],
-                   rounds: int | None = None) -> list[tuple[str, PlannedRun]]:
+                   rounds: int | None = None, tune_on: str = "evaluation-clients") -> list[tuple[str, PlannedRun]]:
     """(key, tuning run) for every lr of `grid` and every tuning key (method, plus features
     where a method runs with several): at the key's first run that matches the preset's
-    `tune_at` (else its first run), with the preset's first seed and `rounds` if given."""
+    `tune_at` (else its first run), with the preset's first seed and `rounds` if given, on
+    the federation `tune_on` names (`p4bench.tune.tuning_run`)."""
+    from p4bench.tune import tuning_run
+
     chosen: dict[str, PlannedRun] = {}
     for key, run in zip(_keys(runs), runs):
         if key not in chosen or (not _at(chosen[key], preset.tune_at) and _at(run, preset.tune_at)):
@@ -238,7 +244,7 @@ def plan_lr_tuning(preset: Preset, runs: Sequence[PlannedRun], experiment: str, 
                                         **({"rounds": rounds} if rounds else {}))
             tags = {"sweep": experiment, "tune_method": key, "tune_point": f"lr={float(lr):g}",
                     **({"variant": run.tags["variant"]} if "variant" in run.tags else {})}
-            planned.append((key, PlannedRun(config, tags)))
+            planned.append((key, tuning_run(PlannedRun(config, tags), tune_on)))
     return planned
 
 
@@ -281,9 +287,11 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
               only: Mapping[str, Sequence[Any]] | None = None,
               on_notice: Callable[[str], None] | None = None, tune: bool = True,
               tune_grid: Sequence[float] | None = None, tune_rounds: int | None = None,
-              tune_progress: Any = None, allow_mixed_privacy: bool = False) -> ReproduceReport:
-    """Tune lr per method on the evaluation clients, run a preset (resuming finished runs),
-    aggregate it from MLflow at equal privacy and check the claims."""
+              tune_progress: Any = None, allow_mixed_privacy: bool = False,
+              tune_on: str = "evaluation-clients") -> ReproduceReport:
+    """Tune lr per method on the evaluation clients (alone, or with `tune_on="federation"`
+    in the whole federation), run a preset (resuming finished runs), aggregate it from
+    MLflow at equal privacy and check the claims."""
     from pathlib import Path
 
     from p4bench.compare import compare_experiment
@@ -292,7 +300,9 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     from p4bench.plugin_manager import default_registry
     from p4bench.results import tracking_uri_for
     from p4bench.sweep import describe_run
+    from p4bench.tune_federation import check_tune_on
 
+    check_tune_on(tune_on)
     plan = plan_preset(name, dataset, quick, strict=strict, overrides=overrides, only=only)
     spec, runs, notices, chosen, skipped = plan.spec, plan.runs, plan.notices, plan.dataset, plan.skipped
     say = on_notice or (lambda text: None)
@@ -311,7 +321,7 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
         say(notices[-1])
     elif tune and located:
         tuning, tuned_lr = _tune_lr(preset, spec, located, backend, base_dir, uri, quick, tune_grid, tune_rounds,
-                                    tune_progress, allow_mixed_privacy, say, notices)
+                                    tune_progress, allow_mixed_privacy, say, notices, tune_on)
         located = apply_tuned_lr(located, tuned_lr)
     elif not tune:
         notices.append(f"lr not tuned (--no-tune): every method at lr={located[0].config.lr:g}" if located else
@@ -333,7 +343,7 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
         ClaimCheck("every claim of this preset", "not checked", "no run finished")]
     if quick:
         checks = quick_claims(checks)
-    privacy = _privacy_lines(preset, spec, comparison, located)
+    privacy = _privacy_lines(preset, spec, comparison, located) + ([tuning.scope] if tuning is not None else [])
     extras = preset.report(comparison.table if comparison is not None else None, context, Path(base_dir), spec.name) \
         if preset.report is not None else []
     return ReproduceReport(preset, chosen, quick, spec.name, notices + report.notices, report, comparison, checks,
@@ -342,21 +352,22 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
 
 def _tune_lr(preset: Preset, spec: SweepSpec, runs: Sequence[PlannedRun], backend: Any, base_dir: str, uri: str,
              quick: bool, grid: Sequence[float] | None, rounds: int | None, progress: Any, allow_mixed: bool,
-             say: Callable[[str], None], notices: list[str]) -> tuple[Any, dict[str, float]]:
+             say: Callable[[str], None], notices: list[str], tune_on: str) -> tuple[Any, dict[str, float]]:
     """Tune lr on the evaluation clients (p4bench.tune); (TuneResult, key -> chosen lr)."""
     from p4bench.tune import TuneSpec, tune_planned
 
     grid = tuple(grid or (preset.quick_tune_grid or QUICK_TUNE_GRID if quick else preset.tune_grid or TUNE_GRID))
     experiment = f"{spec.name}-tune"
-    planned = plan_lr_tuning(preset, runs, experiment, grid, rounds)
+    planned = plan_lr_tuning(preset, runs, experiment, grid, rounds, tune_on)
     keys = list(dict.fromkeys(key for key, _ in planned))
     at = ", ".join(f"{k}={v}" for k, v in preset.tune_at.items()) or "each method's first setting"
     scale = f"{rounds} rounds" if rounds else "the runs' rounds"
-    notices.append(f"tuning lr over {', '.join(f'{v:g}' for v in grid)} for {', '.join(keys)} on the evaluation "
-                   f"clients ({at}, seed {planned[0][1].config.seed}, {scale}; experiment '{experiment}')")
+    where = "evaluation clients alone" if tune_on == "evaluation-clients" else "whole federation"
+    notices.append(f"tuning lr over {', '.join(f'{v:g}' for v in grid)} for {', '.join(keys)} on the {where} "
+                   f"({at}, seed {planned[0][1].config.seed}, {scale}; experiment '{experiment}')")
     say(notices[-1])
     tune_spec = TuneSpec(experiment, dict(spec.base), {key: {"lr": grid} for key in keys},
-                         (planned[0][1].config.seed,))
+                         (planned[0][1].config.seed,), tune_on=tune_on)
     result = tune_planned(tune_spec, planned, backend, results_dir=base_dir, tracking_uri=uri, progress=progress,
                           allow_mixed_privacy=allow_mixed)
     lrs = {key: float(values["lr"]) for key, values in result.best.items()}

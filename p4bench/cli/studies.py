@@ -27,6 +27,9 @@ _RESULTS = typer.Option(None, "--results-dir", help="folder for local copies and
 _URI = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: SQLite in the results dir)")
 _SET = typer.Option([], "--set", help="base run option KEY=VALUE for every run (repeatable)")
 _DEVICE = typer.Option(None, "--device", help="where every run's tensors live: cpu | cuda | cuda:N | auto (as --set device=...)")
+_TUNE_ON_HELP = ("federation of the tuning runs: evaluation-clients (the evaluation clients alone: no reported client's "
+                 "record takes part) or federation (every client; reported clients' training records take part: the "
+                 "tuned values are not covered by the privacy accounting)")
 _MIXED = typer.Option(False, "--allow-mixed-privacy",
                       help="compare private runs under different neighbouring relations or with uncertified epsilons "
                            "(refused otherwise, exit 2); the table marks each run's privacy")
@@ -193,12 +196,14 @@ def tune_command(
     set_: list[str] = _SET,
     device: str | None = _DEVICE,
     allow_mixed_privacy: bool = _MIXED,
+    tune_on: str | None = typer.Option(None, "--tune-on", help=_TUNE_ON_HELP + " (default: the file's, else evaluation-clients)"),
 ) -> None:
     """Grid-search each method's hyperparameters on the evaluation clients only; write the best.
     Candidates share one neighbouring relation and must be certified (else exit 2)."""
     from p4bench.backends import make_backend
     from p4bench.preflight import check_output_file
     from p4bench.tune import TuneSpec, load_tune, parse_grid_options, parse_tune, run_tuning, write_tuned
+    from p4bench.tune_federation import check_tune_on
 
     extra = parse_grid_options(grid)
     if file is None:
@@ -218,7 +223,8 @@ def tune_command(
     except ValueError:
         raise UsageError(f"--seeds expects integers separated by commas, got {seeds!r}") from None
     experiment = name or (spec.name if file is not None else f"tune-{base.get('dataset', 'digits')}")
-    spec = TuneSpec(experiment, base, spec.grids, chosen_seeds, spec.shared)
+    spec = TuneSpec(experiment, base, spec.grids, chosen_seeds, spec.shared,
+                    check_tune_on(tune_on) if tune_on is not None else spec.tune_on)
     check_output_file(output, "tuned config")
     _check_study_paths(results_dir, tracking_uri, spec.base)
     result = run_tuning(spec, make_backend(backend, jobs, address), results_dir=results_dir, tracking_uri=tracking_uri,
@@ -231,9 +237,10 @@ def tune_command(
         raise typer.Exit(1)
 
 
-def print_tuning(result, over: str) -> None:
+def print_tuning(result, over: str, scope: bool = True) -> None:
     """One table per tuned method (or key): every point's score, the best marked; a
-    `privacy` column where the candidates' privacy marks differ."""
+    `privacy` column where the candidates' privacy marks differ; with `scope`, the line
+    saying which federation tuning used and what that means for privacy."""
     verdict = result.privacy
     if verdict is not None and verdict.warning:
         err.print(f"[yellow]warning:[/yellow] {verdict.warning}", highlight=False)
@@ -249,7 +256,9 @@ def print_tuning(result, over: str) -> None:
                           _num(point.std), str(len(point.scores)), "[green]best[/green]" if chosen else "")
         out.print(table)
     if verdict is not None and any(r.private for r in verdict.runs):
-        out.print(verdict.note(), highlight=False)
+        out.print(f"tuning runs' own privacy: {verdict.note()}", highlight=False, markup=False)
+    if scope and result.scope:
+        out.print(result.scope, highlight=False, markup=False)
 
 
 def _num(value: float) -> str:
@@ -324,6 +333,7 @@ def reproduce_command(
     only: list[str] = typer.Option([], "--only", help="keep runs whose option is one of KEY=V1,V2,... (repeatable)"),
     no_tune: bool = typer.Option(False, "--no-tune", help="do not tune lr on the evaluation clients first"),
     tune_rounds: int | None = typer.Option(None, "--tune-rounds", help="rounds of the lr tuning runs (default: the preset's)"),
+    tune_on: str = typer.Option("evaluation-clients", "--tune-on", help=_TUNE_ON_HELP),
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
     """Rebuild one of the paper's experiments and state whether each of its claims holds.
@@ -350,10 +360,13 @@ def reproduce_command(
                        tracking_uri=tracking_uri, strict=strict, progress=RunsProgress(f"reproduce {name}"),
                        overrides=overrides, only=parse_grid_options(only), on_notice=notice, tune=not no_tune,
                        tune_rounds=tune_rounds, tune_progress=RunsProgress(f"tune lr for {name}"),
-                       allow_mixed_privacy=allow_mixed_privacy)
+                       allow_mixed_privacy=allow_mixed_privacy, tune_on=tune_on)
     if report.tuning is not None:
         _print_sweep_summary(report.tuning.report, err)
-        print_tuning(report.tuning, "lr tuned on the evaluation clients, reported clients' test data withheld")
+        alone = report.tuning.spec.tune_on == "evaluation-clients"
+        print_tuning(report.tuning, "lr tuned on the evaluation clients alone" if alone else
+                     "lr tuned in the whole federation, reported clients' test data withheld",
+                     scope=False)  # report.privacy states it below
     if report.tuned_lr:
         out.print("lr per method (tuned): " + ", ".join(f"{k} {v:g}" for k, v in report.tuned_lr.items()),
                   highlight=False)
