@@ -300,7 +300,7 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     from p4bench.plugin_manager import default_registry
     from p4bench.results import tracking_uri_for
     from p4bench.sweep import describe_run
-    from p4bench.tune_federation import check_tune_on
+    from p4bench.tune_federation import check_tune_on, tuning_lines
 
     check_tune_on(tune_on)
     plan = plan_preset(name, dataset, quick, strict=strict, overrides=overrides, only=only)
@@ -343,7 +343,7 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
         ClaimCheck("every claim of this preset", "not checked", "no run finished")]
     if quick:
         checks = quick_claims(checks)
-    privacy = _privacy_lines(preset, spec, comparison, located) + ([tuning.scope] if tuning is not None else [])
+    privacy = _privacy_lines(preset, spec, comparison, located) + tuning_lines(tuning)
     extras = preset.report(comparison.table if comparison is not None else None, context, Path(base_dir), spec.name) \
         if preset.report is not None else []
     return ReproduceReport(preset, chosen, quick, spec.name, notices + report.notices, report, comparison, checks,
@@ -379,7 +379,9 @@ def _tune_lr(preset: Preset, spec: SweepSpec, runs: Sequence[PlannedRun], backen
 
 
 def _privacy_lines(preset: Preset, spec: SweepSpec, comparison: Any, runs: Sequence[PlannedRun]) -> list[str]:
-    """Who is private, under which relation and epsilon; which baselines are not."""
+    """Who is private, under which relation, epsilon and delta; which baselines are not."""
+    from p4bench.tune_federation import deltas_text
+
     lines = []
     verdict = getattr(comparison, "privacy", None)
     if verdict is not None:
@@ -390,9 +392,10 @@ def _privacy_lines(preset: Preset, spec: SweepSpec, comparison: Any, runs: Seque
     private = [r.config for r in runs if r.config.epsilon is not None]
     epsilons = sorted({c.epsilon for c in private if c.epsilon is not None})
     accountants = sorted({c.accountant for c in private})
+    delta = deltas_text(verdict.runs) if verdict is not None else ""
     if relation and private:
         lines.append(f"one neighbouring relation for the preset: {relation}; target epsilon "
-                     f"{', '.join(f'{e:g}' for e in epsilons) if epsilons else '-'}"
+                     f"{', '.join(f'{e:g}' for e in epsilons) if epsilons else '-'}" + (f", {delta}" if delta else "")
                      + (f" (accountant {', '.join(accountants)})" if accountants else ""))
     if preset.baselines:
         lines.append(preset.baselines)

@@ -29,7 +29,7 @@ from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 
 __all__ = ["TUNE_ON", "DEFAULT_TUNE_ON", "check_tune_on", "evaluation_clients", "tuning_config", "tuning_tags",
-           "tuning_note", "check_tuning_federation"]
+           "tuning_note", "tuning_privacy_line", "tuning_lines", "deltas_text", "check_tuning_federation"]
 
 EVALUATION_CLIENTS = "evaluation-clients"
 FEDERATION = "federation"
@@ -98,6 +98,32 @@ def tuning_note(tune_on: str, configs: Iterable[RunConfig], what: str = "lr") ->
     counts = ", ".join(map(str, sizes)) or "all"
     return (f"{what} tuned on the whole federation ({counts} clients; --tune-on {FEDERATION}): the reported "
             f"clients' training records take part, so the tuned {what} is not covered by the privacy accounting")
+
+
+def deltas_text(runs: Iterable[Any]) -> str:
+    """The deltas of the private runs among `runs` (`RunPrivacy`), e.g. "delta 5.6e-05"
+    ("" where none is known)."""
+    deltas = sorted({r.delta for r in runs if r.private and r.delta is not None})
+    return f"delta {', '.join(f'{d:.3g}' for d in deltas)}" if deltas else ""
+
+
+def tuning_privacy_line(privacy: Any) -> str | None:
+    """The tuning runs' own privacy (a `PrivacyCheck` of them), stated apart from the
+    reported runs'; None where no tuning run is private."""
+    if privacy is None or not any(r.private for r in privacy.runs):
+        return None
+    delta = deltas_text(privacy.runs)
+    return f"tuning runs' own privacy (not reported): {privacy.note().removeprefix('privacy: ')}" + \
+        (f"; {delta}" if delta else "")
+
+
+def tuning_lines(result: Any) -> list[str]:
+    """For a report: how tuning was kept out of the reported clients' privacy (or not), and
+    the tuning runs' own privacy; `result` a `p4bench.tune.TuneResult`, or None (no tuning)."""
+    if result is None:
+        return []
+    own = tuning_privacy_line(result.privacy)
+    return [result.scope, *([own] if own else [])]
 
 
 def check_tuning_federation(configs: Sequence[RunConfig], registry: Any = None) -> None:

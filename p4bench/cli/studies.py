@@ -241,6 +241,8 @@ def print_tuning(result, over: str, scope: bool = True) -> None:
     """One table per tuned method (or key): every point's score, the best marked; a
     `privacy` column where the candidates' privacy marks differ; with `scope`, the line
     saying which federation tuning used and what that means for privacy."""
+    from p4bench.tune_federation import tuning_privacy_line
+
     verdict = result.privacy
     if verdict is not None and verdict.warning:
         err.print(f"[yellow]warning:[/yellow] {verdict.warning}", highlight=False)
@@ -255,8 +257,9 @@ def print_tuning(result, over: str, scope: bool = True) -> None:
             table.add_row(*[str(point.values[k]) for k in keys], *([point.privacy] if marked else []), _num(point.mean),
                           _num(point.std), str(len(point.scores)), "[green]best[/green]" if chosen else "")
         out.print(table)
-    if verdict is not None and any(r.private for r in verdict.runs):
-        out.print(f"tuning runs' own privacy: {verdict.note()}", highlight=False, markup=False)
+    own = tuning_privacy_line(verdict)
+    if own:
+        out.print(own, highlight=False, markup=False)
     if scope and result.scope:
         out.print(result.scope, highlight=False, markup=False)
 
