@@ -94,8 +94,8 @@ def tuning_note(tune_on: str, configs: Iterable[RunConfig], what: str = "lr") ->
         return (f"{what} tuned on {counts}: tuning spends none of the reported clients' privacy in runs with the "
                 f"tuning partition ({seed}; runs at other settings or seeds partition the data anew, and there the "
                 "tuning clients' records may belong to reported clients)")
-    sizes = sorted({c.clients for c in configs})
-    counts = ", ".join(map(str, sizes)) or "all"
+    whole = sorted({c.clients for c in configs})
+    counts = ", ".join(map(str, whole)) or "all"
     return (f"{what} tuned on the whole federation ({counts} clients; --tune-on {FEDERATION}): the reported "
             f"clients' training records take part, so the tuned {what} is not covered by the privacy accounting")
 
@@ -123,7 +123,7 @@ def tuning_lines(result: Any) -> list[str]:
     if result is None:
         return []
     own = tuning_privacy_line(result.privacy)
-    return [result.scope, *([own] if own else [])]
+    return [line for line in (result.scope, own) if line]
 
 
 def check_tuning_federation(configs: Sequence[RunConfig], registry: Any = None) -> None:

@@ -86,6 +86,14 @@ def test_too_few_evaluation_clients_is_one_clear_usage_error(tmp_path, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "needs at least 2 of them" in err and "Traceback" not in err
+    # asked for, the whole federation tunes (and the output and file say what that means)
+    with pytest.raises(SystemExit) as info:
+        main(["tune", "--method", "fedavg", "--grid", "lr=0.1", "--set", "clients=5", "--set", "rounds=1",
+              "--tune-on", "federation", "--results-dir", str(tmp_path), "--output", str(tmp_path / "t.yaml")])
+    out, err = capsys.readouterr()
+    assert (info.value.code or 0) == 0, err
+    assert "not covered by the privacy accounting" in out
+    assert yaml.safe_load((tmp_path / "t.yaml").read_text())["selection"]["tune_on"] == "federation"
 
 
 @pytest.mark.parametrize("tune_on", ["evaluation-clients", "federation"])

@@ -237,11 +237,12 @@ def tune_command(
         raise typer.Exit(1)
 
 
-def print_tuning(result, over: str, scope: bool = True) -> None:
+def print_tuning(result, over: str, notes: bool = True) -> None:
     """One table per tuned method (or key): every point's score, the best marked; a
-    `privacy` column where the candidates' privacy marks differ; with `scope`, the line
-    saying which federation tuning used and what that means for privacy."""
-    from p4bench.tune_federation import tuning_privacy_line
+    `privacy` column where the candidates' privacy marks differ; with `notes`, the lines
+    saying which federation tuning used (what that means for privacy) and the tuning runs'
+    own privacy."""
+    from p4bench.tune_federation import tuning_lines
 
     verdict = result.privacy
     if verdict is not None and verdict.warning:
@@ -257,11 +258,9 @@ def print_tuning(result, over: str, scope: bool = True) -> None:
             table.add_row(*[str(point.values[k]) for k in keys], *([point.privacy] if marked else []), _num(point.mean),
                           _num(point.std), str(len(point.scores)), "[green]best[/green]" if chosen else "")
         out.print(table)
-    own = tuning_privacy_line(verdict)
-    if own:
-        out.print(own, highlight=False, markup=False)
-    if scope and result.scope:
-        out.print(result.scope, highlight=False, markup=False)
+    if notes:
+        for line in tuning_lines(result):
+            out.print(line, highlight=False, markup=False)
 
 
 def _num(value: float) -> str:
@@ -369,7 +368,7 @@ def reproduce_command(
         alone = report.tuning.spec.tune_on == "evaluation-clients"
         print_tuning(report.tuning, "lr tuned on the evaluation clients alone" if alone else
                      "lr tuned in the whole federation, reported clients' test data withheld",
-                     scope=False)  # report.privacy states it below
+                     notes=False)  # report.privacy states them below
     if report.tuned_lr:
         out.print("lr per method (tuned): " + ", ".join(f"{k} {v:g}" for k, v in report.tuned_lr.items()),
                   highlight=False)
