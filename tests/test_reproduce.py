@@ -159,7 +159,8 @@ def test_quick_heterogeneity_runs_end_to_end_on_digits(no_data, tmp_path, capsys
     assert "lr per method (tuned): p4 " in out
     # P4 private (add-remove, no defense: nobody attacks), local non-private: the table marks both
     assert out.count("| p4 | add-remove |") == 6 and out.count("| local | non-private |") == 6
-    assert "privacy: private, add-remove neighbouring, certified epsilon: p4; non-private: local" in out
+    assert ("tuning runs' own privacy (not reported): private, add-remove neighbouring, certified epsilon: p4; "
+            "non-private: local; delta ") in out
     assert "one neighbouring relation for the preset: add-remove; target epsilon 15" in out
     assert "claims of the paper on digits (quick smoke run)" in out
     for claim in ("P4 has the best accuracy at every heterogeneity level", "P4 beats local training at every"):
