@@ -30,6 +30,10 @@ _DEVICE = typer.Option(None, "--device", help="where every run's tensors live: c
 _TUNE_ON_HELP = ("federation of the tuning runs: evaluation-clients (the evaluation clients alone: no reported client's "
                  "record takes part) or federation (every client; reported clients' training records take part: the "
                  "tuned values are not covered by the privacy accounting)")
+_TUNE_SCOPE_HELP = ("which runs one lr tuning serves: partition (lr tuned apart for every partition, level x seed, on "
+                    "its own evaluation clients: no reported client's record enters the tuning of its run's lr; tuning "
+                    "runs x partitions) or preset (once per method at the preset's tuning setting and first seed, used "
+                    "everywhere: cheaper, but other partitions' reported clients may hold the tuning records)")
 _MIXED = typer.Option(False, "--allow-mixed-privacy",
                       help="compare private runs under different neighbouring relations or with uncertified epsilons "
                            "(refused otherwise, exit 2); the table marks each run's privacy")
@@ -230,37 +234,13 @@ def tune_command(
     result = run_tuning(spec, make_backend(backend, jobs, address), results_dir=results_dir, tracking_uri=tracking_uri,
                         progress=RunsProgress(f"tune {spec.name}"), allow_mixed_privacy=allow_mixed_privacy)
     _print_sweep_summary(result.report, err)
+    from p4bench.cli.tuning_view import print_tuning
+
     print_tuning(result, f"over {len(spec.seeds)} seeds")
     path = write_tuned(result, output)
     out.print(f"tuned config written to {path} (include it in a sweep file with `include: {path.name}`)")
     if result.report.failures:
         raise typer.Exit(1)
-
-
-def print_tuning(result, over: str, notes: bool = True) -> None:
-    """One table per tuned method (or key): every point's score, the best marked; a
-    `privacy` column where the candidates' privacy marks differ; with `notes`, the lines
-    saying which federation tuning used (what that means for privacy) and the tuning runs'
-    own privacy."""
-    from p4bench.tune_federation import tuning_lines
-
-    verdict = result.privacy
-    if verdict is not None and verdict.warning:
-        err.print(f"[yellow]warning:[/yellow] {verdict.warning}", highlight=False)
-    marked = verdict is not None and verdict.needs_column
-    for method_name, points in result.points.items():
-        table = Table(title=f"{method_name}: mean final accuracy of the evaluation clients ({over})")
-        keys = list(result.spec.grids[method_name])
-        for column in [*keys, *(["privacy"] if marked else []), "mean", "std", "n", ""]:
-            table.add_column(column)
-        for point in points:
-            chosen = point.values == result.best.get(method_name)
-            table.add_row(*[str(point.values[k]) for k in keys], *([point.privacy] if marked else []), _num(point.mean),
-                          _num(point.std), str(len(point.scores)), "[green]best[/green]" if chosen else "")
-        out.print(table)
-    if notes:
-        for line in tuning_lines(result):
-            out.print(line, highlight=False, markup=False)
 
 
 def _num(value: float) -> str:
@@ -336,14 +316,16 @@ def reproduce_command(
     no_tune: bool = typer.Option(False, "--no-tune", help="do not tune lr on the evaluation clients first"),
     tune_rounds: int | None = typer.Option(None, "--tune-rounds", help="rounds of the lr tuning runs (default: the preset's)"),
     tune_on: str = typer.Option("evaluation-clients", "--tune-on", help=_TUNE_ON_HELP),
+    tune_scope: str = typer.Option("partition", "--tune-scope", help=_TUNE_SCOPE_HELP),
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
     """Rebuild one of the paper's experiments and state whether each of its claims holds.
-    lr is tuned per method on the evaluation clients first; every private run shares one
+    lr is tuned per method and partition on its evaluation clients alone first; every private run shares one
     neighbouring relation and target epsilon, and must be certified (else exit 2)."""
     from p4bench.backends import make_backend
     from p4bench.compare import plot_comparison
     from p4bench.preflight import check_plot_path
+    from p4bench.cli.tuning_view import print_reproduce_tuning
     from p4bench.reproduce import claim_note, reproduce, smoke_note
     from p4bench.tune import parse_grid_options
 
@@ -362,16 +344,8 @@ def reproduce_command(
                        tracking_uri=tracking_uri, strict=strict, progress=RunsProgress(f"reproduce {name}"),
                        overrides=overrides, only=parse_grid_options(only), on_notice=notice, tune=not no_tune,
                        tune_rounds=tune_rounds, tune_progress=RunsProgress(f"tune lr for {name}"),
-                       allow_mixed_privacy=allow_mixed_privacy, tune_on=tune_on)
-    if report.tuning is not None:
-        _print_sweep_summary(report.tuning.report, err)
-        alone = report.tuning.spec.tune_on == "evaluation-clients"
-        print_tuning(report.tuning, "lr tuned on the evaluation clients alone" if alone else
-                     "lr tuned in the whole federation, reported clients' test data withheld",
-                     notes=False)  # report.privacy states them below
-    if report.tuned_lr:
-        out.print("lr per method (tuned): " + ", ".join(f"{k} {v:g}" for k, v in report.tuned_lr.items()),
-                  highlight=False)
+                       allow_mixed_privacy=allow_mixed_privacy, tune_on=tune_on, tune_scope=tune_scope)
+    print_reproduce_tuning(report)
     _print_sweep_summary(report.sweep, err)
     if report.comparison is not None:
         _print_comparison(report.comparison, fmt, privacy_note=False)  # report.privacy says it below
