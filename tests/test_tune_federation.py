@@ -13,10 +13,13 @@ from p4bench.cli import main
 from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 from p4bench.plugin_manager import default_registry
-from p4bench.reproduce import PRESETS, plan_lr_tuning, plan_preset
+from p4bench.reproduce import PRESETS, plan_lr_tuning, plan_preset, reproduce
 from p4bench.runner import prepare
+from p4bench.sweep import PlannedRun
 from p4bench.tune import TuneSpec, parse_tune, plan_tuning, run_tuning, write_tuned
 from p4bench.tune_federation import check_tuning_federation, tuning_config, tuning_note
+from p4bench.tune_scope import lr_summary, lr_table, partition_key, partition_shape, plan_lr_groups, scope_note
+from test_equal_privacy import FakeBackend, no_data  # noqa: F401 - a fixture
 
 TINY = {"dataset": "digits", "clients": 10, "rounds": 1, "local_steps": 1, "seed": 3}
 
@@ -57,10 +60,10 @@ def test_plans_say_which_federation_and_tag_it():
         parse_tune({"grid": {"lr": [1]}, "methods": ["fedavg"], "tune_on": "everyone"})
     # reproduce tunes on the evaluation clients of its tuning setting's partition, unless asked otherwise
     plan = plan_preset("heterogeneity", "digits", True, check_data=False, only={"method": ["fedavg"]})
-    alone = plan_lr_tuning(PRESETS["heterogeneity"], plan.runs, "x-tune", (0.1, 1.0))
+    alone = plan_lr_tuning(PRESETS["heterogeneity"], plan.runs, "x-tune", (0.1, 1.0), scope="preset")
     whole = plan_lr_tuning(PRESETS["heterogeneity"], plan.runs, "x-tune", (0.1,), tune_on="federation")
     assert {(r.config.clients, r.config.federation_clients) for _, r in alone} == {(2, 10)}
-    assert [(r.config.clients, r.config.federation_clients) for _, r in whole] == [(10, None)]
+    assert [(r.config.clients, r.config.federation_clients) for _, r in whole] == [(10, None)] * 6  # per partition
     reported_delta = {r.config.delta for r in plan.runs}
     assert {r.config.delta for _, r in alone} == reported_delta  # the runs' delta is not touched by tuning
 
@@ -109,3 +112,83 @@ def test_both_modes_run_and_record_which(tune_on, tmp_path):
     runs = client.search_runs([client.get_experiment_by_name("tf").experiment_id])
     assert len(runs) == 2 and {r.data.tags["tune_on"] for r in runs} == {tune_on}
     assert {r.data.params["clients"] for r in runs} == {"2" if alone else "10"}
+
+
+# -- which reported runs one tuning serves (reproduce's --tune-scope) ------------------------------
+
+
+def _two_levels_two_seeds():
+    """Reported local runs (raw features: no ScatterNet to compute) at two heterogeneity levels
+    and two seeds: four partitions."""
+    plan = plan_preset("heterogeneity", "digits", True, check_data=False, only={"method": ["local"]},
+                       overrides={"features": "raw"})
+    runs = [r for r in plan.runs if r.tags.get("variant") in ("alpha 25%", "shards N=2")]
+    return runs + [PlannedRun(r.config.replace(seed=1), r.tags) for r in runs]
+
+
+def _records(config, registry):
+    """(every evaluation client's pooled records, every reported client's) of a run's partition."""
+    data = prepare(config, registry).job.data
+    evaluation = set(torch.nonzero(data.evaluation).flatten().tolist())
+    held = [{int(i) for i in indices} for indices in data.client_indices]
+    return ({i for c, r in enumerate(held) if c in evaluation for i in r},
+            {i for c, r in enumerate(held) if c not in evaluation for i in r})
+
+
+def test_partition_scope_tunes_every_reported_run_on_its_own_partitions_evaluation_clients():
+    runs = _two_levels_two_seeds()
+    plan = plan_lr_groups(PRESETS["heterogeneity"].tune_at, runs, "x-tune", (0.1, 1.0))
+    assert plan.scope == "partition" and len(plan.groups) == 4 and len(plan.planned) == 8
+    assert partition_shape(plan) == "4 partitions: 2 settings x 2 seeds"
+    tuned = {name: [run for group, run in plan.planned if group == name] for name in plan.assignment}
+    for name, reported in zip(plan.assignment, runs):
+        assert [run.config.lr for run in tuned[name]] == [0.1, 1.0]
+        for run in tuned[name]:  # the reported run's partition, its evaluation clients alone
+            whole = run.config.replace(clients=run.config.federation_clients, federation_clients=None)
+            assert partition_key(whole) == partition_key(reported.config) and run.config.seed == reported.config.seed
+            assert run.config.clients == 2 and run.tags["tune_partition"] in name
+    # behaviour: the records of the tuning run that chose each reported run's lr are exactly the
+    # evaluation clients' records of that run's partition, none of its reported clients'
+    registry = default_registry()
+    for name, reported in zip(plan.assignment, runs):
+        evaluation, reported_records = _records(reported.config, registry)
+        held = {int(i) for indices in prepare(tuned[name][0].config, registry).job.data.client_indices for i in indices}
+        assert held == evaluation and not held & reported_records
+    # the lr each run gets is its own partition's
+    lrs = {group.name: 0.1 * (i + 1) for i, group in enumerate(plan.groups)}
+    assert [run.config.lr for run in plan.apply(lrs)] == [lrs[name] for name in plan.assignment]
+    assert lr_summary(plan, lrs).startswith("local 0.1 (1 partition), 0.2 (1)")
+    header, rows = lr_table(plan, lrs)
+    assert header == ["partition", "local"] and [row[0] for row in rows] == [
+        "alpha 25%, seed 0", "shards N=2, seed 0", "alpha 25%, seed 1", "shards N=2, seed 1"]
+    assert lr_table(plan, dict.fromkeys(lrs, 0.5)) is None  # one lr everywhere: the summary says it
+    note = scope_note(plan)
+    assert note == ("lr tuned per partition (4 partitions: 2 settings x 2 seeds) on each partition's 2 evaluation "
+                    "clients alone, disjoint from its 8 reported clients: no reported client's record enters the "
+                    "tuning of its run's lr (--tune-scope partition)")
+
+
+def test_preset_scope_tunes_once_and_its_records_can_be_reported_clients_elsewhere():
+    runs = _two_levels_two_seeds()
+    plan = plan_lr_groups(PRESETS["heterogeneity"].tune_at, runs, "x-tune", (0.1,), scope="preset")
+    assert [g.name for g in plan.groups] == ["local"] and set(plan.assignment) == {"local"}
+    assert scope_note(plan) is None  # tuning_note's line, with its caveat, says it
+    registry = default_registry()
+    held = {int(i) for indices in prepare(plan.planned[0][1].config, registry).job.data.client_indices for i in indices}
+    assert any(held & _records(run.config, registry)[1] for run in runs)  # the gap the partition scope closes
+    with pytest.raises(UsageError, match="tune scope must be one of partition, preset"):
+        plan_lr_groups({}, runs, "x", (0.1,), scope="method")
+
+
+def test_reproduce_says_which_scope(no_data, tmp_path):
+    preset = reproduce("heterogeneity", quick=True, backend=FakeBackend(), results_dir=str(tmp_path),
+                       only={"method": ["local"]}, tune_grid=(0.1,), tune_scope="preset")
+    assert preset.tuning_plan.scope == "preset" and list(preset.tuned_lr) == ["local"]
+    line = next(line for line in preset.privacy if line.startswith("lr tuned on the 2 evaluation clients alone"))
+    assert "runs at other settings or seeds partition the data anew" in line and "--tune-scope partition tunes" in line
+    exact = reproduce("heterogeneity", quick=True, backend=FakeBackend(), results_dir=str(tmp_path),
+                      only={"method": ["local"]}, tune_grid=(0.1,))
+    assert len(exact.tuned_lr) == 6 and any(line.startswith("lr tuned per partition (6 partitions: 6 settings x 1 seed)")
+                                            for line in exact.privacy)
+    assert any("tuning lr over 0.1 for local on each partition's evaluation clients alone (6 partitions" in n
+               for n in exact.notices)
