@@ -1,6 +1,8 @@
 """Tuning inside the privacy story (#29 item 4): tuning runs train on the evaluation clients
 alone by default, so no reported client's record takes part; `tune_on: federation` keeps
-the whole federation and says that the tuned values are then not covered by the accounting."""
+the whole federation and says that the tuned values are then not covered by the accounting.
+`reproduce` tunes per partition (`--tune-scope partition`): every reported run's lr comes from
+its own partition's evaluation clients; `--tune-scope preset` tunes once and says its caveat."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import pytest
 import torch
 import yaml
 from mlflow.tracking import MlflowClient
+from test_equal_privacy import FakeBackend
 
 from p4bench.cli import main
 from p4bench.config import RunConfig
@@ -19,7 +22,6 @@ from p4bench.sweep import PlannedRun
 from p4bench.tune import TuneSpec, parse_tune, plan_tuning, run_tuning, write_tuned
 from p4bench.tune_federation import check_tuning_federation, tuning_config, tuning_note
 from p4bench.tune_scope import lr_summary, lr_table, partition_key, partition_shape, plan_lr_groups, scope_note
-from test_equal_privacy import FakeBackend, no_data  # noqa: F401 - a fixture
 
 TINY = {"dataset": "digits", "clients": 10, "rounds": 1, "local_steps": 1, "seed": 3}
 
@@ -178,6 +180,11 @@ def test_preset_scope_tunes_once_and_its_records_can_be_reported_clients_elsewhe
     assert any(held & _records(run.config, registry)[1] for run in runs)  # the gap the partition scope closes
     with pytest.raises(UsageError, match="tune scope must be one of partition, preset"):
         plan_lr_groups({}, runs, "x", (0.1,), scope="method")
+
+
+@pytest.fixture
+def no_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("P4BENCH_DATA_DIR", str(tmp_path / "empty"))
 
 
 def test_reproduce_says_which_scope(no_data, tmp_path):

@@ -323,9 +323,9 @@ def reproduce_command(
     lr is tuned per method and partition on its evaluation clients alone first; every private run shares one
     neighbouring relation and target epsilon, and must be certified (else exit 2)."""
     from p4bench.backends import make_backend
+    from p4bench.cli.tuning_view import print_reproduce_tuning
     from p4bench.compare import plot_comparison
     from p4bench.preflight import check_plot_path
-    from p4bench.cli.tuning_view import print_reproduce_tuning
     from p4bench.reproduce import claim_note, reproduce, smoke_note
     from p4bench.tune import parse_grid_options
 
