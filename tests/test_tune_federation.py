@@ -199,3 +199,21 @@ def test_reproduce_says_which_scope(no_data, tmp_path):
                                             for line in exact.privacy)
     assert any("tuning lr over 0.1 for local on each partition's evaluation clients alone (6 partitions" in n
                for n in exact.notices)
+
+
+def test_reproduce_prints_the_lr_of_every_partition_where_they_differ(no_data, tmp_path, capsys, monkeypatch):
+    import p4bench.backends
+
+    best = lambda c: 0.1 if c.partitioner == "alpha" else 1.0  # noqa: E731 - lr best on its partition
+    monkeypatch.setattr(p4bench.backends, "make_backend",
+                        lambda *a, **k: FakeBackend(score=lambda c: 1.0 - abs(c.lr - best(c))))
+    with pytest.raises(SystemExit) as info:
+        main(["reproduce", "heterogeneity", "--quick", "--only", "method=local", "--results-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert (info.value.code or 0) == 0, err
+    assert "lr per partition (tuned on its evaluation clients alone):" in out
+    assert "  alpha 25%, seed 0: local 0.1" in out and "  shards N=8, seed 0: local 1" in out
+    assert "lr per method (tuned per partition): local 0.1 (3 partitions), 1 (3)" in out
+    with pytest.raises(SystemExit) as info:
+        main(["reproduce", "heterogeneity", "--quick", "--tune-scope", "level", "--results-dir", str(tmp_path)])
+    assert info.value.code == 2 and "tune scope must be one of partition, preset" in capsys.readouterr().err

@@ -50,15 +50,13 @@ def print_reproduce_tuning(report) -> None:
                          "lr tuned in the whole federation, reported clients' test data withheld",
                          notes=False)  # report.privacy states them below
         table = lr_table(plan, report.tuned_lr) if plan is not None else None
-        if table is not None:
+        if table is not None:  # a line per partition: readable at any width, however many methods
             header, rows = table
-            shown = Table(title="lr per partition (tuned on its evaluation clients alone)" if alone else
-                          "lr per partition (tuned in its whole federation)")
-            for name in header:
-                shown.add_column(name)
+            out.print("lr per partition (tuned on its evaluation clients alone):" if alone else
+                      "lr per partition (tuned in its whole federation):", highlight=False)
             for row in rows:
-                shown.add_row(*row)
-            out.print(shown)
+                out.print(f"  {row[0]}: " + ", ".join(f"{key} {lr}" for key, lr in zip(header[1:], row[1:]) if lr),
+                          highlight=False, markup=False)
     if report.tuned_lr and plan is not None:
         per = " per partition" if plan.scope == PARTITION else ""
         out.print(f"lr per method (tuned{per}): {lr_summary(plan, report.tuned_lr)}", highlight=False)
