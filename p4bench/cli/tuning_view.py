@@ -41,7 +41,7 @@ def print_reproduce_tuning(report) -> None:
     every partition's runs used where it differs (partition scope); the lrs per method."""
     from p4bench.tune_scope import PARTITION, lr_summary, lr_table
 
-    plan = report.tuning_plan
+    plan = getattr(report, "tuning_plan", None)
     if report.tuning is not None:
         _print_sweep_summary(report.tuning.report, err)
         alone = report.tuning.spec.tune_on == "evaluation-clients"
@@ -57,6 +57,8 @@ def print_reproduce_tuning(report) -> None:
             for row in rows:
                 out.print(f"  {row[0]}: " + ", ".join(f"{key} {lr}" for key, lr in zip(header[1:], row[1:]) if lr),
                           highlight=False, markup=False)
-    if report.tuned_lr and plan is not None:
-        per = " per partition" if plan.scope == PARTITION else ""
-        out.print(f"lr per method (tuned{per}): {lr_summary(plan, report.tuned_lr)}", highlight=False)
+    if report.tuned_lr:
+        per = " per partition" if plan is not None and plan.scope == PARTITION else ""
+        lrs = lr_summary(plan, report.tuned_lr) if plan is not None else \
+            ", ".join(f"{k} {v:g}" for k, v in report.tuned_lr.items())
+        out.print(f"lr per method (tuned{per}): {lrs}", highlight=False)
