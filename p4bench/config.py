@@ -43,6 +43,14 @@ class RunConfig:
     eval_fraction: float = field(
         default=0.2, metadata=_meta("fraction of clients used only for tuning, never reported", low=0, high=0.9)
     )
+    federation_clients: int | None = field(
+        default=None,
+        metadata=_meta(
+            "run on the evaluation clients alone of a federation of this many clients (same seed: same partition "
+            "and evaluation clients), `clients` being their number; tuning runs use it so that no reported "
+            "client's record takes part (none: the run's own federation)", low=2, high=1_000_000,
+        ),
+    )
     rounds: int = field(default=30, metadata=_meta("communication rounds T", low=1, high=1_000_000))
     local_steps: int = field(default=5, metadata=_meta("local steps K per round", low=1, high=100_000))
     client_rate: float = field(default=1.0, metadata=_meta("client sampling ratio l", low=0, high=1, low_open=True))
@@ -148,8 +156,9 @@ class RunConfig:
     def config_hash(self) -> str:
         """Stable hash of everything that affects results (not where they are logged)."""
         data = {k: v for k, v in self.to_dict().items() if k not in ("experiment", "tracking_uri", "results_dir")}
-        if data["time_budget_min"] is None:  # added later: runs without a budget keep the hashes they had
-            del data["time_budget_min"]
+        for name in ("time_budget_min", "federation_clients"):  # added later: runs without them keep their hashes
+            if data[name] is None:
+                del data[name]
         for name, default in (("device", "cpu"), ("noise_generator", "auto")):  # added later: older runs keep their hashes
             if data[name] == default:
                 del data[name]

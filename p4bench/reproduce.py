@@ -40,13 +40,21 @@ Equal privacy and tuning (the paper's protocol):
   and the same epsilon under another relation is another guarantee) and one target epsilon;
   the table is refused (exit 2, naming the runs) if any private run is uncertified or under
   another relation, unless `allow_mixed_privacy`. The output states which methods are private.
-- The local step size `lr` of every method is tuned on the evaluation clients before the
-  runs (`p4bench.tune`: reported clients' test splits withheld): grid `TUNE_GRID`
-  (`QUICK_TUNE_GRID` with `quick`), one tuning seed (the first seed: the same federation),
-  at the preset's tuning setting (`Preset.tune_at`, e.g. alpha 50% for heterogeneity) with
-  the preset's rounds (fewer with `tune_rounds`), one tuned lr per method (and feature
-  set) used at every level. Tuning runs go to the experiment `<experiment>-tune` and resume
-  like any sweep. `tune=False` (`--no-tune`), or an explicit `lr` override, skips it.
+- The local step size `lr` of every method is tuned on the evaluation clients alone before
+  the runs (`p4bench.tune`, `p4bench.tune_federation`: a federation of the tuning run's
+  evaluation clients, disjoint from its reported clients; `tune_on="federation"`,
+  `--tune-on federation`, tunes on the whole federation instead, reported clients'
+  training records included, and says so): grid `TUNE_GRID` (`QUICK_TUNE_GRID` with
+  `quick`) with the preset's rounds (fewer with `tune_rounds`). By default
+  (`tune_scope="partition"`, `p4bench.tune_scope`) lr is tuned apart for every partition
+  among the runs (level x seed) and method (and feature set), on that partition's
+  evaluation clients, and each run uses the lr of its own partition: no reported client's
+  record enters the tuning of its run's lr. `tune_scope="preset"` tunes once per method at
+  the preset's tuning setting (`Preset.tune_at`, e.g. alpha 50%) with the first seed and
+  uses that lr at every level and seed (cheaper; the report says that other partitions'
+  reported clients may hold the tuning records). Tuning runs go to the experiment
+  `<experiment>-tune` and resume like any sweep. `tune=False` (`--no-tune`), or an
+  explicit `lr` override, skips it.
 - A run without an attack has no defense (P4's default secure aggregation would discard
   honest updates when nobody attacks): the heterogeneity, privacy and ablation comparisons
   and the defense preset's no-attack baseline run P4 with defense none.
@@ -83,6 +91,7 @@ from p4bench.presets import (  # the presets are part of this command's API (re-
     shard_variant,
 )
 from p4bench.sweep import PlannedRun, SweepReport, SweepSpec, expand, option_key, run_sweep, unknown_names
+from p4bench.tune_scope import DEFAULT_TUNE_SCOPE, matches, plan_lr_groups, tuning_keys
 
 __all__ = ["DATASETS", "PRESETS", "Preset", "PresetPlan", "ClaimCheck", "ReproduceReport", "plan_preset", "reproduce", "shard_variant"]
 
@@ -104,9 +113,10 @@ class ReproduceReport:
     comparison: Any  # p4bench.compare.Comparison, or None when nothing finished
     claims: list[ClaimCheck]
     tuning: Any = None  # p4bench.tune.TuneResult, or None when lr was not tuned
-    tuned_lr: dict[str, float] = field(default_factory=dict)  # tuning key -> lr used
+    tuned_lr: dict[str, float] = field(default_factory=dict)  # tuning group (key, or "key @ partition") -> lr used
     privacy: list[str] = field(default_factory=list)  # lines stating who is private, under which relation
     extras: list[str] = field(default_factory=list)  # the preset's own lines (reference values, plots written)
+    tuning_plan: Any = None  # p4bench.tune_scope.LrTuningPlan: which runs each tuning served
 
 
 def _dataset_choice(preset: Preset, requested: str | None, registry: Any, notices: list[str], check: bool) -> str:
@@ -150,7 +160,7 @@ def plan_preset(name: str, dataset: str | None = None, quick: bool = False, *, s
     spec = spec.with_base(**dict(overrides or {}))
     runs, skipped = [], []
     planned = expand(spec)
-    kept = [run for run in planned if all(_matches(run.config, key, values) for key, values in (only or {}).items())]
+    kept = [run for run in planned if all(matches(run.config, key, values) for key, values in (only or {}).items())]
     if only:
         wanted = "; ".join(f"{k} in {{{', '.join(map(str, v))}}}" for k, v in only.items())
         notices.append(f"restricted to {wanted}: {len(planned) - len(kept)} of {len(planned)} runs left out")
@@ -187,65 +197,18 @@ class PresetPlan:
     skipped: list[str]
 
 
-def _matches(config: Any, key: str, values: Sequence[Any]) -> bool:
-    """Whether the config's option `key` equals one of `values` (numbers compared as numbers,
-    `none` matching an unset option)."""
-    name = option_key(key)
-    value = config.options.get(name[len("options."):]) if name.startswith("options.") else getattr(config, name)
-    for wanted in values:
-        if value is None and str(wanted).lower() in ("none", "null"):
-            return True
-        try:
-            if float(value) == float(wanted):
-                return True
-        except (TypeError, ValueError):
-            if str(value) == str(wanted):
-                return True
-    return False
-
-
-def tuning_key(config: Any, features_vary: bool) -> str:
-    """The label lr is tuned under: the method, with its features where they vary."""
-    return f"{config.method} ({config.features})" if features_vary else config.method
-
-
-def _keys(runs: Sequence[PlannedRun]) -> list[str]:
-    features: dict[str, set[str]] = {}
-    for run in runs:
-        features.setdefault(run.config.method, set()).add(run.config.features)
-    return [tuning_key(r.config, len(features[r.config.method]) > 1) for r in runs]
-
-
-def _at(run: PlannedRun, where: Mapping[str, Any]) -> bool:
-    return all(run.tags.get("variant") == value if key == "variant" else _matches(run.config, key, [value])
-               for key, value in where.items())
-
-
 def plan_lr_tuning(preset: Preset, runs: Sequence[PlannedRun], experiment: str, grid: Sequence[float],
-                   rounds: int | None = None) -> list[tuple[str, PlannedRun]]:
-    """(key, tuning run) for every lr of `grid` and every tuning key (method, plus features
-    where a method runs with several): at the key's first run that matches the preset's
-    `tune_at` (else its first run), with the preset's first seed and `rounds` if given."""
-    chosen: dict[str, PlannedRun] = {}
-    for key, run in zip(_keys(runs), runs):
-        if key not in chosen or (not _at(chosen[key], preset.tune_at) and _at(run, preset.tune_at)):
-            chosen[key] = run
-    seed = min(r.config.seed for r in runs) if runs else 0
-    planned = []
-    for key, run in chosen.items():
-        for lr in grid:
-            config = run.config.replace(lr=float(lr), seed=seed, experiment=experiment,
-                                        **({"rounds": rounds} if rounds else {}))
-            tags = {"sweep": experiment, "tune_method": key, "tune_point": f"lr={float(lr):g}",
-                    **({"variant": run.tags["variant"]} if "variant" in run.tags else {})}
-            planned.append((key, PlannedRun(config, tags)))
-    return planned
+                   rounds: int | None = None, tune_on: str = "evaluation-clients",
+                   scope: str = DEFAULT_TUNE_SCOPE) -> list[tuple[str, PlannedRun]]:
+    """(group, tuning run) for every lr of `grid` and every tuning group (`scope`,
+    `p4bench.tune_scope.plan_lr_groups`) of the runs, at the preset's `tune_at`."""
+    return plan_lr_groups(preset.tune_at, runs, experiment, grid, rounds, tune_on, scope).planned
 
 
 def apply_tuned_lr(runs: Sequence[PlannedRun], lrs: Mapping[str, float]) -> list[PlannedRun]:
     """The runs with each tuning key's lr (keys without one keep theirs)."""
     return [PlannedRun(run.config.replace(lr=float(lrs[key])), run.tags) if key in lrs else run
-            for key, run in zip(_keys(runs), runs)]
+            for key, run in zip(tuning_keys(runs), runs)]
 
 
 def quick_claims(checks: Sequence[ClaimCheck]) -> list[ClaimCheck]:
@@ -281,9 +244,12 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
               only: Mapping[str, Sequence[Any]] | None = None,
               on_notice: Callable[[str], None] | None = None, tune: bool = True,
               tune_grid: Sequence[float] | None = None, tune_rounds: int | None = None,
-              tune_progress: Any = None, allow_mixed_privacy: bool = False) -> ReproduceReport:
-    """Tune lr per method on the evaluation clients, run a preset (resuming finished runs),
-    aggregate it from MLflow at equal privacy and check the claims."""
+              tune_progress: Any = None, allow_mixed_privacy: bool = False,
+              tune_on: str = "evaluation-clients", tune_scope: str = DEFAULT_TUNE_SCOPE) -> ReproduceReport:
+    """Tune lr per method on the evaluation clients (alone, or with `tune_on="federation"`
+    in the whole federation), per partition (`tune_scope`, `p4bench.tune_scope`), run a
+    preset (resuming finished runs), aggregate it from MLflow at equal privacy and check
+    the claims."""
     from pathlib import Path
 
     from p4bench.compare import compare_experiment
@@ -292,7 +258,11 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     from p4bench.plugin_manager import default_registry
     from p4bench.results import tracking_uri_for
     from p4bench.sweep import describe_run
+    from p4bench.tune_federation import check_tune_on, tuning_lines
+    from p4bench.tune_scope import check_tune_scope
 
+    check_tune_on(tune_on)
+    check_tune_scope(tune_scope)
     plan = plan_preset(name, dataset, quick, strict=strict, overrides=overrides, only=only)
     spec, runs, notices, chosen, skipped = plan.spec, plan.runs, plan.notices, plan.dataset, plan.skipped
     say = on_notice or (lambda text: None)
@@ -304,15 +274,18 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     validate_planned(located, default_registry(), describe_run)  # bad plugin options: before tuning starts
     preset = PRESETS[name]
     tuning: Any = None
+    tuning_plan: Any = None
     tuned_lr: dict[str, float] = {}
     fixed = any(option_key(k) == "lr" for k in (overrides or {}))
     if tune and fixed:
         notices.append("lr is set explicitly (--set lr=...): not tuned")
         say(notices[-1])
     elif tune and located:
-        tuning, tuned_lr = _tune_lr(preset, spec, located, backend, base_dir, uri, quick, tune_grid, tune_rounds,
+        grid = tuple(tune_grid or (preset.quick_tune_grid or QUICK_TUNE_GRID if quick else preset.tune_grid or TUNE_GRID))
+        tuning_plan = plan_lr_groups(preset.tune_at, located, f"{spec.name}-tune", grid, tune_rounds, tune_on, tune_scope)
+        tuning, tuned_lr = _tune_lr(preset, spec, tuning_plan, grid, backend, base_dir, uri, tune_rounds,
                                     tune_progress, allow_mixed_privacy, say, notices)
-        located = apply_tuned_lr(located, tuned_lr)
+        located = tuning_plan.apply(tuned_lr)
     elif not tune:
         notices.append(f"lr not tuned (--no-tune): every method at lr={located[0].config.lr:g}" if located else
                        "lr not tuned (--no-tune)")
@@ -333,42 +306,54 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
         ClaimCheck("every claim of this preset", "not checked", "no run finished")]
     if quick:
         checks = quick_claims(checks)
-    privacy = _privacy_lines(preset, spec, comparison, located)
+    privacy = _privacy_lines(preset, spec, comparison, located) + tuning_lines(tuning)
     extras = preset.report(comparison.table if comparison is not None else None, context, Path(base_dir), spec.name) \
         if preset.report is not None else []
     return ReproduceReport(preset, chosen, quick, spec.name, notices + report.notices, report, comparison, checks,
-                           tuning, tuned_lr, privacy, extras)
+                           tuning, tuned_lr, privacy, extras, tuning_plan)
 
 
-def _tune_lr(preset: Preset, spec: SweepSpec, runs: Sequence[PlannedRun], backend: Any, base_dir: str, uri: str,
-             quick: bool, grid: Sequence[float] | None, rounds: int | None, progress: Any, allow_mixed: bool,
-             say: Callable[[str], None], notices: list[str]) -> tuple[Any, dict[str, float]]:
-    """Tune lr on the evaluation clients (p4bench.tune); (TuneResult, key -> chosen lr)."""
+def _tune_lr(preset: Preset, spec: SweepSpec, plan: Any, grid: Sequence[float], backend: Any, base_dir: str, uri: str,
+             rounds: int | None, progress: Any, allow_mixed: bool, say: Callable[[str], None],
+             notices: list[str]) -> tuple[Any, dict[str, float]]:
+    """Run the tuning runs of `plan` (a `p4bench.tune_scope.LrTuningPlan`, p4bench.tune);
+    (TuneResult, tuning group -> chosen lr)."""
     from p4bench.tune import TuneSpec, tune_planned
+    from p4bench.tune_scope import PARTITION, partition_shape, scope_note
 
-    grid = tuple(grid or (preset.quick_tune_grid or QUICK_TUNE_GRID if quick else preset.tune_grid or TUNE_GRID))
     experiment = f"{spec.name}-tune"
-    planned = plan_lr_tuning(preset, runs, experiment, grid, rounds)
-    keys = list(dict.fromkeys(key for key, _ in planned))
-    at = ", ".join(f"{k}={v}" for k, v in preset.tune_at.items()) or "each method's first setting"
+    keys = list(dict.fromkeys(group.key for group in plan.groups))
     scale = f"{rounds} rounds" if rounds else "the runs' rounds"
-    notices.append(f"tuning lr over {', '.join(f'{v:g}' for v in grid)} for {', '.join(keys)} on the evaluation "
-                   f"clients ({at}, seed {planned[0][1].config.seed}, {scale}; experiment '{experiment}')")
+    alone = plan.tune_on == "evaluation-clients"
+    if plan.scope == PARTITION:
+        where = f"each partition's {'evaluation clients alone' if alone else 'whole federation'} ({partition_shape(plan)}"
+    else:
+        at = ", ".join(f"{k}={v}" for k, v in preset.tune_at.items()) or "each method's first setting"
+        where = f"the {'evaluation clients alone' if alone else 'whole federation'} ({at}, seed {plan.groups[0].run.config.seed}"
+    notices.append(f"tuning lr over {', '.join(f'{v:g}' for v in grid)} for {', '.join(keys)} on {where}, {scale}; "
+                   f"{len(plan.planned)} tuning runs, experiment '{experiment}')")
     say(notices[-1])
-    tune_spec = TuneSpec(experiment, dict(spec.base), {key: {"lr": grid} for key in keys},
-                         (planned[0][1].config.seed,))
-    result = tune_planned(tune_spec, planned, backend, results_dir=base_dir, tracking_uri=uri, progress=progress,
+    seeds_used = tuple(sorted({group.run.config.seed for group in plan.groups}))
+    tune_spec = TuneSpec(experiment, dict(spec.base), {group.name: {"lr": tuple(grid)} for group in plan.groups},
+                         seeds_used, tune_on=plan.tune_on)
+    result = tune_planned(tune_spec, plan.planned, backend, results_dir=base_dir, tracking_uri=uri, progress=progress,
                           allow_mixed_privacy=allow_mixed)
-    lrs = {key: float(values["lr"]) for key, values in result.best.items()}
-    for key in keys:
-        if key not in lrs:
-            notices.append(f"no tuning run of {key} finished: it keeps lr={runs[0].config.lr:g}")
+    if plan.scope == PARTITION:
+        result.scope = scope_note(plan) or result.scope
+    elif alone:
+        result.scope += f"; --tune-scope {PARTITION} tunes every partition on its own evaluation clients"
+    lrs = {name: float(values["lr"]) for name, values in result.best.items()}
+    for group in plan.groups:
+        if group.name not in lrs:
+            notices.append(f"no tuning run of {group.name} finished: its runs keep lr={group.run.config.lr:g}")
             say(notices[-1])
     return result, lrs
 
 
 def _privacy_lines(preset: Preset, spec: SweepSpec, comparison: Any, runs: Sequence[PlannedRun]) -> list[str]:
-    """Who is private, under which relation and epsilon; which baselines are not."""
+    """Who is private, under which relation, epsilon and delta; which baselines are not."""
+    from p4bench.tune_federation import deltas_text
+
     lines = []
     verdict = getattr(comparison, "privacy", None)
     if verdict is not None:
@@ -379,9 +364,10 @@ def _privacy_lines(preset: Preset, spec: SweepSpec, comparison: Any, runs: Seque
     private = [r.config for r in runs if r.config.epsilon is not None]
     epsilons = sorted({c.epsilon for c in private if c.epsilon is not None})
     accountants = sorted({c.accountant for c in private})
+    delta = deltas_text(verdict.runs) if verdict is not None else ""
     if relation and private:
         lines.append(f"one neighbouring relation for the preset: {relation}; target epsilon "
-                     f"{', '.join(f'{e:g}' for e in epsilons) if epsilons else '-'}"
+                     f"{', '.join(f'{e:g}' for e in epsilons) if epsilons else '-'}" + (f", {delta}" if delta else "")
                      + (f" (accountant {', '.join(accountants)})" if accountants else ""))
     if preset.baselines:
         lines.append(preset.baselines)

@@ -19,6 +19,7 @@ from p4bench.checkpoint import Checkpoint
 from p4bench.config import RunConfig
 from p4bench.data import FederatedData, build_federated_data
 from p4bench.data.base import load_dataset, run_partitioner
+from p4bench.data.federated import evaluation_clients_only
 from p4bench.data.paths import _data_dir
 from p4bench.data.public import public_data
 from p4bench.devices import MemoryPlan, describe_device, device_scope, plan_memory, resolve_device
@@ -127,18 +128,28 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
     if device.type != "cpu" and getattr(runtime_cls, "separate_parties", False):
         raise UsageError(f"runtime '{config.runtime}' trains on its peers' own processors; --device {config.device} "
                          "applies to the simulation runtimes (simulation, reference, bytes)")
-    dataset = load_dataset(dataset_cls, Path(_data_dir()), config)
+    # A tuning run on the evaluation clients alone (`federation_clients`) builds the data of
+    # the whole federation it is drawn from, exactly as that federation's runs do, then keeps
+    # the evaluation clients: same partition, same splits, no reported client's record.
+    whole = config.replace(clients=config.federation_clients, federation_clients=None) \
+        if config.federation_clients is not None else config
+    dataset = load_dataset(dataset_cls, Path(_data_dir()), whole)
     records = len(dataset.y_train)  # the default delta's N (`default_delta`), before any public split
     if config.features == "scatter":  # the feature cache is shared by devices: computed where the run is
         dataset = scatter_dataset(dataset, device=str(device) if device.type == "cuda" else "cpu")
     public = None
     if method_cls.needs_public_data:  # held-out records leave the dataset before any client gets a share
-        dataset, public = public_data(dataset_cls, dataset, Path(_data_dir()), config,
+        dataset, public = public_data(dataset_cls, dataset, Path(_data_dir()), whole,
                                       labeled=method_cls.needs_public_labels)  # PDSL's shared validation set Q
     rng = harness_rng(config.seed, SEED_PARTITION)
     partitioner = partitioner_cls()
-    partition = run_partitioner(partitioner, dataset, config.clients, config.samples_per_client, rng, config)
+    partition = run_partitioner(partitioner, dataset, whole.clients, config.samples_per_client, rng, whole)
     data: FederatedData = build_federated_data(dataset, partition, config.eval_fraction, rng)
+    if config.federation_clients is not None:
+        data = evaluation_clients_only(data)
+        if data.num_clients != config.clients:
+            raise UsageError(f"federation_clients={config.federation_clients} with eval_fraction={config.eval_fraction} "
+                             f"has {data.num_clients} evaluation clients, but the run has clients={config.clients}")
     if config.features == "scatter" and config.feature_norm == "client":
         data = normalize_federated(data)  # the paper's: each client's own statistics (uncertified)
     elif config.features == "scatter" and config.feature_norm == "sample":

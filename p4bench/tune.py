@@ -8,17 +8,27 @@ every tuning seed, and the point with the best score is kept, where
     score(point) = mean over seeds of the mean final test accuracy of the benign
                    evaluation clients (metric `accuracy_evaluation_mean`).
 
-Ties go to the earlier point in grid order. A tuning run is an ordinary run of the whole
-federation with the same clients, partition, roles and malicious clients as a reported
-run with that seed (peer-to-peer methods need every peer to train: P4's groups, gossip
-neighbours and the aggregation all involve reported clients, as they will in the runs that
-are reported). The one difference: before round one the test split of every client that
-is not a benign evaluation client is *withheld* (emptied in the run's data, see
+Ties go to the earlier point in grid order. Which federation a tuning run trains on
+(`tune_on`, `--tune-on`; `p4bench.tune_federation`):
+
+- `evaluation-clients` (default): the evaluation clients alone of a reported run with that
+  seed (same partition, same splits, same evaluation clients; `clients` becomes their
+  number and `federation_clients` the reported federation's), so no reported client's
+  record, train or test, enters a tuning run and the chosen values spend none of the
+  reported clients' privacy in the runs that share that partition. Too few evaluation
+  clients for a method is refused (UsageError naming the minimum) before any run trains.
+- `federation`: the whole federation, with the same clients, partition, roles and
+  malicious clients as a reported run with that seed; the reported clients' *training*
+  records take part, so the tuned values are not covered by the privacy accounting. Only
+  their test splits are withheld.
+
+In both modes, before round one the test split of every client that is not a benign
+evaluation client is *withheld* (emptied in the run's data, see
 `p4bench.backends.WithheldTests`), so no model is ever evaluated on a reported client's
-test data and the selection cannot depend on it; reported clients' accuracies in tuning
-runs are NaN, not numbers. Reported clients' *training* data does take part in tuning runs,
-exactly as in deployment; only their test data, which the reported figures are computed
-on, is held out.
+test data; their accuracies in tuning runs are NaN, not numbers. The tuned file, the
+printed tables and every tuning run's MLflow tags (`tune_on`, `tune_federation`) say which
+mode was used. (Accounting tuning on reported clients with the Renyi-DP tuning theorem of
+Papernot and Steinke (2022) is the alternative, not built.)
 
 A tuning file::
 
@@ -26,6 +36,7 @@ A tuning file::
     base: {dataset: digits, clients: 20, rounds: 10}
     seeds: [0, 1]
     grid: {lr: [0.1, 0.5, 1.0]}          # shared by every method
+    tune_on: evaluation-clients          # or federation (see above)
     methods:                             # list, or method -> its own grid (merged over `grid`)
       fedavg:
       p4: {local_steps: [1, 5]}
@@ -54,12 +65,13 @@ from p4bench.backends import Backend
 from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 from p4bench.sweep import PlannedRun, ProgressSink, SweepReport, SweepSpec, expand, option_key, run_sweep
+from p4bench.tune_federation import DEFAULT_TUNE_ON, check_tune_on, tuning_config, tuning_note, tuning_tags
 
 __all__ = ["TuneSpec", "TuneResult", "PointScore", "load_tune", "parse_tune", "plan_tuning", "run_tuning",
            "write_tuned", "SELECTION_METRIC"]
 
 SELECTION_METRIC = "accuracy_evaluation_mean"
-_KEYS = ("name", "base", "seeds", "grid", "methods")
+_KEYS = ("name", "base", "seeds", "grid", "methods", "tune_on")
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,7 @@ class TuneSpec:
     grids: Mapping[str, Mapping[str, tuple[Any, ...]]]  # method -> option -> values
     seeds: tuple[int, ...] = (0,)
     shared: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # the file's `grid`, for other methods
+    tune_on: str = DEFAULT_TUNE_ON  # evaluation-clients | federation (p4bench.tune_federation)
 
 
 @dataclass
@@ -98,6 +111,7 @@ class TuneResult:
     best: dict[str, dict[str, Any]]  # method -> chosen values
     report: SweepReport
     privacy: Any = None  # p4bench.equal_privacy.PrivacyCheck of the tuning runs
+    scope: str = ""  # how tuning was kept out of the reported clients' privacy (or not): one line
 
 
 def load_tune(path: str | Path) -> TuneSpec:
@@ -139,7 +153,8 @@ def parse_tune(data: Any, source: str = "tuning spec") -> TuneSpec:
     if not isinstance(base, Mapping):
         raise UsageError(f"{source}: 'base' must be a mapping of run options")
     name = data.get("name") or f"tune-{base.get('dataset', RunConfig.dataset)}"
-    return TuneSpec(str(name), dict(base), grids, tuple(seeds), shared)
+    tune_on = check_tune_on(data.get("tune_on", DEFAULT_TUNE_ON))
+    return TuneSpec(str(name), dict(base), grids, tuple(seeds), shared, tune_on)
 
 
 def _grid(value: Any, what: str) -> dict[str, tuple[Any, ...]]:
@@ -162,19 +177,28 @@ def _value(config: RunConfig, key: str) -> Any:
 
 
 def plan_tuning(spec: TuneSpec, overrides: Mapping[str, Any] | None = None) -> list[tuple[str, PlannedRun]]:
-    """(method, run) for every grid point and seed, methods in the given order."""
+    """(method, run) for every grid point and seed, methods in the given order, each run on
+    the federation `spec.tune_on` names (`tuning_run`)."""
     planned: list[tuple[str, PlannedRun]] = []
     for method, grid in spec.grids.items():
         sweep = SweepSpec(spec.name, {**spec.base, "method": method}, {**grid, "seed": spec.seeds})
         for run in expand(sweep, overrides):
             point = " ".join(f"{key}={_value(run.config, key)}" for key in grid)
-            planned.append((method, PlannedRun(run.config, {**run.tags, "tune_method": method, "tune_point": point})))
-    for _, run in planned:
-        config = run.config
-        if int(round(config.eval_fraction * config.clients)) < 1:
-            raise UsageError(f"tuning needs evaluation clients, but eval_fraction={config.eval_fraction} of "
-                             f"{config.clients} clients leaves none")
+            tags = {**run.tags, "tune_method": method, "tune_point": point}
+            planned.append((method, tuning_run(PlannedRun(run.config, tags), spec.tune_on)))
     return planned
+
+
+def tuning_run(run: PlannedRun, tune_on: str) -> PlannedRun:
+    """The tuning run for a reported `run`: on its evaluation clients alone, or on its whole
+    federation (`p4bench.tune_federation.tuning_config`), tagged with the mode. Refuses
+    (UsageError) a federation without evaluation clients."""
+    config = run.config
+    if int(round(config.eval_fraction * config.clients)) < 1:
+        raise UsageError(f"tuning needs evaluation clients, but eval_fraction={config.eval_fraction} of "
+                         f"{config.clients} clients leaves none")
+    config = tuning_config(config, tune_on)
+    return PlannedRun(config, {**run.tags, **tuning_tags(config, tune_on)})
 
 
 def run_tuning(
@@ -215,7 +239,9 @@ def tune_planned(
     unless `allow_mixed_privacy`."""
     from p4bench.equal_privacy import check_privacy
     from p4bench.sweep_privacy import record_privacy
+    from p4bench.tune_federation import check_tuning_federation
 
+    check_tuning_federation([run.config for _, run in planned])  # too few evaluation clients: before any training
     sweep = SweepSpec(spec.name, spec.base)
     report = run_sweep(sweep, backend, results_dir=results_dir, tracking_uri=tracking_uri, tuning=True,
                        progress=progress, track=track, planned=[run for _, run in planned],
@@ -244,7 +270,13 @@ def tune_planned(
         candidates = [p for p in scored if p.scores]
         if candidates:
             best[method] = dict(max(candidates, key=lambda p: p.mean).values)  # max keeps the first of ties
-    return TuneResult(spec, points, best, report, verdict)
+    scope = tuning_note(spec.tune_on, [run.config for _, run in planned], what=_tuned_what(spec))
+    return TuneResult(spec, points, best, report, verdict, scope)
+
+
+def _tuned_what(spec: TuneSpec) -> str:
+    keys = sorted({key for grid in spec.grids.values() for key in grid})
+    return ", ".join(keys) if keys else "values"
 
 
 def write_tuned(result: TuneResult, path: str | Path) -> Path:
@@ -256,6 +288,8 @@ def write_tuned(result: TuneResult, path: str | Path) -> Path:
             "metric": SELECTION_METRIC,
             "rule": "max over grid points of the mean over seeds of the benign evaluation clients' mean final "
                     "test accuracy; reported clients' test splits were withheld from every tuning run",
+            "tune_on": spec.tune_on,
+            "federation": result.scope,
             "experiment": spec.name,
             "seeds": list(spec.seeds),
             "base": dict(spec.base),

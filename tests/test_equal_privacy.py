@@ -289,7 +289,7 @@ def test_presets_use_one_relation_and_no_defense_without_attack(name, no_data):
 
 def test_reproduce_plans_lr_tuning_on_the_tuning_setting(no_data):
     plan = plan_preset("heterogeneity", quick=False, only={"method": ["p4", "local", "fedavg"]})
-    tuning = plan_lr_tuning(PRESETS["heterogeneity"], plan.runs, "x-tune", TUNE_GRID, rounds=20)
+    tuning = plan_lr_tuning(PRESETS["heterogeneity"], plan.runs, "x-tune", TUNE_GRID, rounds=20, scope="preset")
     assert [key for key, _ in tuning] == [m for m in ("p4", "fedavg", "local") for _ in TUNE_GRID]
     assert {run.tags["variant"] for _, run in tuning} == {"alpha 50%"}
     assert {(run.config.seed, run.config.rounds, run.config.experiment) for _, run in tuning} == {(0, 20, "x-tune")}
@@ -299,10 +299,10 @@ def test_reproduce_plans_lr_tuning_on_the_tuning_setting(no_data):
     tuned = apply_tuned_lr(plan.runs, {"p4": 0.2, "local": 2.0})
     assert {(r.config.method, r.config.lr) for r in tuned} == {("p4", 0.2), ("local", 2.0), ("fedavg", 0.5)}
     privacy = plan_preset("privacy", quick=True)  # local runs with raw and HC features: tuned apart
-    keys = {key for key, _ in plan_lr_tuning(PRESETS["privacy"], privacy.runs, "y", (0.1,))}
+    keys = {key for key, _ in plan_lr_tuning(PRESETS["privacy"], privacy.runs, "y", (0.1,), scope="preset")}
     assert keys == {"p4", "local (raw)", "local (scatter)"}
     assert {run.config.epsilon for key, run in plan_lr_tuning(PRESETS["privacy"], privacy.runs, "y", (0.1,))
-            if key == "p4"} == {15.0}
+            if key.startswith("p4 @")} == {15.0}  # per partition too: at the tuning setting within it
 
 
 def test_quick_claims_are_not_verdicts():
@@ -318,8 +318,8 @@ def test_reproduce_runs_every_method_at_its_tuned_lr(no_data, tmp_path):
                        only={"method": list(best)}, tune_grid=(0.05, 0.2, 1.0))
     tuning = [t for t in backend.tasks if t.tuning]
     runs = [t for t in backend.tasks if not t.tuning]
-    assert len(tuning) == 3 * 3 and len(runs) == 3 * 6
-    assert report.tuned_lr == best
+    assert len(tuning) == 3 * 3 * 6 and len(runs) == 3 * 6  # every method tuned on each of the 6 partitions
+    assert {name.split(" @ ")[0]: lr for name, lr in report.tuned_lr.items()} == best and len(report.tuned_lr) == 18
     assert {(t.config["method"], t.config["lr"]) for t in runs} == set(best.items())
     assert all(t.config["defense"] == "none" for t in runs)
     assert {t.config["neighbouring"] for t in runs} == {"add-remove"}

@@ -152,11 +152,17 @@ def test_quick_heterogeneity_runs_end_to_end_on_digits(no_data, tmp_path, capsys
     out, err = capsys.readouterr()
     assert (info.value.code or 0) == 0, err
     assert "falling back to digits" in err
-    assert "tuning lr over 0.1, 1 for p4, local on the evaluation clients (variant=alpha 50%" in err
-    assert "lr per method (tuned): p4 " in out
+    assert ("tuning lr over 0.1, 1 for p4, local on each partition's evaluation clients alone (6 partitions: "
+            "6 settings x 1 seed") in err
+    # tuning kept out of every reported client's privacy, and the report says how
+    assert ("lr tuned per partition (6 partitions: 6 settings x 1 seed) on each partition's 2 evaluation clients "
+            "alone, disjoint from its 8 reported clients: no reported client's record enters the tuning of its "
+            "run's lr") in out
+    assert "lr per method (tuned per partition): p4 " in out
     # P4 private (add-remove, no defense: nobody attacks), local non-private: the table marks both
     assert out.count("| p4 | add-remove |") == 6 and out.count("| local | non-private |") == 6
-    assert "privacy: private, add-remove neighbouring, certified epsilon: p4; non-private: local" in out
+    assert ("tuning runs' own privacy (not reported): private, add-remove neighbouring, certified epsilon: p4; "
+            "non-private: local; delta ") in out
     assert "one neighbouring relation for the preset: add-remove; target epsilon 15" in out
     assert "claims of the paper on digits (quick smoke run)" in out
     for claim in ("P4 has the best accuracy at every heterogeneity level", "P4 beats local training at every"):

@@ -27,6 +27,13 @@ _RESULTS = typer.Option(None, "--results-dir", help="folder for local copies and
 _URI = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: SQLite in the results dir)")
 _SET = typer.Option([], "--set", help="base run option KEY=VALUE for every run (repeatable)")
 _DEVICE = typer.Option(None, "--device", help="where every run's tensors live: cpu | cuda | cuda:N | auto (as --set device=...)")
+_TUNE_ON_HELP = ("federation of the tuning runs: evaluation-clients (the evaluation clients alone: no reported client's "
+                 "record takes part) or federation (every client; reported clients' training records take part: the "
+                 "tuned values are not covered by the privacy accounting)")
+_TUNE_SCOPE_HELP = ("which runs one lr tuning serves: partition (lr tuned apart for every partition, level x seed, on "
+                    "its own evaluation clients: no reported client's record enters the tuning of its run's lr; tuning "
+                    "runs x partitions) or preset (once per method at the preset's tuning setting and first seed, used "
+                    "everywhere: cheaper, but other partitions' reported clients may hold the tuning records)")
 _MIXED = typer.Option(False, "--allow-mixed-privacy",
                       help="compare private runs under different neighbouring relations or with uncertified epsilons "
                            "(refused otherwise, exit 2); the table marks each run's privacy")
@@ -193,12 +200,14 @@ def tune_command(
     set_: list[str] = _SET,
     device: str | None = _DEVICE,
     allow_mixed_privacy: bool = _MIXED,
+    tune_on: str | None = typer.Option(None, "--tune-on", help=_TUNE_ON_HELP + " (default: the file's, else evaluation-clients)"),
 ) -> None:
     """Grid-search each method's hyperparameters on the evaluation clients only; write the best.
     Candidates share one neighbouring relation and must be certified (else exit 2)."""
     from p4bench.backends import make_backend
     from p4bench.preflight import check_output_file
     from p4bench.tune import TuneSpec, load_tune, parse_grid_options, parse_tune, run_tuning, write_tuned
+    from p4bench.tune_federation import check_tune_on
 
     extra = parse_grid_options(grid)
     if file is None:
@@ -218,38 +227,20 @@ def tune_command(
     except ValueError:
         raise UsageError(f"--seeds expects integers separated by commas, got {seeds!r}") from None
     experiment = name or (spec.name if file is not None else f"tune-{base.get('dataset', 'digits')}")
-    spec = TuneSpec(experiment, base, spec.grids, chosen_seeds, spec.shared)
+    spec = TuneSpec(experiment, base, spec.grids, chosen_seeds, spec.shared,
+                    check_tune_on(tune_on) if tune_on is not None else spec.tune_on)
     check_output_file(output, "tuned config")
     _check_study_paths(results_dir, tracking_uri, spec.base)
     result = run_tuning(spec, make_backend(backend, jobs, address), results_dir=results_dir, tracking_uri=tracking_uri,
                         progress=RunsProgress(f"tune {spec.name}"), allow_mixed_privacy=allow_mixed_privacy)
     _print_sweep_summary(result.report, err)
+    from p4bench.cli.tuning_view import print_tuning
+
     print_tuning(result, f"over {len(spec.seeds)} seeds")
     path = write_tuned(result, output)
     out.print(f"tuned config written to {path} (include it in a sweep file with `include: {path.name}`)")
     if result.report.failures:
         raise typer.Exit(1)
-
-
-def print_tuning(result, over: str) -> None:
-    """One table per tuned method (or key): every point's score, the best marked; a
-    `privacy` column where the candidates' privacy marks differ."""
-    verdict = result.privacy
-    if verdict is not None and verdict.warning:
-        err.print(f"[yellow]warning:[/yellow] {verdict.warning}", highlight=False)
-    marked = verdict is not None and verdict.needs_column
-    for method_name, points in result.points.items():
-        table = Table(title=f"{method_name}: mean final accuracy of the evaluation clients ({over})")
-        keys = list(result.spec.grids[method_name])
-        for column in [*keys, *(["privacy"] if marked else []), "mean", "std", "n", ""]:
-            table.add_column(column)
-        for point in points:
-            chosen = point.values == result.best.get(method_name)
-            table.add_row(*[str(point.values[k]) for k in keys], *([point.privacy] if marked else []), _num(point.mean),
-                          _num(point.std), str(len(point.scores)), "[green]best[/green]" if chosen else "")
-        out.print(table)
-    if verdict is not None and any(r.private for r in verdict.runs):
-        out.print(verdict.note(), highlight=False)
 
 
 def _num(value: float) -> str:
@@ -324,12 +315,15 @@ def reproduce_command(
     only: list[str] = typer.Option([], "--only", help="keep runs whose option is one of KEY=V1,V2,... (repeatable)"),
     no_tune: bool = typer.Option(False, "--no-tune", help="do not tune lr on the evaluation clients first"),
     tune_rounds: int | None = typer.Option(None, "--tune-rounds", help="rounds of the lr tuning runs (default: the preset's)"),
+    tune_on: str = typer.Option("evaluation-clients", "--tune-on", help=_TUNE_ON_HELP),
+    tune_scope: str = typer.Option("partition", "--tune-scope", help=_TUNE_SCOPE_HELP),
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
     """Rebuild one of the paper's experiments and state whether each of its claims holds.
-    lr is tuned per method on the evaluation clients first; every private run shares one
+    lr is tuned per method and partition on its evaluation clients alone first; every private run shares one
     neighbouring relation and target epsilon, and must be certified (else exit 2)."""
     from p4bench.backends import make_backend
+    from p4bench.cli.tuning_view import print_reproduce_tuning
     from p4bench.compare import plot_comparison
     from p4bench.preflight import check_plot_path
     from p4bench.reproduce import claim_note, reproduce, smoke_note
@@ -350,13 +344,8 @@ def reproduce_command(
                        tracking_uri=tracking_uri, strict=strict, progress=RunsProgress(f"reproduce {name}"),
                        overrides=overrides, only=parse_grid_options(only), on_notice=notice, tune=not no_tune,
                        tune_rounds=tune_rounds, tune_progress=RunsProgress(f"tune lr for {name}"),
-                       allow_mixed_privacy=allow_mixed_privacy)
-    if report.tuning is not None:
-        _print_sweep_summary(report.tuning.report, err)
-        print_tuning(report.tuning, "lr tuned on the evaluation clients, reported clients' test data withheld")
-    if report.tuned_lr:
-        out.print("lr per method (tuned): " + ", ".join(f"{k} {v:g}" for k, v in report.tuned_lr.items()),
-                  highlight=False)
+                       allow_mixed_privacy=allow_mixed_privacy, tune_on=tune_on, tune_scope=tune_scope)
+    print_reproduce_tuning(report)
     _print_sweep_summary(report.sweep, err)
     if report.comparison is not None:
         _print_comparison(report.comparison, fmt, privacy_note=False)  # report.privacy says it below

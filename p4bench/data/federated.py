@@ -212,3 +212,22 @@ def build_federated_data(
         class_names=dataset.class_names,
         client_indices=tuple(np.asarray(p) for p in partition),
     )
+
+
+def evaluation_clients_only(data: FederatedData) -> FederatedData:
+    """The federation made of `data`'s evaluation clients alone, in their order, each with
+    its own train and test tensors (copies, trimmed to the longest kept client) and its
+    pooled-dataset indices; every kept client is an evaluation client. Tuning runs use it
+    (`RunConfig.federation_clients`) so that no reported client's record takes part."""
+    index = torch.nonzero(data.evaluation.cpu()).flatten()
+
+    def keep(tensors: ClientTensors) -> ClientTensors:
+        n = tensors.n[index.to(tensors.n.device)].clone()
+        width = int(n.max()) if len(n) else 0
+        return ClientTensors(tensors.x[index.to(tensors.x.device), :width].clone(),
+                             tensors.y[index.to(tensors.y.device), :width].clone(), n)
+
+    return dataclasses.replace(
+        data, train=keep(data.train), test=keep(data.test), evaluation=torch.ones(len(index), dtype=torch.bool),
+        client_indices=tuple(data.client_indices[int(i)] for i in index),
+    )
