@@ -102,8 +102,16 @@ def plugin_provenance(config: RunConfig, registry: Registry, defense: str | None
     return provenance
 
 
-def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
-    """Resolve every plugin name and check compatibility before any data or training."""
+# Alters a run's client data (and public data) before the model and method are built
+# from its feature shape: the method-level audit appends its canary records there.
+DataTransform = Callable[[FederatedData, Any], tuple[FederatedData, Any]]
+
+
+def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform | None = None) -> PreparedRun:
+    """Resolve every plugin name and check compatibility before any data or training.
+
+    `data_transform(data, public)` returns the client data and public data the run
+    trains on (the privacy claim's N, for the default delta, is the dataset's own)."""
     requested_hash = config.config_hash()
     config = resolve_run_config(config, registry)
     plugin_options = validate_run_options(config, registry)  # unknown keys and bad values: before any data
@@ -142,6 +150,8 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         data = normalize_federated(data)  # the paper's: each client's own statistics (uncertified)
     elif config.features == "scatter" and config.feature_norm == "sample":
         data = normalize_samples(data)  # a function of each record alone: no privacy cost
+    if data_transform is not None:
+        data, public = data_transform(data, public)
 
     malicious = np.zeros(config.clients, dtype=bool)
     if attack_cls is not None:
@@ -251,11 +261,13 @@ def run(
     track: bool = True,
     on_prepared: Callable[[PreparedRun], None] | None = None,
     resume: Checkpoint | None = None,
+    data_transform: DataTransform | None = None,
 ) -> RunResult:
     """Execute one run. Observers are plugin objects implementing observation hooks;
     with `track` the MLflow tracker (which also keeps a local copy) is one of them.
     `on_prepared` may adjust the prepared run before training (the privacy audit
-    wraps the DP mechanism there).
+    wraps the DP mechanism there); `data_transform` alters the data before the model is
+    built (`prepare`; the method-level audit adds its canary records).
 
     A tracked run is checkpointed into its local folder after its rounds
     (`p4bench.checkpoint`); `resume` continues such a run (same config, same folder, same
@@ -274,7 +286,7 @@ def run(
     if resume is not None:
         check_resumable(config, registry)
         resume.state()  # read now: the tracker continues from the snapshot's own round
-    prepared = prepare(config, registry)
+    prepared = prepare(config, registry, data_transform)
     if on_prepared is not None:
         on_prepared(prepared)
     info = prepared.info
