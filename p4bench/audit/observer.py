@@ -10,8 +10,9 @@ touch column j, so an included canary moves it: summed over client i's messages,
 score grows with every sampled step the canary went into, and with anything else the
 method lets the record leak into what it sends.
 
-Payloads: ``update.<name>`` entries named like the model's parameters (one model or
-update per message), or ``update.*`` entries that each hold a whole flattened model
+Payloads: ``update.<name>`` or ``model.<name>`` entries named like the model's
+parameters (one model or update per message: a P4 lead's group model is read like a
+member's proxy), or ``update.*`` entries that each hold a whole flattened model
 (P values: PDSL's ``update.model`` and ``update.gradient``, P2P-FL's ``update.params``).
 An entry named ``*gradient*`` is a gradient: the model moves against it, so it counts
 negatively. Other payloads are refused (IncompatibleError): the audit does not guess.
@@ -24,11 +25,13 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from p4bench.engine.messages import UPDATE_PREFIX, Messages, update_keys
+from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, Messages, prefixed_keys
 from p4bench.engine.network import Delivery, Network
 from p4bench.errors import IncompatibleError
 
 __all__ = ["MessageScores", "RecordingNetwork", "canary_values"]
+
+PREFIXES = (UPDATE_PREFIX, MODEL_PREFIX)  # a model, update or gradient (`update.*`), a model to use as is (`model.*`)
 
 
 def canary_values(vectors: torch.Tensor, own: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
@@ -55,10 +58,16 @@ class MessageScores:
 
     def _vectors(self, payload: Mapping[str, torch.Tensor]) -> list[tuple[torch.Tensor, float, str]]:
         """(n, P) flat models of the payload, each with its sign and a description."""
-        keys = update_keys(payload)
-        names = [k[len(UPDATE_PREFIX):] for k in keys]
+        found = []
+        for prefix in PREFIXES:
+            found += self._prefixed(payload, prefix)
+        return found
+
+    def _prefixed(self, payload: Mapping[str, torch.Tensor], prefix: str) -> list[tuple[torch.Tensor, float, str]]:
+        keys = prefixed_keys(payload, prefix)
+        names = [k[len(prefix):] for k in keys]
         if sorted(names) == self.names:
-            parts = [payload[UPDATE_PREFIX + name].reshape(len(payload[UPDATE_PREFIX + name]), -1) for name in self.names]
+            parts = [payload[prefix + name].reshape(len(payload[prefix + name]), -1) for name in self.names]
             return [(torch.cat(parts, dim=1), 1.0, "parameters")]
         found = []
         for key in keys:
@@ -69,7 +78,7 @@ class MessageScores:
                     f"the method-level audit reads models, updates or gradients from messages; payload entry '{key}' "
                     f"holds {width} values per message, the model has {self.size} parameters ({', '.join(self.names)})"
                 )
-            gradient = "gradient" in key[len(UPDATE_PREFIX):]
+            gradient = "gradient" in key[len(prefix):]
             found.append((value.reshape(len(value), -1), -1.0 if gradient else 1.0, "gradients" if gradient else "models"))
         return found
 
@@ -81,7 +90,7 @@ class MessageScores:
         chosen = (src >= 0) & (src != dst) & (src < len(self.own))
         if not bool(chosen.any()):
             return
-        if not update_keys(messages.table):
+        if not any(prefixed_keys(messages.table, prefix) for prefix in PREFIXES):
             return  # control messages (selections, announcements): no model in them
         picked = messages.select(chosen.nonzero().squeeze(1).to(messages.src.device))
         senders = src[chosen]

@@ -32,19 +32,22 @@ from p4bench.errors import IncompatibleError
 __all__ = ["RecordCanaries", "MARKER_SCALE"]
 
 MARKER_SCALE = 10.0  # v / C
+PROBES = 4  # probe twins per canary
+PROBE_SCALE = 0.5  # a probe's marker value, relative to v
 
 
 class RecordCanaries:
     """The canaries of one run (`m` per client) and the data transform that plants them."""
 
     def __init__(self, num_clients: int, per_client: int, num_classes: int, seed: int, clip: float,
-                 neighbouring: str) -> None:
+                 neighbouring: str, probes: int = PROBES, probe_scale: float = PROBE_SCALE) -> None:
         if num_classes < 3:
             raise IncompatibleError(f"the method-level audit needs at least 3 classes (canary, replacement and probe "
                                     f"labels), the data set has {num_classes}")
         self.num_clients, self.per_client, self.num_classes = num_clients, per_client, num_classes
         self.neighbouring = neighbouring
         self.value = MARKER_SCALE * float(clip)
+        self.probes, self.probe_value = int(probes), float(probe_scale) * self.value
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA7A, 1]))
         shape = (num_clients, per_client)
         self.included = rng.random(shape) < 0.5
@@ -76,7 +79,7 @@ class RecordCanaries:
     def _with_canaries(self, train: ClientTensors, width: int) -> ClientTensors:
         m = self.per_client
         kept = self.included | (self.neighbouring == "replace-one")  # records in client i's data, besides probes
-        extra = kept.sum(1) + m
+        extra = kept.sum(1) + m * self.probes
         n = train.n + torch.from_numpy(extra)
         size = int(n.max())
         x = torch.zeros(self.num_clients, size, width, dtype=train.x.dtype)
@@ -87,10 +90,12 @@ class RecordCanaries:
             start = int(train.n[i])
             chosen = np.flatnonzero(kept[i])
             label = np.where(self.included[i, chosen], self.label[i, chosen], self.other[i, chosen])
-            columns = np.r_[self.columns[i, chosen], self.columns[i]]  # canaries (or replacements), then probes
-            labels = np.r_[label, self.probe[i]]
+            probes = np.repeat(self.columns[i], self.probes)
+            columns = np.r_[self.columns[i, chosen], probes]  # canaries (or replacements), then probes
+            labels = np.r_[label, np.repeat(self.probe[i], self.probes)]
             rows = torch.arange(start, start + len(columns))
-            x[i, rows, torch.from_numpy(self.base_features + columns)] = self.value
+            values = torch.tensor([self.value] * len(chosen) + [self.probe_value] * len(probes), dtype=x.dtype)
+            x[i, rows, torch.from_numpy(self.base_features + columns)] = values
             y[i, rows] = torch.from_numpy(labels.astype(np.int64))
         return ClientTensors(x, y, n)
 
@@ -121,9 +126,9 @@ def _widened_public(public, width: int):
     load = public.load
 
     def widened() -> np.ndarray:
-        x = np.asarray(load(), dtype=np.float32)
+        x = np.asarray(load(), dtype=np.float32).reshape(-1, int(np.prod(public.feature_shape)))
         out = np.zeros((len(x), width), dtype=np.float32)
-        out[:, : x.shape[1]] = x.reshape(len(x), -1)
+        out[:, : x.shape[1]] = x
         return out
 
     return dataclasses.replace(public, load=widened, feature_shape=(width,), _splits=None)
