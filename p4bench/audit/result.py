@@ -83,11 +83,11 @@ class AuditResult:
             verdict = "consistent"
         runs = f"{self.runs} run" + ("s" if self.runs != 1 else "")
         canaries = f", {self.canaries_per_client} canaries per client" if self.level == "method" else ""
-        took = f" [{self.seconds:.1f} s]" if self.seconds is not None else ""
+        took = f", {self.seconds:.1f} s" if self.seconds is not None else ""
         return (
             f"audit {self.config.method} on {self.config.dataset} ({self.scope}): empirical epsilon >= {b.epsilon_lower:.2f} "
-            f"at {_percent(b.confidence)} confidence ({b.trials} trials in {runs}{canaries}, ceiling {b.ceiling:.2f}) vs "
-            f"{self.claim_label} epsilon {self.claimed_epsilon:.2f} ({self.accountant}, {self.neighbouring}): {verdict}{took}"
+            f"at {_percent(b.confidence)} confidence ({b.trials} trials in {runs}{canaries}, ceiling {b.ceiling:.2f}{took}) vs "
+            f"{self.claim_label} epsilon {self.claimed_epsilon:.2f} ({self.accountant}, {self.neighbouring}): {verdict}"
         )
 
     def as_dict(self) -> dict[str, Any]:
