@@ -36,6 +36,7 @@ from p4bench.audit.records import RecordCanaries
 from p4bench.audit.result import AuditResult
 from p4bench.audit.stats import empirical_epsilon
 from p4bench.config import RunConfig
+from p4bench.engine.method import Method
 from p4bench.errors import IncompatibleError, UsageError
 
 __all__ = ["DEFAULT_RECORD_CANARIES", "OBSERVERS", "method_scope", "run_method_audit"]
@@ -96,7 +97,8 @@ def run_method_audit(
     if not issubclass(model_cls, LinearSoftmax):
         raise IncompatibleError(f"the method-level audit reads canaries from a linear model's marker columns; "
                                 f"model '{config.model}' is not one (use --model linear on flat features)")
-    neighbouring = config.neighbouring or registry.get("method", config.method).default_neighbouring
+    method_cls: type[Method] = registry.get("method", config.method)
+    neighbouring = config.neighbouring or method_cls.default_neighbouring
     per_client = canaries_per_client or DEFAULT_RECORD_CANARIES
     scores, included, summaries, claims, deltas, kinds = [], [], [], [], [], set()
     for index in range(runs):
