@@ -30,6 +30,7 @@ from p4bench.testing.audit_faults import FAULTY_METHODS, oversampled, unclipped
 # name -> (method, options, fault of the mechanism, expected verdict)
 CASES: dict[str, tuple[str, dict[str, Any], Any, str]] = {
     "p4-clipping-removed": ("p4", {}, unclipped, "exceeds"),
+    "fedavg-clipping-removed": ("fedavg", {}, unclipped, "exceeds"),
     "fedavg-sampling-5x": ("fedavg", {}, oversampled(5.0), "exceeds"),
     "leaky-proxyfl-sends-private-model": ("leaky-proxyfl", {}, None, "exceeds"),
     "proxyfl-teacher-private": ("proxyfl", {"teacher": "private"}, None, "exceeds"),
