@@ -1,8 +1,8 @@
 """Canary records for the method-level audit: input-space records in the clients' data.
 
 The audit flattens every record (the linear model it needs flattens them anyway) and
-appends D = clients x m marker feature columns to it
-(zero for every real record: public knowledge, not a change of the method). Canary
+appends D = clients x m marker feature columns to it (zero for every real record:
+public knowledge, not a change of the method). Canary
 (i, k) of client i owns marker column j(i, k) (all distinct) and has public labels
 c (its own), c' (its replacement's, under replace-one) and l (its probe's), all
 distinct; its secret is the inclusion bit b(i, k) ~ Bernoulli(1/2) of the audit seed.
@@ -10,10 +10,13 @@ distinct; its secret is the inclusion bit b(i, k) ~ Bernoulli(1/2) of the audit 
 - b = 1: client i trains on the canary x = v e_j, y = c.
 - b = 0: add-remove: the canary is absent; replace-one: client i trains on the
   replacement x = v e_j, y = c' instead (the neighbouring data set replaces one record).
-- Always, client i also holds the canary's *probe twin* x = v e_j, y = l: a public
-  record whose gradient says nothing about b under DP, but which carries the canary's
-  label when a method distils the probe from a model that memorised the canary
-  without DP (ProxyFL's teacher=private).
+- Always, client i also holds the canary's `PROBES` *probe twins* x = s v e_j, y = l
+  (s = `PROBE_SCALE`): public records whose gradients say nothing about b under DP,
+  but which carry the canary's label when a method distils them from a model that
+  learnt the canary without DP (ProxyFL's teacher=private). Several probes at half
+  scale: on digits at epsilon 8 they showed the largest gap between ProxyFL's
+  teacher=private and teacher=none of the settings tried (1, 2, 4 or 8 probes at
+  1/8 to 1 x v), a gap of about 30% in the scores' separation (d' 0.95 against 0.73).
 
 v = `MARKER_SCALE` x C makes a canary's per-example gradient norm several times the clip
 norm (|x| = v, |p - onehot(y)| close to 1 until it is learned), so clipping binds.
