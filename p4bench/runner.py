@@ -104,8 +104,16 @@ def plugin_provenance(config: RunConfig, registry: Registry, defense: str | None
     return provenance
 
 
-def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
-    """Resolve every plugin name and check compatibility before any data or training."""
+# Alters a run's client data (and public data) before the model and method are built
+# from its feature shape: the method-level audit appends its canary records there.
+DataTransform = Callable[[FederatedData, Any], tuple[FederatedData, Any]]
+
+
+def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform | None = None) -> PreparedRun:
+    """Resolve every plugin name and check compatibility before any data or training.
+
+    `data_transform(data, public)` returns the client data and public data the run
+    trains on (the privacy claim's N, for the default delta, is the dataset's own)."""
     requested_hash = config.config_hash()
     config = resolve_run_config(config, registry)
     plugin_options = validate_run_options(config, registry)  # unknown keys and bad values: before any data
@@ -154,6 +162,8 @@ def prepare(config: RunConfig, registry: Registry) -> PreparedRun:
         data = normalize_federated(data)  # the paper's: each client's own statistics (uncertified)
     elif config.features == "scatter" and config.feature_norm == "sample":
         data = normalize_samples(data)  # a function of each record alone: no privacy cost
+    if data_transform is not None:
+        data, public = data_transform(data, public)
 
     malicious = np.zeros(config.clients, dtype=bool)
     if attack_cls is not None:
@@ -264,12 +274,15 @@ def run(
     on_prepared: Callable[[PreparedRun], None] | None = None,
     resume: Checkpoint | None = None,
     verify: bool = True,
+    data_transform: DataTransform | None = None,
 ) -> RunResult:
     """Execute one run. Observers are plugin objects implementing observation hooks;
     with `track` the MLflow tracker (which also keeps a local copy) is one of them.
     `on_prepared` may adjust the prepared run before training (the privacy audit
-    wraps the DP mechanism there). With `verify` a private run's method is checked for
-    post-processing first (`p4bench.privacy.verification`: once per plugin version, cached).
+    wraps the DP mechanism there); `data_transform` alters the data before the model is
+    built (`prepare`; the method-level audit adds its canary records). With `verify` a
+    private run's method is checked for post-processing first (`p4bench.privacy.verification`:
+    once per plugin version, cached).
 
     A tracked run is checkpointed into its local folder after its rounds
     (`p4bench.checkpoint`); `resume` continues such a run (same config, same folder, same
@@ -288,7 +301,7 @@ def run(
     if resume is not None:
         check_resumable(config, registry)
         resume.state()  # read now: the tracker continues from the snapshot's own round
-    prepared = prepare(config, registry)
+    prepared = prepare(config, registry, data_transform)
     certification = prepared.info.certification
     if verify and certification is not None and certification.private:  # behaviour, not declarations
         verdict = verify_method(prepared.config, type(prepared.job.method), prepared.info.plugins, pm, run)

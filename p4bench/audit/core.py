@@ -9,6 +9,7 @@ above it means the privacy claim does not hold for this mechanism.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ def run_audit(
     from p4bench.plugin_manager import Registry, create_plugin_manager
     from p4bench.runner import resolve_run_config, run
 
+    started = time.perf_counter()
     if runs < 1:
         raise UsageError(f"--runs must be >= 1, got {runs}")
     if canaries_per_client is not None and canaries_per_client < 1:
@@ -120,6 +122,7 @@ def run_audit(
     target = Path(plot) if plot is not None else (Path(folder) / "audit_scores.png" if folder else None)
     if target is not None:
         audit.plot = plot_scores(audit, target)
+    audit.seconds = time.perf_counter() - started
     if track:
         audit.tracking_error = log_audit(audit)
     return audit

@@ -46,7 +46,8 @@ def plot_scores(audit: AuditResult, path: Path) -> Path:
         axis.axvline(bound.threshold, color="black", linestyle="--", linewidth=1,
                      label=f"threshold ({guess} if score {'>=' if side == 'high' else '<='})")
     axis.set_yscale("log")
-    axis.set_xlabel("canary score (log-likelihood ratio, summed over releases)")
+    axis.set_xlabel("canary score (log-likelihood ratio, summed over releases)" if audit.level == "mechanism" else
+                    "canary score (W[c, j] - reference, summed over what the observer saw)")
     axis.set_ylabel("canaries")
     axis.set_title(
         f"{audit.config.method} on {audit.config.dataset}: eps >= {bound.epsilon_lower:.2f} "
@@ -79,6 +80,7 @@ def log_audit(audit: AuditResult) -> str | None:
             "audit_fpr_upper": bound.fpr_upper,
             "audit_trials": float(bound.trials),
             "audit_ceiling": bound.ceiling,
+            **({"audit_seconds": audit.seconds} if audit.seconds is not None else {}),
         }
         params = {
             "audit.runs": str(audit.runs),
@@ -88,6 +90,8 @@ def log_audit(audit: AuditResult) -> str | None:
             "audit.delta": f"{bound.delta:g}",
             "audit.direction": bound.direction,
             "audit.threshold": f"{bound.threshold:.6g}",
+            "audit.level": audit.level,
+            "audit.observer": str(audit.observer),
         }
         tags = {"audit": "true", "audit.verdict": audit.verdict, "audit.claim": audit.claim_label}
         for summary in tracked:

@@ -41,6 +41,10 @@ class AuditResult:
     notes: list[str] = field(default_factory=list)
     plot: Path | None = None
     tracking_error: str | None = None
+    level: str = "mechanism"  # or "method" (`p4bench.audit.method_level`)
+    observer: str | None = None  # the method level's view: messages | final
+    scope: str = SCOPE  # what was checked, said on the line
+    seconds: float | None = None  # wall time of the whole audit
 
     @property
     def exceeds(self) -> bool:
@@ -78,9 +82,11 @@ class AuditResult:
         else:
             verdict = "consistent"
         runs = f"{self.runs} run" + ("s" if self.runs != 1 else "")
+        canaries = f", {self.canaries_per_client} canaries per client" if self.level == "method" else ""
+        took = f", {self.seconds:.1f} s" if self.seconds is not None else ""
         return (
-            f"audit {self.config.method} on {self.config.dataset} ({SCOPE}): empirical epsilon >= {b.epsilon_lower:.2f} "
-            f"at {_percent(b.confidence)} confidence ({b.trials} trials in {runs}, ceiling {b.ceiling:.2f}) vs "
+            f"audit {self.config.method} on {self.config.dataset} ({self.scope}): empirical epsilon >= {b.epsilon_lower:.2f} "
+            f"at {_percent(b.confidence)} confidence ({b.trials} trials in {runs}{canaries}, ceiling {b.ceiling:.2f}{took}) vs "
             f"{self.claim_label} epsilon {self.claimed_epsilon:.2f} ({self.accountant}, {self.neighbouring}): {verdict}"
         )
 
@@ -93,7 +99,11 @@ class AuditResult:
             "epsilon_certified": self.certified,
             "exceeds": self.exceeds,
             "verdict": self.verdict,
-            "checked": SCOPE,
+            "checked": self.scope,
+            "level": self.level,
+            "observer": self.observer,
+            "canary_kind": "input records with probe twins" if self.level == "method" else "gradients after clipping",
+            "seconds": self.seconds,
             "runs_needed": self.runs_needed() if self.inconclusive else None,
             "accountant": self.accountant,
             "neighbouring": self.neighbouring,

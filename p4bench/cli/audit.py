@@ -1,5 +1,10 @@
 """`p4bench audit`: an empirical privacy audit of one method and config.
 
+`--level mechanism` (default): gradient canaries inside the DP mechanism
+(`p4bench.audit.core`); `--level method`: canary records in the clients' data, read
+from what a curious neighbour receives or from the final models
+(`p4bench.audit.method_level`, `--observer messages|final`).
+
 Prints one line (what was checked, the lower bound next to the claimed epsilon, and the
 ceiling: the highest bound the trials could show) and, with --json, a last JSON line with
 the figures (`verdict`: consistent, exceeds or inconclusive). Exits 0 when the claim is
@@ -58,8 +63,13 @@ def audit_command(
     option: list[str] = typer.Option([], "--option", "-o", help="plugin option KEY=VALUE (repeatable)"),
     runs: int = typer.Option(1, "--runs", help="training runs; their trials are pooled"),
     canaries_per_client: int | None = typer.Option(
-        None, "--canaries-per-client", help="canaries per client (default: min(parameters, 1024)), at most the parameters"
+        None, "--canaries-per-client", help="canaries per client (mechanism level: default min(parameters, 1024), at most "
+        "the parameters; method level: default 50)"
     ),
+    level: str = typer.Option("mechanism", "--level", help="mechanism (gradient canaries in the DP mechanism) | method "
+                              "(canary records through the whole method)"),
+    observer: str = typer.Option("messages", "--observer", help="method level: messages (what a curious neighbour or "
+                                 "the server receives) | final (the final deployed models)"),
     confidence: float = typer.Option(0.95, "--confidence", help="confidence of the lower bound, in (0, 1)"),
     plot: Path | None = typer.Option(None, "--plot", help="PNG of the score distributions (default: in the last run's results folder)"),
     as_json: bool = typer.Option(False, "--json", help="end with one JSON line holding the figures"),
@@ -69,7 +79,16 @@ def audit_command(
 ) -> None:
     """Empirical privacy audit: an epsilon lower bound from canaries, next to the claimed epsilon."""
     from p4bench.audit.core import run_audit
+    from p4bench.audit.method_level import OBSERVERS, run_method_audit
+    from p4bench.errors import UsageError
     from p4bench.plugin_manager import default_plugin_manager
+
+    if level not in ("mechanism", "method"):
+        raise UsageError(f"--level must be mechanism or method, got '{level}'")
+    if observer not in OBSERVERS:
+        raise UsageError(f"--observer must be one of {', '.join(OBSERVERS)}, got '{observer}'")
+    if level == "mechanism" and observer != "messages":
+        raise UsageError("--observer applies to --level method (the mechanism level observes the noisy releases)")
 
     overrides = {
         k: v
@@ -87,10 +106,12 @@ def audit_command(
                         console=console, transient=True)
     with progress:
         task = progress.add_task("audit", total=None)
-        result = run_audit(
-            config, runs=runs, canaries_per_client=canaries_per_client, confidence=confidence,
-            observers=[RoundProgress(progress, task, runs)], plugin_manager=default_plugin_manager(), plot=plot,
-        )
+        common = dict(runs=runs, canaries_per_client=canaries_per_client, confidence=confidence,
+                      observers=[RoundProgress(progress, task, runs)], plugin_manager=default_plugin_manager(), plot=plot)
+        if level == "method":
+            result = run_method_audit(config, observer=observer, **common)  # type: ignore[arg-type]
+        else:
+            result = run_audit(config, **common)  # type: ignore[arg-type]
     human = Console(stderr=as_json, highlight=False, soft_wrap=True)
     for note in result.notes:
         human.print(f"note: {note}")

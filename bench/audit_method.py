@@ -1,0 +1,99 @@
+"""The method-level audit's acceptance cases (#29): four planted or known leaks it must
+flag and four honest methods it must find consistent, on digits.
+
+    python bench/audit_method.py [--rounds R] [--clients M] [--canaries-per-client m]
+                                 [--cases NAME ...] [--max-runs N] [--threads N]
+
+Each case is audited with one run first; when that run's ceiling is below the claim
+(inconclusive), again with the number of runs the audit recommends (capped by
+--max-runs). Settings are the run's defaults (digits, 20 clients, 30 rounds, epsilon 8)
+unless given. Prints one JSON object per case (bound, claim, ceiling, verdict, runs,
+seconds, and the bench convention: threads, wall and CPU seconds, peak memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from typing import Any
+
+import torch
+
+from p4bench.audit.method_level import run_method_audit
+from p4bench.config import RunConfig
+from p4bench.plugin_manager import create_plugin_manager
+from p4bench.testing.audit_faults import FAULTY_METHODS, oversampled, unclipped
+
+# name -> (method, options, fault of the mechanism, expected verdict)
+CASES: dict[str, tuple[str, dict[str, Any], Any, str]] = {
+    "p4-clipping-removed": ("p4", {}, unclipped, "exceeds"),
+    "fedavg-clipping-removed": ("fedavg", {}, unclipped, "exceeds"),
+    "fedavg-sampling-5x": ("fedavg", {}, oversampled(5.0), "exceeds"),
+    "leaky-proxyfl-sends-private-model": ("leaky-proxyfl", {}, None, "exceeds"),
+    "proxyfl-teacher-private": ("proxyfl", {"teacher": "private"}, None, "exceeds"),
+    "fedavg": ("fedavg", {}, None, "consistent"),
+    "dp-dsgd": ("dp-dsgd", {}, None, "consistent"),
+    "p4": ("p4", {}, None, "consistent"),
+    "pdsl": ("pdsl", {}, None, "consistent"),
+}
+
+
+def peak_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
+
+
+def audit(name: str, args: argparse.Namespace, runs: int) -> dict[str, Any]:
+    method, options, fault, expected = CASES[name]
+    changes: dict[str, Any] = dict(method=method, options=options, epsilon=8.0, seed=args.seed)
+    if args.rounds:
+        changes["rounds"] = args.rounds
+    if args.clients:
+        changes["clients"] = args.clients
+    pm = create_plugin_manager()
+    pm.register(FAULTY_METHODS)
+    result = run_method_audit(RunConfig(**changes), runs=runs, canaries_per_client=args.canaries_per_client,
+                              wrap_mechanism=fault, plugin_manager=pm, track=False)
+    b = result.bound
+    return {
+        "bound": round(b.epsilon_lower, 3), "claim": round(result.claimed_epsilon, 3), "ceiling": round(b.ceiling, 3),
+        "verdict": result.verdict, "runs": runs, "trials": b.trials, "tpr_lower": round(b.tpr_lower, 4),
+        "fpr_upper": round(b.fpr_upper, 6), "runs_needed": result.runs_needed() if result.inconclusive else None,
+        "seconds": round(result.seconds or 0.0, 1), "expected": expected, "line": result.line(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=None, help="T (default: the run's, 30)")
+    parser.add_argument("--clients", type=int, default=None, help="M (default: the run's, 20)")
+    parser.add_argument("--canaries-per-client", type=int, default=None)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--max-runs", type=int, default=64, help="cap on the recommended runs")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for name in args.cases:
+        wall, cpu = time.perf_counter(), time.process_time()
+        first = audit(name, args, 1)
+        final = first
+        if first["verdict"] == "inconclusive" and first["runs_needed"]:
+            final = audit(name, args, min(int(first["runs_needed"]), args.max_runs))
+        print(json.dumps({
+            "case": name, **{k: final[k] for k in ("bound", "claim", "ceiling", "verdict", "runs", "seconds")},
+            "expected": final["expected"], "trials": final["trials"], "tpr_lower": final["tpr_lower"],
+            "fpr_upper": final["fpr_upper"], "recommended_runs": first["runs_needed"],
+            "first_run": {k: first[k] for k in ("bound", "ceiling", "verdict", "seconds")},
+            "rounds": args.rounds or 30, "clients": args.clients or 20,
+            "canaries_per_client": args.canaries_per_client, "threads": torch.get_num_threads(),
+            "wall_s": round(time.perf_counter() - wall, 1), "cpu_s": round(time.process_time() - cpu, 1),
+            "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1), "line": final["line"],
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""`run_method_audit`: the method-level audit, canary records through the whole method.
+
+The mechanism-level audit (`p4bench.audit.core`) inserts gradient canaries after
+clipping inside `DPMechanism.release`: its bound depends on (sigma, q, steps) alone and
+cannot see a method that leaks outside the mechanism. This audit puts canary *records*
+into the clients' data (`p4bench.audit.records`), so they go through everything the
+method does with a record (its sampling, clipping, teachers, personalisation), and
+reads them from what the method lets out:
+
+- observer ``messages`` (default): every message a client sends to others, as a
+  curious neighbour (or the server) receives it (`p4bench.audit.observer`);
+- observer ``final``: the clients' final deployed models (`Outcome.final_params`).
+  A method's claim may not cover them (ProxyFL's private models are never released).
+
+Each canary is one trial; trials of `runs` trainings (seeds seed..seed+runs-1, fresh
+canaries and bits each time) are pooled and bounded as the mechanism-level audit does
+(`empirical_epsilon`: test chosen on half the trials, Clopper-Pearson on the other
+half). Pooling canaries of one training treats them as independent trials, as the
+mechanism-level audit does; every canary has its own marker column, so only the
+shared bias couples them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pluggy
+import torch
+
+from p4bench.audit.observer import MessageScores, RecordingNetwork, canary_values
+from p4bench.audit.records import RecordCanaries
+from p4bench.audit.result import AuditResult
+from p4bench.audit.stats import empirical_epsilon
+from p4bench.config import RunConfig
+from p4bench.engine.method import Method
+from p4bench.errors import IncompatibleError, UsageError
+
+__all__ = ["DEFAULT_RECORD_CANARIES", "OBSERVERS", "method_scope", "run_method_audit"]
+
+DEFAULT_RECORD_CANARIES = 50  # per client: D = clients x m marker columns, each record that much wider
+OBSERVERS = {"messages": "neighbour messages", "final": "final models"}
+CANARY_KIND = "input records with probe twins"
+
+
+def method_scope(observer: str) -> str:
+    """What the method-level audit checks, said on its line."""
+    return f"method-level: observer {OBSERVERS[observer]}, canaries: {CANARY_KIND}"
+
+
+def _check_inputs(config: RunConfig, runs: int, canaries_per_client: int | None, confidence: float, observer: str) -> None:
+    if runs < 1:
+        raise UsageError(f"--runs must be >= 1, got {runs}")
+    if canaries_per_client is not None and canaries_per_client < 1:
+        raise UsageError(f"--canaries-per-client must be >= 1, got {canaries_per_client}")
+    if not 0.0 < confidence < 1.0:
+        raise UsageError(f"--confidence must be in (0, 1), got {confidence}")
+    if observer not in OBSERVERS:
+        raise UsageError(f"--observer must be one of {', '.join(OBSERVERS)}, got '{observer}'")
+    if not config.private:
+        raise UsageError("the audit needs a private run: give --epsilon or --noise-multiplier")
+
+
+def run_method_audit(
+    config: RunConfig,
+    *,
+    runs: int = 1,
+    canaries_per_client: int | None = None,
+    confidence: float = 0.95,
+    observer: str = "messages",
+    wrap_mechanism: Callable[[Any], Any] | None = None,
+    observers: Sequence[object] = (),
+    plugin_manager: pluggy.PluginManager | None = None,
+    track: bool = True,
+    plot: str | Path | None = None,
+    on_run: Callable[[int, dict[str, Any]], None] | None = None,
+) -> AuditResult:
+    """Audit `config`'s method with canary records: `runs` trainings, then the bound.
+
+    `wrap_mechanism` replaces the run's DP mechanism (tests and `bench/audit_method.py`
+    plant faults there: clipping removed, sampling above the claimed rate). Tracking
+    and `plot` as `run_audit`.
+    """
+    from p4bench.models import LinearSoftmax
+    from p4bench.plugin_manager import Registry, create_plugin_manager
+    from p4bench.runner import resolve_run_config, run
+
+    started = time.perf_counter()
+    plugin_manager = plugin_manager or create_plugin_manager()
+    registry = Registry(plugin_manager)
+    config = resolve_run_config(config, registry)  # DP methods: their default epsilon
+    _check_inputs(config, runs, canaries_per_client, confidence, observer)
+    model_cls = registry.get("model", config.model)
+    if not issubclass(model_cls, LinearSoftmax):
+        raise IncompatibleError(f"the method-level audit reads canaries from a linear model's marker columns; "
+                                f"model '{config.model}' is not one (use --model linear on flat features)")
+    method_cls: type[Method] = registry.get("method", config.method)
+    neighbouring = config.neighbouring or method_cls.default_neighbouring
+    per_client = canaries_per_client or DEFAULT_RECORD_CANARIES
+    scores, included, summaries, claims, deltas, kinds = [], [], [], [], [], set()
+    for index in range(runs):
+        run_config = config.replace(seed=config.seed + index)
+        state: dict[str, Any] = {}
+
+        def transform(data, public, state=state, seed=run_config.seed):
+            canaries = RecordCanaries(data.num_clients, per_client, data.num_classes, seed, config.clip, neighbouring)
+            state["canaries"] = canaries
+            return canaries.transform(data, public)
+
+        def on_prepared(prepared, state=state) -> None:
+            canaries: RecordCanaries = state["canaries"]
+            params = prepared.job.method.initial_params()
+            if sorted(params) != ["bias", "weight"]:
+                raise IncompatibleError(f"the method-level audit expects a linear model's bias and weight, the method "
+                                        f"trains {sorted(params)}")
+            own, reference = canaries.parameter_index(prepared.job.data.num_classes)
+            state.update(own=own, reference=reference, ledger=prepared.ledger)
+            if observer == "messages":
+                scorer = MessageScores(own, reference, params)
+                state["scorer"] = scorer
+                network = getattr(prepared.runtime, "network", None)
+                if network is None:
+                    raise IncompatibleError(f"runtime '{prepared.config.runtime}' has no network the audit can observe")
+                prepared.runtime.network = lambda: RecordingNetwork(network(), scorer)
+            if wrap_mechanism is not None:
+                existing = prepared.job.wrap_mechanism
+                prepared.job.wrap_mechanism = (
+                    wrap_mechanism if existing is None else (lambda mechanism: existing(wrap_mechanism(mechanism))))
+
+        result = run(run_config, observers=observers, plugin_manager=plugin_manager, track=track,
+                     on_prepared=on_prepared, data_transform=transform)
+        canaries, ledger = state["canaries"], state["ledger"]
+        if observer == "messages":
+            scorer = state["scorer"]
+            if not bool((scorer.messages > 0).any()):
+                raise IncompatibleError(f"method '{config.method}': no client sent a model, update or gradient the "
+                                        f"audit could read; try --observer final")
+            trial_scores = scorer.scores.numpy()
+            kinds |= scorer.kinds
+        else:
+            final = _vectors(result.outcome.final_params)
+            trial_scores = canary_values(final, torch.from_numpy(state["own"]), torch.from_numpy(state["reference"])).numpy()
+        claimed = float(result.summary["epsilon"])
+        # the clients whose own epsilon is within the claim (the reported ones at least)
+        chosen = ledger.epsilons() <= claimed * (1 + 1e-9) + 1e-12
+        scores.append(trial_scores[chosen].reshape(-1))
+        included.append(canaries.included[chosen].reshape(-1))
+        summaries.append(result.summary)
+        claims.append(claimed)
+        deltas.append(float(result.summary["delta"]))
+        if on_run is not None:
+            on_run(index, result.summary)
+
+    all_scores, all_included = np.concatenate(scores), np.concatenate(included)
+    if not np.isfinite(all_scores).all():
+        raise IncompatibleError(f"method '{config.method}': canary scores are not finite (the model diverged)")
+    bound = empirical_epsilon(all_scores, all_included, delta=max(deltas), confidence=confidence, seed=config.seed)
+    flags = [s.get("epsilon_certified") for s in summaries]
+    certified = None if any(f is None for f in flags) else all(bool(f) for f in flags)
+    last = summaries[-1]
+    notes = [f"the observer read {', '.join(sorted(kinds))} from the messages"] if kinds else []
+    audit = AuditResult(
+        config=config, bound=bound, claimed_epsilon=max(claims), certified=certified,
+        accountant=str(last.get("accountant")), neighbouring=str(last.get("neighbouring")), runs=runs,
+        canaries_per_client=per_client, scores=all_scores, included=all_included, summaries=summaries, notes=notes,
+        level="method", observer=observer, scope=method_scope(observer),
+    )
+    from p4bench.audit.report import log_audit, plot_scores
+
+    folder = last.get("results_dir") if track else None
+    target = Path(plot) if plot is not None else (Path(folder) / "audit_scores.png" if folder else None)
+    if target is not None:
+        audit.plot = plot_scores(audit, target)
+    audit.seconds = time.perf_counter() - started
+    if track:
+        audit.tracking_error = log_audit(audit)
+    return audit
+
+
+def _vectors(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(M, P) every client's deployed model in `vectorize` order."""
+    return torch.cat([params[k].detach().cpu().reshape(len(params[k]), -1) for k in sorted(params)], dim=1)
