@@ -23,7 +23,7 @@ from p4bench.audit.stats import empirical_epsilon
 from p4bench.config import RunConfig
 from p4bench.errors import IncompatibleError, UsageError
 
-__all__ = ["AuditResult", "audit_config", "run_audit"]
+__all__ = ["AuditResult", "audit_config", "check_audit_inputs", "finish_audit", "run_audit"]
 
 
 def audit_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
@@ -37,6 +37,16 @@ def audit_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
         notes.append("p4 is audited with -o fused=false: its fused paths add noise outside DPMechanism.release, "
                      "where canaries cannot be inserted (same releases, unfused)")
     return config, notes
+
+
+def check_audit_inputs(runs: int, canaries_per_client: int | None, confidence: float) -> None:
+    """UsageError (exit 2) for runs < 1, canaries per client < 1 or a confidence outside (0, 1)."""
+    if runs < 1:
+        raise UsageError(f"--runs must be >= 1, got {runs}")
+    if canaries_per_client is not None and canaries_per_client < 1:
+        raise UsageError(f"--canaries-per-client must be >= 1, got {canaries_per_client}")
+    if not 0.0 < confidence < 1.0:
+        raise UsageError(f"--confidence must be in (0, 1), got {confidence}")
 
 
 def run_audit(
@@ -63,12 +73,7 @@ def run_audit(
     from p4bench.runner import resolve_run_config, run
 
     started = time.perf_counter()
-    if runs < 1:
-        raise UsageError(f"--runs must be >= 1, got {runs}")
-    if canaries_per_client is not None and canaries_per_client < 1:
-        raise UsageError(f"--canaries-per-client must be >= 1, got {canaries_per_client}")
-    if not 0.0 < confidence < 1.0:
-        raise UsageError(f"--confidence must be in (0, 1), got {confidence}")
+    check_audit_inputs(runs, canaries_per_client, confidence)
     plugin_manager = plugin_manager or create_plugin_manager()
     config, notes = audit_config(resolve_run_config(config, Registry(plugin_manager)))  # DP methods: their default epsilon
     scores, included, summaries, claims, deltas, sizes = [], [], [], [], [], []
@@ -116,6 +121,13 @@ def run_audit(
         accountant=str(last.get("accountant")), neighbouring=str(last.get("neighbouring")), runs=runs,
         canaries_per_client=max(sizes), scores=all_scores, included=all_included, summaries=summaries, notes=notes,
     )
+    return finish_audit(audit, last, track=track, plot=plot, started=started)
+
+
+def finish_audit(audit: AuditResult, last: dict[str, Any], *, track: bool, plot: str | Path | None,
+                 started: float) -> AuditResult:
+    """The audit's plot (`plot`, else the last run's results folder when tracked), its
+    wall time, and its MLflow figures when tracked."""
     from p4bench.audit.report import log_audit, plot_scores
 
     folder = last.get("results_dir") if track else None

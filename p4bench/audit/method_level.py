@@ -31,12 +31,14 @@ import numpy as np
 import pluggy
 import torch
 
-from p4bench.audit.observer import MessageScores, RecordingNetwork, canary_values
+from p4bench.audit.core import check_audit_inputs, finish_audit
+from p4bench.audit.observer import MessageScores, canary_values
 from p4bench.audit.records import RecordCanaries
 from p4bench.audit.result import AuditResult
 from p4bench.audit.stats import empirical_epsilon
 from p4bench.config import RunConfig
 from p4bench.engine.method import Method
+from p4bench.engine.network import ObservedNetwork
 from p4bench.errors import IncompatibleError, UsageError
 
 __all__ = ["DEFAULT_RECORD_CANARIES", "OBSERVERS", "method_scope", "run_method_audit"]
@@ -52,12 +54,7 @@ def method_scope(observer: str) -> str:
 
 
 def _check_inputs(config: RunConfig, runs: int, canaries_per_client: int | None, confidence: float, observer: str) -> None:
-    if runs < 1:
-        raise UsageError(f"--runs must be >= 1, got {runs}")
-    if canaries_per_client is not None and canaries_per_client < 1:
-        raise UsageError(f"--canaries-per-client must be >= 1, got {canaries_per_client}")
-    if not 0.0 < confidence < 1.0:
-        raise UsageError(f"--confidence must be in (0, 1), got {confidence}")
+    check_audit_inputs(runs, canaries_per_client, confidence)
     if observer not in OBSERVERS:
         raise UsageError(f"--observer must be one of {', '.join(OBSERVERS)}, got '{observer}'")
     if not config.private:
@@ -124,7 +121,7 @@ def run_method_audit(
                 network = getattr(prepared.runtime, "network", None)
                 if network is None:
                     raise IncompatibleError(f"runtime '{prepared.config.runtime}' has no network the audit can observe")
-                prepared.runtime.network = lambda: RecordingNetwork(network(), scorer)
+                prepared.runtime.network = lambda: ObservedNetwork(network(), lambda *sent: scorer.add(sent[-1]))
             if wrap_mechanism is not None:
                 existing = prepared.job.wrap_mechanism
                 prepared.job.wrap_mechanism = (
@@ -168,16 +165,7 @@ def run_method_audit(
         canaries_per_client=per_client, scores=all_scores, included=all_included, summaries=summaries, notes=notes,
         level="method", observer=observer, scope=method_scope(observer),
     )
-    from p4bench.audit.report import log_audit, plot_scores
-
-    folder = last.get("results_dir") if track else None
-    target = Path(plot) if plot is not None else (Path(folder) / "audit_scores.png" if folder else None)
-    if target is not None:
-        audit.plot = plot_scores(audit, target)
-    audit.seconds = time.perf_counter() - started
-    if track:
-        audit.tracking_error = log_audit(audit)
-    return audit
+    return finish_audit(audit, last, track=track, plot=plot, started=started)
 
 
 def _vectors(params: dict[str, torch.Tensor]) -> torch.Tensor:

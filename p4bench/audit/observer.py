@@ -1,8 +1,8 @@
 """The method-level audit's observer: every message a client sends, as its neighbours
 (or the server) receive it, scored for the client's canary records.
 
-`RecordingNetwork` wraps a run's network and hands each exchange's outgoing messages
-to `MessageScores` before delivering them unchanged. For canary (i, k) with marker
+The run's network is wrapped (`p4bench.engine.network.ObservedNetwork`) to hand each
+exchange's outgoing messages to `MessageScores` before delivering them unchanged. For canary (i, k) with marker
 column j and label c, a message from client i that carries the model (or an update or
 gradient of it) adds W[c, j] - ref to the canary's score, ref the mean of W[:, j] over
 the other classes (add-remove) or W[c', j] (replace-one). Only client i's own records
@@ -26,10 +26,9 @@ import numpy as np
 import torch
 
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, Messages, prefixed_keys
-from p4bench.engine.network import Delivery, Network
 from p4bench.errors import IncompatibleError
 
-__all__ = ["MessageScores", "RecordingNetwork", "canary_values"]
+__all__ = ["MessageScores", "canary_values"]
 
 PREFIXES = (UPDATE_PREFIX, MODEL_PREFIX)  # a model, update or gradient (`update.*`), a model to use as is (`model.*`)
 
@@ -99,33 +98,3 @@ class MessageScores:
             self.scores.index_add_(0, senders, sign * values)
             self.kinds.add(kind)
         self.messages.index_add_(0, senders, torch.ones_like(senders))
-
-
-class RecordingNetwork(Network):
-    """A run's network with every exchange's outgoing messages scored on the way."""
-
-    def __init__(self, inner: Network, scores: MessageScores) -> None:
-        self.inner, self.scores = inner, scores
-        self.untrusted = inner.untrusted  # type: ignore[misc]  # an instance's copy of the class flag
-
-    def begin_round(self, phase: str, round_index: int) -> None:
-        self.inner.begin_round(phase, round_index)
-
-    def steps_finished(self, phase: str, round_index: int) -> None:
-        self.inner.steps_finished(phase, round_index)
-
-    def start_exchange(self, exchange: str) -> None:
-        self.inner.start_exchange(exchange)
-
-    def finish_exchange(self, exchange: str) -> None:
-        self.inner.finish_exchange(exchange)
-
-    def computing(self):
-        return self.inner.computing()
-
-    def receive_failed(self, exchange: str, messages: int) -> None:
-        self.inner.receive_failed(exchange, messages)
-
-    def exchange(self, exchange: str, phase: str, round_index: int, outgoing: Messages) -> Delivery:
-        self.scores.add(outgoing)
-        return self.inner.exchange(exchange, phase, round_index, outgoing)

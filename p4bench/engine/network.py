@@ -19,6 +19,7 @@ the network, so they count no bytes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import ClassVar
@@ -27,7 +28,7 @@ import torch
 
 from p4bench.engine.messages import Messages, decode, encode, frame_sizes
 
-__all__ = ["Delivery", "Network", "InProcessNetwork", "BytesNetwork"]
+__all__ = ["Delivery", "Network", "InProcessNetwork", "BytesNetwork", "ObservedNetwork"]
 
 
 @dataclass
@@ -98,3 +99,35 @@ class BytesNetwork(Network):
             received.append(message)
         sizes = torch.tensor([len(frame) for frame in frames], dtype=torch.int64)
         return Delivery.local(Messages.concat(received), sizes)
+
+
+class ObservedNetwork(Network):
+    """Another network, unchanged, with every exchange's outgoing messages shown to
+    `on_send(exchange, phase, round_index, outgoing)` before they travel (the privacy
+    checks observe what a curious receiver gets)."""
+
+    def __init__(self, inner: Network, on_send: Callable[[str, str, int, Messages], None]) -> None:
+        self.inner, self.on_send = inner, on_send
+        self.untrusted = inner.untrusted  # type: ignore[misc]  # the wrapped network's policy
+
+    def begin_round(self, phase: str, round_index: int) -> None:
+        self.inner.begin_round(phase, round_index)
+
+    def steps_finished(self, phase: str, round_index: int) -> None:
+        self.inner.steps_finished(phase, round_index)
+
+    def start_exchange(self, exchange: str) -> None:
+        self.inner.start_exchange(exchange)
+
+    def finish_exchange(self, exchange: str) -> None:
+        self.inner.finish_exchange(exchange)
+
+    def computing(self) -> AbstractContextManager[None]:
+        return self.inner.computing()
+
+    def receive_failed(self, exchange: str, messages: int) -> None:
+        self.inner.receive_failed(exchange, messages)
+
+    def exchange(self, exchange: str, phase: str, round_index: int, outgoing: Messages) -> Delivery:
+        self.on_send(exchange, phase, round_index, outgoing)
+        return self.inner.exchange(exchange, phase, round_index, outgoing)

@@ -40,13 +40,13 @@ import torch
 
 from p4bench.config import RunConfig
 from p4bench.engine.messages import Messages
-from p4bench.engine.network import Delivery, Network
+from p4bench.engine.network import Network, ObservedNetwork
 from p4bench.errors import ConfigError, UsageError
 from p4bench.privacy.tape import ReleaseTape, ReplayDiverged, using_tape
 from p4bench.rng import SERVER_ID
 
 __all__ = [
-    "PostProcessingResult", "SentMessages", "check_config", "check_post_processing", "generic_path", "replaced_records",
+    "PostProcessingResult", "check_config", "check_post_processing", "generic_path", "replaced_records",
     "run_check",
 ]
 
@@ -94,39 +94,6 @@ class _Exchange:
     src: torch.Tensor
     dst: torch.Tensor
     payload: dict[str, torch.Tensor]
-
-
-class SentMessages(Network):
-    """A network that keeps a copy of every message sent through the one it wraps."""
-
-    def __init__(self, inner: Network) -> None:
-        self.inner = inner
-        self.untrusted = inner.untrusted  # type: ignore[misc]  # the wrapped network's policy
-        self.log: list[_Exchange] = []
-
-    def begin_round(self, phase: str, round_index: int) -> None:
-        self.inner.begin_round(phase, round_index)
-
-    def steps_finished(self, phase: str, round_index: int) -> None:
-        self.inner.steps_finished(phase, round_index)
-
-    def start_exchange(self, exchange: str) -> None:
-        self.inner.start_exchange(exchange)
-
-    def finish_exchange(self, exchange: str) -> None:
-        self.inner.finish_exchange(exchange)
-
-    def computing(self) -> Any:
-        return self.inner.computing()
-
-    def receive_failed(self, exchange: str, messages: int) -> None:
-        self.inner.receive_failed(exchange, messages)
-
-    def exchange(self, exchange: str, phase: str, round_index: int, outgoing: Messages) -> Delivery:
-        payload = {k: v.detach().cpu().clone() for k, v in outgoing.payload.items()}
-        self.log.append(_Exchange(exchange, phase, round_index, outgoing.src.cpu().clone(), outgoing.dst.cpu().clone(),
-                                  payload))
-        return self.inner.exchange(exchange, phase, round_index, outgoing)
 
 
 def replaced_records(train: Any, num_classes: int) -> Any:
@@ -205,7 +172,12 @@ def check_post_processing(config: RunConfig, run: Callable[..., Any], plugin_man
 
 def _run(run: Callable[..., Any], config: RunConfig, pm: Any, tape: ReleaseTape, *, replace: bool,
          prepare: Callable[[Any], None] | None) -> list[_Exchange]:
-    logs: list[SentMessages] = []
+    log: list[_Exchange] = []
+
+    def keep(exchange: str, phase: str, round_index: int, outgoing: Messages) -> None:
+        payload = {k: v.detach().cpu().clone() for k, v in outgoing.payload.items()}
+        log.append(_Exchange(exchange, phase, round_index, outgoing.src.cpu().clone(), outgoing.dst.cpu().clone(),
+                             payload))
 
     def on_prepared(prepared: Any) -> None:
         if prepare is not None:
@@ -216,8 +188,7 @@ def _run(run: Callable[..., Any], config: RunConfig, pm: Any, tape: ReleaseTape,
         inner = runtime.network
 
         def network() -> Network:
-            logs.append(SentMessages(inner()))
-            return logs[-1]
+            return ObservedNetwork(inner(), keep)
 
         runtime.network = network
         if replace:
@@ -226,7 +197,7 @@ def _run(run: Callable[..., Any], config: RunConfig, pm: Any, tape: ReleaseTape,
 
     with using_tape(tape):
         run(config, plugin_manager=pm, track=False, on_prepared=on_prepared, verify=False)
-    return [entry for log in logs for entry in log.log]
+    return log
 
 
 def _compare(recorded: list[_Exchange], replayed: list[_Exchange], *, central: bool) -> tuple[int, int, list[str]]:
