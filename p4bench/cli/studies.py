@@ -9,16 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from p4bench.cli.study_output import _num, _print_sweep_summary, err, out
 from p4bench.config import parse_key_values
 from p4bench.errors import UsageError
-
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 
 _JOBS = typer.Option(1, "--jobs", "-j", help="worker processes for the local backend")
 _BACKEND = typer.Option("local", "--backend", help="where runs execute: local | ray")
@@ -96,32 +93,6 @@ def _sets(pairs: list[str], device: str | None = None) -> dict[str, Any]:
 
         resolve_device(str(values["device"]))
     return values
-
-
-def _print_sweep_summary(report, console: Console = out) -> None:
-    from p4bench.sweep import describe_run
-
-    table = Table(title=f"sweep '{report.name}'", show_header=False)
-    table.add_column("", style="bold")
-    table.add_column("")
-    table.add_row("runs planned", str(len(report.planned)))
-    table.add_row("skipped (already finished)", str(report.count("skipped")))
-    table.add_row("finished now", str(report.count("finished")))
-    table.add_row("failed", f"[red]{report.count('failed')}[/red]" if report.count("failed") else "0")
-    if report.count("incompatible"):
-        table.add_row("not runnable (incompatible)", str(report.count("incompatible")))
-    table.add_row("MLflow", f"experiment '{report.name}' at {report.tracking_uri}")
-    console.print(table)
-    for notice in report.notices:
-        err.print(f"[yellow]notice:[/yellow] {notice}")
-    for planned, record in zip(report.planned, report.records):
-        if record.status == "incompatible":
-            console.print(f"[yellow]not run[/yellow] {describe_run(planned)}: {record.error}")
-    for planned, record in report.failures:
-        console.print(f"[red]FAILED[/red] {describe_run(planned)}: {record.error}")
-    for planned, record in report.untracked:
-        console.print(f"[yellow]not in MLflow[/yellow] {describe_run(planned)}: {record.summary.get('tracking_error')}; "
-                      f"results in {record.summary.get('results_dir')}")
 
 
 def sweep_command(
@@ -241,10 +212,6 @@ def tune_command(
     out.print(f"tuned config written to {path} (include it in a sweep file with `include: {path.name}`)")
     if result.report.failures:
         raise typer.Exit(1)
-
-
-def _num(value: float) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
 
 
 def _print_comparison(comparison, fmt: str, privacy_note: bool = True) -> None:

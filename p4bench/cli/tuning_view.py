@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from p4bench.cli.studies import _num, _print_sweep_summary, err, out
+from p4bench.cli.study_output import _num, _print_sweep_summary, err, out
 
 __all__ = ["print_tuning", "print_reproduce_tuning"]
 
