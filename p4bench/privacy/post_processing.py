@@ -110,10 +110,11 @@ def check_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
     """The small federation the check runs `config`'s method on, and notes on what differs.
 
     Same method, options, model, features, dataset and privacy; `CHECK_SIZE` clients,
-    rounds and steps (two rounds even for a one-round run: messages after training count), no attack, the simulator on the
+    rounds and steps (two rounds even for a one-round run: messages after training count) of its
+    own federation (not a tuning run's evaluation clients), no attack, the simulator on the
     CPU with seeded randomness (the two runs must draw the same streams), the fast rdp
     accountant (the check reads no epsilon)."""
-    checked = config.replace(**CHECK_SIZE, attack=None, runtime="simulation", device="cpu", noise_source="seeded",
+    checked = config.replace(**CHECK_SIZE, federation_clients=None, attack=None, runtime="simulation", device="cpu", noise_source="seeded",
                              accountant="rdp", time_budget_min=None)
     return generic_path(checked)
 
