@@ -114,8 +114,8 @@ def check_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
     own federation (not a tuning run's evaluation clients), no attack, the simulator on the
     CPU with seeded randomness (the two runs must draw the same streams), the fast rdp
     accountant (the check reads no epsilon)."""
-    checked = config.replace(**CHECK_SIZE, federation_clients=None, attack=None, runtime="simulation", device="cpu", noise_source="seeded",
-                             accountant="rdp", time_budget_min=None)
+    checked = config.replace(**CHECK_SIZE, federation_clients=None, attack=None, runtime="simulation", device="cpu",
+                             noise_source="seeded", accountant="rdp", time_budget_min=None)
     return generic_path(checked)
 
 
