@@ -5,6 +5,8 @@ The P4 paper's threat model: label-flip (data poisoning) and byzantine-zero / -r
 omniscient alie, ipm and min-max. The P4L paper's attacks: label-flip-pair, label-flip-random-pair,
 label-shuffle (data poisoning) and kde-noise (its noisy peers, a message attack). Against cross-gradient
 methods (PDSL): model-probe, a malicious neighbour's crafted model (an active gradient-inversion probe).
+What an authenticated peer can send besides a bad update: nan-update (non-finite payloads),
+duplicate-messages (copies that outvote) and weight-lie (a false aggregation weight).
 
 The classes are imported when the hook is called, or on first use of a name below
 (`p4bench.lazy`): building the plugin manager must not import torch.
@@ -20,6 +22,7 @@ from p4bench.lazy import lazy_exports
 if TYPE_CHECKING:
     from p4bench.attacks.alie import ALittleIsEnough
     from p4bench.attacks.byzantine import ByzantineFlip, ByzantineRandom, ByzantineZero
+    from p4bench.attacks.duplicate_messages import DuplicateMessages
     from p4bench.attacks.gaussian import Gaussian
     from p4bench.attacks.ipm import InnerProductManipulation
     from p4bench.attacks.kde_noise import KDENoise
@@ -27,9 +30,11 @@ if TYPE_CHECKING:
     from p4bench.attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
     from p4bench.attacks.label_shuffle import LabelShuffle
     from p4bench.attacks.min_max import MinMax
+    from p4bench.attacks.nan_update import NanUpdate
     from p4bench.attacks.model_probe import ModelProbe
     from p4bench.attacks.random_labels import RandomLabels
     from p4bench.attacks.sign_flip import SignFlip
+    from p4bench.attacks.weight_lie import WeightLie
     from p4bench.engine.threats import Attack
 
 __all__ = [
@@ -37,6 +42,7 @@ __all__ = [
     "ByzantineFlip",
     "ByzantineRandom",
     "ByzantineZero",
+    "DuplicateMessages",
     "Gaussian",
     "InnerProductManipulation",
     "KDENoise",
@@ -45,14 +51,17 @@ __all__ = [
     "LabelFlipRandomPair",
     "LabelShuffle",
     "MinMax",
+    "NanUpdate",
     "ModelProbe",
     "RandomLabels",
     "SignFlip",
+    "WeightLie",
 ]
 
 __getattr__ = lazy_exports(globals(), {
     "p4bench.attacks.alie": ("ALittleIsEnough",),
     "p4bench.attacks.byzantine": ("ByzantineFlip", "ByzantineRandom", "ByzantineZero"),
+    "p4bench.attacks.duplicate_messages": ("DuplicateMessages",),
     "p4bench.attacks.gaussian": ("Gaussian",),
     "p4bench.attacks.ipm": ("InnerProductManipulation",),
     "p4bench.attacks.kde_noise": ("KDENoise",),
@@ -61,8 +70,10 @@ __getattr__ = lazy_exports(globals(), {
     "p4bench.attacks.label_shuffle": ("LabelShuffle",),
     "p4bench.attacks.min_max": ("MinMax",),
     "p4bench.attacks.model_probe": ("ModelProbe",),
+    "p4bench.attacks.nan_update": ("NanUpdate",),
     "p4bench.attacks.random_labels": ("RandomLabels",),
     "p4bench.attacks.sign_flip": ("SignFlip",),
+    "p4bench.attacks.weight_lie": ("WeightLie",),
 })
 
 
@@ -70,6 +81,7 @@ __getattr__ = lazy_exports(globals(), {
 def register_attacks() -> list[type[Attack]]:
     from p4bench.attacks.alie import ALittleIsEnough
     from p4bench.attacks.byzantine import ByzantineFlip, ByzantineRandom, ByzantineZero
+    from p4bench.attacks.duplicate_messages import DuplicateMessages
     from p4bench.attacks.gaussian import Gaussian
     from p4bench.attacks.ipm import InnerProductManipulation
     from p4bench.attacks.kde_noise import KDENoise
@@ -77,12 +89,15 @@ def register_attacks() -> list[type[Attack]]:
     from p4bench.attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
     from p4bench.attacks.label_shuffle import LabelShuffle
     from p4bench.attacks.min_max import MinMax
+    from p4bench.attacks.nan_update import NanUpdate
     from p4bench.attacks.model_probe import ModelProbe
     from p4bench.attacks.random_labels import RandomLabels
     from p4bench.attacks.sign_flip import SignFlip
+    from p4bench.attacks.weight_lie import WeightLie
 
     return [
         LabelFlip, ByzantineZero, ByzantineRandom, ByzantineFlip,
         Gaussian, SignFlip, ALittleIsEnough, InnerProductManipulation, MinMax, RandomLabels,
         LabelFlipPair, LabelFlipRandomPair, LabelShuffle, KDENoise, ModelProbe,
+        NanUpdate, DuplicateMessages, WeightLie,
     ]

@@ -14,6 +14,15 @@ from client sampling. The local step size follows Noble et al.'s code,
 eta_l = lr / (max(round(K * s), 1) * eta_g) (option lr_scaling = noble, the default, as
 P4 does); lr_scaling = none uses eta_l = lr.
 
+Aggregation weights (option `weighting`): `records`, the sample-weighted average above,
+with each client's record count n_i declared in its first upload and then fixed: the
+server weights with what it recorded then, never with what the current message says,
+and rejects an upload whose weight changed (`rejected changed weight from <id>`); the
+receive gate holds a declared weight to [0, N]. `uniform` weights every upload 1, as
+Noble et al.'s analysis assumes (their code weights by n_i). Default: `records` for
+non-private runs, `uniform` for private ones, because n_i changes with one record under
+add-remove: a private add-remove run with `records` is reported uncertified.
+
 FedAvg as Karras et al. ran it (options; the defaults keep the plain SGD above, bit for
 bit): `optimizer = adam` trains with Adam, its moments stacked per client and reset
 every round (clients start every round from the global model, so no optimiser state
@@ -54,6 +63,9 @@ LOCAL_TRAINING = (
     Option("lr_decay", float, 1.0, "gamma: the local step size is multiplied by gamma after every local epoch of "
            "ceil(1/data_rate) steps, from lr again every round", low=0.0, high=1.0, low_open=True),
 )
+WEIGHTING = Option("weighting", str, None, "aggregation weights: records (n_i, declared in a client's first upload, "
+                   "then fixed) or uniform; default records without DP, uniform with DP (n_i changes with one "
+                   "record under add-remove)", choices=("records", "uniform"))
 
 
 class FedAvg(Method):
@@ -62,7 +74,7 @@ class FedAvg(Method):
     name = "fedavg"
     description = "FedAvg: sampled clients, K local steps, sample-weighted average at a server"
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, uses_server=True)
-    options: ClassVar[tuple[Option, ...]] = (LR_SCALING, *LOCAL_TRAINING)
+    options: ClassVar[tuple[Option, ...]] = (LR_SCALING, *LOCAL_TRAINING, WEIGHTING)
 
     def validate_options(self) -> None:
         values = resolve_options(FedAvg.options, self.config.options)  # a subclass's config holds the defaults
@@ -76,6 +88,10 @@ class FedAvg(Method):
             self.local_lr = noble_local_lr(config.replace(local_steps=self.local_steps))
         self.schedule = LocalSchedule(str(values["optimizer"]), self.local_lr, self.local_steps, epoch,
                                       float(values["lr_decay"]))
+        self.weighting = resolve_weighting(config)
+
+    def uncertified_steps(self):
+        return weighting_uncertified(self.config, self.weighting, self.default_neighbouring)
 
     def privacy_plan(self):
         c = self.config  # the base plan with K = self.local_steps (`epochs` may set it)
@@ -116,7 +132,7 @@ class FedAvg(Method):
             return Messages.empty()
         chosen = state["selected"]
         delta = {k: state["params"][k][chosen] - state["global"][k][chosen] for k in state["params"]}
-        payload = {**flatten(delta, UPDATE), "weight": state["num_train"][chosen].double()}
+        payload = {**flatten(delta, UPDATE), "weight": declared_weights(self.weighting, state["num_train"][chosen])}
         count = int(chosen.sum())
         return Messages(ctx.rows[chosen], torch.full((count,), SERVER_ID), payload)
 
@@ -151,7 +167,8 @@ class FedAvg(Method):
 
     # -- server --------------------------------------------------------------------
     def init_server_state(self, ctx):
-        return {"params": {k: v.unsqueeze(0) for k, v in self.initial_params().items()}}
+        return {"params": {k: v.unsqueeze(0) for k, v in self.initial_params().items()},
+                "declared": torch.full((self.num_clients,), float("nan"), dtype=torch.float64)}
 
     def server_outgoing(self, exchange, state, ctx):
         if exchange != "broadcast":
@@ -168,7 +185,49 @@ class FedAvg(Method):
     def server_receive(self, exchange, state, inbox, ctx):
         if exchange != "upload" or not len(inbox):
             return state
-        mean = ctx.aggregator.aggregate(inbox, inbox.payload["weight"], ctx.round)
+        inbox, weights, state = self.admitted_uploads(state, inbox, ctx)
+        if not len(inbox):
+            return state
+        mean = ctx.aggregator.aggregate(inbox, weights, ctx.round)
         step = unvectorize(mean.unsqueeze(0).to(torch.float32), state["params"])
         params = {k: state["params"][k] + self.config.global_lr * step[k] for k in state["params"]}
         return {**state, "params": params}
+
+    def admitted_uploads(self, state, inbox, ctx):
+        """(uploads kept, their aggregation weights, server state): each sender's weight is
+        the one it declared in its first upload (`records`) or 1 (`uniform`); uploads whose
+        weight differs from the declared one are rejected, naming the sender."""
+        declared = state.get("declared")
+        if declared is None:  # a checkpoint from before declared weights: declare now
+            declared = torch.full((self.num_clients,), float("nan"), dtype=torch.float64)
+        sent = inbox.value("weight").double().to(declared.device)
+        known = declared[inbox.src]
+        changed = ~torch.isnan(known) & (known != sent)
+        if bool(changed.any()):
+            ctx.reject("changed weight", inbox.src[changed])
+            inbox, sent = inbox.select(~changed), sent[~changed]
+        declared = declared.clone()
+        declared[inbox.src] = torch.where(torch.isnan(declared[inbox.src]), sent, declared[inbox.src])
+        weights = declared[inbox.src] if self.weighting == "records" else torch.ones_like(sent)
+        return inbox, weights, {**state, "declared": declared}
+
+
+def resolve_weighting(config) -> str:
+    """Option `weighting`, its default by privacy (module docstring)."""
+    given = WEIGHTING.resolve((config.options or {}).get("weighting"), "options.weighting")
+    return str(given) if given is not None else ("uniform" if config.private else "records")
+
+
+def weighting_uncertified(config, weighting: str, default_neighbouring: str) -> list[str]:
+    """Why record-count weights break a private run's epsilon, if they do."""
+    relation = config.neighbouring or default_neighbouring
+    if config.private and weighting == "records" and relation == "add-remove":
+        return ["weighting=records: each upload declares the client's record count n_i, which changes with one "
+                "record under add-remove and is not a DP release (use weighting=uniform, the default with DP)"]
+    return []
+
+
+def declared_weights(weighting: str, num_train: torch.Tensor) -> torch.Tensor:
+    """The weight each upload declares: its record count, or 1 (`uniform`: nothing about
+    the client's records leaves it)."""
+    return num_train.double() if weighting == "records" else torch.ones(len(num_train), dtype=torch.float64)

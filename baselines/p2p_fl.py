@@ -263,6 +263,10 @@ class P2PFL(Method):
         present[0, inbox.src[valid]] = True
         return {"models": models, "present": present}
 
+    def server_messages_per_pair(self, exchange, phase, round_index):
+        """The relay forwards every client's model to every client: one message per origin."""
+        return self.num_clients if exchange == "relay" else 1
+
     def server_outgoing(self, exchange, state, ctx):
         if exchange != "relay":
             return Messages.empty()

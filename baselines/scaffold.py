@@ -10,7 +10,7 @@ the noise, so it is post-processing. Then, with K' steps actually taken (K unles
 budget stopped the client),
     Delta_i = y - x,   c_i+ = c_i - c - Delta_i / (K' eta_l)          (Option II)
 the client uploads Delta_i and Delta c_i = c_i+ - c_i, and the server does
-    x <- x + eta_g sum_i (n_i / sum_j n_j) Delta_i     (through the run's defense)
+    x <- x + eta_g sum_i (n_i / sum_j n_j) Delta_i     (through the run's defense; FedAvg's `weighting`)
     c <- c + (1 / M) sum_i Delta c_i                  (the senders the defense kept)
 and broadcasts x, c with the next round's selection. The same control update is used
 with and without DP; option control_update = noble-code multiplies Delta_i / (K' eta_l)
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from p4bench.baselines.common import draw_batch, per_row, unpack
-from p4bench.baselines.fedavg import LR_SCALING, FedAvg
+from p4bench.baselines.fedavg import LR_SCALING, WEIGHTING, FedAvg, declared_weights
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Phase
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
 from p4bench.engine.method import PlannedRelease
@@ -57,6 +57,7 @@ class Scaffold(FedAvg):
         Option("warm_start", bool, False, "a counted warm-up round that sets the control variates c_i and c"),
         Option("control_update", str, "paper", "Option II control update; noble-code scales Delta_i / (K' eta_l) by "
                "s in non-private runs, as that code does", choices=("paper", "noble-code")),
+        WEIGHTING,
     )
 
     def validate_options(self) -> None:
@@ -144,7 +145,7 @@ class Scaffold(FedAvg):
         payload = {
             **flatten(delta, UPDATE),
             **flatten({k: v[chosen] for k, v in state["control_delta"].items()}, CONTROL),
-            "weight": state["num_train"][chosen].double(),
+            "weight": declared_weights(self.weighting, state["num_train"][chosen]),
         }
         return Messages(ctx.rows[chosen], torch.full((int(chosen.sum()),), SERVER_ID), payload)
 
@@ -179,6 +180,9 @@ class Scaffold(FedAvg):
             control = {k: v.sum(dim=0, keepdim=True) / self.num_clients for k, v in received.items()}
             return {**state, "control": control}
         if exchange != "upload":
+            return state
+        inbox, _, state = self.admitted_uploads(state, inbox, ctx)  # a changed weight drops the controls too
+        if not len(inbox):
             return state
         logged = len(ctx.aggregator.log)
         state = super().server_receive(exchange, state, inbox, ctx)

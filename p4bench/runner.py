@@ -24,6 +24,7 @@ from p4bench.data.paths import _data_dir
 from p4bench.data.public import public_data
 from p4bench.devices import MemoryPlan, describe_device, device_scope, plan_memory, resolve_device
 from p4bench.engine import Attack, Defense, Job, Method, RoundReport
+from p4bench.engine.receive_gate import rejection_counts
 from p4bench.errors import IncompatibleError, UsageError
 from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
 from p4bench.options import validate_run_options
@@ -191,6 +192,7 @@ def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform
             attack=attack_cls(config, data.num_classes) if attack_cls else None,
             defense=defense_cls(config) if defense_cls else None,
             malicious=malicious_mask,
+            public_records=records,
         )
         if job.defense is not None and job.defense.needs_oracle:
             job.defense.reveal_malicious(malicious_mask)  # the ideal defense: a harness oracle
@@ -340,6 +342,8 @@ def run(
         totals = summed_metrics(outcome.reports)
         result.summary.update(method.derived_metrics(totals))  # over the whole run
         result.summary.update({k: v for k, v in totals.items() if k.startswith("gate.")})  # a client gate's decisions
+        rejected = rejection_counts(totals)  # the receive gate's (and methods') rejections, by reason and sender
+        result.summary.update(rejections=rejected, rejected_messages=sum(rejected.values()))
         if prepared.ledger is None:
             result.summary.update(method.privacy_context())  # e.g. P4L's secure aggregation without DP
         else:

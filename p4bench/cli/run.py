@@ -285,6 +285,15 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
+    if summary.get("rejected_messages"):  # what peers sent that the receive gate refused: the last line
+        console.print(f"[yellow]{escape(rejections_line(summary['rejections']))}[/yellow]", highlight=False, soft_wrap=True)
+
+
+def rejections_line(rejections: dict[str, int]) -> str:
+    """One line naming every rejection: reason, sender and count, most frequent first."""
+    ranked = sorted(rejections.items(), key=lambda item: (-item[1], item[0]))
+    total = sum(rejections.values())
+    return f"rejected {total} message{'s' if total != 1 else ''}: " + ", ".join(f"{what} ({n})" for what, n in ranked)
 
 
 def _rounds_text(summary: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from p4bench.engine.memory import keep_freed_memory
 from p4bench.engine.messages import Messages
 from p4bench.engine.method import Exchange, LocalUpdate, Method, Phase, Step, StepContext
 from p4bench.engine.network import Network
+from p4bench.engine.receive_gate import ReceiveGate, Rejections
 from p4bench.engine.state import State, cat_rows, put_rows, take_rows, vectorize
 from p4bench.engine.threats import UPDATE_PREFIX, Aggregator, Attack
 from p4bench.engine.training import accuracy, batched_loss_and_grad, reference_loss_and_grad
@@ -121,6 +122,10 @@ class RoundDriver:
         self._malicious = job.malicious if job.malicious is not None else torch.zeros(count, dtype=torch.bool)
         self.receive_errors = 0
         self._gates = job.defense is not None and job.defense.gates_clients
+        # what every inbox is held to before `receive` (counts, finite values, ranges);
+        # rejections are counted per block and reported in its metrics
+        self.rejections = Rejections()
+        self.receive_gate = ReceiveGate(job.method, job.public_records, self.rejections)
         # what the method writes to `ctx.metrics` in a block (e.g. FedDF's server distillation
         # steps and seconds): reported with the block's RoundReport.metrics
         self._metrics: dict[str, float] = {}
@@ -198,6 +203,7 @@ class RoundDriver:
         self._sent, self._received = torch.zeros(count, dtype=torch.int64), torch.zeros(count, dtype=torch.int64)
         self._bytes_sent, self._bytes_received = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
         self._metrics = {}
+        self.rejections.clear()
         self.network.begin_round(block.phase.name, block.round)
         started = time.perf_counter()
         for item in block.steps:
@@ -218,7 +224,7 @@ class RoundDriver:
             train_loss=float(losses.mean()) if len(losses) else float("nan"), seconds=seconds,
             bytes_sent=int(self._bytes_sent), bytes_received=int(self._bytes_received),
             client_bytes_sent=self._sent.cpu().numpy(), client_bytes_received=self._received.cpu().numpy(),
-            extra_accuracy=extra, losses=losses.cpu().numpy(), metrics=dict(self._metrics),
+            extra_accuracy=extra, losses=losses.cpu().numpy(), metrics={**self._metrics, **self.rejections.metrics()},
         )
 
     # -- groups and contexts -----------------------------------------------------------
@@ -248,7 +254,7 @@ class RoundDriver:
         return StepContext(
             config=job.config, model=job.model, phase=phase, round=round_index, rows=rows, rng=rng,
             loss_and_grad=self._loss_and_grad, aggregator=self.aggregator, num_clients=job.data.num_clients, dp=dp,
-            metrics=self._metrics, train=train,
+            metrics=self._metrics, train=train, rejections=self.rejections,
         )
 
     def _group_context(self, group: ClientGroup, phase: str, round_index: int) -> StepContext:
@@ -287,7 +293,8 @@ class RoundDriver:
             outgoing = Messages.concat(parts)
         delivery = self.network.exchange(exchange, phase.name, round_index, outgoing)
         self._account(outgoing, delivery.sent_sizes, delivery.inbox, delivery.inbox_sizes)
-        inbox = delivery.inbox.sorted()  # by (dst, src): the order every runtime delivers in
+        admitted = self.receive_gate.admit(exchange, phase.name, round_index, delivery.inbox)
+        inbox = admitted.sorted()  # by (dst, src): the order every runtime delivers in
         foreign = bool((inbox.src != inbox.dst).any()) if len(inbox) else False
         with self.network.computing():
             for group in self.groups:
@@ -389,6 +396,10 @@ class RoundDriver:
         known = {} if observed is None else {"observed": observed, "colluding": colluding if colluding is not None else Messages.empty()}
         tampered = attack.tamper(exchange, messages.select(index), rng, base, **known)
         group.attack_rng.put(position, rng)
+        if len(tampered) != len(index):  # the attack sends more (or fewer) messages than the honest clients would
+            if not bool(torch.isin(tampered.src, messages.src[index]).all()):
+                raise ValueError(f"attack '{attack.name}' sent as a client it does not control")
+            return Messages.concat([messages.select(~bad), tampered])
         payload = {k: v.clone() for k, v in messages.payload.items()}
         for key, value in tampered.payload.items():
             payload[key][index] = value.to(payload[key].dtype)

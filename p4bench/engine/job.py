@@ -53,3 +53,6 @@ class Job:
     wrap_mechanism: Callable[[DPMechanism], DPMechanism] | None = None
     # Builds each group's DP mechanism; set with `dp` (p4bench.privacy.mechanism.attach_mechanisms).
     dp_factory: MechanismFactory | None = None
+    # N, the training records of the data set: public (the default delta is 1/(10 N)), the
+    # receive gate's bound on a declared aggregation weight. None: not known, not bounded.
+    public_records: int | None = None

@@ -20,6 +20,7 @@ import torch
 
 from p4bench.engine.capabilities import Capabilities as Capabilities  # re-exported: it was defined here
 from p4bench.engine.messages import Messages, PayloadLayout
+from p4bench.engine.receive_gate import Rejections
 from p4bench.engine.state import State
 from p4bench.engine.training import LossAndGrad
 from p4bench.models import Model, Params
@@ -94,6 +95,16 @@ class StepContext:
     # The rows' own training records (what `local_update` gets as `train`), also in exchange
     # steps: a client may score what it received on its own data (P4L's accept-if-better).
     train: ClientTensors | None = None
+    # Where the receive gate's and the method's rejections are counted (`reject`).
+    rejections: Rejections | None = None
+
+    def reject(self, reason: str, senders: torch.Tensor) -> None:
+        """Count one rejected message per sender id in `senders`, for a check only the
+        method can make (e.g. a declared weight that changed): reported with the receive
+        gate's rejections as ``rejected <reason> from <id>``. The method itself leaves
+        those messages out of what it computes."""
+        if self.rejections is not None and len(senders):
+            self.rejections.add(reason, senders)
 
 
 class Method(ABC):
@@ -198,6 +209,23 @@ class Method(ABC):
         Declare it for exchanges where some nodes only receive (a server's upload, a
         group's distribution): there no vote among senders decides what is valid."""
         return None
+
+    def messages_per_pair(self, exchange: str, phase: str, round_index: int) -> int:
+        """At most this many messages from one sender to one destination in `exchange`
+        (default 1): the receive gate (`p4bench.engine.receive_gate`) rejects the extras,
+        so a sender cannot outvote others with copies. Override where an honest sender
+        sends more."""
+        return 1
+
+    def server_messages_per_pair(self, exchange: str, phase: str, round_index: int) -> int:
+        """`messages_per_pair` for the server's messages (default 1)."""
+        return 1
+
+    def payload_bounds(self, exchange: str, phase: str, round_index: int) -> dict[str, tuple[float, float]]:
+        """Payload key -> inclusive (low, high) every element of an honest message's entry
+        lies in; the receive gate rejects messages outside them. Default: none besides the
+        gate's own (finite values; the conventional ``weight`` in [0, N])."""
+        return {}
 
     def update_reference(self, exchange: str, state: State) -> Params | None:
         """The model the ``update.*`` payloads of `exchange` are deltas from (per row),

@@ -67,6 +67,12 @@ GROUP_SIZE_DEFAULTS = {"cifar10": 8, "femnist": 8, "leaf-femnist": 8, "cifar100"
 FUSED_MODES = ("auto", "span", "buckets", "off")
 TEACHERS = ("none", "last-proxy", "private")
 _PUBLIC_SEED = 13  # stream for the grouping's random pairs, shared by every client
+UNKNOWN_SENT = -1.0  # a distance not (yet) measured, as shared: inf in the state, -1 on the wire
+
+
+def _received_known(shares: torch.Tensor) -> torch.Tensor:
+    """Shared distances with the unknown ones (sent as -1) back to inf."""
+    return torch.where(shares < 0, torch.full_like(shares, float("inf")), shares)
 
 
 class P4(Method):
@@ -301,7 +307,9 @@ class P4(Method):
         src = ctx.rows.repeat_interleave(self.num_clients)
         keep = dst != src
         shared = torch.arange(count).repeat_interleave(self.num_clients)[keep]
-        return Messages(src[keep], dst[keep], {"known": state["known"]}, shared)
+        # unknown distances travel as -1: every value a peer sends must be finite (receive gate)
+        known = torch.where(torch.isinf(state["known"]), torch.full_like(state["known"], UNKNOWN_SENT), state["known"])
+        return Messages(src[keep], dst[keep], {"known": known}, shared)
 
     def _receive_share(self, state, inbox, ctx):
         rows = ctx.rows.tolist()
@@ -326,7 +334,7 @@ class P4(Method):
         its own measurements and what it received. When every client received the same
         shares from everyone (the usual case), they all see one matrix: build it once."""
         rows = ctx.rows
-        shares = inbox.value("known") if len(inbox) else torch.zeros(0, self.num_clients)
+        shares = _received_known(inbox.value("known")) if len(inbox) else torch.zeros(0, self.num_clients)
         received = torch.bincount(torch.searchsorted(rows, inbox.dst), minlength=len(rows)) if len(inbox) else torch.zeros(len(rows))
         consistent = len(rows) > 1 and bool((received == self.num_clients - 1).all())
         if consistent:
@@ -343,7 +351,7 @@ class P4(Method):
             mine = inbox.select(inbox.dst == client)
             matrix = torch.full((self.num_clients, self.num_clients), float("inf"))
             if len(mine):  # shares of peers that failed stay unknown (inf)
-                matrix[mine.src] = mine.value("known")
+                matrix[mine.src] = _received_known(mine.value("known"))
             matrix[client] = state["known"][position]
             yield position, matrix
 
@@ -430,14 +438,15 @@ class P4(Method):
             delta = {k: state["proxy"][k] - state["group_proxy"][k] for k in state["proxy"]}
         else:
             delta = {k: state["proxy"][k][senders] - state["group_proxy"][k][senders] for k in state["proxy"]}
-        payload = {**flatten(delta, UPDATE), "weight": torch.ones(int(senders.sum()), dtype=torch.float64)}
-        return Messages(ctx.rows[senders], state["lead"][senders], payload)
+        # no weight travels: the aggregator weights its group's members equally (the paper's
+        # group average), so nothing a sender declares changes its share of the mean
+        return Messages(ctx.rows[senders], state["lead"][senders], flatten(delta, UPDATE))
 
     def _receive_upload(self, state, inbox, ctx):
         """Aggregators filter (defense), average and apply eta_g to their group's proxy."""
         if not len(inbox):
             return state
-        dst, mean = ctx.aggregator.aggregate_by_destination(inbox, inbox.payload["weight"], ctx.round)
+        dst, mean = ctx.aggregator.aggregate_by_destination(inbox, torch.ones(len(inbox), dtype=torch.float64), ctx.round)
         position = torch.searchsorted(ctx.rows, dst)
         base = {k: v[position] for k, v in state["group_proxy"].items()}
         step = unvectorize(mean.to(torch.float32), base)
@@ -479,6 +488,10 @@ class P4(Method):
     def update_reference(self, exchange, state):
         return state["group_proxy"] if exchange == "upload" else None
 
+    def payload_bounds(self, exchange, phase, round_index):
+        """Shared distances are L1 distances (>= 0), or -1 where unknown."""
+        return {"known": (UNKNOWN_SENT, float("inf"))} if exchange == "share" else {}
+
     def message_layout(self, exchange, phase, round_index):
         """Declared, since members receive `distribute` (and `announce`) without sending in it."""
         proxy = self.initial_params()
@@ -486,7 +499,7 @@ class P4(Method):
             "probe": lambda: params_layout(proxy, UPDATE),
             "share": lambda: {"known": (torch.float32, (self.num_clients,))},
             "announce": lambda: {"selected": (torch.bool, ()), **(params_layout(proxy, MODEL) if round_index == 0 else {})},
-            "upload": lambda: {**params_layout(proxy, UPDATE), "weight": (torch.float64, ())},
+            "upload": lambda: params_layout(proxy, UPDATE),
             "distribute": lambda: params_layout(proxy, MODEL),
         }
         return layouts[exchange]() if exchange in layouts else None

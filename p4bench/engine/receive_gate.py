@@ -1,0 +1,134 @@
+"""The receive gate: what every node checks in the messages it receives, before its
+method (and the run's defense) sees them.
+
+Authenticated peers can still misbehave (a stolen key, a buggy plugin), so the round
+driver holds every inbox to what the receiver itself knows, in every runtime alike:
+
+- **count**: at most `Method.messages_per_pair` messages per sender and destination in
+  one exchange (`Method.server_messages_per_pair` from the server, e.g. a relay
+  forwarding every client's model); the first ones delivered are kept, the extras rejected
+  (``extra message from <id>``), so repeated copies cannot outvote honest senders;
+- **finite**: every floating payload entry finite (``non-finite from <id>``);
+- **range**: entries the method bounds (`Method.payload_bounds`), and the conventional
+  aggregation weight ``weight`` in [0, N] with N the training records of the data set
+  (public: the default delta uses it), (``out of range <key> from <id>``).
+
+Rejections are counted per reason and sender in the round's metrics, as
+``rejected <reason> from <id>`` (`REJECTED_PREFIX`); the run summary sums them and the
+command line names them in its last line. A method may reject what only it can judge
+(a sender's declared weight that changed) through `StepContext.reject`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from p4bench.engine.messages import Messages
+from p4bench.rng import SERVER_ID
+
+__all__ = ["REJECTED_PREFIX", "WEIGHT_KEY", "ReceiveGate", "Rejections", "rejection_counts"]
+
+REJECTED_PREFIX = "rejected "
+# The payload entry by which methods declare a message's aggregation weight; receivers
+# never aggregate with it as sent (see FedAvg's `weighting`), and the gate bounds it.
+WEIGHT_KEY = "weight"
+
+
+class Rejections:
+    """Counts of rejected messages by (reason, sender), for one block of a run."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, int], int] = {}
+
+    def add(self, reason: str, senders: torch.Tensor) -> None:
+        """Count one rejected message per entry of `senders` (node ids)."""
+        for sender in senders.reshape(-1).tolist():
+            key = (reason, int(sender))
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def metrics(self) -> dict[str, float]:
+        """``rejected <reason> from <id>`` -> count (the round metrics' form)."""
+        return {f"{REJECTED_PREFIX}{reason} from {sender}": float(n) for (reason, sender), n in sorted(self.counts.items())}
+
+    def clear(self) -> None:
+        self.counts.clear()
+
+
+def rejection_counts(metrics: Mapping[str, float]) -> dict[str, int]:
+    """``<reason> from <id>`` -> count, from (summed) round metrics."""
+    return {k.removeprefix(REJECTED_PREFIX): int(v) for k, v in metrics.items() if k.startswith(REJECTED_PREFIX) and v}
+
+
+class ReceiveGate:
+    """Admits the messages of one inbox that the receiver can accept (module docstring)."""
+
+    def __init__(self, method, public_records: int | None, rejections: Rejections) -> None:
+        self.method = method
+        self.public_records = public_records
+        self.rejections = rejections
+
+    def bounds(self, exchange: str, phase: str, round_index: int) -> dict[str, tuple[float, float]]:
+        """Payload key -> inclusive (low, high) for this exchange: the method's, and the
+        conventional weight's unless the method bounds it itself."""
+        bounds = dict(self.method.payload_bounds(exchange, phase, round_index))
+        if self.public_records is not None:
+            bounds.setdefault(WEIGHT_KEY, (0.0, float(self.public_records)))
+        return bounds
+
+    def admit(self, exchange: str, phase: str, round_index: int, inbox: Messages) -> Messages:
+        """The messages of `inbox` that pass; the others are counted in `rejections`."""
+        if not len(inbox):
+            return inbox
+        checks = [("extra message", self._within_count(exchange, phase, round_index, inbox)),
+                  ("non-finite", self._finite(inbox))]
+        for key, (low, high) in self.bounds(exchange, phase, round_index).items():
+            if key in inbox.table:
+                checks.append((f"out of range {key}", _within(inbox, key, low, high)))
+        passed = torch.stack([ok for _, ok in checks]).all(dim=0)
+        if bool(passed.all()):  # the one host read of an honest exchange
+            return inbox
+        failed_before = torch.zeros_like(passed)
+        for reason, ok in checks:  # each rejected message counted once, under its first failed check
+            first = ~ok & ~failed_before
+            if bool(first.any()):
+                self.rejections.add(reason, inbox.src[first])
+            failed_before |= ~ok
+        return inbox.select(passed)
+
+    def _within_count(self, exchange: str, phase: str, round_index: int, inbox: Messages) -> torch.Tensor:
+        """(n,) bool: the message is among the first `messages_per_pair` from its sender
+        to its destination, in delivery order."""
+        limit = torch.where(inbox.src == SERVER_ID, int(self.method.server_messages_per_pair(exchange, phase, round_index)),
+                            int(self.method.messages_per_pair(exchange, phase, round_index)))
+        span = int(torch.maximum(inbox.src.max(), inbox.dst.max())) + 2  # ids from -1 (the server)
+        pair = (inbox.src + 1) * span + (inbox.dst + 1)
+        order = torch.argsort(pair, stable=True)
+        _, counts = torch.unique_consecutive(pair[order], return_counts=True)
+        starts = torch.cumsum(counts, 0) - counts
+        rank_sorted = torch.arange(len(pair), device=pair.device) - torch.repeat_interleave(starts, counts)
+        rank = torch.empty_like(rank_sorted)
+        rank[order] = rank_sorted
+        return rank < limit
+
+    @staticmethod
+    def _finite(inbox: Messages) -> torch.Tensor:
+        """(n,) bool: every floating payload entry of the message is finite (checked once
+        per table row: a model sent to many receivers is stored once)."""
+        ok_rows = torch.ones(_table_rows(inbox), dtype=torch.bool, device=inbox.src.device)
+        for value in inbox.table.values():
+            if value.is_floating_point() or value.is_complex():
+                ok_rows &= torch.isfinite(value).reshape(len(value), -1).all(dim=1).to(ok_rows.device)
+        return ok_rows[inbox.table_rows().to(ok_rows.device)]
+
+
+def _table_rows(inbox: Messages) -> int:
+    return len(next(iter(inbox.table.values()))) if inbox.table else len(inbox)
+
+
+def _within(inbox: Messages, key: str, low: float, high: float) -> torch.Tensor:
+    """(n,) bool: every element of the message's `key` entry lies in [low, high] (NaN fails)."""
+    value = inbox.table[key].double()
+    ok_rows = ((value >= low) & (value <= high)).reshape(len(value), -1).all(dim=1)
+    return ok_rows[inbox.table_rows().to(ok_rows.device)].to(inbox.src.device)
