@@ -2,7 +2,8 @@
 
 Checks (names as in the report; pick with `checks=`/`skip=`):
 - ``state``: every state leaf is a tensor with one row per client of the call; losses
-  are (C,); a node sends only as itself and to existing nodes; inboxes arrive sorted.
+  are (C,); a node sends only as itself and to existing nodes; inboxes arrive sorted;
+  the receive gate rejects none of the honest messages (`p4bench.engine.receive_gate`).
 - ``runtimes``: the same seeded config gives the same deployed parameters, accuracies
   and bytes on the wire in `simulation`, `reference`, `bytes`, `accelerator` (the
   simulation on the emulated accelerator of `p4bench.testing.emulated_device`, which
@@ -117,6 +118,11 @@ def _check_state(report: ConformanceReport, probe: Instrumented) -> None:
     report.add("state.layout", not rec.layout_errors, "; ".join(rec.layout_errors[:3]) or "every state leaf has one row per client")
     report.add("state.messages", not rec.message_errors, "; ".join(rec.message_errors[:3]) or
                f"{rec.exchanges.total()} messages delivered, {rec.self_messages} to the sender itself")
+    rejected = probe.result.summary.get("rejections") or {}
+    report.add("state.receive-gate", not rejected,
+               f"the receive gate rejected honest messages: {', '.join(f'{k} ({v})' for k, v in rejected.items())}; "
+               "send finite values, declare messages_per_pair / payload_bounds where an honest sender needs more"
+               if rejected else "every message passed the receive gate (counts, finite values, ranges)")
 
 
 # -- runtimes ----------------------------------------------------------------------------------
