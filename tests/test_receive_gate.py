@@ -17,6 +17,8 @@ from p4bench.runner import run
 class _Declared:
     """A method's declarations as the gate reads them."""
 
+    num_clients = 8
+
     def __init__(self, per_pair: int = 1, server: int = 1, bounds: dict | None = None) -> None:
         self.per_pair, self.server, self.bounds = per_pair, server, bounds or {}
 
@@ -92,6 +94,12 @@ def test_method_bounds_apply_and_each_message_is_counted_once():
     inbox = _messages([1, 2, 2], [0, 0, 0], [[0.5], [float("nan")], [2.0]])
     assert gate.admit("share", "train", 0, inbox).src.tolist() == [1]
     assert rejection_counts(rejections.metrics()) == {"non-finite from 2": 1, "extra message from 2": 1}
+
+
+def test_ids_outside_the_federation_are_rejected():
+    gate, rejections = _gate()
+    assert gate.admit("gossip", "train", 0, _messages([1, 8, -2], [0, 0, 0], [[0.0]] * 3)).src.tolist() == [1]
+    assert rejection_counts(rejections.metrics()) == {"unknown node from 8": 1, "unknown node from -2": 1}
 
 
 def test_rejections_line_names_reason_sender_and_count():

@@ -81,7 +81,10 @@ class ReceiveGate:
         """The messages of `inbox` that pass; the others are counted in `rejections`."""
         if not len(inbox):
             return inbox
-        checks = [("extra message", self._within_count(exchange, phase, round_index, inbox)),
+        nodes = int(self.method.num_clients)
+        known = (inbox.src >= SERVER_ID) & (inbox.src < nodes) & (inbox.dst >= SERVER_ID) & (inbox.dst < nodes)
+        checks = [("unknown node", known),
+                  ("extra message", self._within_count(exchange, phase, round_index, inbox, nodes)),
                   ("non-finite", self._finite(inbox))]
         for key, (low, high) in self.bounds(exchange, phase, round_index).items():
             if key in inbox.table:
@@ -97,13 +100,13 @@ class ReceiveGate:
             failed_before |= ~ok
         return inbox.select(passed)
 
-    def _within_count(self, exchange: str, phase: str, round_index: int, inbox: Messages) -> torch.Tensor:
+    def _within_count(self, exchange: str, phase: str, round_index: int, inbox: Messages, nodes: int) -> torch.Tensor:
         """(n,) bool: the message is among the first `messages_per_pair` from its sender
         to its destination, in delivery order."""
         limit = torch.where(inbox.src == SERVER_ID, int(self.method.server_messages_per_pair(exchange, phase, round_index)),
                             int(self.method.messages_per_pair(exchange, phase, round_index)))
-        span = int(torch.maximum(inbox.src.max(), inbox.dst.max())) + 2  # ids from -1 (the server)
-        pair = (inbox.src + 1) * span + (inbox.dst + 1)
+        span = nodes + 1  # ids -1 (the server) .. nodes - 1; others are rejected as unknown
+        pair = (inbox.src.clamp(SERVER_ID, nodes - 1) + 1) * span + (inbox.dst.clamp(SERVER_ID, nodes - 1) + 1)
         order = torch.argsort(pair, stable=True)
         _, counts = torch.unique_consecutive(pair[order], return_counts=True)
         starts = torch.cumsum(counts, 0) - counts
