@@ -16,6 +16,7 @@ import torch
 
 from p4bench.engine import Attack, Messages
 from p4bench.engine.receive_gate import WEIGHT_KEY
+from p4bench.errors import ConfigError
 from p4bench.options import Option
 
 
@@ -25,12 +26,16 @@ class WeightLie(Attack):
     name = "weight-lie"
     description = "malicious clients send their honest update with a false aggregation weight (default NaN)"
     options = Attack.options + (
-        Option("lied_weight", float, float("nan"), "the weight declared (nan, inf, or a count such as 1e6)"),
+        Option("lied_weight", str, "nan", "the weight declared: nan, inf, -inf or a number such as 1e6"),
     )
 
     def __init__(self, config, num_classes: int) -> None:
         super().__init__(config, num_classes)
-        self.lie = float(self.option_values["lied_weight"])
+        try:
+            self.lie = float(self.option_values["lied_weight"])  # a string: NaN is not a valid option number
+        except ValueError:
+            raise ConfigError("options.lied_weight", f"must be nan, inf, -inf or a number, got "
+                              f"{self.option_values['lied_weight']!r}") from None
 
     def tamper(self, exchange, messages, rng, reference=None):
         if WEIGHT_KEY not in messages.payload:
