@@ -127,6 +127,9 @@ def test_weighted_mean_ignores_non_finite_updates_and_bad_weights():
     weights = torch.tensor([[1.0, 1.0, 1.0, math.nan, -2.0, 1.0]])
     assert weighted_mean(updates, weights)[0].tolist() == [2.0, 2.0]
     assert weighted_mean(updates[:, 1:3], weights[:, 1:3])[0].tolist() == [0.0, 0.0]  # nothing usable: zeros
+    # weights are normalised first: a huge finite float32 update times a sample count does not overflow
+    huge = torch.tensor([[[1e38], [1.0]]], dtype=torch.float32)
+    assert weighted_mean(huge, torch.tensor([[100.0, 100.0]])).isfinite().all()
 
 
 def test_krum_ranks_non_finite_distances_last():

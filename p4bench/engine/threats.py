@@ -218,14 +218,24 @@ def weighted_mean(updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
     Never non-finite because of one bad input: an update with a non-finite entry, and a
     non-finite or negative weight, count as weight 0; a row with no positive weight
-    gives zeros."""
-    finite = finite_rows(updates)
+    gives zeros. The weights are normalised before the product, so a large finite
+    update is never multiplied by a sample count (float32 overflow)."""
     w = weights.to(updates.dtype)
-    w = torch.where(finite & torch.isfinite(w) & (w > 0), w, torch.zeros((), dtype=w.dtype, device=w.device))
-    if not bool(finite.all()):  # 0 * NaN = NaN: zero the rows themselves (copied only then)
-        updates = updates.masked_fill(~finite.unsqueeze(-1), 0)
+    w = torch.where(torch.isfinite(w) & (w > 0), w, torch.zeros((), dtype=w.dtype, device=w.device))
+    mean = _normalised_product(updates, w)
+    if bool(torch.isfinite(mean).all()):  # the usual case: one pass over the updates
+        return mean
+    # a non-finite entry spoils its coordinates whatever its weight (0 * NaN = NaN):
+    # only then find those rows, zero them and take the product again
+    finite = finite_rows(updates)
+    w = torch.where(finite, w, torch.zeros((), dtype=w.dtype, device=w.device))
+    return _normalised_product(updates.masked_fill(~finite.unsqueeze(-1), 0), w)
+
+
+def _normalised_product(updates: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    share = w / w.sum(dim=1, keepdim=True).clamp_min(1e-12)
     # a batched matrix-vector product: no (B, n, P) temporary
-    return torch.bmm(w.unsqueeze(1), updates).squeeze(1) / w.sum(dim=1, keepdim=True).clamp_min(1e-12)
+    return torch.bmm(share.unsqueeze(1), updates).squeeze(1)
 
 
 def pad_by_destination(
