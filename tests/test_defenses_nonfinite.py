@@ -132,6 +132,16 @@ def test_weighted_mean_ignores_non_finite_updates_and_bad_weights():
     assert weighted_mean(huge, torch.tensor([[100.0, 100.0]])).isfinite().all()
 
 
+def test_coordinate_helpers_leave_non_finite_updates_out_of_the_order_statistics():
+    from p4bench.defenses.median import coordinate_median
+    from p4bench.defenses.trimmed_mean import trimmed_mean
+
+    updates = torch.tensor([[[1.0], [2.0], [3.0], [math.inf], [math.inf], [-math.inf], [math.nan]]], dtype=torch.float64)
+    mask = torch.ones(1, 7, dtype=torch.bool)
+    assert coordinate_median(updates, mask).tolist() == [[2.0]]
+    assert trimmed_mean(updates, mask, torch.tensor([1])).tolist() == [[2.0]]
+
+
 def test_krum_ranks_non_finite_distances_last():
     # a huge but finite update overflows every squared distance to it: +inf, never 0
     updates = torch.tensor([[[0.0], [1.0], [2.0], [1e200], [math.nan]]], dtype=torch.float64)

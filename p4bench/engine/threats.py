@@ -15,6 +15,7 @@ deployed attacker has; such attacks fall back to the malicious clients' own upda
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
@@ -165,7 +166,7 @@ class Defense(ABC):
         super().__init_subclass__(**kwargs)
         for name in ("select", "aggregate"):
             rule = cls.__dict__.get(name)
-            if callable(rule):
+            if inspect.isfunction(rule):
                 setattr(cls, name, screened(rule))
 
     def reveal_malicious(self, malicious: torch.Tensor) -> None:
