@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import torch
 
+from p4bench.engine.screen import finite_rows
+
 
 def sorted_coordinates(updates: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values (B, n, P) sorted along n with padded entries last, count (B,) real ones)."""
+    """(values (B, n, P) sorted along n with padded entries last, count (B,) real ones).
+
+    Updates with a non-finite entry count as padding, also when the helper is called
+    without the defenses' screen: an inf would sort into the order statistics as a value."""
+    mask = finite_rows(updates, mask)
     padded = updates.double().masked_fill(~mask.unsqueeze(-1), float("inf"))
     return torch.sort(padded, dim=1).values, mask.sum(dim=1)
 

@@ -38,11 +38,14 @@ def masked_mean(updates: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
 
 
 def outliers(distance: torch.Tensor, mask: torch.Tensor, factor: float, ddof: int) -> torch.Tensor:
-    """(B, n) bool: distances above mean + factor * std of the real ones in their row."""
-    count = mask.sum(1).double()
-    mean = (distance * mask).sum(1) / count.clamp_min(1)
-    var = ((distance - mean.unsqueeze(1)).pow(2) * mask).sum(1) / (count - ddof).clamp_min(1)
-    return (distance > (mean + factor * var.sqrt()).unsqueeze(1)) & mask
+    """(B, n) bool: distances above mean + factor * std of the real finite ones in their
+    row; a non-finite distance (an overflowed norm) is always an outlier."""
+    finite = torch.isfinite(distance) & mask
+    distance_ = torch.where(finite, distance, 0.0)  # keeps inf out of the mean and std
+    count = finite.sum(1).double()
+    mean = distance_.sum(1) / count.clamp_min(1)
+    var = ((distance_ - mean.unsqueeze(1)).pow(2) * finite).sum(1) / (count - ddof).clamp_min(1)
+    return ((distance_ > (mean + factor * var.sqrt()).unsqueeze(1)) | ~finite) & mask
 
 
 class AnomalyDetection(Defense):

@@ -27,14 +27,19 @@ def squared_distances(updates: torch.Tensor) -> torch.Tensor:
 def krum_scores_from(distances: torch.Tensor, mask: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """(B, n) Krum scores among the updates marked in `mask`: the sum of squared
     distances to the n - f - 2 nearest other marked updates (at least 1, at most n - 1);
-    unmarked entries score +inf."""
+    unmarked entries score +inf, and so does any update with a non-finite distance among
+    its nearest (a NaN or overflowed distance is as far as can be: it ranks last, never best)."""
     count = distances.shape[1]
-    invalid = ~(mask.unsqueeze(1) & mask.unsqueeze(2)) | torch.eye(count, dtype=torch.bool)
-    nearest = torch.sort(distances.masked_fill(invalid, float("inf")), dim=2).values
+    eye = torch.eye(count, dtype=torch.bool, device=mask.device)
+    invalid = ~(mask.unsqueeze(1) & mask.unsqueeze(2)) | eye
+    far = torch.where(torch.isnan(distances), float("inf"), distances)  # NaN would sort after inf
+    nearest = torch.sort(far.masked_fill(invalid, float("inf")), dim=2).values
     n = mask.sum(dim=1)
     neighbours = (n - f - 2).clamp_min(1).clamp_max((n - 1).clamp_min(1))
-    finite = torch.where(torch.isfinite(nearest), nearest, torch.zeros_like(nearest))
-    cumulative = torch.cumsum(finite, dim=2)
+    # slots past a row's n - 1 real neighbours hold padding (+inf); reached only when n = 1,
+    # where the lone update's score must stay finite. Real infinite distances stay +inf.
+    real = torch.arange(count, device=mask.device).view(1, 1, -1) < (n - 1).view(-1, 1, 1)
+    cumulative = torch.cumsum(torch.where(real, nearest, 0.0), dim=2)
     index = (neighbours - 1).clamp_min(0).view(-1, 1, 1).expand(-1, count, 1)
     scores = cumulative.gather(2, index).squeeze(2)
     return scores.masked_fill(~mask, float("inf"))

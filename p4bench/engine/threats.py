@@ -15,6 +15,7 @@ deployed attacker has; such attacks fall back to the malicious clients' own upda
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
@@ -23,6 +24,7 @@ import torch
 
 from p4bench.engine.messages import UPDATE_PREFIX as UPDATE_PREFIX  # re-exported: defined with the messages
 from p4bench.engine.messages import Messages, update_keys
+from p4bench.engine.screen import finite_rows, screened
 from p4bench.options import Option, resolve_options
 from p4bench.rng import ClientRng
 
@@ -130,13 +132,21 @@ class Defense(ABC):
     Batched over aggregation points: `updates` (B, n, P) holds the updates each of B
     receivers got (padded; `mask` (B, n) marks real ones), so every group of a P2P
     method is defended in one call.
+
+    Every subclass's `select` and `aggregate` run behind the shared screen
+    (`p4bench.engine.screen`): updates with a non-finite entry or a non-finite or
+    negative weight, and a sender's repeated updates (where `senders` is given), are
+    masked out before the rule sees them and reported dropped; a receiver left with no
+    usable update gets the zero aggregate. Rules need not check for NaN themselves.
     """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
     needs_individual_updates: ClassVar[bool] = True
     options: ClassVar[tuple[Option, ...]] = ()  # declared config.options keys, resolved into `option_values`
-    filters: ClassVar[bool] = True  # drops updates (so detection precision/recall apply)
+    # drops updates by its rule (so detection precision/recall apply); the shared screen
+    # drops non-finite and repeated updates for every defense, filtering or not
+    filters: ClassVar[bool] = True
     # True: `select`/`aggregate` get keywords receivers (B,) and senders (B, n) (-1 =
     # padding): the node ids a receiver always knows, for defenses with per-peer memory.
     uses_identities: ClassVar[bool] = False
@@ -149,6 +159,15 @@ class Defense(ABC):
     def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.option_values = resolve_options(self.options, config.options)
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # every rule a subclass defines runs behind the screen: the guarantees hold for
+        # third-party defenses too, with no change to the plugin interface
+        super().__init_subclass__(**kwargs)
+        for name in ("select", "aggregate"):
+            rule = cls.__dict__.get(name)
+            if inspect.isfunction(rule):
+                setattr(cls, name, screened(rule))
 
     def reveal_malicious(self, malicious: torch.Tensor) -> None:
         """Harness only, for defenses with `needs_oracle`: the (M,) malicious mask."""
@@ -179,24 +198,45 @@ class Defense(ABC):
         """(C,) bool, gates only: keep the received model (default: it scores at least as well)."""
         return new_accuracy >= old_accuracy
 
+    @screened
     def select(self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor) -> torch.Tensor:
-        """(B, n) bool: which updates to keep. Default keeps all real ones."""
+        """(B, n) bool: which updates to keep. Default keeps all real (screened) ones."""
         return mask
 
+    @screened
     def aggregate(
         self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(aggregate (B, P), kept (B, n)): the weighted mean of the selected updates."""
+        """(aggregate (B, P), kept (B, n)): the weighted mean of the selected updates
+        (zeros, nothing kept, for a receiver without a usable update)."""
         kept = self.select(updates, weights, mask, **identities) & mask
-        kept = torch.where(kept.any(dim=1, keepdim=True), kept, mask)  # never drop everything
+        kept = torch.where(kept.any(dim=1, keepdim=True), kept, mask)  # never drop every usable update
         return weighted_mean(updates, weights * kept), kept
 
 
 def weighted_mean(updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """(B, P) mean of updates (B, n, P) with weights (B, n) (zero weight = ignored)."""
+    """(B, P) mean of updates (B, n, P) with weights (B, n) (zero weight = ignored).
+
+    Never non-finite because of one bad input: an update with a non-finite entry, and a
+    non-finite or negative weight, count as weight 0; a row with no positive weight
+    gives zeros. The weights are normalised before the product, so a large finite
+    update is never multiplied by a sample count (float32 overflow)."""
     w = weights.to(updates.dtype)
+    w = torch.where(torch.isfinite(w) & (w > 0), w, torch.zeros((), dtype=w.dtype, device=w.device))
+    mean = _normalised_product(updates, w)
+    if bool(torch.isfinite(mean).all()):  # the usual case: one pass over the updates
+        return mean
+    # a non-finite entry spoils its coordinates whatever its weight (0 * NaN = NaN):
+    # only then find those rows, zero them and take the product again
+    finite = finite_rows(updates)
+    w = torch.where(finite, w, torch.zeros((), dtype=w.dtype, device=w.device))
+    return _normalised_product(updates.masked_fill(~finite.unsqueeze(-1), 0), w)
+
+
+def _normalised_product(updates: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    share = w / w.sum(dim=1, keepdim=True).clamp_min(1e-12)
     # a batched matrix-vector product: no (B, n, P) temporary
-    return torch.bmm(w.unsqueeze(1), updates).squeeze(1) / w.sum(dim=1, keepdim=True).clamp_min(1e-12)
+    return torch.bmm(share.unsqueeze(1), updates).squeeze(1)
 
 
 def pad_by_destination(
@@ -248,8 +288,9 @@ class Aggregator:
         dst, updates, w, mask, src = pad_by_destination(inbox, weights)
         if self.defense is None:
             return dst, weighted_mean(updates, w)
-        identities = {"receivers": dst, "senders": src} if self.defense.uses_identities else {}
-        combined, kept = self.defense.aggregate(updates, w, mask, **identities)
+        # always given: the screen counts one update per sender; the defense's own rule
+        # sees the identities only where it declares `uses_identities`
+        combined, kept = self.defense.aggregate(updates, w, mask, receivers=dst, senders=src)
         # one read back for the whole log: senders, and per slot 1 kept, 2 dropped, 0 padding
         status = torch.where(kept & mask, 1, torch.where(mask, 2, 0))
         senders, marks = torch.stack((src, status)).tolist()

@@ -14,7 +14,8 @@ Attack checks:
 Defense checks:
 - ``aggregate``: shapes, kept updates a subset of the real ones, never all dropped,
   `filters` False means nothing dropped, padding changes nothing, identical updates
-  aggregate to themselves.
+  aggregate to themselves; a NaN update and a sender's repeated update are reported
+  dropped and the aggregate stays finite (the screen every `Defense` runs behind).
 - ``needs``: on each of `methods`, an accepted defense is reached (the method
   aggregates through `ctx.aggregator`); a refused one is justified (nothing reaches
   the aggregator there).
@@ -249,8 +250,8 @@ def _aggregate(cls: Any, config: Any, updates: torch.Tensor, mask: torch.Tensor,
     if getattr(cls, "needs_oracle", False):
         defense.reveal_malicious(torch.tensor([True] + [False] * (config.clients - 1)))
     weights = mask.double()
-    identities = {"receivers": torch.arange(len(updates)), "senders": senders} if cls.uses_identities else {}
-    return defense.aggregate(updates, weights, mask, **identities)
+    # as the Aggregator calls it: the screen always gets the ids, the rule per uses_identities
+    return defense.aggregate(updates, weights, mask, receivers=torch.arange(len(updates)), senders=senders)
 
 
 def _check_aggregate(report: ConformanceReport, cls: Any, base: Any) -> None:
@@ -283,6 +284,13 @@ def _check_aggregate(report: ConformanceReport, cls: Any, base: Any) -> None:
     unanimous, _ = _aggregate(cls, config, same, mask, senders)
     if not torch.allclose(unanimous, torch.full_like(unanimous, 0.01), atol=1e-4):
         problems.append("identical updates do not aggregate to themselves")
+    hostile, repeated = updates.clone(), senders.clone()
+    hostile[:, 1] = float("nan")
+    repeated[:2, 4] = repeated[:2, 3]  # receivers 0 and 1: slot 4 comes from slot 3's sender again
+    screened, kept = _aggregate(cls, config, hostile, mask, repeated)
+    if not bool(screened.isfinite().all()) or bool(kept[:, 1].any()) or bool(kept[:2, 4].any()):
+        problems.append("keeps a NaN update or a sender's repeated update, or returns a non-finite aggregate "
+                        "(the screen of p4bench.engine.screen was bypassed)")
     report.add("aggregate", not problems, "; ".join(problems) or "shapes, masks, padding and unanimity hold")
 
 
