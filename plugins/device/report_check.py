@@ -123,11 +123,14 @@ class ReleaseCheck:
             self._mismatch(peer, "malformed release entry")
             return
         node = self.held.get(peer)
-        foreign = [c for c in clients if c != node]
-        if foreign:
-            holders = sorted({self.owner.get(c, "no peer") for c in foreign})
-            self._mismatch(peer, f"release for client(s) {_ids(foreign)} held by {', '.join(holders)}"
-                                 f"{'' if node is None or node < 0 else f' (it holds client {node})'}")
+        holds = f"it holds client {node}" if node is not None and node >= 0 else "it holds no client"
+        others = [c for c in clients if c != node and c in self.owner]
+        if others:
+            holders = ", ".join(sorted({self.owner[c] for c in others}))
+            self._mismatch(peer, f"release for client(s) {_ids(others)} of peer(s) {holders} ({holds})")
+        unknown = [c for c in clients if c != node and c not in self.owner]
+        if unknown:
+            self._mismatch(peer, f"release for client(s) {_ids(unknown)}, which no peer holds ({holds})")
         if self.settings is None:
             self._mismatch(peer, "DP release reported in a non-private run")
             return
@@ -140,7 +143,7 @@ class ReleaseCheck:
             self._mismatch(peer, f"noise multiplier {sigma:g}; the launcher's is {self.settings.noise_multiplier:g}")
         if not isinstance(clip, (int, float)) or isinstance(clip, bool) or not math.isclose(clip, self.settings.clip, rel_tol=1e-9):
             self._mismatch(peer, f"clip {clip!r}; the launcher's is {self.settings.clip:g}")
-        if node is not None and node in clients:
+        if node is not None and node in clients and phase in self.rates:  # (an undeclared phase: found above)
             phases = self.reported.setdefault(peer, {})
             phases[phase] = phases.get(phase, 0) + steps
 
