@@ -122,7 +122,8 @@ def test_a_release_for_another_peers_client_is_a_mismatch_that_names_the_peer():
         ("hub", "release for client(s) 1 of peer(s) b (it holds no client)"),
         ("hub", "release for client(s) 7, which no peer holds (it holds no client)"),
     ]
-    assert mismatch_reasons(check.finish())[0] == "release mismatch from peer b: release for client(s) 0, 2 of peer(s) a, c (it holds client 1)"
+    assert mismatch_reasons(check.finish())[0] == \
+        "release mismatch from peer b: release for client(s) 0, 2 of peer(s) a, c (it holds client 1)"
     assert len(charged) == 6  # the reports charged nothing
 
 
