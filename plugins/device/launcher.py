@@ -274,8 +274,8 @@ class Launcher:
         return after
 
     def _account_overrun(self) -> None:
-        """DP releases and measurements of rounds that peers ran past the finish step (a
-        margin that was too short): not in any round report, but taken all the same."""
+        """Rounds that peers ran past the finish step (a margin that was too short): not in
+        any round report, but their DP releases were taken all the same (charged, checked)."""
         ran = [self.steps.get((phase, index), 0) for kind, phase, index in self.reports if kind == "round"]
         self.figures.charge_through(max(ran, default=0))
         for (_kind, phase, _index), got in sorted(self.reports.items()):
