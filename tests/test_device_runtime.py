@@ -57,6 +57,9 @@ def test_local_peers_match_the_simulator_and_log_to_mlflow(capsys, shared_result
         assert abs(device["accuracy_per_client"][client] - accuracy) <= 1e-4
     assert device["bytes_per_phase"] == simulated["bytes_per_phase"]  # the same frames, counted on the wire
     assert device["client_bytes_sent"] == simulated["client_bytes_sent"]
+    # the launcher's own epsilon (both phases of P4's plan), the simulator's figure; no peer's report disagrees
+    assert (device["epsilon"], device["epsilon_rdp"]) == (simulated["epsilon"], simulated["epsilon_rdp"])
+    assert device["device"]["releases"]["mismatches"] == [] and set(device["device"]["releases"]["charged"]) == {"grouping", "cotraining"}
     # measurements per peer and phase, in the summary and in MLflow
     peers = device["device"]["peers"]
     assert set(peers) == {"0", "1", "2", "3"} and not device["device"]["dropped"]

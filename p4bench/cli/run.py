@@ -282,6 +282,10 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     ]
     if summary.get("tracking_error"):
         rows.append(("tracking", f"[yellow]{summary['tracking_error']}; results kept locally[/yellow]"))
+    device = summary.get("device")
+    if isinstance(device, dict) and device.get("self_reported"):  # a device run: taken from the peers unchecked
+        rows.insert(5, ("self-reported", f"[yellow]{', '.join(map(str, device['self_reported'])).replace('_', ' ')}: "
+                                         "each peer's figures of its own client, not checked by the launcher[/yellow]"))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)

@@ -39,7 +39,16 @@ def register_commands(app):
 
 @hookimpl(tryfirst=True)
 def run_finished(run, result):
-    """Before the tracker writes summary.json: per-peer, per-phase measurements and drops."""
+    """Before the tracker writes summary.json: per-peer, per-phase measurements and drops;
+    a peer's release report that disagrees with the launcher's figures makes the run
+    uncertified (`report_check`), before the tracker tags it."""
     device = getattr(result.outcome, "device", None)
-    if device is not None:
-        result.summary["device"] = device
+    if device is None:
+        return
+    result.summary["device"] = device
+    certification = getattr(run, "certification", None)
+    if certification is not None and certification.private:
+        from p4bench.plugins.device.report_check import mismatch_reasons
+
+        run.certification = certification.with_reasons(mismatch_reasons(device.get("releases")))
+        result.summary.update(run.certification.summary_fields())

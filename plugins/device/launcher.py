@@ -5,7 +5,10 @@ seed (public: shared streams such as the partition derive from it, each peer's p
 draws do not), says go, and then only listens: each peer reports every round (its client's
 accuracy, losses, bytes, measurements, DP releases) and finally its state. From those
 reports the launcher builds the same `RoundReport`s and `Outcome` as the simulator, so
-the runner logs the run to MLflow like any other. With ``--local-peers N`` it first
+the runner logs the run to MLflow like any other. The DP releases are the exception: the
+launcher charges the ledger with its own figures and checks the peers' release reports
+against them (`report_check`); accuracies and measurements are self-reported
+(``device.self_reported``). With ``--local-peers N`` it first
 starts N peers (and a server peer for server-based methods) on 127.0.0.1 with a fresh
 CA in a temporary folder.
 
@@ -38,6 +41,7 @@ from p4bench.options import resolve_options
 from p4bench.plugins.device.local import LocalPeers, free_ports  # noqa: F401  (re-exported)
 from p4bench.plugins.device.peers import PeersFile
 from p4bench.plugins.device.protocol import DEVICE_OPTIONS, KIND_STATE, Limits, RejectedFrame
+from p4bench.plugins.device.report_check import SELF_REPORTED, ReleaseCheck
 from p4bench.plugins.device.transport import LauncherLink, parse_report
 
 log = logging.getLogger("p4bench.device")
@@ -213,6 +217,7 @@ class Launcher:
         self.totals: dict[str, dict[str, dict[str, Any]]] = {p.id: {} for p in self.peers.peers}
         reports: list[RoundReport] = []
         total_bytes = 0
+        self.figures = ReleaseCheck(job, self.peers)  # the run's epsilon: from the schedule driven here
         # The launcher owns the time budget's clock (from `go`); the peers stop when it says.
         minutes = job.config.time_budget_min
         budget = TimeBudget(minutes) if minutes is not None else None
@@ -225,6 +230,7 @@ class Launcher:
             report = self._round_report(block.phase, block.round, len(reports) + 1)
             total_bytes += report.bytes_sent
             reports.append(report)
+            self.figures.charge_through(report.step)  # before on_round: the ledger's round figures include it
             on_round(report)
             if not self.active:
                 raise DeviceError(f"every peer dropped out ({self.dropped})")
@@ -268,8 +274,10 @@ class Launcher:
         return after
 
     def _account_overrun(self) -> None:
-        """DP releases and measurements of rounds that peers ran past the finish step (a
-        margin that was too short): not in any round report, but taken all the same."""
+        """Rounds that peers ran past the finish step (a margin that was too short): not in
+        any round report, but their DP releases were taken all the same (charged, checked)."""
+        ran = [self.steps.get((phase, index), 0) for kind, phase, index in self.reports if kind == "round"]
+        self.figures.charge_through(max(ran, default=0))
         for (_kind, phase, _index), got in sorted(self.reports.items()):
             for peer, report in sorted(got.items()):
                 if peer in self.totals:
@@ -292,17 +300,8 @@ class Launcher:
         return got
 
     def _account(self, peer: str, phase: str, report: dict[str, Any]) -> None:
-        """Apply a report's DP releases and add its measurements to the phase totals."""
-        from p4bench.records import Release
-
-        for entry in report.get("releases") or []:
-            try:
-                release = Release(tuple(int(c) for c in entry["clients"]), float(entry["sample_rate"]),
-                                  float(entry["noise_multiplier"]), int(entry["steps"]), str(entry["phase"]))
-            except (KeyError, TypeError, ValueError):
-                self.link.rejects.reject("malformed release", peer)
-                continue
-            self.job.report_release(release)
+        """Check a report's DP releases (never charged: `report_check`) and add its measurements to the phase totals."""
+        self.figures.check(peer, phase, report)
         for entry in report.get("absent") or []:
             if isinstance(entry, dict) and len(self.absences) < 1000:
                 self.absences.append({"reporter": peer, "phase": phase, "round": report.get("round"), **entry})
@@ -413,6 +412,7 @@ class Launcher:
             "local_peers": self.local, "peers": peers, "dropped": self.dropped, "absences": self.absences,
             "launcher_rejected": self.link.rejects.snapshot(), "limits": self.limits.to_dict(),
             "link": self.link_profile(), "profile": self.profile,
+            "releases": self.figures.finish(), "self_reported": list(SELF_REPORTED),
         }
         if self.finish:
             stopped = {p: self.finals[p][0].get("stopped_after_step") for p in sorted(self.finals)}

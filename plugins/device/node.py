@@ -103,9 +103,11 @@ class DeviceNode:
     def _record_release(self, release: Any) -> None:
         if self.ledger is not None:  # this peer's own budget decisions need its history
             self.ledger.privacy_release(run=None, release=release)
+        settings = self.job.dp  # the clip is this peer's setting, checked by the launcher against its own
         self.releases.append(
             {"clients": [int(c) for c in release.clients], "sample_rate": float(release.sample_rate),
-             "noise_multiplier": float(release.noise_multiplier), "steps": int(release.steps), "phase": str(release.phase)}
+             "noise_multiplier": float(release.noise_multiplier), "steps": int(release.steps), "phase": str(release.phase),
+             "clip": float(settings.clip) if settings is not None else None}
         )
 
     def run(self) -> None:
