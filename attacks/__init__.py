@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from p4bench.attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
     from p4bench.attacks.label_shuffle import LabelShuffle
     from p4bench.attacks.min_max import MinMax
-    from p4bench.attacks.nan_update import NanUpdate
     from p4bench.attacks.model_probe import ModelProbe
+    from p4bench.attacks.nan_update import NanUpdate
     from p4bench.attacks.random_labels import RandomLabels
     from p4bench.attacks.sign_flip import SignFlip
     from p4bench.attacks.weight_lie import WeightLie
@@ -89,8 +89,8 @@ def register_attacks() -> list[type[Attack]]:
     from p4bench.attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
     from p4bench.attacks.label_shuffle import LabelShuffle
     from p4bench.attacks.min_max import MinMax
-    from p4bench.attacks.nan_update import NanUpdate
     from p4bench.attacks.model_probe import ModelProbe
+    from p4bench.attacks.nan_update import NanUpdate
     from p4bench.attacks.random_labels import RandomLabels
     from p4bench.attacks.sign_flip import SignFlip
     from p4bench.attacks.weight_lie import WeightLie

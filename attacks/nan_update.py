@@ -9,8 +9,6 @@ replaced (1.0: all; a smaller share hides the payload among finite values).
 
 from __future__ import annotations
 
-import torch
-
 from p4bench.attacks._honest import honest_vectors, send
 from p4bench.engine import Attack
 from p4bench.options import Option

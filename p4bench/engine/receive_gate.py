@@ -22,11 +22,15 @@ command line names them in its last line. A method may reject what only it can j
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from p4bench.engine.messages import Messages
 from p4bench.rng import SERVER_ID
+
+if TYPE_CHECKING:
+    from p4bench.engine.method import Method
 
 __all__ = ["REJECTED_PREFIX", "WEIGHT_KEY", "ReceiveGate", "Rejections", "rejection_counts"]
 
@@ -64,7 +68,7 @@ def rejection_counts(metrics: Mapping[str, float]) -> dict[str, int]:
 class ReceiveGate:
     """Admits the messages of one inbox that the receiver can accept (module docstring)."""
 
-    def __init__(self, method, public_records: int | None, rejections: Rejections) -> None:
+    def __init__(self, method: Method, public_records: int | None, rejections: Rejections) -> None:
         self.method = method
         self.public_records = public_records
         self.rejections = rejections
