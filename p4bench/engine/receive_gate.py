@@ -22,17 +22,14 @@ command line names them in its last line. A method may reject what only it can j
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from p4bench.engine.messages import Messages
 from p4bench.rng import SERVER_ID
 
-if TYPE_CHECKING:
-    from p4bench.engine.method import Method
-
-__all__ = ["REJECTED_PREFIX", "WEIGHT_KEY", "ReceiveGate", "Rejections", "rejection_counts"]
+__all__ = ["Declarations", "REJECTED_PREFIX", "WEIGHT_KEY", "ReceiveGate", "Rejections", "rejection_counts"]
 
 REJECTED_PREFIX = "rejected "
 # The payload entry by which methods declare a message's aggregation weight; receivers
@@ -65,10 +62,22 @@ def rejection_counts(metrics: Mapping[str, float]) -> dict[str, int]:
     return {k.removeprefix(REJECTED_PREFIX): int(v) for k, v in metrics.items() if k.startswith(REJECTED_PREFIX) and v}
 
 
+class Declarations(Protocol):
+    """What the gate reads from a method (`p4bench.engine.method.Method` has all of it)."""
+
+    num_clients: int
+
+    def messages_per_pair(self, exchange: str, phase: str, round_index: int) -> int: ...
+
+    def server_messages_per_pair(self, exchange: str, phase: str, round_index: int) -> int: ...
+
+    def payload_bounds(self, exchange: str, phase: str, round_index: int) -> dict[str, tuple[float, float]]: ...
+
+
 class ReceiveGate:
     """Admits the messages of one inbox that the receiver can accept (module docstring)."""
 
-    def __init__(self, method: Method, public_records: int | None, rejections: Rejections) -> None:
+    def __init__(self, method: Declarations, public_records: int | None, rejections: Rejections) -> None:
         self.method = method
         self.public_records = public_records
         self.rejections = rejections
