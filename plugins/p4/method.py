@@ -75,6 +75,30 @@ def _received_known(shares: torch.Tensor) -> torch.Tensor:
     return torch.where(shares < 0, torch.full_like(shares, float("inf")), shares)
 
 
+def _same_as_first(inbox: Messages, key: str, first: torch.Tensor) -> bool:
+    """Whether every message's `key` row equals that of its sender's first message
+    (`first`: inbox position per sender). Messages that carry the very table row of that
+    first message (the simulator's: a sender's share is stored once) are equal without a
+    look; the others are compared in chunks, so no (messages x M) copy is made."""
+    table, rows = inbox.table[key], inbox.table_rows()
+    reference = rows[first[inbox.src]]
+    differ = (reference != rows).nonzero().squeeze(1)
+    chunk = max(1, (1 << 24) // max(table.shape[1], 1))
+    for start in range(0, len(differ), chunk):
+        part = differ[start : start + chunk]
+        if not torch.equal(table[rows[part]], table[reference[part]]):
+            return False
+    return True
+
+
+def _group_labels(groups: list[list[int]], count: int) -> np.ndarray:
+    """(count,) each client's group index, -1 for a client in no group."""
+    label = np.full(count, -1, dtype=np.int64)
+    for index, group in enumerate(groups):
+        label[np.asarray(group, dtype=np.int64)] = index
+    return label
+
+
 class P4(Method):
     """P4 with its options (``-o key=value``): group_size V, samples H, teacher
     (none | last-proxy | private) and alpha (its weight), beta, grouping (similarity |
@@ -316,15 +340,14 @@ class P4(Method):
         # grouping runs on the host: each row's group, written back to the state in one copy
         assigned = np.zeros((len(rows), self.num_clients), dtype=bool)
         found = np.zeros(len(rows), dtype=bool)
-        seen, groups = None, []
+        seen, label = None, np.zeros(0, dtype=np.int64)
         for position, matrix in self._assembled_views(state, inbox, ctx):
             if matrix is not seen:  # usually one matrix for every row: group (and copy to the host) once
-                seen, groups = matrix, self._groups(matrix)
-            for group in groups:
-                if rows[position] in group:
-                    assigned[position] = False
-                    assigned[position, group] = True
-                    found[position] = True
+                seen, label = matrix, _group_labels(self._groups(matrix), self.num_clients)
+            own = label[rows[position]]
+            if own >= 0:  # O(M) per row: no search through the groups
+                assigned[position] = label == own
+                found[position] = True
         members, device = state["members"], state["members"].device
         members = torch.where(torch.from_numpy(found).to(device).unsqueeze(1), torch.from_numpy(assigned).to(device), members)
         return {**state, "members": members}
@@ -334,15 +357,14 @@ class P4(Method):
         its own measurements and what it received. When every client received the same
         shares from everyone (the usual case), they all see one matrix: build it once."""
         rows = ctx.rows
-        shares = _received_known(inbox.value("known")) if len(inbox) else torch.zeros(0, self.num_clients)
         received = torch.bincount(torch.searchsorted(rows, inbox.dst), minlength=len(rows)) if len(inbox) else torch.zeros(len(rows))
         consistent = len(rows) > 1 and bool((received == self.num_clients - 1).all())
         if consistent:
             positions = torch.arange(len(inbox))
             first = torch.full((self.num_clients,), len(inbox), dtype=torch.long).scatter_reduce(0, inbox.src, positions, reduce="amin")
-            consistent = bool((first < len(inbox)).all()) and torch.equal(shares, shares[first[inbox.src]])
-        if consistent:
-            matrix = shares[first].clone()
+            consistent = bool((first < len(inbox)).all()) and _same_as_first(inbox, "known", first)
+        if consistent:  # O(M^2): the senders' shared rows, never one row per message
+            matrix = _received_known(inbox.table["known"][inbox.table_rows()[first]])
             matrix[rows] = state["known"]
             for position in range(len(rows)):
                 yield position, matrix
