@@ -413,3 +413,79 @@ def test_round_reports_queued_without_waiting_reach_the_launcher_in_order(tmp_pa
             assert [m.get("round") for m in got] == [*range(30), None] and got[-1]["type"] == "final"
         finally:
             link.close()
+
+
+def _exchange_in_thread(transport: PeerTransport, seq: int, expected: set[str]):
+    """`transport`'s exchange `seq` (nothing sent) run in a thread; its result, or None
+    when it has not returned within 60 s (the exchange timeout in these tests is 600 s)."""
+    results: list = []
+    thread = threading.Thread(target=lambda: results.append(transport.exchange(seq, {}, MARKER, expected, set())))
+    thread.start()
+    thread.join(60)
+    return results[0] if results else None
+
+
+def test_a_peer_withholding_its_end_markers_is_dropped_after_k_exchanges_and_no_longer_waited_for(tmp_path):
+    limits = Limits(exchange_timeout_s=1.0, slow_peer_exchanges=2)
+    with _cluster(tmp_path, ["a", "b", "c"], limits, started={"a"}) as (peers, nodes):
+        a, port = nodes["a"], peers.by_id["a"].port
+        a.begin_run("slow")
+        b, c = _tls(tmp_path, port, "b"), _tls(tmp_path, port, "c")
+        try:
+            for seq in (1, 2):  # b sends its message, never its end marker; c is on time
+                b.sendall(pack(KIND_MESSAGE, _wire_seq("slow", seq), _message(1, 0, 4)))
+                c.sendall(pack(KIND_END, _wire_seq("slow", seq), dump_json({**MARKER, "count": 0})))
+                result = a.exchange(seq, {}, MARKER, {"b", "c"}, set())
+                assert result.absent == {"b"} and set(result.received) == {"c"}
+                assert [e["peer"] for e in result.dropped] == (["b"] if seq == 2 else [])
+            snapshot = a.snapshot()
+            assert [e["peer"] for e in snapshot["slow_dropped"]] == ["b"] and snapshot["refused"] == ["b"]
+            assert "no end marker" in snapshot["slow_dropped"][0]["reason"] and snapshot["slow_dropped"][0]["seq"] == 2
+            assert _closed_by_peer(b, 10)  # its connection closed, and it is refused from now on
+            with _tls(tmp_path, port, "b") as again:
+                assert _closed_by_peer(again, 10)
+            assert _until(lambda: _rejected(a).get("dropped as a slow peer", 0) >= 1)
+            c.sendall(pack(KIND_END, _wire_seq("slow", 3), dump_json({**MARKER, "count": 0})))
+            result = a.exchange(3, {}, MARKER, {"b", "c"}, set())
+            assert result.absent == {"b"} and set(result.received) == {"c"} and result.dropped == []
+        finally:
+            b.close()
+            c.close()
+
+
+def test_a_marker_in_time_resets_the_count_and_a_slow_batch_counts_as_slow(tmp_path):
+    limits = Limits(exchange_timeout_s=600, slow_peer_exchanges=2, slow_peer_grace_s=0.2, slow_peer_rate_bytes_s=1 << 20)
+    with _cluster(tmp_path, ["a", "b"], limits, started={"a"}) as (peers, nodes):
+        a, port = nodes["a"], peers.by_id["a"].port
+        a.begin_run("rate")
+        b = _tls(tmp_path, port, "b")
+        try:
+            for seq, slow in ((1, True), (2, False), (3, True), (4, True)):
+                frame = pack(KIND_END, _wire_seq("rate", seq), dump_json({**MARKER, "count": 0}))
+                if slow:  # the header at once, the body 1 s later: far below 1 MiB/s after the 0.2 s grace
+                    b.sendall(frame[:14])
+                    time.sleep(1.0)
+                b.sendall(frame[14:] if slow else frame)
+                result = _exchange_in_thread(a, seq, {"b"})
+                assert result is not None and set(result.received) == {"b"}  # slow, but it arrived: used
+                assert [e["peer"] for e in result.dropped] == (["b"] if seq == 4 else []), seq
+            assert "below 1048576 B/s" in a.snapshot()["slow_dropped"][0]["reason"]
+        finally:
+            b.close()
+
+
+def test_a_peer_cut_for_a_slow_frame_is_not_waited_for(tmp_path):
+    limits = Limits(exchange_timeout_s=600, idle_timeout_s=1.0, min_rate_bytes_s=1024, slow_peer_exchanges=1)
+    with _cluster(tmp_path, ["a", "b"], limits, started={"a"}) as (peers, nodes):
+        a, port = nodes["a"], peers.by_id["a"].port
+        a.begin_run("cut")
+        b = _tls(tmp_path, port, "b")
+        try:
+            frame = pack(KIND_END, _wire_seq("cut", 1), dump_json({**MARKER, "count": 0, "pad": "x" * 4000}))
+            b.sendall(frame[:200])  # the rest never comes: cut after min(idle, 10 s) + 4 KB / 1 KiB/s
+            result = _exchange_in_thread(a, 1, {"b"})
+            assert result is not None and result.absent == {"b"}  # not waited for the 600 s exchange timeout
+            assert [e["peer"] for e in result.dropped] == ["b"] and "slow frame" in result.dropped[0]["reason"]
+            assert _rejected(a)["slow frame"] == 1
+        finally:
+            b.close()

@@ -381,7 +381,8 @@ class PeerTransport:
                 self._cut.add(name)
             else:
                 self._cut.discard(name)
-            if cut and cut != "idle" and not self._gate.inbound.get(name):  # cut for misbehaving: not waited for
+            others = [c for c in self._gate.inbound.get(name, {}).values() if c is not connection and not c.closed]
+            if cut and cut != "idle" and not others:  # cut for misbehaving: not waited for until it reconnects
                 self._misbehaved[name] = cut
             self._arrival.set()
 
