@@ -23,7 +23,7 @@ from p4bench.plugins.device.launcher import free_ports
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.protocol import KIND_END, KIND_MESSAGE, Limits, dump_json, load_json, pack
 from p4bench.plugins.device.tls import client_context, init_tls_dir
-from p4bench.plugins.device.transport import EPOCH_SHIFT, LauncherLink, PeerTransport
+from p4bench.plugins.device.transport import EPOCH_SHIFT, EVENT_RECONNECTED, LauncherLink, PeerTransport
 
 MARKER = {"exchange": "x", "round": 0, "phase": "p"}
 
@@ -393,6 +393,101 @@ def test_the_handshake_budget_evicts_the_oldest_of_a_source_then_overall():
     budget.admit(4, "z", lambda: evicted.append(4), 2, 3)
     assert budget.admit(5, "w", lambda: evicted.append(5), 2, 3) == [("handshake evicted (handshake budget full)", "y")]
     assert evicted == [0, 2] and len(budget) == 3  # 2 (from y) was the oldest left
+
+
+def test_the_handshake_budget_never_evicts_a_handshake_under_way_for_a_silent_newcomer():
+    budget, evicted, busy = HandshakeBudget(), [], {"b": False}
+
+    def admit(key, now=0.0):
+        return budget.admit(key, "x", lambda: evicted.append(key), 3, 10, busy=lambda: busy.get(key, False), now=now,
+                            stalled_s=1.0)
+
+    for key in ("a", "b", "c"):
+        admit(key)
+    budget.advance("a", 0.0)  # a and b sent their ClientHello; c is silent
+    budget.advance("b", 0.0)
+    assert admit("d") == [("handshake evicted (per-source budget full)", "x")] and evicted == ["c"]  # the silent one
+    assert admit("e", now=0.5) == [("handshake evicted (per-source budget full)", "x")] and evicted == ["c", "d"]
+    budget.advance("e", 0.5)
+    # only handshakes under way now: none stalled yet, so the newcomer is refused, nothing evicted
+    assert admit("f", now=0.9) == [("handshake refused (every pending one under way)", "x")] and "f" not in budget
+    # stalled for 1 s: the oldest goes, unless its client is sending right now (a TLS 1.3 client that sent its last
+    # flight counts the handshake complete)
+    busy["a"] = True
+    assert admit("g", now=1.2) == [("handshake evicted (per-source budget full)", "x")] and evicted == ["c", "d", "b"]
+    budget.release("a")  # done: released the moment the TLS layer completes, so never evicted
+    assert "a" not in budget and len(budget) == 2
+
+
+def test_a_flood_of_silent_sockets_never_costs_a_fresh_launcher_connection(tmp_path):
+    limits = Limits(max_handshakes_per_source=4, max_handshakes=8)
+    with _cluster(tmp_path, ["a"], limits) as (peers, nodes):
+        a, port = nodes["a"], peers.by_id["a"].port
+        stop, opened = threading.Event(), [0]
+
+        def flood() -> None:  # 300 plain TCP sockets held, those the peer closes reopened (30 s at most)
+            held: list[socket.socket] = []
+            deadline = time.monotonic() + 30
+            try:
+                while not stop.is_set() and time.monotonic() < deadline:
+                    held = [s for s in held if not _closed_by_peer(s, 0)]
+                    while len(held) < 300:
+                        try:
+                            held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                            opened[0] += 1
+                        except OSError:
+                            break
+                    stop.wait(0.05)
+            finally:
+                for sock in held:
+                    sock.close()
+
+        thread = threading.Thread(target=flood, daemon=True)
+        thread.start()
+        usable = 0
+        try:
+            assert _until(lambda: opened[0] >= 300)
+            for number in range(40):  # each fresh connection: handshake, a control message, then closed
+                sock = _tls(tmp_path, port, "launcher")
+                try:
+                    sock.sendall(pack(ord("C"), 0, dump_json({"type": "hello", "n": number})))
+                    for _ in range(3):  # the previous connection's launcher-closed may come first
+                        message = a.control.get(timeout=10)
+                        if message["type"] == "hello":
+                            usable += message["n"] == number
+                            break
+                finally:
+                    sock.close()
+        finally:
+            stop.set()
+            thread.join(40)
+        rejected = _rejected(a)
+        assert usable == 40, (usable, rejected)
+        assert rejected.get("handshake evicted (per-source budget full)", 0) > 0, rejected  # the flood was there
+
+
+def test_the_launcher_reconnects_during_start_up_and_not_after(tmp_path):
+    with _cluster(tmp_path, ["a"], Limits()) as (peers, nodes):
+        a = nodes["a"]
+        link = LauncherLink(peers, tmp_path, Limits())
+        try:
+            link.reconnect_within(30)
+            link.connect_all(20)
+            assert _until(lambda: a._launcher is not None)
+
+            async def cut() -> None:  # as a flood's eviction did: the peer ends a connection the launcher holds
+                a._launcher.abort()
+
+            a._thread.call(cut(), timeout=10)
+            assert link.events.get(timeout=20) == ("a", EVENT_RECONNECTED, b"")
+            assert link.reconnects["a"] == 1 and link.send("a", {"type": "hello"})
+            assert _until(lambda: not a.control.empty()) and a.control.get(timeout=5)["type"] in ("launcher-closed", "hello")
+            link.reconnect_within(None)  # the run started: a closed connection is the peer's drop
+            assert _until(lambda: a._launcher is not None)
+            a._thread.call(cut(), timeout=10)
+            assert link.events.get(timeout=20) == ("a", None, b"")
+        finally:
+            link.close()
 
 
 def test_round_reports_queued_without_waiting_reach_the_launcher_in_order(tmp_path):
