@@ -78,9 +78,14 @@ class Listener:
 async def wait_readable(sock: socket.socket) -> None:
     """Wait until `sock` has bytes to read (or its end), reading nothing."""
     loop = asyncio.get_running_loop()
-    ready = loop.create_future()
+    ready: asyncio.Future[None] = loop.create_future()
     fd = sock.fileno()
-    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, readable)
     try:
         await ready
     finally:
