@@ -88,6 +88,7 @@ def main() -> dict:
         tries.append({
             "try": number, "completed": True, "flooded_s": round(flooded_s, 2), "ratio": round(flooded_s / clean_s, 3),
             "sockets_opened": flood.opened, "dropped": flooded["device"]["dropped"],
+            "launcher_reconnects": flooded["device"].get("reconnects", {}),
             "absences": len(flooded["device"]["absences"]), "flooded_peer_rejections": rejected,
             "same_accuracy": clean["accuracy_per_client"] == flooded["accuracy_per_client"],
         })

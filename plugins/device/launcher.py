@@ -36,6 +36,7 @@ from p4bench.engine.state import State, cat_rows, unflatten
 from p4bench.errors import P4BenchError, UsageError
 from p4bench.options import resolve_options
 from p4bench.plugins.device.launcher_link import EVENT_RECONNECTED, LauncherLink, parse_report
+from p4bench.plugins.device.liveness import announced, drop_metrics
 from p4bench.plugins.device.local import LocalPeers, free_ports  # noqa: F401  (re-exported)
 from p4bench.plugins.device.peers import PeersFile
 from p4bench.plugins.device.protocol import DEVICE_OPTIONS, KIND_STATE, Limits, RejectedFrame
@@ -159,29 +160,15 @@ class Launcher:
 
     def _on_slow_drops(self, peer: str, report: dict[str, Any]) -> None:
         """Record and announce the peers `peer` dropped as slow (`liveness`)."""
-        for entry in report.get("slow_dropped") or []:
-            slow = entry.get("peer") if isinstance(entry, dict) else None
-            if not isinstance(slow, str) or slow not in self.peers.by_id or len(self.slow_dropped) >= 1000:
-                continue
-            where = {k: entry.get(k) for k in ("phase", "round", "exchange")}
-            reason = str(entry.get("reason", ""))[:300]
-            message = f"dropped slow peer {slow} (by peer {peer} in {where['phase']} round {where['round']}, " \
-                      f"exchange {where['exchange']}: {reason})"
-            self.slow_dropped.append({"peer": slow, "node": self.peers.by_id[slow].node, "by": peer, **where,
-                                      "reason": reason, "message": message})
-            log.warning("%s", message)
+        for entry in announced(peer, report, {p.id: p.node for p in self.peers.peers})[: 1000 - len(self.slow_dropped)]:
+            self.slow_dropped.append(entry)
+            log.warning("%s", entry["message"])
 
     def _announcing(self, on_round: Callable[[RoundReport], None]) -> Callable[[RoundReport], None]:
-        """`on_round` with the slow-peer drops so far in the round's metrics: how many peers
-        were dropped as slow, and by how many peers each (``device.<peer>.slow_dropped_by``)."""
+        """`on_round` with the slow-peer drops so far in the round's metrics (`liveness.drop_metrics`)."""
 
         def announce(report: RoundReport) -> None:
-            by: dict[str, set[str]] = {}
-            for entry in self.slow_dropped:
-                by.setdefault(entry["peer"], set()).add(entry["by"])
-            report.metrics["device.slow_peers_dropped"] = float(len(by))
-            for slow, receivers in sorted(by.items()):
-                report.metrics[f"device.{slow}.slow_dropped_by"] = float(len(receivers))
+            report.metrics.update(drop_metrics(self.slow_dropped))
             on_round(report)
 
         return announce

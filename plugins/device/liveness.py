@@ -32,7 +32,7 @@ from p4bench.plugins.device.protocol import Limits
 
 log = logging.getLogger("p4bench.device")
 
-__all__ = ["SlowPeers", "Arrival", "SLOW_DROP_REASON"]
+__all__ = ["SlowPeers", "Arrival", "SLOW_DROP_REASON", "announced", "drop_metrics"]
 
 SLOW_DROP_REASON = "dropped as a slow peer"  # the reject reason of its frames and connections afterwards
 
@@ -91,3 +91,31 @@ class SlowPeers:
                 log.warning("dropped slow peer %s: %s", peer, reason)
                 drop.append(dict(self.dropped[-1]))
         return drop
+
+
+# -- the launcher's side: announcing the drops the peers report ------------------------
+def announced(reporter: str, report: dict[str, Any], nodes: dict[str, int]) -> list[dict[str, Any]]:
+    """The slow-peer drops in `reporter`'s round report, checked (known peer ids, `nodes`:
+    id -> node) and worded for the run's record: {"peer", "node", "by", "phase", "round",
+    "exchange", "reason", "message"} each."""
+    entries = []
+    for entry in report.get("slow_dropped") or []:
+        slow = entry.get("peer") if isinstance(entry, dict) else None
+        if not isinstance(slow, str) or slow not in nodes or slow == reporter:
+            continue
+        where = {k: entry.get(k) if isinstance(entry.get(k), (str, int)) else None for k in ("phase", "round", "exchange")}
+        reason = str(entry.get("reason", ""))[:300]
+        message = (f"dropped slow peer {slow} (by peer {reporter} in {where['phase']} round {where['round']}, "
+                   f"exchange {where['exchange']}: {reason})")
+        entries.append({"peer": slow, "node": nodes[slow], "by": reporter, **where, "reason": reason, "message": message})
+    return entries
+
+
+def drop_metrics(entries: list[dict[str, Any]]) -> dict[str, float]:
+    """Round metrics of the drops so far: how many peers were dropped as slow, and by how
+    many peers each (``device.<peer>.slow_dropped_by``)."""
+    by: dict[str, set[str]] = {}
+    for entry in entries:
+        by.setdefault(entry["peer"], set()).add(entry["by"])
+    return {"device.slow_peers_dropped": float(len(by)),
+            **{f"device.{peer}.slow_dropped_by": float(len(receivers)) for peer, receivers in sorted(by.items())}}

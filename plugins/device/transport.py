@@ -15,12 +15,16 @@ each one a sender writes its messages to every destination, then an end marker w
 the number of messages to every peer. A receiver has a sender's complete batch when
 its marker arrives; a sender whose connection closed (and has not reconnected) or
 whose marker does not arrive before the exchange timeout is absent from the exchange.
+A sender slow in several consecutive exchanges is dropped by this peer (`liveness`).
 
-Hardening (see `Limits`): anonymous connections get a small handshake budget that evicts
-its oldest entry when full (`admission`); authenticated ones are capped in total and per
-identity, closed when idle (the launcher pings) or when a frame body trickles in; data is
-only buffered during a run (`begin_run` .. `end_run`), within caps that scale with the
-run's model size (`set_model_bytes`); a peer the launcher dropped is refused (`refuse`).
+Hardening (see `Limits`): connections are accepted raw (`listener`) and, until
+authenticated, get a small handshake budget that evicts its oldest silent or stalled
+entry when full, never a completed handshake (`admission`); authenticated ones are capped
+in total and per identity, closed when idle (the launcher pings) or when a frame body
+trickles in (a sender cut so is not waited for until it reconnects); data is only
+buffered during a run (`begin_run` .. `end_run`), within caps that scale with the run's
+model size (`set_model_bytes`); a peer the launcher dropped is refused (`refuse`). The
+launcher's side of the connections is `launcher_link.LauncherLink` (re-exported here).
 """
 
 from __future__ import annotations
