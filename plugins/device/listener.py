@@ -30,49 +30,60 @@ ACCEPT_RETRY_S = 1.0  # out of file descriptors: stop accepting this long (async
 
 
 class Listener:
-    """A listening TCP socket on the running loop; calls `handle(sock, address)` in a new
-    task for each accepted connection (non-blocking, nothing read from it yet)."""
+    """Listening TCP sockets on the running loop (one per address `host` resolves to, as
+    asyncio's servers bind); calls `handle(sock, address)` in a new task for each accepted
+    connection (non-blocking, nothing read from it yet)."""
 
     def __init__(self, host: str, port: int, handle: Callable[[socket.socket, Any], Coroutine[Any, Any, None]]) -> None:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        self.sock = socket.create_server((host, port), family=family, backlog=BACKLOG)  # SO_REUSEADDR on POSIX
-        self.sock.setblocking(False)
         self._handle = handle
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
         self._closed = False
-        self._loop.add_reader(self.sock.fileno(), self._accept_ready)
+        self.sockets: list[socket.socket] = []
+        try:
+            infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            for family, address in dict.fromkeys((info[0], info[4][:2]) for info in infos):
+                if self.sockets and port == 0:
+                    port = self.port  # one port for every address, as asyncio does
+                sock = socket.create_server((address[0], port), family=family, backlog=BACKLOG)  # SO_REUSEADDR on POSIX
+                sock.setblocking(False)
+                self.sockets.append(sock)
+                self._loop.add_reader(sock.fileno(), self._accept_ready, sock)
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def port(self) -> int:
-        return int(self.sock.getsockname()[1])
+        return int(self.sockets[0].getsockname()[1])
 
-    def _accept_ready(self) -> None:
+    def _accept_ready(self, listening: socket.socket) -> None:
         for _ in range(BACKLOG):
             try:
-                conn, address = self.sock.accept()
+                conn, address = listening.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: let descriptors free up, then accept again
                 log.warning("accept failed (%r); pausing for %.0f s", exc, ACCEPT_RETRY_S)
-                self._loop.remove_reader(self.sock.fileno())
-                self._loop.call_later(ACCEPT_RETRY_S, self._resume)
+                self._loop.remove_reader(listening.fileno())
+                self._loop.call_later(ACCEPT_RETRY_S, self._resume, listening)
                 return
             conn.setblocking(False)
             task = self._loop.create_task(self._handle(conn, address))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _resume(self) -> None:
+    def _resume(self, listening: socket.socket) -> None:
         if not self._closed:
-            self._loop.add_reader(self.sock.fileno(), self._accept_ready)
+            self._loop.add_reader(listening.fileno(), self._accept_ready, listening)
 
     def close(self) -> None:
         """Stop listening (connections already accepted go on)."""
         if not self._closed:
             self._closed = True
-            self._loop.remove_reader(self.sock.fileno())
-            self.sock.close()
+            for sock in self.sockets:
+                self._loop.remove_reader(sock.fileno())
+                sock.close()
 
 
 async def wait_readable(sock: socket.socket) -> None:
