@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from p4bench.config import RunConfig
+from p4bench.hookspecs import hookimpl
 from p4bench.plugins.device.launcher import LocalPeers
 from p4bench.plugins.device.protocol import KIND_MESSAGE
 from p4bench.runner import run
@@ -232,3 +233,57 @@ def test_peers_keep_serving_across_runs_with_counters_per_run(tmp_path):
             assert 0 < two["frames_received"] <= one["frames_received"] * 1.5, (one, two)
         for process in cluster.processes.values():
             process.terminate()
+
+
+# A peer that withholds its end markers: it sends its messages to every other peer but never
+# the marker that closes its batch, so every receiver waits for it until the exchange timeout.
+WITHHOLDER = r"""
+from p4bench.plugins.device import admission
+from p4bench.plugins.device.protocol import KIND_END
+
+honest = admission.FrameConnection.send
+
+async def send(self, frames, timeout, shaper=None):
+    return await honest(self, [f for f in frames if f[0] != KIND_END], timeout, shaper)
+
+admission.FrameConnection.send = send
+from p4bench.plugins.device.cli import main
+main()
+"""
+
+
+class OneWithholder(LocalPeers):
+    def command(self, spec):
+        argv = super().command(spec)
+        return [sys.executable, "-c", WITHHOLDER, *argv[3:]] if spec.id == "3" else argv
+
+
+def test_a_peer_withholding_its_end_markers_is_dropped_as_slow_and_the_run_completes(tmp_path):
+    rounds = []
+    with OneWithholder(4) as cluster:
+        config = _device_config(cluster, str(tmp_path), options={"device_exchange_timeout_s": 4})
+        result = run(config, observers=[_Rounds(rounds)], track=False)
+    device = result.summary["device"]
+    assert device["dropped"] == [] and all(p["finished"] for p in device["peers"].values())  # the run completed
+    by = {e["by"] for e in device["slow_dropped"] if e["peer"] == "3"}
+    assert by == {"0", "1", "2"} and {e["peer"] for e in device["slow_dropped"]} == {"3"}, device["slow_dropped"]
+    assert all("dropped slow peer 3" in e["message"] and "no end marker" in e["reason"] for e in device["slow_dropped"])
+    for peer in ("0", "1", "2"):
+        transport = device["peers"][peer]["transport"]
+        assert [e["peer"] for e in transport["slow_dropped"]] == ["3"] and transport["refused"] == ["3"]
+    # dropped after K = 2 exchanges in which it was expected: announced in the round metrics from then on
+    assert rounds[-1]["device.slow_peers_dropped"] == 1 and rounds[-1]["device.3.slow_dropped_by"] == 3
+    assert rounds[0].get("device.slow_peers_dropped", 0) == 0
+    honest = [str(c) for c in range(3)]
+    assert all(np.isfinite(result.summary["accuracy_per_client"][c]) for c in honest)
+
+
+class _Rounds:
+    """Observer: each round's metrics."""
+
+    def __init__(self, into: list) -> None:
+        self.into = into
+
+    @hookimpl
+    def round_finished(self, run, report):
+        self.into.append(dict(report.metrics))

@@ -23,7 +23,7 @@ from p4bench.plugins.device.launcher import free_ports
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.protocol import KIND_END, KIND_MESSAGE, Limits, dump_json, load_json, pack
 from p4bench.plugins.device.tls import client_context, init_tls_dir
-from p4bench.plugins.device.transport import EPOCH_SHIFT, LauncherLink, PeerTransport
+from p4bench.plugins.device.transport import EPOCH_SHIFT, EVENT_RECONNECTED, LauncherLink, PeerTransport
 
 MARKER = {"exchange": "x", "round": 0, "phase": "p"}
 
@@ -395,6 +395,101 @@ def test_the_handshake_budget_evicts_the_oldest_of_a_source_then_overall():
     assert evicted == [0, 2] and len(budget) == 3  # 2 (from y) was the oldest left
 
 
+def test_the_handshake_budget_never_evicts_a_handshake_under_way_for_a_silent_newcomer():
+    budget, evicted, busy = HandshakeBudget(), [], {"b": False}
+
+    def admit(key, now=0.0):
+        return budget.admit(key, "x", lambda: evicted.append(key), 3, 10, busy=lambda: busy.get(key, False), now=now,
+                            stalled_s=1.0)
+
+    for key in ("a", "b", "c"):
+        admit(key)
+    budget.advance("a", 0.0)  # a and b sent their ClientHello; c is silent
+    budget.advance("b", 0.0)
+    assert admit("d") == [("handshake evicted (per-source budget full)", "x")] and evicted == ["c"]  # the silent one
+    assert admit("e", now=0.5) == [("handshake evicted (per-source budget full)", "x")] and evicted == ["c", "d"]
+    budget.advance("e", 0.5)
+    # only handshakes under way now: none stalled yet, so the newcomer is refused, nothing evicted
+    assert admit("f", now=0.9) == [("handshake refused (every pending one under way)", "x")] and "f" not in budget
+    # stalled for 1 s: the oldest goes, unless its client is sending right now (a TLS 1.3 client that sent its last
+    # flight counts the handshake complete)
+    busy["a"] = True
+    assert admit("g", now=1.2) == [("handshake evicted (per-source budget full)", "x")] and evicted == ["c", "d", "b"]
+    budget.release("a")  # done: released the moment the TLS layer completes, so never evicted
+    assert "a" not in budget and len(budget) == 2
+
+
+def test_a_flood_of_silent_sockets_never_costs_a_fresh_launcher_connection(tmp_path):
+    limits = Limits(max_handshakes_per_source=4, max_handshakes=8)
+    with _cluster(tmp_path, ["a"], limits) as (peers, nodes):
+        a, port = nodes["a"], peers.by_id["a"].port
+        stop, opened = threading.Event(), [0]
+
+        def flood() -> None:  # 300 plain TCP sockets held, those the peer closes reopened (30 s at most)
+            held: list[socket.socket] = []
+            deadline = time.monotonic() + 30
+            try:
+                while not stop.is_set() and time.monotonic() < deadline:
+                    held = [s for s in held if not _closed_by_peer(s, 0)]
+                    while len(held) < 300:
+                        try:
+                            held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                            opened[0] += 1
+                        except OSError:
+                            break
+                    stop.wait(0.05)
+            finally:
+                for sock in held:
+                    sock.close()
+
+        thread = threading.Thread(target=flood, daemon=True)
+        thread.start()
+        usable = 0
+        try:
+            assert _until(lambda: opened[0] >= 300)
+            for number in range(40):  # each fresh connection: handshake, a control message, then closed
+                sock = _tls(tmp_path, port, "launcher")
+                try:
+                    sock.sendall(pack(ord("C"), 0, dump_json({"type": "hello", "n": number})))
+                    for _ in range(3):  # the previous connection's launcher-closed may come first
+                        message = a.control.get(timeout=10)
+                        if message["type"] == "hello":
+                            usable += message["n"] == number
+                            break
+                finally:
+                    sock.close()
+        finally:
+            stop.set()
+            thread.join(40)
+        rejected = _rejected(a)
+        assert usable == 40, (usable, rejected)
+        assert rejected.get("handshake evicted (per-source budget full)", 0) > 0, rejected  # the flood was there
+
+
+def test_the_launcher_reconnects_during_start_up_and_not_after(tmp_path):
+    with _cluster(tmp_path, ["a"], Limits()) as (peers, nodes):
+        a = nodes["a"]
+        link = LauncherLink(peers, tmp_path, Limits())
+        try:
+            link.reconnect_within(30)
+            link.connect_all(20)
+            assert _until(lambda: a._launcher is not None)
+
+            async def cut() -> None:  # as a flood's eviction did: the peer ends a connection the launcher holds
+                a._launcher.abort()
+
+            a._thread.call(cut(), timeout=10)
+            assert link.events.get(timeout=20) == ("a", EVENT_RECONNECTED, b"")
+            assert link.reconnects["a"] == 1 and link.send("a", {"type": "hello"})
+            assert _until(lambda: not a.control.empty()) and a.control.get(timeout=5)["type"] in ("launcher-closed", "hello")
+            link.reconnect_within(None)  # the run started: a closed connection is the peer's drop
+            assert _until(lambda: a._launcher is not None)
+            a._thread.call(cut(), timeout=10)
+            assert link.events.get(timeout=20) == ("a", None, b"")
+        finally:
+            link.close()
+
+
 def test_round_reports_queued_without_waiting_reach_the_launcher_in_order(tmp_path):
     with _cluster(tmp_path, ["a"], Limits()) as (peers, nodes):
         a = nodes["a"]
@@ -413,3 +508,79 @@ def test_round_reports_queued_without_waiting_reach_the_launcher_in_order(tmp_pa
             assert [m.get("round") for m in got] == [*range(30), None] and got[-1]["type"] == "final"
         finally:
             link.close()
+
+
+def _exchange_in_thread(transport: PeerTransport, seq: int, expected: set[str]):
+    """`transport`'s exchange `seq` (nothing sent) run in a thread; its result, or None
+    when it has not returned within 60 s (the exchange timeout in these tests is 600 s)."""
+    results: list = []
+    thread = threading.Thread(target=lambda: results.append(transport.exchange(seq, {}, MARKER, expected, set())))
+    thread.start()
+    thread.join(60)
+    return results[0] if results else None
+
+
+def test_a_peer_withholding_its_end_markers_is_dropped_after_k_exchanges_and_no_longer_waited_for(tmp_path):
+    limits = Limits(exchange_timeout_s=1.0, slow_peer_exchanges=2)
+    with _cluster(tmp_path, ["a", "b", "c"], limits, started={"a"}) as (peers, nodes):
+        a, port = nodes["a"], peers.by_id["a"].port
+        a.begin_run("slow")
+        b, c = _tls(tmp_path, port, "b"), _tls(tmp_path, port, "c")
+        try:
+            for seq in (1, 2):  # b sends its message, never its end marker; c is on time
+                b.sendall(pack(KIND_MESSAGE, _wire_seq("slow", seq), _message(1, 0, 4)))
+                c.sendall(pack(KIND_END, _wire_seq("slow", seq), dump_json({**MARKER, "count": 0})))
+                result = a.exchange(seq, {}, MARKER, {"b", "c"}, set())
+                assert result.absent == {"b"} and set(result.received) == {"c"}
+                assert [e["peer"] for e in result.dropped] == (["b"] if seq == 2 else [])
+            snapshot = a.snapshot()
+            assert [e["peer"] for e in snapshot["slow_dropped"]] == ["b"] and snapshot["refused"] == ["b"]
+            assert "no end marker" in snapshot["slow_dropped"][0]["reason"] and snapshot["slow_dropped"][0]["seq"] == 2
+            assert _closed_by_peer(b, 10)  # its connection closed, and it is refused from now on
+            with _tls(tmp_path, port, "b") as again:
+                assert _closed_by_peer(again, 10)
+            assert _until(lambda: _rejected(a).get("dropped as a slow peer", 0) >= 1)
+            c.sendall(pack(KIND_END, _wire_seq("slow", 3), dump_json({**MARKER, "count": 0})))
+            result = a.exchange(3, {}, MARKER, {"b", "c"}, set())
+            assert result.absent == {"b"} and set(result.received) == {"c"} and result.dropped == []
+        finally:
+            b.close()
+            c.close()
+
+
+def test_a_marker_in_time_resets_the_count_and_a_slow_batch_counts_as_slow(tmp_path):
+    limits = Limits(exchange_timeout_s=600, slow_peer_exchanges=2, slow_peer_grace_s=0.2, slow_peer_rate_bytes_s=1 << 20)
+    with _cluster(tmp_path, ["a", "b"], limits, started={"a"}) as (peers, nodes):
+        a, port = nodes["a"], peers.by_id["a"].port
+        a.begin_run("rate")
+        b = _tls(tmp_path, port, "b")
+        try:
+            for seq, slow in ((1, True), (2, False), (3, True), (4, True)):
+                frame = pack(KIND_END, _wire_seq("rate", seq), dump_json({**MARKER, "count": 0}))
+                if slow:  # the header at once, the body 1 s later: far below 1 MiB/s after the 0.2 s grace
+                    b.sendall(frame[:14])
+                    time.sleep(1.0)
+                b.sendall(frame[14:] if slow else frame)
+                result = _exchange_in_thread(a, seq, {"b"})
+                assert result is not None and set(result.received) == {"b"}  # slow, but it arrived: used
+                assert [e["peer"] for e in result.dropped] == (["b"] if seq == 4 else []), seq
+            assert "below 1048576 B/s" in a.snapshot()["slow_dropped"][0]["reason"]
+        finally:
+            b.close()
+
+
+def test_a_peer_cut_for_a_slow_frame_is_not_waited_for(tmp_path):
+    limits = Limits(exchange_timeout_s=600, idle_timeout_s=1.0, min_rate_bytes_s=1024, slow_peer_exchanges=1)
+    with _cluster(tmp_path, ["a", "b"], limits, started={"a"}) as (peers, nodes):
+        a, port = nodes["a"], peers.by_id["a"].port
+        a.begin_run("cut")
+        b = _tls(tmp_path, port, "b")
+        try:
+            frame = pack(KIND_END, _wire_seq("cut", 1), dump_json({**MARKER, "count": 0, "pad": "x" * 4000}))
+            b.sendall(frame[:200])  # the rest never comes: cut after min(idle, 10 s) + 4 KB / 1 KiB/s
+            result = _exchange_in_thread(a, 1, {"b"})
+            assert result is not None and result.absent == {"b"}  # not waited for the 600 s exchange timeout
+            assert [e["peer"] for e in result.dropped] == ["b"] and "slow frame" in result.dropped[0]["reason"]
+            assert _rejected(a)["slow frame"] == 1
+        finally:
+            b.close()

@@ -208,3 +208,13 @@ def test_a_fused_release_is_not_verifiable():
     result = check_post_processing(RunConfig(method="p4", epsilon=8.0, clients=4, rounds=2, local_steps=2,
                                              eval_fraction=0.0, accountant="rdp", options={"fused": True}), run)
     assert result.status == "not verifiable" and "post-processing check not verifiable" in result.reason()
+
+
+def test_the_check_of_a_device_run_leaves_out_the_runtimes_own_options():
+    from p4bench.privacy.post_processing import check_config
+
+    config = RunConfig(method="p4", clients=4, runtime="device",
+                       options={"device_local_peers": 4, "device_exchange_timeout_s": 30, "group_size": 4})
+    checked, _ = check_config(config)
+    assert checked.runtime == "simulation" and not any(k.startswith("device_") for k in checked.options)
+    assert checked.options["group_size"] == 4

@@ -115,8 +115,23 @@ def check_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
     CPU with seeded randomness (the two runs must draw the same streams), the fast rdp
     accountant (the check reads no epsilon)."""
     checked = config.replace(**CHECK_SIZE, federation_clients=None, attack=None, runtime="simulation", device="cpu",
-                             noise_source="seeded", accountant="rdp", time_budget_min=None)
+                             noise_source="seeded", accountant="rdp", time_budget_min=None,
+                             options=_simulator_options(config))
     return generic_path(checked)
+
+
+def _simulator_options(config: RunConfig) -> dict[str, Any]:
+    """`config`'s options less those only its own runtime declares (a device run's
+    ``device_*`` options): the check runs on the simulator, which would refuse them."""
+    if config.runtime == "simulation":
+        return dict(config.options)
+    from p4bench.options import declared_options
+    from p4bench.plugin_manager import Registry, create_plugin_manager
+
+    registry = Registry(create_plugin_manager())
+    names = {o.name for o in declared_options(registry.get("runtime", config.runtime))}
+    names -= {o.name for o in declared_options(registry.get("runtime", "simulation"))}
+    return {k: v for k, v in config.options.items() if k not in names}
 
 
 def generic_path(config: RunConfig) -> tuple[RunConfig, list[str]]:

@@ -4,13 +4,17 @@ of inbound ones (`Gate`), the reject log, the shaping hook's interface, the loop
 Admission happens in two stages. Before its TLS handshake completes a connection is
 anonymous: it only costs a socket and a handshake, so it gets a small, separate budget
 per source address and in total (`HandshakeBudget`), and a short handshake timeout.
-When that budget is full the *oldest* pending handshake is evicted rather than the
-newcomer refused: a flood of idle sockets then only ever evicts itself, while an honest
-client, whose handshake takes milliseconds, completes long before it becomes the
-oldest. Authenticated connections count against their own caps (`max_connections` in
-total, `max_connections_per_identity` per certificate name, where one identity beyond its
-cap loses its oldest connection, so it can only crowd out itself), never against this
-budget; an identity the launcher dropped is refused after its handshake.
+When that budget is full, room is made by evicting the oldest *silent* connection (no
+byte received yet: `listener`), else the oldest handshake that has stalled, rather than
+refusing the newcomer: a flood of idle sockets then only ever evicts itself. A handshake
+whose client is sending, or that the TLS layer has completed, is never evicted (a TLS 1.3
+client counts the handshake complete once its last flight is sent; evicting it then
+left the launcher with a connection that closed at once); when only such handshakes
+are pending, the newcomer is refused and its client retries. Authenticated connections
+count against their own caps (`max_connections` in total, `max_connections_per_identity`
+per certificate name, where one identity beyond its cap loses its oldest connection, so
+it can only crowd out itself), never against this budget; an identity the launcher
+dropped, or this peer dropped as slow (`liveness`), is refused after its handshake.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
+import socket
 import ssl
 import threading
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from p4bench.plugins.device.listener import has_unread, tls_accept, wait_readable
 from p4bench.plugins.device.protocol import HEADER_BYTES, Limits, frame_header
 from p4bench.plugins.device.tls import IdentityError, common_name
 
@@ -53,6 +61,7 @@ class FrameConnection:
         self.lock = asyncio.Lock()
         self.bytes_sent = 0
         self.last_sent = asyncio.get_running_loop().time()  # opened, or last frames written (loop clock)
+        self.frame_at = 0.0  # loop time the header of the last frame read was (inbound connections)
 
     async def send(self, frames: list[tuple[int, int, bytes]], timeout: float, shaper: Shaper | None = None) -> int:
         """Write (kind, seq, body) frames and wait until they are handed to the OS; with a
@@ -111,42 +120,59 @@ class Gate:
         self.handshakes = HandshakeBudget()
         self.inbound: dict[str, dict[int, FrameConnection]] = {}  # authenticated, per identity, oldest first
         self.count = 0  # authenticated connections open
-        self.refused: set[str] = set()  # identities refused after their handshake (dropped by the launcher)
+        self.refused: set[str] = set()  # identities refused after their handshake (dropped by the launcher, or slow)
+        self.refused_why: dict[str, str] = {}  # the reject reason of a refused identity (default: dropped by the launcher)
 
-    async def enter(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> FrameConnection | None:
-        """TLS handshake (within the budget and its timeout), identity, caps: the registered
-        connection, or None when rejected (counted). Raises CancelledError when evicted."""
+    async def enter(self, sock: socket.socket, address: Any) -> FrameConnection | None:
+        """TLS handshake of an accepted socket (within the budget and its timeout),
+        identity, caps: the registered connection, or None when rejected (counted; the
+        socket is closed). Raises CancelledError when evicted (the socket is closed)."""
         limits = self._limits()
-        peername = writer.get_extra_info("peername")
-        address = str(peername)
-        source = str(peername[0]) if isinstance(peername, tuple) and peername else address
+        loop = asyncio.get_running_loop()
+        source = str(address[0]) if isinstance(address, tuple) and address else str(address)
         task = asyncio.current_task()
         assert task is not None
         per_source = max(limits.max_handshakes_per_source, self.burst)
-        evicted = self.handshakes.admit(task, source, task.cancel, per_source, max(limits.max_handshakes, per_source))
+        evicted = self.handshakes.admit(task, source, task.cancel, per_source, max(limits.max_handshakes, per_source),
+                                        busy=lambda: has_unread(sock), now=loop.time(),
+                                        stalled_s=limits.handshake_timeout_s / 4)
         for reason, victim in evicted:
-            self.rejects.reject(reason, victim, "closing its oldest pending handshake")
+            self.rejects.reject(reason, victim, "closing the oldest silent or stalled connection")
+        if task not in self.handshakes:  # every pending one is a handshake under way: the newcomer waits its turn
+            sock.close()
+            return None
+        writer: asyncio.StreamWriter | None = None
+        handed = False  # from here on a TLS transport owns the socket (and closes it on failure)
         try:
             async with asyncio.timeout(limits.handshake_timeout_s):  # the SSL layer's own timer is only a backstop
-                await writer.start_tls(self.server_context, ssl_handshake_timeout=limits.handshake_timeout_s + 1)
+                await wait_readable(sock)  # silent until here: the first to go when the budget is full
+                self.handshakes.advance(task, loop.time())
+                handed = True
+                reader, writer = await tls_accept(sock, self.server_context, limits.handshake_timeout_s + 1,
+                                                  on_done=lambda: self.handshakes.release(task))
         except TimeoutError:
-            self.rejects.reject("TLS handshake timeout", address, f"not done within {limits.handshake_timeout_s} s")
+            self.rejects.reject("TLS handshake timeout", str(address), f"not done within {limits.handshake_timeout_s} s")
             return None
         except (*NETWORK_ERRORS, ValueError) as exc:
-            self.rejects.reject("TLS handshake (no valid certificate of this run)", address, repr(exc))
+            self.rejects.reject("TLS handshake (no valid certificate of this run)", str(address), repr(exc))
             return None
         finally:
             self.handshakes.release(task)
+            if not handed:
+                sock.close()
         name = common_name(writer.get_extra_info("peercert"))
+        problem = None
         if name is None or not self._allowed(name):
-            self.rejects.reject("unknown identity", address, f"certificate name {name!r} is not in the peers file")
+            problem = ("unknown identity", str(address), f"certificate name {name!r} is not in the peers file")
+        elif name in self.refused:
+            problem = (self.refused_why.get(name, "dropped by the launcher"), name, f"connection from {address} refused")
+        elif self.count >= limits.max_connections:
+            problem = ("connection limit", name, f"{self.count} authenticated connections open")
+        if problem is not None:
+            self.rejects.reject(*problem)
+            writer.transport.abort()
             return None
-        if name in self.refused:
-            self.rejects.reject("dropped by the launcher", name, f"connection from {address} refused")
-            return None
-        if self.count >= limits.max_connections:
-            self.rejects.reject("connection limit", name, f"{self.count} authenticated connections open")
-            return None
+        assert name is not None
         same = self.inbound.setdefault(name, {})
         live = [c for c in same.values() if not c.closed]
         for old in live[: max(len(live) - limits.max_connections_per_identity + 1, 0)]:
@@ -165,11 +191,13 @@ class Gate:
         if not same:
             self.inbound.pop(connection.name, None)
 
-    def refuse(self, name: str) -> bool:
-        """Refuse `name` from now on and close its connections; False if it already was."""
+    def refuse(self, name: str, why: str = "dropped by the launcher") -> bool:
+        """Refuse `name` from now on (rejections counted as `why`) and close its
+        connections; False if it already was."""
         if name in self.refused:
             return False
         self.refused.add(name)
+        self.refused_why[name] = why
         for connection in list(self.inbound.get(name, {}).values()):
             connection.abort()
         return True
@@ -178,46 +206,81 @@ class Gate:
 class HandshakeBudget:
     """Pending TLS handshakes, at most `per_source` per source address and `total` in all.
 
-    `admit` registers a handshake; beyond either bound it first evicts the oldest pending
-    handshake of that source (or, for the total, the oldest of all) by calling the
-    `evict` callback it was registered with. Not thread-safe: used on the loop only."""
+    An entry is *silent* until `advance` (its first bytes arrived), then a handshake in
+    progress; `release` ends it (done, failed, evicted). `admit` registers a newcomer;
+    beyond either bound it first evicts, by calling the `evict` callback the victim was
+    registered with, the oldest silent entry of that source (for the total: of all),
+    else the oldest handshake stalled for `stalled_s`, never one whose `busy()` says it
+    has unread bytes (its client is sending: in TLS 1.3 a client whose last flight is
+    in flight already counts the handshake complete). When nothing may be evicted the
+    newcomer is not registered (`key in budget` is False). Not thread-safe: loop only."""
 
     def __init__(self) -> None:
-        self._pending: dict[object, tuple[str, Callable[[], object]]] = {}  # insertion order = age
+        self._pending: dict[object, _Pending] = {}  # insertion order = age
         self._per_source: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def admit(self, key: object, source: str, evict: Callable[[], object], per_source: int, total: int) -> list[tuple[str, str]]:
+    def __contains__(self, key: object) -> bool:
+        return key in self._pending
+
+    def admit(self, key: object, source: str, evict: Callable[[], object], per_source: int, total: int,
+              busy: Callable[[], bool] = lambda: False, now: float = 0.0, stalled_s: float = math.inf) -> list[tuple[str, str]]:
         """Register the handshake `key` from `source`, within `per_source` of its source and
-        `total` in all; returns (reason, source) of each handshake evicted to make room."""
+        `total` in all; returns (reason, source) of each entry evicted to make room, and of
+        the newcomer itself when it was refused."""
         evicted: list[tuple[str, str]] = []
-        while self._per_source[source] >= per_source:
-            oldest = next(k for k, (s, _) in self._pending.items() if s == source)
-            evicted.append(("handshake evicted (per-source budget full)", self._evict(oldest)))
-        while len(self._pending) >= total:
-            evicted.append(("handshake evicted (handshake budget full)", self._evict(next(iter(self._pending)))))
-        self._pending[key] = (source, evict)
+        for scope, bound, reason in ((source, per_source, "handshake evicted (per-source budget full)"),
+                                     (None, total, "handshake evicted (handshake budget full)")):
+            while (self._per_source[source] if scope is not None else len(self._pending)) >= bound:
+                victim = self._victim(scope, now, stalled_s)
+                if victim is None:
+                    return [*evicted, ("handshake refused (every pending one under way)", source)]
+                evicted.append((reason, self._evict(victim)))
+        self._pending[key] = _Pending(source, evict, busy)
         self._per_source[source] += 1
         return evicted
+
+    def advance(self, key: object, now: float) -> None:
+        """The first bytes of `key` arrived: from now on it is a handshake in progress."""
+        entry = self._pending.get(key)
+        if entry is not None and entry.since is None:
+            entry.since = now
 
     def release(self, key: object) -> None:
         """The handshake `key` finished (or failed, or was evicted): free its slot."""
         entry = self._pending.pop(key, None)
         if entry is not None:
-            self._forget(entry[0])
+            self._forget(entry.source)
+
+    def _victim(self, source: str | None, now: float, stalled_s: float) -> object | None:
+        """The oldest silent entry (of `source`, or of all), else the oldest stalled one; none busy."""
+        scope = [(k, e) for k, e in self._pending.items() if source is None or e.source == source]
+        for eligible in (lambda e: e.since is None, lambda e: e.since is not None and now - e.since >= stalled_s):
+            for key, entry in scope:
+                if eligible(entry) and not entry.busy():
+                    return key
+        return None
 
     def _evict(self, key: object) -> str:
-        source, evict = self._pending.pop(key)
-        self._forget(source)
-        evict()
-        return source
+        entry = self._pending.pop(key)
+        self._forget(entry.source)
+        entry.evict()
+        return entry.source
 
     def _forget(self, source: str) -> None:
         self._per_source[source] -= 1
         if self._per_source[source] <= 0:
             del self._per_source[source]
+
+
+@dataclass
+class _Pending:
+    source: str
+    evict: Callable[[], object]
+    busy: Callable[[], bool]
+    since: float | None = None  # loop time its first bytes arrived (None: silent so far)
 
 
 class RejectLog:

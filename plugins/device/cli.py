@@ -61,9 +61,15 @@ def serve_command(
     device_profile: str | None = typer.Option(
         None, help="limit this process like a device where the OS allows: rpi4 (4 CPUs, 4 GiB address space)"),
     log_level: str = typer.Option("INFO", help="DEBUG | INFO | WARNING | ERROR"),
+    owner_pid: int | None = typer.Option(
+        None, hidden=True, help="local peers: exit, removing --tls-dir, when this process (the launcher) ends"),
 ) -> None:
     """Run one peer: wait for the launcher, run its client, report, exit (or, with
     --keep-serving, wait for the next run)."""
+    if owner_pid is not None:  # first, before the slow imports: the launcher may die during start-up
+        from p4bench.plugins.device.orphans import exit_with_owner
+
+        exit_with_owner(owner_pid, tls_dir)
     from p4bench.plugins.device.node import serve
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), stream=sys.stderr,

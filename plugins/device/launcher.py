@@ -38,11 +38,12 @@ from p4bench.engine.runtime import Job, Outcome, RoundReport, Runtime
 from p4bench.engine.state import State, cat_rows, unflatten
 from p4bench.errors import P4BenchError, UsageError
 from p4bench.options import resolve_options
+from p4bench.plugins.device.launcher_link import EVENT_RECONNECTED, LauncherLink, parse_report
+from p4bench.plugins.device.liveness import announced, drop_metrics
 from p4bench.plugins.device.local import LocalPeers, free_ports  # noqa: F401  (re-exported)
 from p4bench.plugins.device.peers import PeersFile
 from p4bench.plugins.device.protocol import DEVICE_OPTIONS, KIND_STATE, Limits, RejectedFrame
 from p4bench.plugins.device.report_check import SELF_REPORTED, ReleaseCheck
-from p4bench.plugins.device.transport import LauncherLink, parse_report
 
 log = logging.getLogger("p4bench.device")
 
@@ -108,6 +109,8 @@ class Launcher:
         self.where = ("start", -1)
         self.finishing = False
         self.finish: dict[str, Any] = {}  # the time budget's stop: when it was decided, after which step
+        self.start_message: dict[str, Any] | None = None  # sent again to a peer reconnected during start-up
+        self.slow_dropped: list[dict[str, Any]] = []  # peers that other peers dropped as slow (`liveness`)
 
     def link_profile(self) -> dict[str, Any] | None:
         """The shaped link's capacity, recorded next to the measured transfer times."""
@@ -127,6 +130,8 @@ class Launcher:
             return False
         if kind is None:
             self._on_closed(peer)
+        elif kind == EVENT_RECONNECTED:
+            self._on_reconnected(peer)
         elif kind == KIND_STATE:
             self.pending_state[peer] = body
         else:
@@ -153,8 +158,31 @@ class Launcher:
                 self.link.rejects.reject("malformed report", peer, "round report without phase/round")
                 return
             self.reports.setdefault((kind, report["phase"], report["round"]), {})[peer] = report
+            self._on_slow_drops(peer, report)
         elif kind == "final":
             self.finals[peer] = (report, self.pending_state.pop(peer, None))
+
+    def _on_slow_drops(self, peer: str, report: dict[str, Any]) -> None:
+        """Record and announce the peers `peer` dropped as slow (`liveness`)."""
+        for entry in announced(peer, report, {p.id: p.node for p in self.peers.peers})[: 1000 - len(self.slow_dropped)]:
+            self.slow_dropped.append(entry)
+            log.warning("%s", entry["message"])
+
+    def _announcing(self, on_round: Callable[[RoundReport], None]) -> Callable[[RoundReport], None]:
+        """`on_round` with the slow-peer drops so far in the round's metrics (`liveness.drop_metrics`)."""
+
+        def announce(report: RoundReport) -> None:
+            report.metrics.update(drop_metrics(self.slow_dropped))
+            on_round(report)
+
+        return announce
+
+    def _on_reconnected(self, peer: str) -> None:
+        """Start-up: the peer's connection closed and was opened again. What it may have
+        missed is the start message (a peer that has it already answers ready again)."""
+        log.info("reconnected to peer %s during start-up", peer)
+        if self.start_message is not None and peer not in self.ready:
+            self.link.send(peer, self.start_message)
 
     def _on_closed(self, peer: str) -> None:
         self.closed.add(peer)
@@ -182,13 +210,16 @@ class Launcher:
         self.job = job
         self.link = LauncherLink(self.peers, self.tls_dir, self.limits)
         try:
+            # until go, a connection that closes is opened again before it counts as a drop (a flood may end it)
+            self.link.reconnect_within(self.limits.startup_timeout_s)
             try:
                 self.link.connect_all(self.limits.startup_timeout_s, self.check)
             except ConnectionError as exc:
                 raise DeviceError(f"cannot reach the peers: {exc}") from None
+            self.link.reconnect_within(self.limits.startup_timeout_s)  # and while the peers get ready
             self.on_connected()
             log.info("connected to %d peers; sending the config", len(self.peers.peers))
-            start = {"type": "start", "run_id": f"{job.config.config_hash()}-{uuid.uuid4().hex[:12]}",
+            self.start_message = start = {"type": "start", "run_id": f"{job.config.config_hash()}-{uuid.uuid4().hex[:12]}",
                      "config": job.config.to_dict(), "peers": self.peers.to_dict(), "limits": self.limits.to_dict(),
                      "link": self.link_spec}
             for spec in self.peers.peers:
@@ -200,9 +231,13 @@ class Launcher:
                 detail = "; ".join(f"{p}: {m}" for p, m in sorted(self.errors.items())) or f"not ready: {', '.join(missing)}"
                 raise DeviceError(f"the run could not start on every peer ({detail})")
             log.info("all %d peers ready; go", len(everyone))
+            self.link.reconnect_within(None)
             for spec in self.peers.peers:
                 self.link.send(spec.id, {"type": "go"})
-            return self._collect(job, on_round)
+            outcome = self._collect(job, self._announcing(on_round))
+            outcome.device["slow_dropped"] = self.slow_dropped
+            outcome.device["reconnects"] = dict(self.link.reconnects)  # start-up reconnections per peer
+            return outcome
         finally:
             self.finishing = True
             for spec in self.peers.peers:

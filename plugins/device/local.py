@@ -1,7 +1,9 @@
 """Local peers for development and tests: `p4bench device serve` subprocesses on
 127.0.0.1 with a fresh CA in a private temporary folder, whose keys never outlive the
 run (the CA key is deleted at once, the peers' keys once they have loaded them, the
-folder on exit, also when the launcher is terminated)."""
+folder on exit, also when the launcher is terminated). A launcher killed outright
+(SIGKILL) cleans nothing: its peers exit with it and remove the keys themselves, and the
+next local launch removes its folder (`orphans`)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from p4bench.errors import P4BenchError, UsageError
+from p4bench.plugins.device.orphans import FOLDER_PREFIX, disown, sweep_orphans, write_owner
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.tls import init_tls_dir
 from p4bench.rng import SERVER_ID
@@ -63,10 +66,12 @@ class LocalPeers:
         self.keep_serving, self.device_profile = keep_serving, device_profile
         nodes = clients + int(server)
         self.threads = threads or max(1, (os.cpu_count() or 1) // nodes)
-        self.folder = Path(tempfile.mkdtemp(prefix="p4bench-device-"))  # private (0700): holds the run's keys
+        sweep_orphans()  # folders of launchers killed before they could clean up
+        self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # private (0700): holds the run's keys
         self.processes: dict[str, subprocess.Popen] = {}
         self._logs: list[Any] = []
         try:
+            write_owner(self.folder, keep)
             ports = free_ports(nodes)
             specs = [PeerSpec(str(i), "127.0.0.1", ports[i], i) for i in range(clients)]
             if server:
@@ -105,7 +110,8 @@ class LocalPeers:
     def command(self, spec: PeerSpec) -> list[str]:
         argv = [sys.executable, "-m", "p4bench.plugins.device", "serve", "--peer-id", spec.id,
                 "--listen", f"{spec.host}:{spec.port}", "--peers", str(self.peers_path), "--tls-dir", str(self.tls_dir),
-                "--threads", str(self.threads), "--idle-timeout", str(self.idle_timeout)]
+                "--threads", str(self.threads), "--idle-timeout", str(self.idle_timeout),
+                "--owner-pid", str(os.getpid())]  # exits (removing the keys) when this launcher dies
         if self.keep_serving:
             argv.append("--keep-serving")
         if self.device_profile:
@@ -154,6 +160,7 @@ class LocalPeers:
             handle.close()
         shutil.rmtree(self.tls_dir, ignore_errors=True)  # the run's keys never outlive it, logs kept or not
         if failed or self.keep:
+            disown(self.folder)  # kept on purpose: no later sweep removes it
             log.warning("local peer logs kept in %s", self.folder)
         else:
             shutil.rmtree(self.folder, ignore_errors=True)

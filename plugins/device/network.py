@@ -80,6 +80,7 @@ class TLSNetwork(Network):
         self.figures: dict[str, Any] = {}  # the last round's timings, for the launcher's report
         self.absent_round: set[str] = set()
         self.absences: list[dict[str, Any]] = []  # this round's absent peers, per exchange
+        self.slow_dropped: list[dict[str, Any]] = []  # peers this one dropped as slow in this round (`liveness`)
         self._exchange_started = (0.0, 0.0)
         self.method: Any = None  # the run's Method (set by the node): its declared payload layouts
         self._warned: set[tuple[str, str]] = set()
@@ -88,7 +89,7 @@ class TLSNetwork(Network):
     # -- round bookkeeping ------------------------------------------------------------
     def begin_round(self, phase: str, round_index: int) -> None:
         self.transport.new_round()
-        self.absent_round, self.absences = set(), []
+        self.absent_round, self.absences, self.slow_dropped = set(), [], []
         self._before = self.transport.snapshot()
         # the previous round's evaluation and report: local work a partner may wait for
         self.clock = RoundClock(between_rounds_s=time.perf_counter() - self.steps_done_at)
@@ -124,6 +125,7 @@ class TLSNetwork(Network):
         marker = {"exchange": exchange, "round": round_index, "phase": phase}
         result = self.transport.exchange(self.seq, frames, marker, self.others - self.absent_round, set(self.others))
         received = self._received(result, exchange, phase, round_index)
+        self.slow_dropped += result.dropped  # announced in this round's report
         kept, rejected = check_senders(self._reference(exchange, phase, round_index, outgoing), [(p, m) for p, m, _ in received])
         for peer, detail in sorted(rejected.items()):
             self.transport.rejects.reject(f"payload layout from {peer}", peer, f"{detail} in {phase}/{round_index}/{exchange}")

@@ -147,6 +147,7 @@ class DeviceNode:
             "losses": [float(x) for x in losses], "bytes_sent": int(report.bytes_sent),
             "node_bytes_sent": int(report.bytes_sent), "node_bytes_received": int(report.bytes_received),
             "measure": figures, "releases": releases, "absent": self.network.absences,
+            "slow_dropped": self.network.slow_dropped,  # senders this peer dropped as slow (`liveness`)
             "receive_errors": self.driver.receive_errors,
             # the method's counters of this peer (ctx.metrics); the launcher adds them over peers
             "metrics": {str(k): float(v) for k, v in report.metrics.items()},
@@ -241,16 +242,24 @@ def run_session(
         return
     log.info("run %s: node %d ready", run_id, me.node)
     transport.report({"type": "ready", "node": me.node})
+    deadline = time.monotonic() + limits.startup_timeout_s
     while True:
         try:
-            message = transport.control.get(timeout=limits.startup_timeout_s)
+            message = transport.control.get(timeout=max(deadline - time.monotonic(), 0.0))
         except queue.Empty:
             log.error("no go from the launcher within %.0f s", limits.startup_timeout_s)
             return
-        if message.get("type") == "go":
+        kind = message.get("type")
+        if kind == "go":
             break
-        if message.get("type") in ("stop", "launcher-closed"):
+        if kind == "stop":
             return
+        if kind == "launcher-closed":  # during start-up the launcher connects again (until the deadline)
+            log.warning("the launcher disconnected before go; waiting for it to reconnect")
+        elif kind == "start" and str(message.get("run_id", "")) == run_id:  # it reconnected: our ready may be lost
+            transport.report({"type": "ready", "node": me.node})
+        elif kind == "start":
+            log.warning("start of another run (%s) while run %s waits for go; ignored", message.get("run_id"), run_id)
     try:
         node.run()
     except Aborted:

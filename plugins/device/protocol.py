@@ -74,6 +74,9 @@ class Limits:
     ``max(buffer_floor_bytes, buffer_model_factor * model bytes)`` buffered (`buffer_caps`),
     and all senders together three times that, or a quarter of it per other peer when
     there are more than twelve (a server receives from every client in the same exchange).
+
+    Slow peers: a receiver drops a sender after `slow_peer_exchanges` consecutive slow
+    exchanges (see `liveness`).
     """
 
     max_message_bytes: int = 64 * 1024 * 1024  # largest frame body accepted
@@ -94,6 +97,10 @@ class Limits:
     min_rate_bytes_s: int = 64 * 1024  # a frame body must arrive this fast (after a grace of min(idle, 10 s))
     buffer_model_factor: float = 16.0  # per-sender buffer during a run, in model sizes
     buffer_floor_bytes: int = 8 * 1024 * 1024  # per-sender buffer at least (also before the model size is known)
+    # slow peers (`liveness`): dropped by a receiver after this many consecutive slow exchanges
+    slow_peer_exchanges: int = 2
+    slow_peer_rate_bytes_s: int = 64 * 1024  # a sender's batch arrives at least this fast (0: no rate check) ...
+    slow_peer_grace_s: float = 5.0  # ... after this grace (its first frame to its end marker)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -158,12 +165,18 @@ _LIMIT_HELP = {
     "min_rate_bytes_s": "slowest accepted frame body, in bytes per second, after a grace of min(idle timeout, 10 s)",
     "buffer_model_factor": "per-sender buffer during a run, in model sizes (all senders: 3x, or 1/4 per peer beyond 12)",
     "buffer_floor_bytes": "per-sender buffer during a run at least, in bytes",
+    "slow_peer_exchanges": "drop a peer after this many consecutive slow exchanges: its end marker missing at the "
+                           "exchange timeout (or its connection cut for misbehaving), or its batch below "
+                           "slow_peer_rate_bytes_s; each receiving peer drops it on its own and the run names it",
+    "slow_peer_rate_bytes_s": "a sender's batch of an exchange (first frame to end marker) must arrive this fast, in "
+                              "bytes per second, after slow_peer_grace_s; else the exchange is slow (0: no rate check)",
+    "slow_peer_grace_s": "seconds a sender's batch may take beyond its bytes at slow_peer_rate_bytes_s",
 }
 
 
 def _minimum(name: str, integer: bool) -> float:
     """The smallest value of a Limits field (shared by Limits and its run options)."""
-    if name in ("retries", "backoff_s"):
+    if name in ("retries", "backoff_s", "slow_peer_rate_bytes_s", "slow_peer_grace_s"):
         return 0
     if name in ("max_message_bytes", "buffer_floor_bytes", "min_rate_bytes_s"):
         return 1024

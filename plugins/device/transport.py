@@ -15,12 +15,16 @@ each one a sender writes its messages to every destination, then an end marker w
 the number of messages to every peer. A receiver has a sender's complete batch when
 its marker arrives; a sender whose connection closed (and has not reconnected) or
 whose marker does not arrive before the exchange timeout is absent from the exchange.
+A sender slow in several consecutive exchanges is dropped by this peer (`liveness`).
 
-Hardening (see `Limits`): anonymous connections get a small handshake budget that evicts
-its oldest entry when full (`admission`); authenticated ones are capped in total and per
-identity, closed when idle (the launcher pings) or when a frame body trickles in; data is
-only buffered during a run (`begin_run` .. `end_run`), within caps that scale with the
-run's model size (`set_model_bytes`); a peer the launcher dropped is refused (`refuse`).
+Hardening (see `Limits`): connections are accepted raw (`listener`) and, until
+authenticated, get a small handshake budget that evicts its oldest silent or stalled
+entry when full, never a completed handshake (`admission`); authenticated ones are capped
+in total and per identity, closed when idle (the launcher pings) or when a frame body
+trickles in (a sender cut so is not waited for until it reconnects); data is only
+buffered during a run (`begin_run` .. `end_run`), within caps that scale with the run's
+model size (`set_model_bytes`); a peer the launcher dropped is refused (`refuse`). The
+launcher's side of the connections is `launcher_link.LauncherLink` (re-exported here).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import socket
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -45,6 +50,9 @@ from p4bench.plugins.device.admission import (
     close_on_loop,
     open_frames,
 )
+from p4bench.plugins.device.launcher_link import EVENT_RECONNECTED, LauncherLink, parse_report
+from p4bench.plugins.device.listener import Listener
+from p4bench.plugins.device.liveness import SLOW_DROP_REASON, Arrival, SlowPeers
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.protocol import (
     HEADER_BYTES,
@@ -61,21 +69,18 @@ from p4bench.plugins.device.protocol import (
     dump_json,
     header_problem,
     load_json,
-    read_frame,
     read_header,
     skip_body,
 )
-from p4bench.plugins.device.tls import LAUNCHER, IdentityError, client_context, server_context
+from p4bench.plugins.device.tls import LAUNCHER, client_context, server_context
 
 log = logging.getLogger("p4bench.device")
 
 MARKER_FIELDS = {"exchange": str, "round": int, "phase": str, "count": int}
 EPOCH_SHIFT = 40  # wire seq = run epoch (24 bits) << 40 | exchange number
-# the peers' idle timeout before the launcher's limits reach them: the launcher pings at least this often / 3
-_DEFAULT_IDLE_S = Limits().idle_timeout_s
 
 __all__ = ["PeerTransport", "LauncherLink", "FrameConnection", "ExchangeResult", "RejectLog", "LoopThread", "open_frames",
-           "parse_report"]
+           "parse_report", "EVENT_RECONNECTED"]
 
 
 @dataclass
@@ -86,6 +91,9 @@ class _Batch:
     messages: list[tuple[str, int, Messages, int]] = field(default_factory=list)  # exchange, round, message, frame bytes
     marker: dict[str, Any] | None = None
     nbytes: int = 0
+    started: float = 0.0  # loop time its first frame's header was read
+    done_at: float = 0.0  # ... its end marker was accepted
+    wire: int = 0  # frame headers and bodies
 
 
 @dataclass
@@ -94,6 +102,7 @@ class ExchangeResult:
     absent: set[str]  # expected senders whose batch did not complete
     unreachable: set[str]  # destinations that could not be sent to
     wire_bytes_sent: int = 0
+    dropped: list[dict[str, Any]] = field(default_factory=list)  # senders dropped as slow at this exchange (`liveness`)
 
 
 class PeerTransport:
@@ -116,6 +125,8 @@ class PeerTransport:
         self._buffered: Counter[str] = Counter()  # message bytes buffered per sender
         self._reading: Counter[str] = Counter()  # message bytes being read per sender (reserved)
         self._cut: set[str] = set()  # peers whose last connection this side ended (idle, too slow, ...): not gone
+        self._misbehaved: dict[str, str] = {}  # ... ended for misbehaving (why), not reconnected since: not waited for
+        self._slow = SlowPeers()  # the drop policy for slow senders (`liveness`)
         self._seen: set[str] = set()
         self._out: dict[str, FrameConnection] = {}
         self._unreachable: set[str] = set()
@@ -129,7 +140,7 @@ class PeerTransport:
         self.current_seq = 0
         self._closed_seq = 0
         self._epoch = 0  # high bits of every wire seq: frames of another run never mix in
-        self._server: asyncio.AbstractServer | None = None
+        self._server: Listener | None = None
         self._thread = LoopThread(f"p4bench-device-{me.id}")
         self._arrival = self._thread.call(self._make_event())
 
@@ -143,8 +154,8 @@ class PeerTransport:
         return self._thread.call(self._start(host, port), timeout=30)
 
     async def _start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._accept, host, port, limit=2**16)
-        return int(self._server.sockets[0].getsockname()[1])
+        self._server = Listener(host, port, self._accept)
+        return self._server.port
 
     def close(self) -> None:
         def close_all() -> None:
@@ -165,7 +176,10 @@ class PeerTransport:
             self._seen.clear()
             self._unreachable.clear()
             self._cut.clear()
+            self._misbehaved.clear()
+            self._slow.reset()
             self._gate.refused.clear()
+            self._gate.refused_why.clear()
             self.stats.clear()
             counts = Counter(self.rejects.reset())
             counts.subtract(self._counts_at_end)  # the last run's own counts were in its final report
@@ -210,12 +224,12 @@ class PeerTransport:
         exchanges no longer wait for it or send to it. ValueError for an unknown peer."""
         self._thread.call(self._refuse(peer_id), timeout=10)
 
-    async def _refuse(self, peer: str) -> None:
+    async def _refuse(self, peer: str, why: str = "dropped by the launcher") -> None:
         if peer not in self.peers.by_id or peer == self.me.id:
             raise RejectedFrame("malformed control", f"drop of unknown peer {peer[:60]!r}")
-        if not self._gate.refuse(peer):
+        if not self._gate.refuse(peer, why):
             return
-        log.warning("peer %s dropped by the launcher: refused for the rest of this run", peer)
+        log.warning("peer %s %s: refused for the rest of this run", peer, why)
         outbound = self._out.pop(peer, None)
         if outbound is not None:
             outbound.abort()
@@ -243,15 +257,16 @@ class PeerTransport:
 
         async def read() -> dict[str, Any]:
             extra = {"rejected_before_run": dict(self._before_run)} if self._before_run else {}
-            return {**self.stats, "rejected": self.rejects.snapshot(), "refused": sorted(self._gate.refused), **extra}
+            return {**self.stats, "rejected": self.rejects.snapshot(), "refused": sorted(self._gate.refused),
+                    "slow_dropped": [dict(entry) for entry in self._slow.dropped], **extra}
 
         return self._thread.call(read(), timeout=10)
 
     # -- accepting connections --------------------------------------------------------
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, sock: socket.socket, address: Any) -> None:
         connection: FrameConnection | None = None
         try:
-            connection = await self._gate.enter(reader, writer)
+            connection = await self._gate.enter(sock, address)
             if connection is None:
                 return
             if connection.name == LAUNCHER:
@@ -261,11 +276,11 @@ class PeerTransport:
         except asyncio.CancelledError:
             return  # evicted, or shutting down: end the connection's task quietly
         except Exception as exc:  # noqa: BLE001 - nothing a remote sends may end the peer
-            log.exception("connection from %s failed: %s", writer.get_extra_info("peername"), exc)
+            log.exception("connection from %s failed: %s", address, exc)
         finally:
             if connection is not None:
                 self._gate.leave(connection)
-            writer.transport.abort()  # the other end left or misbehaved: no TLS goodbye (it could hold the socket 30 s)
+                connection.abort()  # the other end left or misbehaved: no TLS goodbye (it could hold the socket 30 s)
 
     def _body_limit(self, launcher: bool) -> tuple[int, str]:
         """(largest frame body read now on a connection, why)."""
@@ -283,7 +298,7 @@ class PeerTransport:
         if not self._run_active:
             return RejectedFrame("no run active", f"{length}-byte {chr(kind)!r} frame")
         if source in self._gate.refused:
-            return RejectedFrame("dropped by the launcher", "frame refused")
+            return RejectedFrame(self._gate.refused_why.get(source, "dropped by the launcher"), "frame refused")
         if kind == KIND_END and length > MAX_JSON_BYTES:
             return RejectedFrame("oversized JSON", f"{length} bytes > {MAX_JSON_BYTES}")
         if kind == KIND_MESSAGE:
@@ -303,10 +318,10 @@ class PeerTransport:
 
     async def _frames(
         self, connection: FrameConnection, handle: Callable[[int, int, bytes], Any], launcher: bool = False
-    ) -> bool:
+    ) -> str | None:
         """Read frames until the stream ends; reject bad ones (unread where possible); stop on
         broken framing, on an oversized frame, when idle or when a frame body trickles in.
-        True when this side ended the connection, False when the other end did."""
+        Why this side ended the connection ("idle", or the misbehaviour), None when the other end did."""
         source, reader, frames = connection.name, connection.reader, 0
         while True:
             limits = self.limits  # a run's limits replace the defaults, also on connections already open
@@ -319,16 +334,17 @@ class PeerTransport:
                     self.stats["idle_closed"] += 1
                 else:  # silent since its handshake
                     self.rejects.reject("idle connection", source, f"no frame for {limits.idle_timeout_s} s; closing the connection")
-                return True
+                return "idle"
             except FrameError as exc:
                 self.rejects.reject("broken framing", source, f"{exc}; closing the connection")
-                return True
+                return "broken framing"
             except (*NETWORK_ERRORS, ValueError):
-                return False
+                return None
+            connection.frame_at = asyncio.get_running_loop().time()
             limit, why = self._body_limit(launcher)
             if length > limit:
                 self.rejects.reject("oversized frame", source, f"{length} bytes > {limit} ({why}); closing the connection")
-                return True
+                return "oversized frame"
             problem = header_problem(version, kind) or (None if launcher else self._refusal(source, kind, length))
             reserved = length if problem is None and kind == KIND_MESSAGE else 0
             self._reading[source] += reserved  # bodies being read count against the buffer caps
@@ -338,9 +354,9 @@ class PeerTransport:
                     body = await (skip_body(reader, length) if problem else reader.readexactly(length))
             except TimeoutError:
                 self.rejects.reject("slow frame", source, f"{length}-byte body not in within {deadline:.1f} s; closing")
-                return True
+                return "slow frame"
             except (*NETWORK_ERRORS, ValueError):
-                return False
+                return None
             finally:
                 self._reading[source] -= reserved
             frames += 1
@@ -360,7 +376,8 @@ class PeerTransport:
         name = connection.name
         node = self.peers.by_id[name].node
         self._seen.add(name)
-        cut = False
+        self._misbehaved.pop(name, None)  # a new connection: waited for again
+        cut: str | None = None
         try:
             cut = await self._frames(connection, lambda kind, seq, body: self._accept_data(connection, node, kind, seq, body))
         finally:
@@ -368,6 +385,9 @@ class PeerTransport:
                 self._cut.add(name)
             else:
                 self._cut.discard(name)
+            others = [c for c in self._gate.inbound.get(name, {}).values() if c is not connection and not c.closed]
+            if cut and cut != "idle" and not others:  # cut for misbehaving: not waited for until it reconnects
+                self._misbehaved[name] = cut
             self._arrival.set()
 
     def _accept_data(self, connection: FrameConnection, node: int, kind: int, seq: int, body: bytes) -> None:
@@ -401,9 +421,10 @@ class PeerTransport:
         if batch is None or batch.connection != connection.id:
             if batch is not None:  # the sender reconnected and resends the whole batch
                 self._buffered[source] -= batch.nbytes
-            batch = batches[source] = _Batch(connection.id)
+            batch = batches[source] = _Batch(connection.id, started=connection.frame_at)
         if batch.marker is not None:
             raise RejectedFrame("frame after its end marker")
+        batch.wire += HEADER_BYTES + len(body)
         if kind == KIND_MESSAGE:
             full = self._buffer_full(source, len(body))
             if full is not None:
@@ -413,6 +434,7 @@ class PeerTransport:
             self._buffered[source] += len(body)
         else:
             batch.marker = marker
+            batch.done_at = asyncio.get_running_loop().time()
             self._arrival.set()
 
     async def _serve_launcher(self, connection: FrameConnection) -> None:
@@ -442,7 +464,7 @@ class PeerTransport:
     def _gone(self, peer: str) -> bool:
         """A peer the launcher dropped, or one that connected in this run and closed every
         connection (not one whose last connection this side ended: it reconnects to send)."""
-        if peer in self._gate.refused:
+        if peer in self._gate.refused or peer in self._misbehaved:  # dropped, or cut for misbehaving (`liveness`)
             return True
         return peer in self._seen and not self._gate.inbound.get(peer) and peer not in self._cut
 
@@ -464,14 +486,14 @@ class PeerTransport:
             for source, batch in self._batches.pop(old).items():
                 self._buffered[source] -= batch.nbytes
         deadline = loop.time() + self.limits.exchange_timeout_s
-        refused = targets & self._gate.refused  # dropped by the launcher: nothing goes to them any more
+        refused = targets & self._gate.refused  # dropped (by the launcher, or as slow): nothing goes to them any more
         sends = {
             dst: asyncio.create_task(self._send_batch(dst, seq, outgoing.get(dst, []), marker))
             for dst in sorted(targets - self._unreachable - refused)
         }
         for dst in sorted(set(outgoing) - set(sends)):
             if outgoing[dst]:
-                why = "dropped by the launcher" if dst in self._gate.refused else "unreachable this round"
+                why = self._gate.refused_why.get(dst, "unreachable this round")
                 log.warning("exchange %s: %d message(s) for %s not sent: %s", marker.get("exchange"), len(outgoing[dst]), dst,
                             why)
         await self._await_markers(seq, expected, deadline)
@@ -481,9 +503,28 @@ class PeerTransport:
             self._buffered[source] -= batch.nbytes
         received = {s: (b.marker, b.messages) for s, b in batches.items() if s in expected and b.marker is not None}
         self._closed_seq = seq
+        dropped = self._slow.judge(self._arrivals(expected, batches), self.limits,
+                                   {"seq": seq, **{k: marker.get(k) for k in ("phase", "round", "exchange")}})
+        for entry in dropped:
+            await self._refuse(entry["peer"], SLOW_DROP_REASON)
         unreachable = {dst for dst, nbytes in sent.items() if nbytes is None} | refused
         self._unreachable |= unreachable
-        return ExchangeResult(received, set(expected) - set(received), unreachable, sum(n for n in sent.values() if n))
+        return ExchangeResult(received, set(expected) - set(received), unreachable, sum(n for n in sent.values() if n),
+                              dropped)
+
+    def _arrivals(self, expected: set[str], batches: dict[str, _Batch]) -> dict[str, Arrival]:
+        """How each expected sender's batch arrived, for the slow-peer policy; not judged: a
+        sender that was dropped, or that left (closed every connection, not cut by this side)."""
+        arrivals: dict[str, Arrival] = {}
+        for peer in expected - self._gate.refused:
+            batch = batches.get(peer)
+            if batch is not None and batch.marker is not None:
+                arrivals[peer] = Arrival(True, batch.wire, batch.done_at - batch.started)
+            elif peer in self._misbehaved:
+                arrivals[peer] = Arrival(False, cut=self._misbehaved[peer])
+            elif not self._gone(peer):
+                arrivals[peer] = Arrival(False)
+        return arrivals
 
     async def _await_markers(self, seq: int, expected: set[str], deadline: float) -> None:
         loop = asyncio.get_running_loop()
@@ -582,122 +623,3 @@ class PeerTransport:
             return False
         self.stats["wire_bytes_sent_launcher"] += written
         return True
-
-
-class LauncherLink:
-    """The launcher's connections to every peer: control out, reports in. Once connected
-    it pings every peer every third of the idle timeout (peers close silent connections);
-    their pongs are not passed on as events."""
-
-    def __init__(self, peers: PeersFile, tls_dir: str | Path, limits: Limits) -> None:
-        self.peers, self.limits = peers, limits
-        self.context = client_context(tls_dir, LAUNCHER)
-        self.events: queue.Queue[tuple[str, int | None, bytes]] = queue.Queue()  # (peer, kind or None at close, body)
-        self.rejects = RejectLog()
-        self._connections: dict[str, FrameConnection] = {}
-        self._keepalive: asyncio.Task | None = None
-        self._thread = LoopThread("p4bench-device-launcher")
-
-    def connect_all(self, deadline_s: float, check: Callable[[], None] = lambda: None) -> None:
-        """Connect to every peer, retrying with backoff until `deadline_s` (peers may
-        still be starting). `check` raises to give up early (a local peer exited)."""
-        self._thread.call(self._connect_all(deadline_s, check), timeout=deadline_s + 30)
-
-    async def _connect_all(self, deadline_s: float, check: Callable[[], None]) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + deadline_s
-
-        async def one(spec: PeerSpec) -> None:
-            delay = 0.05
-            while True:
-                check()
-                try:
-                    connection = await open_frames(spec.host, spec.port, self.context, spec.id, self.limits)
-                except IdentityError:
-                    raise
-                except NETWORK_ERRORS as exc:
-                    if loop.time() + delay > deadline:
-                        raise ConnectionError(f"peer {spec.id} at {spec.host}:{spec.port} not reachable: {exc!r}") from None
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 1.0)
-                    continue
-                self._connections[spec.id] = connection
-                loop.create_task(self._read(connection))
-                return
-
-        await asyncio.gather(*(one(spec) for spec in self.peers.peers))
-        if self._keepalive is None:
-            self._keepalive = loop.create_task(self._ping_loop())
-
-    async def _ping_loop(self) -> None:
-        # a peer that has not received the run's limits yet uses the default idle timeout
-        interval = min(self.limits.idle_timeout_s, _DEFAULT_IDLE_S) / 3
-        ping = [(KIND_CONTROL, 0, dump_json({"type": "ping"}))]
-        while True:
-            await asyncio.sleep(interval)
-            live = [c for c in self._connections.values() if not c.closed]
-            results = await asyncio.gather(*(c.send(ping, self.limits.send_timeout_s) for c in live), return_exceptions=True)
-            for connection, result in zip(live, results):
-                if isinstance(result, BaseException):
-                    log.debug("ping to %s failed: %r", connection.name, result)
-
-    async def _read(self, connection: FrameConnection) -> None:
-        try:
-            while True:
-                try:
-                    kind, seq, body = await read_frame(connection.reader, self.limits.max_message_bytes)
-                except RejectedFrame as exc:
-                    self.rejects.reject(exc.reason, connection.name, exc.detail)
-                    continue
-                if kind not in (KIND_REPORT, KIND_STATE):
-                    self.rejects.reject("frame kind not allowed from a peer", connection.name, chr(kind))
-                    continue
-                if kind == KIND_REPORT and len(body) < 256 and _is_pong(body):
-                    continue  # the answer to a keepalive ping
-                self.events.put((connection.name, kind, body))
-        except FrameError as exc:
-            self.rejects.reject("broken framing", connection.name, str(exc))
-        except (*NETWORK_ERRORS, ValueError):
-            pass
-        finally:
-            connection.close()
-            self.events.put((connection.name, None, b""))
-
-    def send(self, peer: str, message: dict[str, Any]) -> bool:
-        connection = self._connections.get(peer)
-        if connection is None or connection.closed:
-            return False
-
-        async def write() -> bool:
-            try:
-                await connection.send([(KIND_CONTROL, 0, dump_json(message))], self.limits.send_timeout_s)
-                return True
-            except NETWORK_ERRORS as exc:
-                log.warning("control %s to %s failed: %r", message.get("type"), peer, exc)
-                return False
-
-        try:
-            return self._thread.call(write(), timeout=self.limits.send_timeout_s + 10)
-        except Exception:  # noqa: BLE001
-            return False
-
-    def close(self) -> None:
-        def close_all() -> None:
-            if self._keepalive is not None:
-                self._keepalive.cancel()
-            for connection in self._connections.values():
-                connection.close()
-
-        close_on_loop(self._thread, close_all)
-
-
-def _is_pong(body: bytes) -> bool:
-    try:
-        return parse_report(body)["type"] == "pong"
-    except RejectedFrame:
-        return False
-
-
-def parse_report(body: bytes) -> dict[str, Any]:
-    """A peer's JSON report (RejectedFrame if malformed)."""
-    return load_json(body, {"type": str})
