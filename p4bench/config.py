@@ -126,6 +126,13 @@ class RunConfig:
             "every round; none: run every round)", low=0, high=1e9, low_open=True,
         ),
     )
+    memory_budget_gb: float | None = field(
+        default=None,
+        metadata=_meta(
+            "GB the DP step's per-example work may take at once: clients are processed in chunks that fit (the "
+            "numbers do not change); none: half the device's free memory", low=0, high=1e6, low_open=True,
+        ),
+    )
     experiment: str = field(default="p4bench", metadata=_meta("MLflow experiment name"))
     tracking_uri: str | None = field(default=None, metadata=_meta("MLflow tracking URI; default: local SQLite store"))
     results_dir: str = field(default="p4bench-runs", metadata=_meta("folder for local copies of every run's results"))
@@ -155,7 +162,9 @@ class RunConfig:
 
     def config_hash(self) -> str:
         """Stable hash of everything that affects results (not where they are logged)."""
-        data = {k: v for k, v in self.to_dict().items() if k not in ("experiment", "tracking_uri", "results_dir")}
+        # where results go, and how much memory a step may take (chunks change no number), are not results
+        ignored = ("experiment", "tracking_uri", "results_dir", "memory_budget_gb")
+        data = {k: v for k, v in self.to_dict().items() if k not in ignored}
         for name in ("time_budget_min", "federation_clients"):  # added later: runs without them keep their hashes
             if data[name] is None:
                 del data[name]

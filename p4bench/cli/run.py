@@ -129,6 +129,11 @@ def run_command(
         help="stop after the first round that ends past MINUTES of training (all runtimes; on devices the launcher's "
              "clock decides and every peer stops after the same round); reports the rounds completed",
     ),
+    memory_budget: float | None = typer.Option(
+        None, "--memory-budget", metavar="GB",
+        help="memory the DP step's per-example gradients may take at once; clients are chunked to fit, results do not "
+             "change (default: half the device's free memory)",
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of run options (CLI options win)"),
     resume: str | None = typer.Option(
         None, "--resume", metavar="RUN_ID_OR_DIR",
@@ -206,7 +211,7 @@ def _overrides(o: dict[str, Any]) -> dict[str, Any]:
              "eval_fraction", "features", "model", "runtime", "seed", "device", "experiment", "tracking_uri", "results_dir")
     values = {name: o[name] for name in names}
     values.update(no_dp=o["no_dp"] or None, device_simulation=o["device_simulation"] or None,
-                  time_budget_min=o["time_budget"], options=plugin_options or None)
+                  time_budget_min=o["time_budget"], memory_budget_gb=o["memory_budget"], options=plugin_options or None)
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -355,7 +360,7 @@ def show_config_defaults(command: Any, config: RunConfig | None = None) -> None:
     defaults = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     for name, parameter in inspect.signature(command).parameters.items():
         info = parameter.default
-        field = {"time_budget": "time_budget_min"}.get(name, name)
+        field = {"time_budget": "time_budget_min", "memory_budget": "memory_budget_gb"}.get(name, name)
         value = defaults.get(field)
         shown = value is not None and value is not False and not isinstance(value, dict)
         if isinstance(info, typer.models.OptionInfo) and info.default is None and shown:

@@ -22,6 +22,7 @@ import torch
 
 from p4bench.engine.evaluation import gate_received, test_metrics
 from p4bench.engine.memory import keep_freed_memory
+from p4bench.engine.chunking import memory_budget
 from p4bench.engine.messages import Messages
 from p4bench.engine.method import Exchange, LocalUpdate, Method, Phase, Step, StepContext
 from p4bench.engine.network import Network
@@ -157,6 +158,12 @@ class RoundDriver:
         The run starts at block `position` with `reports` so far: both are zero unless a
         checkpoint was restored into this driver (`p4bench.checkpoint.restore`)."""
         keep_freed_memory()  # large per-step temporaries: reuse freed memory instead of faulting it in again
+        gb = self.config.memory_budget_gb
+        with memory_budget(int(gb * (1 << 30)) if gb is not None else None):
+            return self._run_schedule(on_round, on_setup, stop_after)
+
+    def _run_schedule(self, on_round: Callable[[RoundReport], None], on_setup: Callable[[RoundReport], None] | None,
+                      stop_after: StopAfter | None) -> Outcome:
         if stop_after is None:
             minutes = self.config.time_budget_min
             stop_after = TimeBudget(minutes) if minutes is not None else _never

@@ -8,6 +8,11 @@ two GEMMs; other models use nested vmap. `clip_scale` is that linear-layer facto
 its own, for fast paths that apply the clipped step inside their own GEMMs (through
 `Releases.clip_scale`, which supplies the run's C). Models with a stacked forward
 (`p4bench.stacked`: the scatter-CNN) are clipped there, by ghost clipping.
+
+Every path runs over the clients in chunks sized to the run's memory budget
+(`p4bench.engine.chunking`): clients are independent, so the sums are the same for any
+chunk size. The generic path takes each example's loss from the forward that computes
+its gradient (no second forward).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from p4bench import stacked
 from p4bench.data.federated import squared_norms
 from p4bench.engine.training import PerExampleLoss, cross_entropy
 from p4bench.models import LinearSoftmax, Model, Params
+from p4bench.engine.chunking import clients_per_chunk
 
 __all__ = ["clip_scale", "clipped_gradient_sum", "logit_gradients"]
 
@@ -34,8 +40,26 @@ def clipped_gradient_sum(
     path a pass over the batch when the caller has them precomputed; for a stacked model
     (C, b, R, R), the batch's first-layer input Grams (`p4bench.stacked.input_grams`).
     """
-    if type(model) is LinearSoftmax:
+    if type(model) is LinearSoftmax:  # per-example logit gradients only: (C, b, L), never chunked
         return _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms)
+    first = next(iter(params.values()))
+    per_client = sum(int(v[0].numel()) for v in params.values())
+    chunk = clients_per_chunk(len(x), per_client, int(y.shape[1]), first.element_size(), first.device)
+    if chunk >= len(x):
+        return _clipped_sum(model, params, x, y, mask, clip, loss, aux, sq_norms)
+    parts = [
+        _clipped_sum(model, {k: v[part] for k, v in params.items()}, x[part], y[part], mask[part], clip, loss,
+                     None if aux is None else aux[part], None if sq_norms is None else sq_norms[part])
+        for part in (slice(start, start + chunk) for start in range(0, len(x), chunk))
+    ]
+    return {k: torch.cat([sums[k] for sums, _ in parts]) for k in parts[0][0]}, torch.cat([losses for _, losses in parts])
+
+
+def _clipped_sum(
+    model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: float,
+    loss: PerExampleLoss, aux: torch.Tensor | None, sq_norms: torch.Tensor | None,
+) -> tuple[Params, torch.Tensor]:
+    """`clipped_gradient_sum` for one chunk of clients (a non-linear model)."""
     if stacked.supports_stacked(model):  # ghost clipping on batched GEMMs, no per-example gradients
         # `sq_norms` of a stacked model: its first layer's per-sample input Grams (`stacked.input_grams`)
         return stacked.clipped_gradient_sum(model, params, x, y, mask, clip, loss, aux, sq_norms)  # type: ignore[arg-type]
@@ -79,19 +103,17 @@ def _generic_clipped_sum(
     model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: float, loss: PerExampleLoss,
     aux: torch.Tensor | None,
 ) -> tuple[Params, torch.Tensor]:
-    def one_example(p: Params, xi: torch.Tensor, yi: torch.Tensor, ai: torch.Tensor | None) -> torch.Tensor:
-        return loss(model.forward(p, xi.unsqueeze(0)), yi.unsqueeze(0), None if ai is None else ai.unsqueeze(0))[0]
+    def one_example(p: Params, xi: torch.Tensor, yi: torch.Tensor, ai: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        value = loss(model.forward(p, xi.unsqueeze(0)), yi.unsqueeze(0), None if ai is None else ai.unsqueeze(0))[0]
+        return value, value.detach()  # the loss rides along as aux: no second forward for it
 
+    step = grad(one_example, has_aux=True)
     if aux is None:
-        per_example = vmap(vmap(lambda p, xi, yi: grad(one_example)(p, xi, yi, None), in_dims=(None, 0, 0)))(params, x, y)
+        per_example, losses = vmap(vmap(lambda p, xi, yi: step(p, xi, yi, None), in_dims=(None, 0, 0)))(params, x, y)
     else:
-        per_example = vmap(vmap(grad(one_example), in_dims=(None, 0, 0, 0)))(params, x, y, aux)
+        per_example, losses = vmap(vmap(step, in_dims=(None, 0, 0, 0)))(params, x, y, aux)
     with torch.no_grad():
         norms = torch.sqrt(sum(g.flatten(start_dim=2).pow(2).sum(-1) for g in per_example.values()))
         scale = (clip / norms.clamp_min(1e-12)).clamp(max=1.0) * mask
         sums = {k: torch.einsum("cb,cb...->c...", scale, g) for k, g in per_example.items()}
-        logits = vmap(model.forward)(params, x)
-        count, width = y.shape
-        flat_aux = None if aux is None else aux.reshape(count * width, *aux.shape[2:])
-        losses = loss(logits.reshape(count * width, -1), y.reshape(-1), flat_aux).reshape(count, width)
     return sums, losses
