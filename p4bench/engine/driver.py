@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from p4bench.engine.chunking import memory_budget
 from p4bench.engine.evaluation import gate_received, test_metrics
 from p4bench.engine.memory import keep_freed_memory
-from p4bench.engine.chunking import memory_budget
 from p4bench.engine.messages import Messages
 from p4bench.engine.method import Exchange, LocalUpdate, Method, Phase, Step, StepContext
 from p4bench.engine.network import Network

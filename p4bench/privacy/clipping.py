@@ -22,9 +22,9 @@ from torch.func import grad, vmap
 
 from p4bench import stacked
 from p4bench.data.federated import squared_norms
+from p4bench.engine.chunking import clients_per_chunk
 from p4bench.engine.training import PerExampleLoss, cross_entropy
 from p4bench.models import LinearSoftmax, Model, Params
-from p4bench.engine.chunking import clients_per_chunk
 
 __all__ = ["clip_scale", "clipped_gradient_sum", "logit_gradients"]
 
