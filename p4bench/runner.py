@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from p4bench.data.paths import _data_dir
 from p4bench.data.public import public_data
 from p4bench.devices import MemoryPlan, describe_device, device_scope, plan_memory, resolve_device
 from p4bench.engine import Attack, Defense, Job, Method, RoundReport
+from p4bench.engine.chunking import per_client_bytes, plan_work
 from p4bench.engine.receive_gate import rejection_counts
 from p4bench.errors import IncompatibleError, UsageError
 from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
@@ -178,6 +180,11 @@ def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform
         method.public_data = public
         num_parameters = model.num_parameters(method.initial_params())
         memory = plan_memory(device, data.nbytes(), state_bytes(num_parameters, config.clients))
+        widest = max(1, math.ceil(float(data.train.n.max()) * config.data_rate)) if config.private else 0
+        resident = 0 if memory.stream_data else data.nbytes()
+        budget = plan_work(device, resident + memory.state_bytes + method.working_bytes(config.clients),
+                           per_client_bytes(num_parameters, widest, 4) if widest else 0,
+                           int(config.memory_budget_gb * (1 << 30)) if config.memory_budget_gb is not None else None)
         data = data.to(device, stream=memory.stream_data)
         reasons = method.uncertified_steps() + (defense_cls.uncertified_steps() if defense_cls is not None else [])
         accountant_cls = registry.get("accountant", config.accountant) if config.private else None
@@ -193,6 +200,7 @@ def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform
             defense=defense_cls(config) if defense_cls else None,
             malicious=malicious_mask,
             public_records=records,
+            memory_budget=budget,
         )
         if job.defense is not None and job.defense.needs_oracle:
             job.defense.reveal_malicious(malicious_mask)  # the ideal defense: a harness oracle

@@ -88,3 +88,40 @@ def test_clipping_holds_per_example_in_every_chunk():
 def test_memory_budget_is_a_run_option_that_changes_no_result():
     base = RunConfig(method="dp-dsgd", clients=4, rounds=1)
     assert base.replace(memory_budget_gb=0.5).config_hash() == base.config_hash()
+
+
+def test_a_budget_that_does_not_fit_is_refused_before_training_with_the_bytes(capsys, tmp_path):
+    from p4bench.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--method", "p4", "--rounds", "1", "--memory-budget", "1000000", "--results-dir", str(tmp_path)])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert info.value.code == 2
+    assert len(lines) == 1 and "--memory-budget 1e+06 GB does not fit" in lines[0] and "GiB are free" in lines[0]
+
+
+def test_plan_refuses_fixed_needs_beyond_the_free_memory_and_picks_a_default_budget():
+    from p4bench.engine.chunking import plan_work
+    from p4bench.errors import UsageError
+
+    cpu = torch.device("cpu")
+    assert plan_work(cpu, fixed_bytes=1 << 20, one_client_bytes=1 << 10, requested=None, free=8 << 20) == 4 << 20
+    assert plan_work(cpu, fixed_bytes=1 << 20, one_client_bytes=1 << 10, requested=2 << 20, free=8 << 20) == 2 << 20
+    with pytest.raises(UsageError, match="does not fit in cpu memory"):
+        plan_work(cpu, fixed_bytes=7 << 20, one_client_bytes=1 << 10, requested=None, free=8 << 20)
+
+
+def test_p4_counts_its_grouping_in_the_plan():
+    from p4bench.plugins.p4.method import P4
+
+    assert P4.working_bytes(None, 1000) >= 1000 * 1000 * 200  # type: ignore[arg-type]
+
+
+def test_a_run_in_small_chunks_ends_as_one_in_a_single_chunk():
+    from p4bench.runner import run
+
+    config = RunConfig(method="dp-dsgd", model="cnn", clients=4, rounds=2, seed=2, eval_fraction=0.0)
+    whole = run(config, track=False).outcome
+    chunked = run(config.replace(memory_budget_gb=1e-5), track=False).outcome  # about one client per chunk
+    for key in whole.final_params:  # the CNN's convolution kernel may depend on the batch of clients: float rounding
+        assert torch.allclose(whole.final_params[key], chunked.final_params[key], rtol=0, atol=1e-5), key

@@ -12,7 +12,9 @@ per-example work of one chunk fits the run's memory budget:
   MemAvailable of /proc/meminfo; 4 GiB where neither is known).
 
 A chunk holds at least one client: a budget below one client's per-example gradients
-still runs, one client at a time.
+still runs, one client at a time. Before training, `plan_work` checks that the budget fits
+beside the run's data, client state and the method's own exchanges (`Method.working_bytes`)
+in the memory the device has free, and refuses the run with the bytes (exit 2) otherwise.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["WORK_FACTOR", "clients_per_chunk", "default_budget", "memory_budget", "per_client_bytes"]
+from p4bench.errors import UsageError
+
+__all__ = ["WORK_FACTOR", "available_bytes", "clients_per_chunk", "default_budget", "memory_budget", "per_client_bytes",
+           "plan_work"]
 
 # Per-example gradients, their squares for the norms and the scaled copy summed: about
 # three times the gradients' own bytes are alive at once in the generic path.
@@ -47,16 +52,8 @@ def memory_budget(nbytes: int | None) -> Iterator[None]:
 
 def default_budget(device: torch.device) -> int:
     """Half the memory `device` has free now."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free) // 2
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 // 2
-    except OSError:
-        pass
-    return _FALLBACK
+    free = available_bytes(device)
+    return free // 2 if free is not None else _FALLBACK
 
 
 def per_client_bytes(params_per_client: int, width: int, element_size: int) -> int:
@@ -74,3 +71,49 @@ def clients_per_chunk(clients: int, params_per_client: int, width: int, element_
             return clients
         budget = default_budget(device)
     return max(1, min(clients, budget // per_client_bytes(params_per_client, width, element_size)))
+
+
+def plan_work(device: torch.device, fixed_bytes: int, one_client_bytes: int, requested: int | None,
+              free: int | None = None, headroom: float = 0.25) -> int | None:
+    """The per-example budget (bytes) of a run, checked against the memory `device` has
+    free: `fixed_bytes` (data, client state, the method's exchanges) must leave room for
+    one client's per-example work at least, and a `requested` budget (--memory-budget)
+    must fit beside it. A UsageError (exit 2, one line with the bytes) otherwise; None
+    where the free memory is unknown (the default budget then applies per call)."""
+    if free is None:
+        free = available_bytes(device)
+    if free is None:
+        return requested
+    usable = int(free * (1 - headroom))
+    room = usable - fixed_bytes
+    if room < one_client_bytes:
+        raise UsageError(
+            f"the run does not fit in {device} memory: data, client state and the method's exchanges need "
+            f"{_gib(fixed_bytes)}, one client's DP step {_gib(one_client_bytes)} more, and {_gib(free)} are free "
+            f"({headroom:.0%} kept as headroom); use fewer clients or a smaller model")
+    if requested is not None and requested > room:
+        raise UsageError(
+            f"--memory-budget {requested / 2**30:g} GB does not fit in {device} memory: {_gib(free)} are free, "
+            f"{_gib(fixed_bytes)} of it taken by data, client state and the method's exchanges ({headroom:.0%} kept "
+            f"as headroom); at most {room / 2**30:.2f} GB is left for the DP step")
+    return requested if requested is not None else min(room, free // 2)
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory of a CUDA device, or the host's available memory for the CPU; None
+    where neither is known (an emulated accelerator, a host without /proc/meminfo)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"

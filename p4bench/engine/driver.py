@@ -159,7 +159,9 @@ class RoundDriver:
         checkpoint was restored into this driver (`p4bench.checkpoint.restore`)."""
         keep_freed_memory()  # large per-step temporaries: reuse freed memory instead of faulting it in again
         gb = self.config.memory_budget_gb
-        with memory_budget(int(gb * (1 << 30)) if gb is not None else None):
+        budget = self.job.memory_budget if self.job.memory_budget is not None else (
+            int(gb * (1 << 30)) if gb is not None else None)
+        with memory_budget(budget):
             return self._run_schedule(on_round, on_setup, stop_after)
 
     def _run_schedule(self, on_round: Callable[[RoundReport], None], on_setup: Callable[[RoundReport], None] | None,

@@ -56,3 +56,6 @@ class Job:
     # N, the training records of the data set: public (the default delta is 1/(10 N)), the
     # receive gate's bound on a declared aggregation weight. None: not known, not bounded.
     public_records: int | None = None
+    # Bytes the DP step's per-example work may take at once (`p4bench.engine.chunking`),
+    # as the runner's memory plan set it; None: --memory-budget, else the default.
+    memory_budget: int | None = None

@@ -210,6 +210,12 @@ class Method(ABC):
         group's distribution): there no vote among senders decides what is valid."""
         return None
 
+    def working_bytes(self, num_clients: int) -> int:
+        """Bytes the method's own work needs at once beyond its clients' state and the DP
+        step (e.g. P4's grouping: one message per pair of clients), for the memory plan;
+        default 0."""
+        return 0
+
     def messages_per_pair(self, exchange: str, phase: str, round_index: int) -> int:
         """At most this many messages from one sender to one destination in `exchange`
         (default 1): the receive gate (`p4bench.engine.receive_gate`) rejects the extras,

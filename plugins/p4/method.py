@@ -67,6 +67,7 @@ GROUP_SIZE_DEFAULTS = {"cifar10": 8, "femnist": 8, "leaf-femnist": 8, "cifar100"
 FUSED_MODES = ("auto", "span", "buckets", "off")
 TEACHERS = ("none", "last-proxy", "private")
 _PUBLIC_SEED = 13  # stream for the grouping's random pairs, shared by every client
+GROUPING_BYTES_PER_PAIR = 200  # a share message's ids, rows and gate temporaries (memory plan)
 UNKNOWN_SENT = -1.0  # a distance not (yet) measured, as shared: inf in the state, -1 on the wire
 
 
@@ -509,6 +510,12 @@ class P4(Method):
 
     def update_reference(self, exchange, state):
         return state["group_proxy"] if exchange == "upload" else None
+
+    def working_bytes(self, num_clients):
+        """The grouping's share exchange: one message per ordered pair of clients (ids,
+        table rows and the receive gate's sort keys, about 200 bytes each) and a few
+        M x M distance matrices."""
+        return num_clients * num_clients * (GROUPING_BYTES_PER_PAIR + 3 * 4)
 
     def payload_bounds(self, exchange, phase, round_index):
         """Shared distances are L1 distances (>= 0), or -1 where unknown."""
