@@ -306,6 +306,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fedavg-clients", type=int, default=None,
                         help=f"clients of the DP-FedAvg round (default: {FULL_FEDAVG} on CUDA, {REDUCED_FEDAVG} elsewhere; 0: none)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI): a few seconds on a CPU")
+    parser.add_argument("--plan", action="store_true", help="print the memory plan of the issue's sizes on a 78 GB "
+                        "GPU (bench/gpu_plan.py), computed without a GPU, and exit")
     args = parser.parse_args(argv)
     args.models = [m for part in args.models for m in part.split(",") if m]
     if unknown := sorted(set(args.models) - set(MODELS)):
@@ -367,6 +369,10 @@ def cli_device(spec: str) -> torch.device | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.plan:
+        from gpu_plan import main as plan_main  # bench/gpu_plan.py, beside this file
+
+        return plan_main([])
     device = cli_device(args.device)
     if device is None:
         return 2

@@ -25,7 +25,7 @@ from p4bench.data.paths import _data_dir
 from p4bench.data.public import public_data
 from p4bench.devices import MemoryPlan, describe_device, device_scope, plan_memory, resolve_device
 from p4bench.engine import Attack, Defense, Job, Method, RoundReport
-from p4bench.engine.chunking import per_client_bytes, plan_work
+from p4bench.engine.chunking import dp_step_bytes, plan_work
 from p4bench.engine.receive_gate import rejection_counts
 from p4bench.errors import IncompatibleError, UsageError
 from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
@@ -183,7 +183,7 @@ def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform
         widest = max(1, math.ceil(float(data.train.n.max()) * config.data_rate)) if config.private else 0
         resident = 0 if memory.stream_data else data.nbytes()
         budget = plan_work(device, resident + memory.state_bytes + method.working_bytes(config.clients),
-                           per_client_bytes(num_parameters, widest, 4) if widest else 0,
+                           dp_step_bytes(model, num_parameters, widest, data.num_classes) if widest else 0,
                            int(config.memory_budget_gb * (1 << 30)) if config.memory_budget_gb is not None else None)
         data = data.to(device, stream=memory.stream_data)
         reasons = method.uncertified_steps() + (defense_cls.uncertified_steps() if defense_cls is not None else [])

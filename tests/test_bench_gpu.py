@@ -123,3 +123,17 @@ def test_per_sample_convolution_gradients_are_counted_once(gpu_bench):
     with FlopCounterMode(display=False, custom_mapping=mapping) as both:  # input gradient too
         grad(loss, argnums=(0, 1))(w, x)
     assert both.get_total_flops() == 3 * forward
+
+
+def test_the_plan_of_the_issue_sizes_is_printed_without_a_gpu_and_counts_every_part():
+    done = run_bench("--plan")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    by = {(r["method"], r["model"], r["clients"]): r for r in rows if "method" in r}
+    big = by[("p4", "scatter-cnn", 2080)]
+    for part in ("data_bytes", "state_bytes", "grouping_bytes", "dp_step_bytes_per_client"):
+        assert big[part] > 0, part
+    # per-example gradients of every client at once would not fit: the plan chunks them
+    assert big["dp_step_all_clients_bytes"] > rows[-1]["card_bytes"] > big["fixed_groups"]["needed_bytes"]
+    assert 1 <= big["fixed_groups"]["clients_per_chunk"] < 2080
+    assert rows[-1]["all_fit_as_bench_gpu_runs_them"] is True

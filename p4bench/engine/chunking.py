@@ -28,7 +28,8 @@ import torch
 
 from p4bench.errors import UsageError
 
-__all__ = ["WORK_FACTOR", "available_bytes", "clients_per_chunk", "default_budget", "memory_budget", "per_client_bytes",
+__all__ = ["WORK_FACTOR", "available_bytes", "clients_per_chunk", "default_budget", "dp_step_bytes", "memory_budget",
+           "per_client_bytes",
            "plan_work"]
 
 # Per-example gradients, their squares for the norms and the scaled copy summed: about
@@ -59,6 +60,17 @@ def default_budget(device: torch.device) -> int:
 def per_client_bytes(params_per_client: int, width: int, element_size: int) -> int:
     """Bytes of one client's per-example work: `width` examples x its parameters."""
     return WORK_FACTOR * max(width, 1) * max(params_per_client, 1) * element_size
+
+
+def dp_step_bytes(model: object, params_per_client: int, width: int, classes: int, element_size: int = 4) -> int:
+    """One client's per-example work in the DP step: the linear model's clipping holds
+    per-example logit gradients only (`width` x `classes`), other models per-example
+    gradients of every parameter."""
+    from p4bench.models import LinearSoftmax  # the engine's models, imported where needed
+
+    if type(model) is LinearSoftmax:
+        return WORK_FACTOR * max(width, 1) * classes * element_size
+    return per_client_bytes(params_per_client, width, element_size)
 
 
 def clients_per_chunk(clients: int, params_per_client: int, width: int, element_size: int,
