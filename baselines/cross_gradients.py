@@ -95,27 +95,34 @@ def cross_gradients(
     gradients; rows the budget refuses give zero gradients and `released` False."""
     count, slots, size = models.shape
     private = ctx.dp is not None
+    # only the present slots are computed (at most the largest degree per row, not M):
+    # a sparse graph costs its edges; absent slots stay zero as before
+    width = int(present.sum(1).max()) if count else 0
+    order = torch.argsort((~present).to(torch.int8), dim=1, stable=True)[:, :width]  # present slots first
+    valid = present.gather(1, order)
     per_example = private and clip_mode == "per-example"
     if per_example:
         index, mask = poisson_batches(ctx.rng, train.n, ctx.config.data_rate, train.max_count())
     else:
         index, mask = fixed_size_batches(ctx, train)
     x, y = gather_batch(train.x, index), gather_batch(train.y, index)
-    params = unvectorize(models.reshape(count * slots, size), {k: _repeat_rows(v, slots) for k, v in like.items()})
-    xs, ys, masks = _repeat_rows(x, slots), _repeat_rows(y, slots), _repeat_rows(mask.float(), slots)
+    chosen = models.gather(1, order.unsqueeze(2).expand(count, width, size))
+    params = unvectorize(chosen.reshape(count * width, size), {k: _repeat_rows(v, width) for k, v in like.items()})
+    xs, ys, masks = _repeat_rows(x, width), _repeat_rows(y, width), _repeat_rows(mask.float(), width)
     if per_example:
         sums, losses = clipped_gradient_sum(ctx.model, params, xs, ys, masks, float(ctx.dp.settings.clip))
-        grads = vectorize(sums).reshape(count, slots, size)
-        loss = ((losses * masks).sum(1) / masks.sum(1).clamp_min(1)).reshape(count, slots)
+        computed = vectorize(sums).reshape(count, width, size)
+        loss = ((losses * masks).sum(1) / masks.sum(1).clamp_min(1)).reshape(count, width)
     else:
         value, raw = ctx.loss_and_grad(params, xs, ys, masks)
-        grads = vectorize(raw).reshape(count, slots, size)
-        loss = value.detach().reshape(count, slots)
+        computed = vectorize(raw).reshape(count, width, size)
+        loss = value.detach().reshape(count, width)
         if private:  # the paper's batch clipping: each model's batch-mean gradient to norm C
             clip = float(ctx.dp.settings.clip)
-            grads = grads * (clip / grads.norm(dim=2, keepdim=True).clamp_min(clip))
-    grads = grads * present.unsqueeze(2)
-    mean_loss = (loss.double() * present).sum(1) / present.sum(1).clamp_min(1)
+            computed = computed * (clip / computed.norm(dim=2, keepdim=True).clamp_min(clip))
+    computed = computed * valid.unsqueeze(2)
+    grads = computed.new_zeros(count, slots, size).scatter_(1, order.unsqueeze(2).expand(count, width, size), computed)
+    mean_loss = (loss.double() * valid).sum(1) / valid.sum(1).clamp_min(1)
     if not private:
         return grads, mean_loss, torch.ones(count, dtype=torch.bool)
     noisy, released = _privatise(ctx, grads, present, clip_mode, ctx.config.data_rate * train.n.double())
