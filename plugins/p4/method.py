@@ -67,7 +67,8 @@ GROUP_SIZE_DEFAULTS = {"cifar10": 8, "femnist": 8, "leaf-femnist": 8, "cifar100"
 FUSED_MODES = ("auto", "span", "buckets", "off")
 TEACHERS = ("none", "last-proxy", "private")
 _PUBLIC_SEED = 13  # stream for the grouping's random pairs, shared by every client
-GROUPING_BYTES_PER_PAIR = 64  # a share message's ids, rows and gate temporaries: ~53 B measured (bench/scale.py, 1,000-3,000 clients)
+GROUPING_BYTES_PER_PAIR = 128  # a share message's ids, rows, sort keys and gate temporaries: peak RSS per pair of clients
+# measured 53 B at 1,000-3,000 clients, 154 B at 10,000 (bench/scale.py); the plan takes 128
 UNKNOWN_SENT = -1.0  # a distance not (yet) measured, as shared: inf in the state, -1 on the wire
 
 
