@@ -122,7 +122,8 @@ def test_a_stalled_peer_rejoins_and_a_killed_peer_is_dropped(small_config):
     assert np.isfinite(result.outcome.accuracy[[0, 2]]).all()
     # the stalled peer was absent for a few rounds, then expected again and present
     stalled = {e["round"] for e in device["absences"] if "2" in e["peers"] and e["phase"] == "cotraining"}
-    assert stalled and max(stalled) < 12, device["absences"]
+    # (no round number is asserted: under load a peer may be late again, which is timing, not behaviour)
+    assert stalled and set(range(min(stalled), 24)) - stalled, device["absences"]
     assert any("1" in e["peers"] for e in device["absences"])
     assert set(result.outcome.peer_states) == {0, 2} and result.outcome.final_state is None
     for client in (0, 2):  # the killed peer's aggregator turns were taken over by the next member
