@@ -46,7 +46,7 @@ def plan(method: str, model_name: str, clients: int, train: int, test: int, feat
     parameters = model.num_parameters(model.init(torch.Generator().manual_seed(0)))
     data = clients * (train + test) * (math.prod(features) * 4 + 8)  # float32 features, int64 labels
     state = state_bytes(parameters, clients)
-    grouping = clients * clients * (GROUPING_BYTES_PER_PAIR + 12) if method == "p4" else 0
+    grouping = clients * clients * GROUPING_BYTES_PER_PAIR if method == "p4" else 0
     width = train  # a Poisson batch at rate s is at most the client's records
     one_client = dp_step_bytes(model, parameters, width, CLASSES)
     row = {"method": method, "model": model_name, "clients": clients, "parameters": parameters, "data_bytes": data,

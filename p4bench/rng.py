@@ -171,6 +171,10 @@ class ClientRng:
         self.calls = self.calls + 1
         return words[:, :n]
 
+    def _words(self, part: slice, n: int) -> torch.Tensor:
+        """(rows of `part`, >= n) the words `bits(n)` would give those rows (no advance)."""
+        return philox_words(self.keys[part], self.calls[part], (n + 3) // 4, 0)
+
     def uniform(self, n: int, tag: int = 0) -> torch.Tensor:
         """(rows, n) float64 uniforms in (0, 1) with 53 random bits each."""
         words = self.bits(2 * n, tag)
@@ -208,10 +212,16 @@ class ClientRng:
         how wide other rows are.
         """
         slots = int(population.max()) if len(self) else 0
-        keys = self.bits(max(slots, 1))[:, :slots]
-        keys = torch.where(torch.arange(slots) < population.unsqueeze(1), keys, torch.full_like(keys, 1 << 40))
-        order = torch.argsort(keys, dim=1, stable=True)[:, :width]
-        mask = torch.arange(order.shape[1]) < size.unsqueeze(1)
+        device = self.keys.device
+        order = torch.empty(len(self), min(width, slots), dtype=torch.int64, device=device)
+        block = max(1, (1 << 22) // max(slots, 1))  # rows at a time: the keys of all rows are (rows, M)
+        for start in range(0, len(self), block):
+            part = slice(start, start + block)
+            keys = self._words(part, max(slots, 1))[:, :slots]
+            beyond = torch.arange(slots, device=device) >= population[part].unsqueeze(1)
+            order[part] = torch.argsort(keys.masked_fill_(beyond, 1 << 40), dim=1, stable=True)[:, :width]
+        self.calls = self.calls + 1  # one draw, as `bits`
+        mask = torch.arange(order.shape[1], device=device) < size.unsqueeze(1)
         return order, mask
 
     def take(self, rows: torch.Tensor) -> ClientRng:
@@ -295,6 +305,9 @@ class SecretRng(ClientRng):
         """(rows, n) uniformly random secret 32-bit words as int64; `tag` is ignored."""
         self.calls = self.calls + 1
         return self.source.words(self.rows, n).to(self.calls.device)  # keystream on the host, used where the run is
+
+    def _words(self, part: slice, n: int) -> torch.Tensor:
+        return self.source.words(len(range(*part.indices(self.rows))), n).to(self.calls.device)
 
     def take(self, rows: torch.Tensor) -> SecretRng:
         """The streams of a subset of rows (sharing the source; write back with `put`)."""

@@ -114,7 +114,8 @@ def test_plan_refuses_fixed_needs_beyond_the_free_memory_and_picks_a_default_bud
 def test_p4_counts_its_grouping_in_the_plan():
     from p4bench.plugins.p4.method import P4
 
-    assert P4.working_bytes(None, 1000) >= 1000 * 1000 * 64  # type: ignore[arg-type]
+    # a few M x M float32 matrices (the share exchange is one broadcast per client, not per pair)
+    assert P4.working_bytes(None, 1000) >= 1000 * 1000 * 12  # type: ignore[arg-type]
 
 
 def test_a_run_in_small_chunks_ends_as_one_in_a_single_chunk():

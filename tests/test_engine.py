@@ -40,6 +40,34 @@ def test_byte_transport_gives_the_same_result_as_the_simulator(small_config):
         assert (mine.client_bytes_received == theirs.client_bytes_received).all()
 
 
+def test_a_broadcast_is_one_message_here_and_costs_what_its_frames_cost(small_config):
+    # P4 shares its measurements as one broadcast per client: the simulator keeps it one
+    # message, the bytes runtime sends a frame to every other client; ids of 1 and 2 digits
+    config = small_config(method="p4", clients=12, rounds=2, options={"group_size": 3})
+    batched = _final(config)
+    over_bytes = _final(config.replace(runtime="bytes"))
+    assert over_bytes.outcome.bytes_sent == batched.outcome.bytes_sent > 0
+    for mine, theirs in zip(batched.outcome.reports, over_bytes.outcome.reports):
+        assert (mine.client_bytes_sent == theirs.client_bytes_sent).all()
+        assert (mine.client_bytes_received == theirs.client_bytes_received).all()
+    assert (batched.outcome.accuracy == over_bytes.outcome.accuracy).all()
+
+
+def test_broadcast_frames_and_expansion():
+    from p4bench.engine.messages import BROADCAST, broadcast_receipts, frame_sizes
+
+    payload = {"known": torch.randn(3, 12)}
+    messages = Messages(torch.tensor([0, 11, 5]), torch.full((3,), BROADCAST), payload)
+    expanded = messages.expand_broadcasts(12)
+    assert len(expanded) == 3 * 11 and not bool((expanded.src == expanded.dst).any())
+    assert torch.equal(expanded.value("known")[expanded.src == 11], payload["known"][1].expand(11, 12))
+    per_message = [len(encode("share", 3, m)) for m in expanded.split()]
+    assert frame_sizes("share", 3, messages, 12).sum() == sum(per_message)
+    received = torch.zeros(12, dtype=torch.int64)
+    received.index_add_(0, expanded.dst, torch.tensor(per_message))
+    assert torch.equal(broadcast_receipts("share", 3, messages, 12), received)
+
+
 def test_frame_sizes_equal_encoded_lengths():
     from p4bench.engine.messages import frame_sizes
 

@@ -58,6 +58,15 @@ def test_copies_to_different_receivers_are_not_extras():
     assert len(kept) == 3 and not rejections.counts
 
 
+def test_a_broadcast_counts_once_for_every_receiver():
+    gate, rejections = _gate()
+    # 2 broadcasts twice and also messages 0 directly; 1 broadcasts once
+    inbox = _messages([2, 2, 1, 2], [-2, -2, -2, 0], [[1.0], [2.0], [3.0], [4.0]])
+    kept = gate.admit("share", "grouping", 0, inbox)
+    assert kept.src.tolist() == [2, 1] and kept.payload["update.w"].flatten().tolist() == [1.0, 3.0]
+    assert rejections.metrics() == {"rejected extra message from 2": 2.0}
+
+
 def test_declared_counts_per_pair_and_from_the_server():
     gate, rejections = _gate(_Declared(per_pair=2, server=3))
     inbox = _messages([4, 4, 4, -1, -1, -1, -1], [0] * 7, [[float(i)] for i in range(7)])

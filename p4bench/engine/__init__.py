@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from p4bench.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from p4bench.engine.messages import MessageFormatError, Messages, decode, encode
+    from p4bench.engine.messages import BROADCAST, MessageFormatError, Messages, decode, encode
     from p4bench.engine.method import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method, Phase, StepContext
     from p4bench.engine.runtime import GroupedRuntime, Job, Outcome, RoundReport, Runtime
     from p4bench.engine.state import State
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from p4bench.engine.training import local_sgd
 
 __all__ = [
+    "BROADCAST",
     "Aggregator",
     "Attack",
     "Capabilities",
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 __getattr__ = lazy_exports(globals(), {
-    "p4bench.engine.messages": ("MessageFormatError", "Messages", "decode", "encode"),
+    "p4bench.engine.messages": ("BROADCAST", "MessageFormatError", "Messages", "decode", "encode"),
     "p4bench.engine.method": ("DEFAULT_EPSILON", "Capabilities", "Exchange", "LocalUpdate", "Method", "Phase", "StepContext"),
     "p4bench.engine.runtime": ("GroupedRuntime", "Job", "Outcome", "RoundReport", "Runtime"),
     "p4bench.engine.state": ("State",),

@@ -23,7 +23,7 @@ import torch
 from p4bench.engine.chunking import memory_budget
 from p4bench.engine.evaluation import gate_received, test_metrics
 from p4bench.engine.memory import keep_freed_memory
-from p4bench.engine.messages import Messages
+from p4bench.engine.messages import Messages, broadcast_receipts
 from p4bench.engine.method import Exchange, LocalUpdate, Method, Phase, Step, StepContext
 from p4bench.engine.network import Network
 from p4bench.engine.receive_gate import ReceiveGate, Rejections
@@ -122,6 +122,8 @@ class RoundDriver:
         count = job.data.num_clients
         self._malicious = job.malicious if job.malicious is not None else torch.zeros(count, dtype=torch.bool)
         self.receive_errors = 0
+        # broadcasts stay one message where the network delivers them so (in process)
+        self._broadcasts = network.carry_broadcasts(count)
         self._gates = job.defense is not None and job.defense.gates_clients
         # what every inbox is held to before `receive` (counts, finite values, ranges);
         # rejections are counted per block and reported in its metrics
@@ -186,7 +188,7 @@ class RoundDriver:
             elif on_setup is not None:
                 on_setup(report)
         accuracy_now, extra = self.evaluate()
-        final_state = take_rows(cat_rows([g.state for g in self.groups]), self._order()) if self.groups else None
+        final_state = self._final_state() if self.groups else None
         return Outcome(accuracy_now, extra, list(self.reports), self.deployed_params(), self.total_bytes, final_state)
 
     def _finished_by_method(self, report: RoundReport) -> bool:
@@ -272,6 +274,12 @@ class RoundDriver:
     def _server_context(self, phase: Phase, round_index: int) -> StepContext:
         return self._context(torch.tensor([SERVER_ID]), self.server_rng, phase.name, round_index)
 
+    def _final_state(self) -> State:
+        """Every held client's state in client order (no copy when one group holds them in order)."""
+        if len(self.groups) == 1 and torch.equal(self.groups[0].rows, torch.arange(len(self.groups[0].rows))):
+            return self.groups[0].state
+        return take_rows(cat_rows([g.state for g in self.groups]), self._order())
+
     def _order(self) -> torch.Tensor:
         return torch.argsort(torch.cat([g.rows for g in self.groups]))
 
@@ -300,14 +308,17 @@ class RoundDriver:
             if self.holds_server:
                 parts.append(method.server_outgoing(exchange, self.server_state, self._server_context(phase, round_index)))
             outgoing = Messages.concat(parts)
+            broadcasts = len(outgoing) > 0 and bool(outgoing.is_broadcast().any())  # the exchange's one read for it
+            if broadcasts and (not self._broadcasts or _carries_updates(outgoing)):  # defenses see one update per receiver
+                outgoing, broadcasts = outgoing.expand_broadcasts(self.job.data.num_clients), False
         delivery = self.network.exchange(exchange, phase.name, round_index, outgoing)
-        self._account(outgoing, delivery.sent_sizes, delivery.inbox, delivery.inbox_sizes)
+        self._account(outgoing, delivery.sent_sizes, delivery.inbox, delivery.inbox_sizes, exchange, round_index, broadcasts)
         admitted = self.receive_gate.admit(exchange, phase.name, round_index, delivery.inbox)
         inbox = admitted.sorted()  # by (dst, src): the order every runtime delivers in
         foreign = bool((inbox.src != inbox.dst).any()) if len(inbox) else False
         with self.network.computing():
             for group in self.groups:
-                mine = inbox.select(torch.isin(inbox.dst, group.rows))
+                mine = inbox.select(torch.isin(inbox.dst, group.rows) | inbox.is_broadcast())
                 ctx = self._group_context(group, phase.name, round_index)
                 # `_receive` calls the lambda before the loop moves on: binding `group` late is safe.
                 state = self._receive(lambda box: method.receive(exchange, group.state, box, ctx), mine, foreign, exchange)  # noqa: B023
@@ -321,7 +332,8 @@ class RoundDriver:
                     self.server_state = state
         self.network.finish_exchange(exchange)
 
-    def _account(self, outgoing: Messages, sent_sizes: torch.Tensor, inbox: Messages, inbox_sizes: torch.Tensor) -> None:
+    def _account(self, outgoing: Messages, sent_sizes: torch.Tensor, inbox: Messages, inbox_sizes: torch.Tensor,
+                 exchange: str, round_index: int, broadcasts: bool) -> None:
         """Communication ledger: bytes each client sent and received over the network (a
         node does not send to itself over the network; the server, id -1, has no row)."""
         for messages, sizes, total, per_client, node in (
@@ -333,6 +345,9 @@ class RoundDriver:
             sizes = sizes.to(total.device)
             wire = (messages.src != messages.dst).to(total.device)
             total += (sizes * wire).sum()  # no host read: masks, not boolean indexing
+            if broadcasts and per_client is self._received:  # every client but the sender got a copy
+                per_client += broadcast_receipts(exchange, round_index, messages, len(per_client)).to(total.device)
+                wire &= ~messages.is_broadcast().to(total.device)
             client = wire & (node.to(total.device) >= 0)
             per_client.index_add_(0, node.to(total.device).clamp_min(0), sizes * client)
 
@@ -463,4 +478,4 @@ def _poison(attack: Attack, labels: torch.Tensor, bad: torch.Tensor, attack_rng:
 
 
 def _carries_updates(messages: Messages) -> bool:
-    return len(messages) > 0 and any(k.startswith(UPDATE_PREFIX) for k in messages.payload)
+    return len(messages) > 0 and any(k.startswith(UPDATE_PREFIX) for k in messages.table)  # keys: no gather

@@ -28,6 +28,10 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 UPDATE_PREFIX = "update."
 MODEL_PREFIX = "model."
 
+# Destination of a message to every client but its sender (one stored message in the
+# simulator, one frame per receiver on a real network: `Messages.expand_broadcasts`).
+BROADCAST = -2
+
 
 def prefixed_keys(payload: Mapping[str, object], prefix: str) -> list[str]:
     """The payload keys named `prefix`*, sorted (the order parameters are flattened in)."""
@@ -124,6 +128,26 @@ class Messages:
         order = torch.argsort(self.dst * (1 << 32) + self.src, stable=True)
         return self.select(order)
 
+    def is_broadcast(self) -> torch.Tensor:
+        """(n,) bool: the message goes to every client but its sender (dst BROADCAST)."""
+        return self.dst == BROADCAST
+
+    def expand_broadcasts(self, num_clients: int) -> Messages:
+        """The same messages with each broadcast replaced by one message to every client
+        0..num_clients-1 but its sender (in sender order; no payload is copied)."""
+        wide = self.is_broadcast()
+        if not bool(wide.any()):
+            return self
+        index = wide.nonzero().squeeze(1)
+        senders = self.src[index]
+        receivers = torch.arange(num_clients, device=self.src.device)
+        dst = receivers.repeat(len(index))
+        which = torch.arange(len(index), device=self.src.device).repeat_interleave(num_clients)
+        keep = dst != senders[which]
+        which, dst = which[keep], dst[keep]
+        expanded = Messages(senders[which], dst, self.table, self.table_rows()[index[which]])
+        return Messages.concat([self.select(~wide), expanded]) if bool((~wide).any()) else expanded
+
     def payload_nbytes(self) -> torch.Tensor:
         """(n,) raw tensor bytes of each message's payload."""
         per = sum(v[0].numel() * v.element_size() for v in self.table.values()) if len(self) else 0
@@ -133,18 +157,60 @@ class Messages:
         return [self.select(torch.tensor([i])) for i in range(len(self))]
 
 
-def frame_sizes(exchange: str, round_index: int, messages: Messages) -> torch.Tensor:
+def frame_sizes(exchange: str, round_index: int, messages: Messages, num_clients: int = 0) -> torch.Tensor:
     """(n,) exact byte length of each message as `encode` would write it, without
     serialising any message: a frame's length depends only on the payload's shapes and
     dtypes and on how many characters the round, src and dst take, so one placeholder
-    frame is measured per such signature (cached) and no payload leaves its device."""
+    frame is measured per such signature (cached) and no payload leaves its device.
+    A broadcast counts the frames to all its `num_clients` - 1 receivers."""
     if not len(messages):
-        return torch.zeros(0, dtype=torch.int64)
+        return torch.zeros(0, dtype=torch.int64, device="cpu")
+    src, dst = torch.stack([messages.src, messages.dst]).cpu()  # one read of the addresses
+    src_width, dst_width = _digits(src), _digits(dst)
+    table = _length_table(exchange, round_index, messages, max(int(src_width.max()), int(dst_width.max())), num_clients)
+    sizes = table[src_width, dst_width]
+    wide = dst == BROADCAST
+    if bool(wide.any()):  # the frames to every client but the sender
+        to_all = table[:, _digits(torch.arange(num_clients, device="cpu"))].sum(dim=1)  # (src width,) over all receivers
+        sizes[wide] = to_all[src_width[wide]] - table[src_width[wide], src_width[wide]]
+    return sizes
+
+
+def broadcast_receipts(exchange: str, round_index: int, messages: Messages, num_clients: int) -> torch.Tensor:
+    """(num_clients,) on the host: bytes each client receives through the broadcasts among
+    `messages` (each sends one frame to every client but its sender)."""
+    src, dst = torch.stack([messages.src, messages.dst]).cpu()
+    senders = src[dst == BROADCAST]
+    if not len(senders):
+        return torch.zeros(num_clients, dtype=torch.int64, device="cpu")
+    table = _length_table(exchange, round_index, messages, int(_digits(senders).max()), num_clients)
+    receiver_width = _digits(torch.arange(num_clients, device="cpu"))
+    per_sender_width = torch.bincount(_digits(senders), minlength=len(table))  # broadcasts by sender width
+    received = (per_sender_width.unsqueeze(1) * table[:, receiver_width]).sum(dim=0)
+    own = senders[(senders >= 0) & (senders < num_clients)]
+    received.index_add_(0, own, -table[receiver_width[own], receiver_width[own]])  # nobody receives its own
+    return received
+
+
+def _length_table(exchange: str, round_index: int, messages: Messages, widest_id: int, num_clients: int) -> torch.Tensor:
+    """(w, w) frame length by (characters of src, of dst) for `messages`' payload layout, for
+    ids up to `widest_id` characters and the clients' own."""
     layout = tuple(sorted((k, tuple(v.shape[1:]), str(v.dtype)) for k, v in messages.table.items()))
-    ends = torch.stack([messages.src, messages.dst]).tolist()  # one read of the addresses
     width = len(str(round_index))
-    sizes = [_frame_length(exchange, width, len(str(src)), len(str(dst)), layout) for src, dst in zip(*ends)]
-    return torch.tensor(sizes, dtype=torch.int64)
+    widest = max(widest_id, len(str(max(num_clients - 1, 0))))
+    return torch.tensor([[_frame_length(exchange, width, a, b, layout) if a and b else 0 for b in range(widest + 1)]
+                         for a in range(widest + 1)], dtype=torch.int64, device="cpu")
+
+
+def _digits(ids: torch.Tensor) -> torch.Tensor:
+    """(n,) characters `str(id)` takes (a minus sign counts), for ids above -10**18."""
+    magnitude = ids.abs().clamp_min(1)
+    digits = torch.ones_like(magnitude)
+    power = 10
+    for _ in range(18):
+        digits += (magnitude >= power).long()
+        power *= 10
+    return digits + (ids < 0).long()
 
 
 @functools.lru_cache(maxsize=4096)

@@ -13,7 +13,9 @@ with the bytes each message took on the wire (the communication ledger counts th
 - The device plugin's TLS network sends frames to peers on other machines.
 
 A node may message itself: such messages are delivered like any other but never cross
-the network, so they count no bytes.
+the network, so they count no bytes. A message to BROADCAST (every client but its
+sender) stays one message on networks that `carry_broadcasts`; on the others the driver
+sends one copy per receiver.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ class Network(ABC):
     # `receive` that fails on them (the node goes on with its own messages only).
     untrusted: ClassVar[bool] = False
 
+    def carry_broadcasts(self, num_clients: int) -> bool:
+        """Called once by the round driver: True when this network delivers messages to
+        BROADCAST as they are (one message, the receivers find theirs) in a run of
+        `num_clients` clients; otherwise the driver sends one message per receiver."""
+        return False
+
     def begin_round(self, phase: str, round_index: int) -> None:
         """Called before the steps of every round (and of a phase's setup, round -1)."""
 
@@ -80,10 +88,18 @@ class Network(ABC):
 
 
 class InProcessNetwork(Network):
-    """All nodes in this process: delivery is a hand-over."""
+    """All nodes in this process: delivery is a hand-over. A broadcast stays one message
+    (memory grows with senders, not with pairs); its size counts every receiver's frame."""
+
+    def __init__(self) -> None:
+        self.num_clients = 0
+
+    def carry_broadcasts(self, num_clients: int) -> bool:
+        self.num_clients = num_clients
+        return True
 
     def exchange(self, exchange: str, phase: str, round_index: int, outgoing: Messages) -> Delivery:
-        return Delivery.local(outgoing, frame_sizes(exchange, round_index, outgoing))
+        return Delivery.local(outgoing, frame_sizes(exchange, round_index, outgoing, self.num_clients))
 
 
 class BytesNetwork(Network):
@@ -109,6 +125,9 @@ class ObservedNetwork(Network):
     def __init__(self, inner: Network, on_send: Callable[[str, str, int, Messages], None]) -> None:
         self.inner, self.on_send = inner, on_send
         self.untrusted = inner.untrusted  # type: ignore[misc]  # the wrapped network's policy
+
+    def carry_broadcasts(self, num_clients: int) -> bool:
+        return self.inner.carry_broadcasts(num_clients)
 
     def begin_round(self, phase: str, round_index: int) -> None:
         self.inner.begin_round(phase, round_index)

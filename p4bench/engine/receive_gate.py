@@ -5,7 +5,7 @@ Authenticated peers can still misbehave (a stolen key, a buggy plugin), so the r
 driver holds every inbox to what the receiver itself knows, in every runtime alike:
 
 - **count**: at most `Method.messages_per_pair` messages per sender and destination in
-  one exchange (`Method.server_messages_per_pair` from the server, e.g. a relay
+  one exchange (a broadcast counts once for every destination) (`Method.server_messages_per_pair` from the server, e.g. a relay
   forwarding every client's model); the first ones delivered are kept, the extras rejected
   (``extra message from <id>``), so repeated copies cannot outvote honest senders;
 - **finite**: every floating payload entry finite (``non-finite from <id>``);
@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from p4bench.engine.messages import Messages
+from p4bench.engine.messages import BROADCAST, Messages
 from p4bench.rng import SERVER_ID
 
 __all__ = ["Declarations", "REJECTED_PREFIX", "WEIGHT_KEY", "ReceiveGate", "Rejections", "rejection_counts"]
@@ -95,7 +95,8 @@ class ReceiveGate:
         if not len(inbox):
             return inbox
         nodes = int(self.method.num_clients)
-        known = (inbox.src >= SERVER_ID) & (inbox.src < nodes) & (inbox.dst >= SERVER_ID) & (inbox.dst < nodes)
+        wide = inbox.is_broadcast()
+        known = (inbox.src >= SERVER_ID) & (inbox.src < nodes) & (((inbox.dst >= SERVER_ID) & (inbox.dst < nodes)) | wide)
         checks = [("unknown node", known),
                   ("extra message", self._within_count(exchange, phase, round_index, inbox, nodes)),
                   ("non-finite", self._finite(inbox))]
@@ -118,15 +119,19 @@ class ReceiveGate:
         to its destination, in delivery order."""
         limit = torch.where(inbox.src == SERVER_ID, int(self.method.server_messages_per_pair(exchange, phase, round_index)),
                             int(self.method.messages_per_pair(exchange, phase, round_index)))
-        span = nodes + 1  # ids -1 (the server) .. nodes - 1; others are rejected as unknown
-        pair = (inbox.src.clamp(SERVER_ID, nodes - 1) + 1) * span + (inbox.dst.clamp(SERVER_ID, nodes - 1) + 1)
+        span = nodes + 2  # ids -2 (broadcast), -1 (the server) .. nodes - 1; others are rejected as unknown
+        src = inbox.src.clamp(SERVER_ID, nodes - 1)
+        pair = (src + 1) * span + (inbox.dst.clamp(BROADCAST, nodes - 1) + 2)
         order = torch.argsort(pair, stable=True)
         _, counts = torch.unique_consecutive(pair[order], return_counts=True)
         starts = torch.cumsum(counts, 0) - counts
         rank_sorted = torch.arange(len(pair), device=pair.device) - torch.repeat_interleave(starts, counts)
         rank = torch.empty_like(rank_sorted)
         rank[order] = rank_sorted
-        return rank < limit
+        # a broadcast reaches every client: it counts against each of its sender's pairs (no host read)
+        wide = inbox.is_broadcast()
+        broadcasts = torch.zeros(nodes + 1, dtype=torch.int64, device=src.device).index_add_(0, src + 1, wide.long())
+        return rank + torch.where(wide, 0, broadcasts[src + 1]) < limit
 
     @staticmethod
     def _finite(inbox: Messages) -> torch.Tensor:
@@ -145,6 +150,13 @@ def _table_rows(inbox: Messages) -> int:
 
 def _within(inbox: Messages, key: str, low: float, high: float) -> torch.Tensor:
     """(n,) bool: every element of the message's `key` entry lies in [low, high] (NaN fails)."""
-    value = inbox.table[key].double()
-    ok_rows = ((value >= low) & (value <= high)).reshape(len(value), -1).all(dim=1)
+    value = inbox.table[key]
+    flat = value.reshape(len(value), -1)
+    if value.dtype == torch.bool or not flat.shape[1]:
+        flat = flat.double()
+    if flat.shape[1]:  # each row's extremes, compared in float64 (NaN propagates and fails)
+        smallest, largest = torch.aminmax(flat, dim=1)
+        ok_rows = (smallest.double() >= low) & (largest.double() <= high)
+    else:
+        ok_rows = torch.ones(len(value), dtype=torch.bool, device=value.device)
     return ok_rows[inbox.table_rows().to(ok_rows.device)].to(inbox.src.device)

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from p4bench.config import RunConfig
-from p4bench.engine.messages import Messages
+from p4bench.engine.messages import BROADCAST, Messages
 from p4bench.engine.network import Network, ObservedNetwork
 from p4bench.errors import ConfigError, UsageError
 from p4bench.privacy.tape import ReleaseTape, ReplayDiverged, using_tape
@@ -250,7 +250,7 @@ def _compare(recorded: list[_Exchange], replayed: list[_Exchange], *, central: b
 
 
 def _node(node: int) -> str:
-    return "server" if node == SERVER_ID else f"client {node}"
+    return "server" if node == SERVER_ID else "every client" if node == BROADCAST else f"client {node}"
 
 
 def run_check(config: RunConfig, run: Callable[..., Any], plugin_manager: Any = None) -> PostProcessingResult:

@@ -71,7 +71,7 @@ class Recorder:
         if not bool(torch.isin(messages.src, rows).all()):
             bad = sorted(set(messages.src[~torch.isin(messages.src, rows)].tolist()))
             self.message_errors.append(f"{who}('{exchange}') of rows {rows.tolist()} sends as nodes {bad}")
-        valid = (messages.dst >= SERVER_ID) & (messages.dst < self.num_clients)
+        valid = ((messages.dst >= SERVER_ID) & (messages.dst < self.num_clients)) | messages.is_broadcast()
         if not bool(valid.all()):
             self.message_errors.append(f"{who}('{exchange}') addresses unknown nodes {sorted(set(messages.dst[~valid].tolist()))}")
 

@@ -7,7 +7,8 @@ Rounds of pairing, first on clients, then on merged groups (paper, steps 2-3): t
 similar pairs are merged first (mutual best pairs, then greedily the most similar pair
 left), the rest at random. Members pool their measurements: two groups' dissimilarity is
 the smallest known one across them (the paper's "maximum similarity between any of its
-members"). np.inf means "not measured"; a pair is known if either end measured it.
+members"). np.inf (or any negative value) means "not measured"; a pair is known if either
+end measured it.
 
 Any target size V. The paper's loop only doubles (1, 2, 4, ...), which reaches V only for
 powers of two. Here V is built from its binary pieces (`merge_plan`): doubling rounds
@@ -38,7 +39,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["merge_plan", "pair_up", "form_groups", "random_groups", "collaboration_matrix", "group_dissimilarity"]
+_ROWS = 256  # rows per block where a step works through an M x M matrix in place
+
+__all__ = ["merge_plan", "pair_up", "form_groups", "symmetric", "random_groups", "collaboration_matrix", "group_dissimilarity"]
 
 
 def _pieces(n: int) -> list[int]:
@@ -85,9 +88,10 @@ def _greedy_matching(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         alive[gone] = False
         w[:, gone] = np.inf
         stale = np.flatnonzero(alive & ~alive[best])
-        if len(stale):
-            best[stale] = w[stale].argmin(axis=1)
-            alive[stale] = np.isfinite(w[stale, best[stale]])
+        for start in range(0, len(stale), _ROWS):  # in blocks of rows: no copy of w
+            part = stale[start : start + _ROWS]
+            best[part] = w[part].argmin(axis=1)
+            alive[part] = np.isfinite(w[part, best[part]])
     if not found:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, np.zeros(0)
@@ -102,9 +106,12 @@ def _merge_round(d: np.ndarray, sizes: np.ndarray, a: int, b: int, merges: int,
     such pairs in greedy order, then random ones (the paper's random pairing)."""
     is_a, is_b = sizes == a, sizes == b
     cand = np.flatnonzero(is_a | is_b)
-    ca, cb = is_a[cand], is_b[cand]
-    allowed = (ca[:, None] & cb[None, :]) | (cb[:, None] & ca[None, :])
-    w = np.where(allowed, d[np.ix_(cand, cand)], np.inf)
+    among = d if len(cand) == len(d) else d[np.ix_(cand, cand)]
+    if a == b:  # every candidate pair is of the type: one copy (the matching overwrites it)
+        w = among.copy() if among is d else among
+    else:
+        ca, cb = is_a[cand], is_b[cand]
+        w = np.where((ca[:, None] & cb[None, :]) | (cb[:, None] & ca[None, :]), among, np.inf)
     np.fill_diagonal(w, np.inf)
     i, j, _ = _greedy_matching(w)
     pairs = np.stack([cand[i[:merges]], cand[j[:merges]]], axis=1)
@@ -124,20 +131,38 @@ def _merge_round(d: np.ndarray, sizes: np.ndarray, a: int, b: int, merges: int,
 
 
 def _pool(d: np.ndarray, labels: np.ndarray, count: int) -> np.ndarray:
-    """(count, count): the smallest entry of d between units labelled u and v (diagonal inf)."""
+    """(count, count): the smallest entry of d between units labelled u and v (diagonal
+    inf). Reduced in blocks of units, so no reordered copy of d is made."""
     order = np.argsort(labels, kind="stable")
     starts = np.searchsorted(labels[order], np.arange(count))
-    rows = np.minimum.reduceat(d[order], starts, axis=0)
-    out = np.minimum.reduceat(rows[:, order], starts, axis=1)
+    ends = np.append(starts[1:], len(order))
+    rows = np.empty((count, d.shape[1]), dtype=d.dtype)
+    step = max(1, _ROWS // max(int(np.diff(np.append(starts, len(order))).max()), 1))
+    for first in range(0, count, step):  # units first .. first + step: their members' rows, reduced
+        last = min(first + step, count)
+        members = order[starts[first] : ends[last - 1]]
+        rows[first:last] = np.minimum.reduceat(d[members], starts[first:last] - starts[first], axis=0)
+    out = np.empty((count, count), dtype=d.dtype)
+    for first in range(0, count, _ROWS):
+        out[first : first + _ROWS] = np.minimum.reduceat(rows[first : first + _ROWS][:, order], starts, axis=1)
     np.fill_diagonal(out, np.inf)
     return out
 
 
-def _symmetric(dissimilarity: np.ndarray) -> np.ndarray:
-    """A fresh float64 copy, known where either end measured it (NaN counts as unknown)."""
-    d = np.asarray(dissimilarity, dtype=np.float64)
-    d = np.fmin(d, d.T)
-    d[np.isnan(d)] = np.inf
+def symmetric(dissimilarity: np.ndarray) -> np.ndarray:
+    """A fresh copy, known where either end measured it; every unknown entry (negative, NaN
+    or inf: unmeasured) is inf, and so is the diagonal. Float32 inputs stay float32 (grouping
+    only compares and takes minima, exact in the input's precision). Symmetrised in blocks,
+    in place: one M x M copy in all."""
+    source = np.asarray(dissimilarity)
+    d: np.ndarray = np.array(source, dtype=np.float32 if source.dtype == np.float32 else np.float64)
+    block = 1024
+    for top in range(0, len(d), block):
+        for left in range(top, len(d), block):
+            upper, lower = d[top : top + block, left : left + block], d[left : left + block, top : top + block].T
+            known = np.fmin(np.where(upper >= 0, upper, np.inf), np.where(lower >= 0, lower, np.inf))
+            d[top : top + block, left : left + block] = known
+            d[left : left + block, top : top + block] = known.T
     np.fill_diagonal(d, np.inf)
     return d
 
@@ -146,7 +171,7 @@ def pair_up(dissimilarity: np.ndarray, rng: np.random.Generator) -> list[list[in
     """One pairing round on single units (the paper's step 2): most similar pairs first,
     then random pairs; with an odd count the last unit joins its most similar pair (a
     random one if it knows none of them)."""
-    d = _symmetric(dissimilarity)
+    d = symmetric(dissimilarity)
     count = len(d)
     pairs = np.sort(_merge_round(d, np.ones(count, dtype=np.int64), 1, 1, count // 2, rng), axis=1)
     out = [[int(i), int(k)] for i, k in pairs]
@@ -164,7 +189,7 @@ def form_groups(dissimilarity: np.ndarray, group_size: int, rng: np.random.Gener
     """Groups of `group_size` clients from an (M, M) matrix of sampled L1 dissimilarities
     (np.inf where unknown): M // V groups of exactly V plus, when V does not divide M, one
     group of the M % V remaining clients. Sorted lists of client ids, sorted by first id."""
-    d = _symmetric(dissimilarity)
+    d = symmetric(dissimilarity)
     count = len(d)
     unit_of = np.arange(count)  # the current unit of each client
     sizes = np.ones(count, dtype=np.int64)

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
-from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, params_layout
+from p4bench.engine.messages import BROADCAST, MODEL_PREFIX, UPDATE_PREFIX, params_layout
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, strip_prefix, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient, gather_batch, logits_of, noble_local_lr, sample_batches
@@ -56,7 +56,7 @@ from p4bench.errors import ConfigError
 from p4bench.models import LinearSoftmax
 from p4bench.options import Option, resolve_options
 from p4bench.plugins.p4.fused import FusedCotraining, LinearCotraining
-from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, random_groups
+from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, random_groups, symmetric
 from p4bench.plugins.p4.losses import distillation_loss
 from p4bench.plugins.p4.span import NOISE_MODES, SpanCotraining, span_fits, span_is_cheaper
 from p4bench.privacy.mechanism import input_statistics
@@ -67,14 +67,11 @@ GROUP_SIZE_DEFAULTS = {"cifar10": 8, "femnist": 8, "leaf-femnist": 8, "cifar100"
 FUSED_MODES = ("auto", "span", "buckets", "off")
 TEACHERS = ("none", "last-proxy", "private")
 _PUBLIC_SEED = 13  # stream for the grouping's random pairs, shared by every client
-GROUPING_BYTES_PER_PAIR = 128  # a share message's ids, rows, sort keys and gate temporaries: peak RSS per pair of clients
+# The grouping's M x M working set beyond the state, per pair of clients: the shared matrix
+# (float32), its symmetric copy and the matching's (float32 each), masks; allocator slack included
+GROUPING_BYTES_PER_PAIR = 24
 # measured 53 B at 1,000-3,000 clients, 154 B at 10,000 (bench/scale.py); the plan takes 128
-UNKNOWN_SENT = -1.0  # a distance not (yet) measured, as shared: inf in the state, -1 on the wire
-
-
-def _received_known(shares: torch.Tensor) -> torch.Tensor:
-    """Shared distances with the unknown ones (sent as -1) back to inf."""
-    return torch.where(shares < 0, torch.full_like(shares, float("inf")), shares)
+UNKNOWN = -1.0  # a distance not (yet) measured, in the state and on the wire (every value sent is finite)
 
 
 def _same_as_first(inbox: Messages, key: str, first: torch.Tensor) -> bool:
@@ -190,7 +187,7 @@ class P4(Method):
             "proxy": init,
             "private": {k: v.clone() for k, v in init.items()},
             "group_proxy": {k: v.clone() for k, v in init.items()},
-            "known": torch.full((count, self.num_clients), float("inf")),
+            "known": torch.full((count, self.num_clients), UNKNOWN),
             "members": torch.zeros(count, self.num_clients, dtype=torch.bool),
             "selected": torch.zeros(count, dtype=torch.bool),
             "trained": torch.zeros(count, dtype=torch.bool),
@@ -318,7 +315,7 @@ class P4(Method):
         theirs = vectorize(strip_prefix(inbox.table, UPDATE))
         rows = inbox.table_rows()
         distance = torch.empty(len(inbox))
-        chunk = max(1, (1 << 26) // max(own.shape[1], 1))  # bound the temporary to ~256 MB
+        chunk = max(1, (1 << 24) // max(own.shape[1], 1))  # bound each temporary to ~64 MB
         for start in range(0, len(inbox), chunk):
             part = slice(start, start + chunk)
             distance[part] = (own[position[part]] - theirs[rows[part]]).abs().sum(dim=1)
@@ -327,15 +324,10 @@ class P4(Method):
         return {**state, "known": known}
 
     def _send_share(self, state, ctx):
-        """Every client shares what it measured with every other client."""
-        count = len(ctx.rows)
-        dst = torch.arange(self.num_clients).repeat(count)
-        src = ctx.rows.repeat_interleave(self.num_clients)
-        keep = dst != src
-        shared = torch.arange(count).repeat_interleave(self.num_clients)[keep]
-        # unknown distances travel as -1: every value a peer sends must be finite (receive gate)
-        known = torch.where(torch.isinf(state["known"]), torch.full_like(state["known"], UNKNOWN_SENT), state["known"])
-        return Messages(src[keep], dst[keep], {"known": known}, shared)
+        """Every client shares what it measured with every other client: one broadcast
+        (one message per receiver on a real network, one stored message in the simulator)."""
+        # the state's own tensor: it is never changed in place (the probe writes a copy)
+        return Messages(ctx.rows, torch.full_like(ctx.rows, BROADCAST), {"known": state["known"]})
 
     def _receive_share(self, state, inbox, ctx):
         rows = ctx.rows.tolist()
@@ -359,6 +351,22 @@ class P4(Method):
         its own measurements and what it received. When every client received the same
         shares from everyone (the usual case), they all see one matrix: build it once."""
         rows = ctx.rows
+        wide = inbox.is_broadcast()
+        everyone = torch.arange(self.num_clients, device=inbox.src.device)
+        if bool(wide.all()) and len(inbox) == self.num_clients and torch.equal(torch.sort(inbox.src).values, everyone):
+            # the simulator: every client broadcast once, so every row sees the same matrix; a
+            # held client's row is its own measurements (when all are held: the state itself)
+            if len(rows) == self.num_clients:
+                matrix = state["known"]
+            else:
+                matrix = inbox.value("known")[torch.argsort(inbox.src)]
+                matrix[rows] = state["known"]
+            for position in range(len(rows)):
+                yield position, matrix
+            return
+        if bool(wide.any()):  # some clients did not broadcast (or more than once): per receiver
+            inbox = inbox.expand_broadcasts(self.num_clients)
+            inbox = inbox.select(torch.isin(inbox.dst, rows)).sorted()
         received = torch.bincount(torch.searchsorted(rows, inbox.dst), minlength=len(rows)) if len(inbox) else torch.zeros(len(rows))
         consistent = len(rows) > 1 and bool((received == self.num_clients - 1).all())
         if consistent:
@@ -366,29 +374,29 @@ class P4(Method):
             first = torch.full((self.num_clients,), len(inbox), dtype=torch.long).scatter_reduce(0, inbox.src, positions, reduce="amin")
             consistent = bool((first < len(inbox)).all()) and _same_as_first(inbox, "known", first)
         if consistent:  # O(M^2): the senders' shared rows, never one row per message
-            matrix = _received_known(inbox.table["known"][inbox.table_rows()[first]])
+            matrix = inbox.table["known"][inbox.table_rows()[first]]
             matrix[rows] = state["known"]
             for position in range(len(rows)):
                 yield position, matrix
             return
         for position, client in enumerate(rows.tolist()):
             mine = inbox.select(inbox.dst == client)
-            matrix = torch.full((self.num_clients, self.num_clients), float("inf"))
-            if len(mine):  # shares of peers that failed stay unknown (inf)
-                matrix[mine.src] = _received_known(mine.value("known"))
+            matrix = torch.full((self.num_clients, self.num_clients), UNKNOWN)
+            if len(mine):  # shares of peers that failed stay unknown
+                matrix[mine.src] = mine.value("known")
             matrix[client] = state["known"][position]
             yield position, matrix
 
     def _groups(self, matrix: torch.Tensor) -> list[list[int]]:
         host = matrix.cpu().numpy()  # grouping is host-side numpy (one read of an M x M matrix)
         return _cached_groups(
-            hashlib.sha256(host.tobytes()).hexdigest(), host, self.group_size,
+            hashlib.sha256(np.ascontiguousarray(host).data).hexdigest(), host, self.group_size,
             self.config.seed, self.grouping,
         )
 
     # -- phase 2 messages ---------------------------------------------------------------
     def _aggregators(self, state, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-        """(aggregator id (C,), sorted member ids (C, M) padded with -1) for each row.
+        """(aggregator id (C,), sorted member ids (C, V) padded with -1) for each row.
         The round-robin turn skips members this row saw fail as aggregator (device
         runtime): the next member takes over. Without failures: plain round-robin."""
         sorted_ids = self._sorted_members(state["members"])
@@ -398,10 +406,17 @@ class P4(Method):
         turn = ctx.round % (live_ids >= 0).sum(dim=1).clamp_min(1)
         return live_ids.gather(1, turn.unsqueeze(1)).squeeze(1), sorted_ids
 
-    def _sorted_members(self, members: torch.Tensor) -> torch.Tensor:
-        size = members.sum(dim=1)
-        order = torch.argsort((~members).to(torch.int8), dim=1, stable=True)
-        return torch.where(torch.arange(self.num_clients) < size.unsqueeze(1), order, torch.full_like(order, -1))
+    @staticmethod
+    def _sorted_members(members: torch.Tensor) -> torch.Tensor:
+        """(C, largest group) each row's member ids in increasing order, padded with -1
+        (O(C V) memory: never a (C, M) index table)."""
+        rows, ids = members.nonzero(as_tuple=True)  # row-major: each row's ids ascending
+        size = torch.bincount(rows, minlength=len(members))
+        width = max(int(size.max()) if len(rows) else 0, 1)
+        slot = torch.arange(len(rows), device=members.device) - (torch.cumsum(size, 0) - size)[rows]
+        table = torch.full((len(members), width), -1, dtype=torch.long, device=members.device)
+        table[rows, slot] = ids
+        return table
 
     def _send_announce(self, state, ctx):
         """The round's aggregator samples floor(l * G) members and tells every member."""
@@ -513,14 +528,13 @@ class P4(Method):
         return state["group_proxy"] if exchange == "upload" else None
 
     def working_bytes(self, num_clients):
-        """The grouping's share exchange: one message per ordered pair of clients (ids,
-        table rows and the receive gate's sort keys, GROUPING_BYTES_PER_PAIR) and a few
-        M x M distance matrices."""
-        return num_clients * num_clients * (GROUPING_BYTES_PER_PAIR + 3 * 4)
+        """The grouping's M x M matrices (GROUPING_BYTES_PER_PAIR per pair of clients); its
+        share exchange is one broadcast per client, not one message per pair."""
+        return num_clients * num_clients * GROUPING_BYTES_PER_PAIR
 
     def payload_bounds(self, exchange, phase, round_index):
         """Shared distances are L1 distances (>= 0), or -1 where unknown."""
-        return {"known": (UNKNOWN_SENT, float("inf"))} if exchange == "share" else {}
+        return {"known": (UNKNOWN, float("inf"))} if exchange == "share" else {}
 
     def message_layout(self, exchange, phase, round_index):
         """Declared, since members receive `distribute` (and `announce`) without sending in it."""
@@ -549,8 +563,7 @@ class P4(Method):
             {"grouping": self.grouping, "target_size": self.group_size, "groups": groups,
              "sizes": [len(g) for g in groups], "collaboration_matrix": matrix.tolist()}
         ))
-        known = state["known"].cpu().numpy()
-        dissimilarity = np.fmin(known, known.T)
+        dissimilarity = symmetric(state["known"].cpu().numpy())
         order = [c for g in groups for c in g]
         _plot_dissimilarity(dissimilarity[np.ix_(order, order)], [len(g) for g in groups], folder / "dissimilarity.png")
         return [folder / "groups.json", folder / "dissimilarity.png"]
