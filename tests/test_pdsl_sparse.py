@@ -144,3 +144,18 @@ def test_post_processing_check_passes_on_sparse_graphs(method, topology):
     result = run_check(RunConfig(method=method, epsilon=8.0, clients=5, options={"topology": topology}), run)
     assert result.status == "verified", result.findings
     assert result.releases > 0 and result.messages > 0
+
+
+# -- gossip methods: messages by edge list ------------------------------------------------------------
+@pytest.mark.parametrize("rows", [list(range(6)), [1, 4], [0, 2, 3, 5]])
+def test_messages_along_edges_equal_those_of_the_support_matrix(rows):
+    from p4bench.baselines.common import Edges, send_along
+
+    support = torch.rand(6, 6, generator=torch.Generator().manual_seed(3)) < 0.4
+    support[0, 1] = False
+    support[:, 1] = False  # a sender without receivers
+    index = torch.tensor(rows)
+    payload = {"v": torch.arange(len(rows), dtype=torch.float32).unsqueeze(1) + 10 * index.unsqueeze(1)}
+    dense, listed = send_along(index, support, payload), send_along(index, Edges.of(support), payload)
+    assert torch.equal(dense.src, listed.src) and torch.equal(dense.dst, listed.dst)
+    assert torch.equal(dense.value("v"), listed.value("v"))
