@@ -159,3 +159,13 @@ def test_messages_along_edges_equal_those_of_the_support_matrix(rows):
     dense, listed = send_along(index, support, payload), send_along(index, Edges.of(support), payload)
     assert torch.equal(dense.src, listed.src) and torch.equal(dense.dst, listed.dst)
     assert torch.equal(dense.value("v"), listed.value("v"))
+
+
+@pytest.mark.parametrize("method", ["pdsl", "dp-cga"])
+def test_the_bytes_runtime_agrees_on_a_graph_with_padded_slots(small_config, method):
+    options = {"topology": "bipartite", **({"R": 3} if method == "pdsl" else {})}
+    config = small_config(method=method, clients=5, rounds=2, noise_multiplier=1.0, noise_source="seeded",
+                          device_simulation=True, options=options)
+    simulated, carried = run(config, track=False), run(config.replace(runtime="bytes"), track=False)
+    np.testing.assert_allclose(carried.outcome.accuracy, simulated.outcome.accuracy, atol=1e-6)
+    torch.testing.assert_close(_flat(carried), _flat(simulated))
