@@ -7,6 +7,7 @@ Everything is batched over the rows of a state (no loop over clients).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -76,11 +77,39 @@ def received_any(rows: torch.Tensor, inbox: Messages) -> torch.Tensor:
     return got
 
 
-def send_along(rows: torch.Tensor, support: torch.Tensor, payload: dict[str, torch.Tensor]) -> Messages:
+@dataclass(frozen=True)
+class Edges:
+    """A support matrix (support[i, j]: j sends to i) as its edges by sender, then
+    receiver: `receiver` (E,), and each sender's first edge `start` (M,) and `count` (M,).
+    Built once per graph, it makes `send_along` cost the edges, not a scan of M^2."""
+
+    receiver: torch.Tensor
+    start: torch.Tensor
+    count: torch.Tensor
+
+    @classmethod
+    def of(cls, support: torch.Tensor) -> Edges:
+        sender, receiver = support.T.nonzero(as_tuple=True)
+        count = torch.bincount(sender, minlength=support.shape[0])
+        return cls(receiver, count.cumsum(0) - count, count)
+
+
+def send_along(rows: torch.Tensor, support: torch.Tensor | Edges, payload: dict[str, torch.Tensor]) -> Messages:
     """Messages from each row j to every node i with support[i, j] (self included when
-    support[j, j]); `payload` has one entry per row and is repeated per destination."""
-    columns = support[:, rows].T  # (C, M): row j's receivers
-    sender, receiver = columns.nonzero(as_tuple=True)
+    support[j, j]), by sender, then receiver; `payload` has one entry per row and is
+    repeated per destination. `support` (M, M) bool, or its `Edges` (static graphs)."""
+    if isinstance(support, Edges):
+        if len(rows) == len(support.count):  # every client (rows are sorted ids): all the edges
+            sender = torch.repeat_interleave(support.count)
+            receiver = support.receiver
+        else:
+            count = support.count[rows]
+            sender = torch.repeat_interleave(count)
+            offset = torch.arange(len(sender)) - (count.cumsum(0) - count)[sender]
+            receiver = support.receiver[support.start[rows][sender] + offset]
+    else:
+        columns = support[:, rows].T  # (C, M): row j's receivers
+        sender, receiver = columns.nonzero(as_tuple=True)
     return Messages(rows[sender], receiver, {k: v[sender] for k, v in payload.items()})
 
 
@@ -122,6 +151,7 @@ def _cached_draw(schedule: GraphSchedule, round_index: int) -> np.ndarray:
 
 
 __all__ = [
+    "Edges",
     "GraphSchedule",
     "draw_batch",
     "noble_local_lr",

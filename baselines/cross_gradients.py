@@ -2,8 +2,8 @@
 neighbourhood on ONE batch of its own records, in one batched computation, and
 privatises them as one release.
 
-Agent i holds K slots (all clients, `present` (C, K) marks its neighbourhood M_i, itself
-included) and computes g_ij = grad F_i(x_j; B) for every present j on the same batch B.
+Agent i holds K slots (`present` (C, K) marks its neighbourhood M_i, itself included;
+PDSL and DP-CGA pass K = the largest degree, `NeighbourTable`) and computes g_ij = grad F_i(x_j; B) for every present j on the same batch B.
 The k_i = |M_i| gradients come from the same records, so they are one release of the
 concatenated vector, never k_i independent ones:
 
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from p4bench.baselines.common import GraphSchedule
+from p4bench.baselines.neighbour_table import NeighbourTable
 from p4bench.engine.messages import UPDATE_PREFIX
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.engine.training import fixed_size_batches, gather_batch, poisson_batches
@@ -51,12 +52,14 @@ MODEL, GRADIENT = UPDATE_PREFIX + "model", UPDATE_PREFIX + "gradient"
 class Neighbourhoods:
     """A static graph's mixing matrix W (M, M), each agent's neighbourhood M_i (itself
     included, (M, M) bool) and W's report (rho, degrees; `p4bench.topology.assumptions`);
-    `members` and `matrix` (W, float64) live on the run's device."""
+    `members`, `matrix` (W, float64) and `table` (M_i as K = max degree slots, what a
+    round works on) live on the run's device."""
 
     weights: np.ndarray
     members: torch.Tensor
     report: dict[str, Any]
     matrix: torch.Tensor
+    table: NeighbourTable
 
 
 def static_neighbourhoods(values: dict[str, Any], num_clients: int, seed: int, method: str) -> Neighbourhoods:
@@ -72,7 +75,8 @@ def static_neighbourhoods(values: dict[str, Any], num_clients: int, seed: int, m
     report = check_pdsl_assumption(weights)  # rho < 1, W symmetric and doubly stochastic, w_ii > 0
     device = torch.get_default_device()  # the run's (p4bench.devices.device_scope)
     members = torch.from_numpy((weights > 0) | np.eye(num_clients, dtype=bool)).to(device)
-    return Neighbourhoods(weights, members, report, torch.from_numpy(weights).to(device))
+    matrix = torch.from_numpy(weights).to(device)
+    return Neighbourhoods(weights, members, report, matrix, NeighbourTable.of(members, matrix))
 
 
 def release_rate(clip_mode: str, data_rate: float) -> float:
@@ -132,7 +136,12 @@ def cross_gradients(
 def _privatise(
     ctx: Any, grads: torch.Tensor, present: torch.Tensor, clip_mode: str, expected: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One release per row: noise on all of the row's gradients at once (module docstring)."""
+    """One release per row: noise on all of the row's gradients at once (module docstring).
+
+    Every row draws K P normals, K the slots: with neighbour slots (`NeighbourTable`)
+    that is the largest degree, so a row with fewer neighbours draws its padding's too
+    and drops it. The draw is then the same for an agent in any batch of rows, so every
+    runtime (a device process holds one agent) uses the same numbers."""
     settings = ctx.dp.settings
     degree = present.sum(1).double()
     rate = release_rate(clip_mode, ctx.config.data_rate)

@@ -182,7 +182,7 @@ class DPCGA(Method):
         self.values = values
         graph = static_neighbourhoods(values, self.num_clients, self.config.seed, self.name)
         self.weights, self.neighbourhood, self.mixing = graph.weights, graph.members, graph.report
-        self.weight_matrix = graph.matrix  # W on the run's device
+        self.table = graph.table  # M_i as K = max degree slots: state and work per round grow with the edges
         self.clip_mode = str(values["clip_mode"])
 
     # -- schedule and privacy ----------------------------------------------------------------
@@ -204,40 +204,40 @@ class DPCGA(Method):
         count = len(ctx.rows)
         params = replicate(self.initial_params(), count)
         size = vectorize(params).shape[1]
-        zeros = torch.zeros(count, self.num_clients, size)
+        zeros = torch.zeros(count, self.table.width, size)  # one slot per neighbour (`NeighbourTable`)
         return {"params": params, "momentum": torch.zeros(count, size), "models": zeros, "cross": zeros.clone(),
                 "x_hat": torch.zeros(count, size)}
 
     def local_update(self, state, train, ctx):
-        present = self.neighbourhood[ctx.rows]
+        present = self.table.real[ctx.rows]
         models = state["models"].clone()
-        models[torch.arange(len(ctx.rows)), ctx.rows] = vectorize(state["params"])  # the own slot: x_i itself
+        models[torch.arange(len(ctx.rows)), self.table.own[ctx.rows]] = vectorize(state["params"])  # x_i itself
         grads, loss, _ = cross_gradients(ctx, models, state["params"], present, train, self.clip_mode)
         return {**state, "models": models, "cross": grads}, loss
 
     def outgoing(self, exchange, state, ctx):
-        return neighbour_messages(exchange, state, ctx.rows, self.neighbourhood, {"x": state["x_hat"]})
+        return neighbour_messages(exchange, state, ctx.rows, self.table, {"x": state["x_hat"]})
 
     def receive(self, exchange, state, inbox, ctx):
         if exchange == "models":
             size = state["momentum"].shape[1]
-            return {**state, "models": neighbour_grid(inbox, ctx.rows, MODEL, size, self.neighbourhood)}
+            return {**state, "models": neighbour_grid(inbox, ctx.rows, MODEL, size, self.table)}
         if exchange == "gradients":
-            return self._step(state, received_gradients(inbox, state, ctx.rows, self.neighbourhood), ctx)
+            return self._step(state, received_gradients(inbox, state, ctx.rows, self.table), ctx)
         if exchange == "gossip":
-            mixed = gossip_mix(inbox, ctx.rows, self.neighbourhood, self.weight_matrix, {"x": state["x_hat"]})
+            mixed = gossip_mix(inbox, ctx.rows, self.table, {"x": state["x_hat"]})
             return {**state, "params": unvectorize(mixed["x"].to(state["x_hat"].dtype), state["params"])}
         return state
 
     def _step(self, state: dict[str, Any], received: torch.Tensor, ctx: Any) -> dict[str, Any]:
         """QP aggregation, momentum, then the new model (cta) or x_hat for the gossip (atc)."""
         rows, count = ctx.rows, len(ctx.rows)
-        mine = torch.arange(count)
-        w = self.weight_matrix[rows].to(received.dtype)  # (C, M)
+        mine, own = torch.arange(count), self.table.own[ctx.rows]
+        w = self.table.weights[rows].to(received.dtype)  # (C, K): w_ij of each neighbour slot, 0 on padding
         weighted = received * w.unsqueeze(2)  # the authors scale every gradient by its pi_ij
-        others = self.neighbourhood[rows].clone()
-        others[mine, rows] = False
-        anchor = weighted.sum(1) if self.values["anchor"] == "mean" else weighted[mine, rows]
+        others = self.table.real[rows].clone()
+        others[mine, own] = False
+        anchor = weighted.sum(1) if self.values["anchor"] == "mean" else weighted[mine, own]
         aggregate, residual, conflicts = self._project(anchor, weighted, others, state["params"])
         beta = float(self.values["momentum"])
         momentum = beta * state["momentum"] + aggregate

@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from p4bench.baselines.common import (
+    Edges,
     GraphSchedule,
     draw_batch,
     mix_through_aggregator,
@@ -139,6 +140,7 @@ class _Consensus(Method):
             raise ConfigError("options.topology", f"graph '{self.graph.name}' is not connected: no consensus possible")
         self.total_iterations = config.rounds * self.iterations
         self._matrices: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._edges: dict[int, tuple[Edges, Edges]] = {}  # who sends to whom: gossip, track
         self.matrices(0)  # refuse a bad graph/mixing combination before training
 
     def matrices(self, iteration: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -146,9 +148,17 @@ class _Consensus(Method):
         if key not in self._matrices:
             if len(self._matrices) > 8:
                 self._matrices.clear()
+                self._edges.clear()
             weights = mixing_matrix(self.graph.adjacency(key), self.mixing)
-            self._matrices[key] = iteration_matrices(weights, self.order)
+            a, b, c = self._matrices[key] = iteration_matrices(weights, self.order)
+            gossip = (a != 0) | (b != 0) if self.tracking else a != 0  # the tracker rides on the gossip
+            self._edges[key] = (Edges.of(gossip), Edges.of(c != 0))  # once per graph: sends cost the edges
         return self._matrices[key]
+
+    def edges(self, iteration: int) -> tuple[Edges, Edges]:
+        """The receivers of each sender in a gossip and in a "track" exchange of an iteration."""
+        self.matrices(iteration)
+        return self._edges[iteration if self.graph.time_varying else 0]
 
     def step_size(self, iteration: int) -> float:
         """a_t: geometric decay from lr to lr_final over all iterations."""
@@ -193,20 +203,21 @@ class _Consensus(Method):
         """The matrices of the iteration an exchange belongs to: a combine-then-adapt gossip
         opens iteration t; a D-PSGD gossip and DSGT's "track" follow the LocalUpdate that
         already counted iteration t."""
+        return self.matrices(self._iteration_of(exchange, state))
+
+    def _iteration_of(self, exchange: str, state) -> int:
         t = self._iteration(state)
-        return self.matrices(t if exchange == "gossip" and not self.parallel else t - 1)
+        return t if exchange == "gossip" and not self.parallel else t - 1
 
     # -- messages ------------------------------------------------------------------------
     def outgoing(self, exchange, state, ctx):
-        a, b, c = self._mixing(exchange, state)
+        gossip, track = self.edges(self._iteration_of(exchange, state))
         if exchange == "gossip":
             payload = flatten(state["params"], UPDATE)
-            support = a != 0
             if self.tracking:
                 payload.update(flatten(state["tracker"], TRACKER))
-                support = support | (b != 0)
-            return send_along(ctx.rows, support, payload)
-        return send_along(ctx.rows, c != 0, flatten(state["correction"], CORRECTION))  # "track"
+            return send_along(ctx.rows, gossip, payload)
+        return send_along(ctx.rows, track, flatten(state["correction"], CORRECTION))  # "track"
 
     def receive(self, exchange, state, inbox, ctx):
         t = self._iteration(state)

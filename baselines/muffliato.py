@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from p4bench.baselines.common import (
+    Edges,
     GraphSchedule,
     draw_batch,
     mix_through_aggregator,
@@ -110,12 +111,16 @@ class Muffliato(Method):
         if self.chebyshev and not is_symmetric(first):
             raise ConfigError("options.chebyshev", f"needs an undirected graph (real spectrum); '{self.graph.name}' "
                               "is directed")
-        self._cache: dict[int, tuple[torch.Tensor, list[float]]] = {}
+        self._cache: dict[int, tuple[torch.Tensor, list[float], Edges]] = {}
         self.gossip(0)  # refuse a bad graph/mixing combination before training
 
     def gossip(self, iteration: int) -> tuple[torch.Tensor, list[float]]:
         """(W, [w_1..w_K]) of an iteration: the mixing matrix and the weight of W x^k in each
         gossip step (all 1 without Chebyshev acceleration)."""
+        return self._mixing(iteration)[:2]
+
+    def _mixing(self, iteration: int) -> tuple[torch.Tensor, list[float], Edges]:
+        """`gossip`'s (W, omega) and W's edges, computed once per graph."""
         key = iteration if self.graph.time_varying else 0
         if key not in self._cache:
             if len(self._cache) > 8:
@@ -123,7 +128,8 @@ class Muffliato(Method):
             weights = mixing_matrix(self.graph.adjacency(key), self.mixing)
             steps = max(self.gossip_steps, 1)
             omega = chebyshev_weights(1.0 - spectral_gap(weights), steps) if self.chebyshev else [1.0] * steps
-            self._cache[key] = (torch.from_numpy(np.asarray(weights, dtype=np.float64)).to(torch.get_default_device()), omega)
+            matrix = torch.from_numpy(np.asarray(weights, dtype=np.float64)).to(torch.get_default_device())
+            self._cache[key] = (matrix, omega, Edges.of(matrix != 0))
         return self._cache[key]
 
     def privacy_plan(self):
@@ -159,8 +165,8 @@ class Muffliato(Method):
 
     # -- messages ----------------------------------------------------------------------------
     def outgoing(self, exchange, state, ctx):
-        weights, _ = self.gossip(self._counter(state, "iteration") - 1)
-        return send_along(ctx.rows, weights != 0, flatten(state["params"], UPDATE))
+        _, _, edges = self._mixing(self._counter(state, "iteration") - 1)
+        return send_along(ctx.rows, edges, flatten(state["params"], UPDATE))
 
     def receive(self, exchange, state, inbox, ctx):
         weights, omega = self.gossip(self._counter(state, "iteration") - 1)

@@ -91,9 +91,9 @@ class PDSL(Method):
         self.values = values
         graph = static_neighbourhoods(values, self.num_clients, self.config.seed, self.name)
         self.weights, self.neighbourhood, self.mixing = graph.weights, graph.members, graph.report
-        self.weight_matrix = graph.matrix  # W on the run's device
+        self.table = graph.table  # M_i as K = max degree slots: state and work per round grow with the edges
         self.clip_mode = str(values["clip_mode"])
-        largest = int(self.neighbourhood.sum(1).max())
+        largest = self.table.width
         if values["shapley"] == "exact" and largest > 12:
             raise ConfigError("options.shapley", f"exact Shapley over {largest} players needs 2^{largest} coalitions "
                               "per agent and round; use mc (options.R) or a sparser topology")
@@ -144,34 +144,34 @@ class PDSL(Method):
         count = len(ctx.rows)
         params = replicate(self.initial_params(), count)
         size = vectorize(params).shape[1]
-        zeros = torch.zeros(count, self.num_clients, size)
+        zeros = torch.zeros(count, self.table.width, size)  # one slot per neighbour (`NeighbourTable`)
         return {"params": params, "momentum": torch.zeros(count, size), "models": zeros, "cross": zeros.clone(),
                 "u_hat": torch.zeros(count, size), "x_hat": torch.zeros(count, size)}
 
     def _present(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.neighbourhood[rows]
+        return self.table.real[rows]
 
     def local_update(self, state, train, ctx):
         if ctx.dp is not None:
             self.dp_settings = ctx.dp.settings
         present = self._present(ctx.rows)
         models = state["models"].clone()
-        models[torch.arange(len(ctx.rows)), ctx.rows] = vectorize(state["params"])  # the own slot: x_i itself
+        models[torch.arange(len(ctx.rows)), self.table.own[ctx.rows]] = vectorize(state["params"])  # x_i itself
         grads, loss, _ = cross_gradients(ctx, models, state["params"], present, self._training(train, state), self.clip_mode)
         return {**state, "cross": grads}, loss
 
     def outgoing(self, exchange, state, ctx):
         gossip = {"u": state["u_hat"], "x": state["x_hat"]}
-        return neighbour_messages(exchange, state, ctx.rows, self.neighbourhood, gossip)
+        return neighbour_messages(exchange, state, ctx.rows, self.table, gossip)
 
     def receive(self, exchange, state, inbox, ctx):
         if exchange == "models":
             size = state["momentum"].shape[1]
-            return {**state, "models": neighbour_grid(inbox, ctx.rows, MODEL, size, self.neighbourhood)}
+            return {**state, "models": neighbour_grid(inbox, ctx.rows, MODEL, size, self.table)}
         if exchange == "gradients":
-            return self._shapley_step(state, received_gradients(inbox, state, ctx.rows, self.neighbourhood), ctx)
+            return self._shapley_step(state, received_gradients(inbox, state, ctx.rows, self.table), ctx)
         if exchange == "gossip":
-            mixed = gossip_mix(inbox, ctx.rows, self.neighbourhood, self.weight_matrix, {"u": state["u_hat"], "x": state["x_hat"]})
+            mixed = gossip_mix(inbox, ctx.rows, self.table, {"u": state["u_hat"], "x": state["x_hat"]})
             return {**state, "momentum": mixed["u"].float(), "params": unvectorize(mixed["x"].float(), state["params"])}
         return state
 
@@ -187,10 +187,11 @@ class PDSL(Method):
         if self.values["shapley"] == "exact":  # validate_options bounds the neighbourhood size
             phi = exact_shapley(values, present)
         else:
-            keys = ctx.rng.uniform(int(self.values["R"]) * self.num_clients).view(len(rows), -1, self.num_clients)
+            slots = self.table.width  # an order over the agent's own neighbourhood slots
+            keys = ctx.rng.uniform(int(self.values["R"]) * slots).view(len(rows), -1, slots)
             phi = monte_carlo_shapley(values, present, int(self.values["R"]), keys=keys)
         _, shares, fallback = minmax_shares(phi, present)
-        w = self.weight_matrix[rows].to(shares.dtype)
+        w = self.table.weights[rows].to(shares.dtype)
         pi = shares if bool(self.values["normalize_pi"]) else torch.where(present, shares / w.clamp_min(1e-300), 0.0)
         g_bar = torch.bmm(pi.unsqueeze(1).to(received.dtype), received).squeeze(1)
         u_hat = float(self.values["momentum"]) * state["momentum"] + g_bar
@@ -220,9 +221,10 @@ class PDSL(Method):
         metrics["pdsl.agents"] = metrics.get("pdsl.agents", 0.0) + float(len(ctx.rows))
         metrics["pdsl.fallbacks"] = metrics.get("pdsl.fallbacks", 0.0) + float(fallback.sum())
         metrics["pdsl.shapley_s"] = metrics.get("pdsl.shapley_s", 0.0) + seconds
-        agents, phis, pis = ctx.rows.tolist(), phi.tolist(), pi.tolist()  # one host read each, not one per pair
-        for a, j in present.nonzero().tolist():
-            self.log.append((ctx.round, int(agents[a]), j, float(phis[a][j]), float(pis[a][j])))
+        agents, ids = ctx.rows.tolist(), self.table.ids[ctx.rows].tolist()  # one host read each, not one per pair
+        phis, pis = phi.tolist(), pi.tolist()
+        for a, k in present.nonzero().tolist():
+            self.log.append((ctx.round, int(agents[a]), int(ids[a][k]), float(phis[a][k]), float(pis[a][k])))
 
     def derived_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         agents = totals.get("pdsl.agents", 0.0)

@@ -3,7 +3,8 @@
 For fedavg, P4 (linear model; its grouping phase timed apart) and PDSL on a ring, on
 synthetic data (Synthetic(1, 1), 60 features, 50 samples per client, natural partition
 (IID for PDSL, whose public pool comes out first),
-non-private, one torch thread), each point runs in a fresh subprocess so that its peak
+non-private, one torch thread; PDSL's validation set Q 200 records at every point, so an
+agent's work does not grow with M), each point runs in a fresh subprocess so that its peak
 RSS is its own. Prints one JSON line per (method, clients) point and, last, one line
 with the growth exponent per method and phase (least-squares slope of log time against
 log clients), the thread count, wall and CPU seconds.
@@ -26,7 +27,7 @@ import time
 
 SMALL = {"fedavg": [100, 300, 1000], "p4": [100, 300, 1000], "pdsl": [10, 20, 40]}
 FULL = {"fedavg": [1000, 10_000, 100_000], "p4": [300, 1000, 3000, 10_000], "pdsl": [20, 40, 80, 160]}
-ROUNDS = 3
+ROUNDS = {"fedavg": 3, "p4": 3, "pdsl": 9}  # PDSL's rounds take milliseconds: a median of 8
 
 
 def point(method: str, clients: int) -> dict:
@@ -40,12 +41,14 @@ def point(method: str, clients: int) -> dict:
 
     options: dict = {"group_size": 8} if method == "p4" else {}
     if method == "pdsl":  # twice the records generated: the public pool Q comes out of them first
-        options = {"topology": "ring", "synthetic_samples": 100}
+        # Q fixed at the smallest point's pool (20% of 100 records x 10 clients): the pool
+        # grows with M, and Shapley scores every agent's candidates on all of Q
+        options = {"topology": "ring", "synthetic_samples": 100, "val_size": 200}
     # PDSL holds out a labeled public pool Q first: the natural partition would leave its
     # writers short, so its clients draw IID from the rest
     partitioner = "iid" if method == "pdsl" else "natural"
     config = RunConfig(method=method, dataset="synthetic", partitioner=partitioner, clients=clients,
-                       samples_per_client=50, rounds=ROUNDS, local_steps=1, seed=1, eval_fraction=0.0,
+                       samples_per_client=50, rounds=ROUNDS[method], local_steps=1, seed=1, eval_fraction=0.0,
                        no_dp=True, options=options)
     started = time.perf_counter()
     result = run(config, track=False)
