@@ -17,6 +17,7 @@ This module does not import Ray at import time; only `connect` and `node_id` nee
 
 from __future__ import annotations
 
+import importlib
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -67,10 +68,29 @@ def _is_auth_failure(exc: BaseException) -> bool:
     return "authentication" in text or "auth_token" in text or "unauthenticated" in text
 
 
+def _check_token(address: str) -> None:
+    """Ask the head's GCS for nothing, with Ray's own client: a missing or wrong token fails
+    in about a second, where `ray.init` retries for some 20 s and then reports a bare
+    ConnectionError (the reason only in Ray's log lines). Other failures are left to `ray.init`."""
+    try:  # Ray's internal client of the GCS: skipped where a Ray version lacks it
+        client = getattr(importlib.import_module("ray._raylet"), "GcsClient", None)
+    except ImportError:
+        return
+    if client is None:
+        return
+    try:
+        client(address=address)
+    except Exception as exc:  # noqa: BLE001 - only a token failure is ours to report
+        if _is_auth_failure(exc):
+            raise UsageError(f"the Ray cluster at {address} requires token authentication: {_TOKEN_HINT}") from None
+
+
 def connect(ray: Any, address: str | None, env_vars: Mapping[str, str]) -> None:
     """`ray.init` for the backend: a cluster at `address`, else a new local instance.
     Connection and token failures become one-line UsageErrors."""
     check_reachable(address)
+    if address and "://" not in address and address.strip() != "auto":
+        _check_token(address.strip())
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": dict(env_vars)})
@@ -80,7 +100,8 @@ def connect(ray: Any, address: str | None, env_vars: Mapping[str, str]) -> None:
             raise UsageError(f"{where} requires token authentication: {_TOKEN_HINT}") from None
         if isinstance(exc, (ConnectionError, TimeoutError)) or "connect" in str(exc).lower():
             first = (str(exc).strip().splitlines() or [""])[0][:200]
-            raise UsageError(f"cannot connect to {where}: {type(exc).__name__}: {first}") from None
+            raise UsageError(f"cannot connect to {where}: {type(exc).__name__}: {first} (a cluster started with "
+                             f"RAY_AUTH_MODE=token needs its token here too: {_TOKEN_HINT})") from None
         raise
 
 

@@ -245,3 +245,13 @@ def test_a_killed_worker_node_loses_no_point_and_lands_none_twice(cluster):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "4 of 4 runs already finished" in again.stderr
     assert [r.info.run_id for r in _runs(cluster, "cluster-kill")] == [r.info.run_id for r in runs]
+
+
+def test_a_driver_without_the_cluster_token_is_one_line_and_exit_2(cluster):
+    home = cluster.root / "home-without-token"  # no ~/.ray/auth_token to fall back on
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in cluster.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    done = subprocess.run(cluster.sweep_argv(_write_sweep(cluster.root, "cluster-no-token", rounds=1)),
+                          env={**env, "HOME": str(home)}, capture_output=True, text=True, timeout=SWEEP_S)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "requires token authentication" in done.stderr and "RAY_AUTH_TOKEN" in done.stderr, done.stderr
