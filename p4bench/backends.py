@@ -150,7 +150,7 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
     from p4bench import interrupts, runner
     from p4bench.checkpoint import find_for_config
     from p4bench.tracking import Tracker, default_tracking_uri
-    from p4bench.tracking_attempts import record_failure, settle_attempts
+    from p4bench.tracking_attempts import finished_summary, record_failure, run_row, settle_attempts
 
     started = time.perf_counter()
     tags = {**task.tags, TUNING_TAG: "true" if task.tuning else "false"}
@@ -166,10 +166,10 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
         if task.track:  # an earlier attempt of this sweep run (a lost worker, a retried task): see tracking_attempts
             uri = config.tracking_uri or default_tracking_uri(config.results_dir)
             done = settle_attempts(uri, config, tags, keep=checkpoint.meta.get("mlflow_run_id") if checkpoint else None)
-            if done is not None:
-                return RunRecord(config.config_hash(), "skipped", tags=tags, mlflow_run_id=done.info.run_id,
-                                 summary={"run_id": done.info.run_id,
-                                          "accuracy_mean": done.data.metrics.get("final_accuracy_mean")})
+            if done is not None:  # it finished, but its answer never reached the sweep: not trained again
+                summary, evaluation = finished_summary(config, run_row(done))
+                return RunRecord(config.config_hash(), "skipped", summary=summary, evaluation_accuracy=evaluation,
+                                 mlflow_run_id=done.info.run_id, tags=tags)
         recorder = RoundRecorder(checkpoint)
         tracker = Tracker(config, tags=tags, resume=checkpoint, placement=task.placement) if task.track else None
         observers: list[object] = [o for o in (tracker, recorder) if o is not None]

@@ -27,7 +27,7 @@ from typing import Any
 
 from p4bench.config import RunConfig
 
-__all__ = ["SUPERSEDED_TAG", "settle_attempts", "record_failure"]
+__all__ = ["SUPERSEDED_TAG", "settle_attempts", "run_row", "finished_summary", "record_failure"]
 
 SUPERSEDED_TAG = "superseded"
 
@@ -46,11 +46,11 @@ def settle_attempts(uri: str, config: RunConfig, tags: Mapping[str, str], keep: 
         experiment = client.get_experiment_by_name(config.experiment)
         if experiment is None:
             return None
-        tuning = tags.get(TUNING_TAG, "false")
+        wanted = {TUNING_TAG: "false", **tags}  # the same planned run: its config hash and all its tags
         runs = [r for r in client.search_runs([experiment.experiment_id],
                                               filter_string=f"tags.config_hash = '{config.config_hash()}'",
                                               max_results=1000)
-                if r.data.tags.get("sweep") == sweep and r.data.tags.get(TUNING_TAG, "false") == tuning]
+                if all(r.data.tags.get(k, "false" if k == TUNING_TAG else None) == v for k, v in wanted.items())]
         finished = [r for r in runs if r.info.status == "FINISHED"]
         if finished:
             return max(finished, key=lambda r: r.info.start_time or 0)
@@ -61,6 +61,33 @@ def settle_attempts(uri: str, config: RunConfig, tags: Mapping[str, str], keep: 
     except Exception:  # noqa: BLE001 - bookkeeping only: the run goes ahead
         return None
     return None
+
+
+def run_row(run: Any) -> dict[str, Any]:
+    """An mlflow Run as a row of `p4bench.results.load_runs` (tags, `params.*`, `metrics.*`)."""
+    row: dict[str, Any] = {"run_id": run.info.run_id, "status": run.info.status, "start_time": run.info.start_time}
+    row.update({k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")})
+    row.update({f"params.{k}": v for k, v in run.data.params.items()})
+    row.update({f"metrics.{k}": v for k, v in run.data.metrics.items()})
+    return row
+
+
+def finished_summary(config: RunConfig, row: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:
+    """What a sweep keeps of a run finished earlier (a row of the store): its summary (run id,
+    accuracy, privacy) and its evaluation clients' final accuracy."""
+    from p4bench.equal_privacy import from_row
+
+    def metric(name: str) -> float | None:
+        value = row.get(f"metrics.{name}")
+        return None if value is None or value != value else float(value)
+
+    privacy = from_row({"method": config.method, **row})
+    summary = {"run_id": row.get("run_id"), "accuracy_mean": metric("final_accuracy_mean"),
+               "method": config.method, "seed": config.seed, "private": privacy.private}
+    if privacy.private:
+        summary.update(neighbouring=privacy.neighbouring, epsilon_certified=privacy.certified,
+                       uncertified_reason=privacy.reason)
+    return summary, metric("accuracy_evaluation_mean")
 
 
 def record_failure(config: RunConfig, tracker: Any, tags: Mapping[str, str], error: str | None) -> str | None:
