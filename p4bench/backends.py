@@ -150,7 +150,14 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
     from p4bench import interrupts, runner
     from p4bench.checkpoint import find_for_config
     from p4bench.tracking import Tracker, default_tracking_uri
-    from p4bench.tracking_attempts import finished_summary, record_failure, run_row, settle_attempts
+    from p4bench.tracking_attempts import (
+        PLANNED_RUN_TAG,
+        finished_summary,
+        planned_run_key,
+        record_failure,
+        run_row,
+        settle_attempts,
+    )
 
     started = time.perf_counter()
     tags = {**task.tags, TUNING_TAG: "true" if task.tuning else "false"}
@@ -171,7 +178,8 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
                 return RunRecord(config.config_hash(), "skipped", summary=summary, evaluation_accuracy=evaluation,
                                  mlflow_run_id=done.info.run_id, tags=tags)
         recorder = RoundRecorder(checkpoint)
-        tracker = Tracker(config, tags=tags, resume=checkpoint, placement=task.placement) if task.track else None
+        placement = {**task.placement, PLANNED_RUN_TAG: planned_run_key(tags)}
+        tracker = Tracker(config, tags=tags, resume=checkpoint, placement=placement) if task.track else None
         observers: list[object] = [o for o in (tracker, recorder) if o is not None]
         if task.tuning:
             observers.append(WithheldTests())

@@ -5,8 +5,9 @@ node dies, and running the sweep again after a killed worker or driver starts th
 that did not finish. An attempt that died with its worker leaves its MLflow run RUNNING
 for ever; an attempt whose node died after it finished logging left a FINISHED run that
 the sweep never heard of. Before a sweep's run starts, `settle_attempts` therefore looks up
-the earlier attempts of the same run (same experiment, `sweep` tag, config hash and
-tuning flag):
+the earlier attempts of the same run: same experiment and config hash, and the same
+`planned_run` tag (a digest of all the planned run's tags: sweep, variant, tuning point,
+tuning flag, ..., logged on every attempt):
 
 - a FINISHED one is the result: the run is not trained again (the sweep records it as skipped);
 - RUNNING ones are attempts that died: each is tagged `superseded` and deleted (MLflow's
@@ -22,14 +23,23 @@ the same sweep would supersede each other's live runs.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from p4bench.config import RunConfig
 
-__all__ = ["SUPERSEDED_TAG", "settle_attempts", "run_row", "finished_summary", "record_failure"]
+__all__ = ["SUPERSEDED_TAG", "PLANNED_RUN_TAG", "planned_run_key", "settle_attempts", "run_row", "finished_summary", "record_failure"]
 
 SUPERSEDED_TAG = "superseded"
+PLANNED_RUN_TAG = "planned_run"
+
+
+def planned_run_key(tags: Mapping[str, str]) -> str:
+    """The `planned_run` tag of a sweep run with these tags (its config hash is a tag of its own)."""
+    text = json.dumps({str(k): str(v) for k, v in tags.items()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def settle_attempts(uri: str, config: RunConfig, tags: Mapping[str, str], keep: str | None = None) -> Any:
@@ -40,17 +50,15 @@ def settle_attempts(uri: str, config: RunConfig, tags: Mapping[str, str], keep: 
     if not sweep:
         return None
     try:
-        from p4bench.results import TUNING_TAG, store_client
+        from p4bench.results import store_client
 
         client = store_client(uri)
         experiment = client.get_experiment_by_name(config.experiment)
         if experiment is None:
             return None
-        wanted = {TUNING_TAG: "false", **tags}  # the same planned run: its config hash and all its tags
-        runs = [r for r in client.search_runs([experiment.experiment_id],
-                                              filter_string=f"tags.config_hash = '{config.config_hash()}'",
-                                              max_results=1000)
-                if all(r.data.tags.get(k, "false" if k == TUNING_TAG else None) == v for k, v in wanted.items())]
+        runs = client.search_runs([experiment.experiment_id], max_results=1000,
+                                  filter_string=f"tags.config_hash = '{config.config_hash()}' and "
+                                                f"tags.{PLANNED_RUN_TAG} = '{planned_run_key(tags)}'")
         finished = [r for r in runs if r.info.status == "FINISHED"]
         if finished:
             return max(finished, key=lambda r: r.info.start_time or 0)
