@@ -14,7 +14,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -25,7 +25,8 @@ from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
 from p4bench.results import TUNING_TAG
 
-__all__ = ["RunTask", "RunRecord", "execute_task", "Backend", "LocalBackend", "RayBackend", "make_backend"]
+__all__ = ["RunTask", "RunRecord", "execute_task", "execute_on_ray_node", "Backend", "LocalBackend", "RayBackend",
+           "make_backend"]
 
 OnDone = Callable[[int, "RunRecord"], None]
 
@@ -41,6 +42,9 @@ class RunTask:
     tuning: bool = False
     track: bool = True
     autoload: bool | None = None  # third-party plugin autoload in workers (None: environment)
+    # MLflow tags saying where the run executed (the Ray node): logged, but not part of the
+    # run's identity, so a checkpoint made on one node is found by an attempt on another
+    placement: Mapping[str, str] = field(default_factory=dict)
 
     def run_config(self) -> RunConfig:
         return RunConfig(**dict(self.config))
@@ -145,7 +149,15 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
     (`p4bench.interrupts`) is recorded as interrupted, with its checkpoint."""
     from p4bench import interrupts, runner
     from p4bench.checkpoint import find_for_config
-    from p4bench.tracking import Tracker
+    from p4bench.tracking import Tracker, default_tracking_uri
+    from p4bench.tracking_attempts import (
+        PLANNED_RUN_TAG,
+        finished_summary,
+        planned_run_key,
+        record_failure,
+        run_row,
+        settle_attempts,
+    )
 
     started = time.perf_counter()
     tags = {**task.tags, TUNING_TAG: "true" if task.tuning else "false"}
@@ -158,8 +170,16 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
     tracker = checkpoint = None
     try:
         checkpoint = find_for_config(config.results_dir, config.config_hash(), tags) if task.track else None
+        if task.track:  # an earlier attempt of this sweep run (a lost worker, a retried task): see tracking_attempts
+            uri = config.tracking_uri or default_tracking_uri(config.results_dir)
+            done = settle_attempts(uri, config, tags, keep=checkpoint.meta.get("mlflow_run_id") if checkpoint else None)
+            if done is not None:  # it finished, but its answer never reached the sweep: not trained again
+                summary, evaluation = finished_summary(config, run_row(done))
+                return RunRecord(config.config_hash(), "skipped", summary=summary, evaluation_accuracy=evaluation,
+                                 mlflow_run_id=done.info.run_id, tags=tags)
         recorder = RoundRecorder(checkpoint)
-        tracker = Tracker(config, tags=tags, resume=checkpoint) if task.track else None
+        placement = {**task.placement, PLANNED_RUN_TAG: planned_run_key(tags)}
+        tracker = Tracker(config, tags=tags, resume=checkpoint, placement=placement) if task.track else None
         observers: list[object] = [o for o in (tracker, recorder) if o is not None]
         if task.tuning:
             observers.append(WithheldTests())
@@ -172,7 +192,7 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
     except Exception as exc:  # noqa: BLE001 - one failing run must not stop a sweep
         record = RunRecord(config.config_hash(), "failed", error=_one_line(exc), traceback=traceback.format_exc(),
                            seconds=time.perf_counter() - started, tags=tags)
-        record.mlflow_run_id = _record_failure(config, tracker, tags, record.error)
+        record.mlflow_run_id = record_failure(config, tracker, tags, record.error)
         if checkpoint is not None:  # the next sweep starts this run afresh rather than fail on the same checkpoint
             from p4bench.checkpoint import remove
 
@@ -206,47 +226,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
-
-
-def _record_failure(config: RunConfig, tracker: Any, tags: Mapping[str, str], error: str | None) -> str | None:
-    """Mark the run FAILED in MLflow (creating it if it failed before it started), so the
-    experiment records the failure; a resumed sweep runs it again."""
-    if tracker is None:
-        return None
-    try:
-        from p4bench.results import ensure_experiment, store_client
-        from p4bench.tracking import _flat_params, run_name
-
-        client = store_client(tracker.uri)
-        run_id = tracker.mlflow_run_id
-        if run_id is None:
-            experiment_id = ensure_experiment(tracker.uri, config.experiment)
-            defense = _resolved_defense(config)
-            base = {"method": config.method, "attack": config.attack or "none", "defense": defense or "none",
-                    "dataset": config.dataset, "seed": str(config.seed), "config_hash": config.config_hash()}
-            run_id = client.create_run(experiment_id, tags={**tags, **base}, run_name=run_name(config, defense)).info.run_id
-            from mlflow.entities import Param
-
-            client.log_batch(run_id, params=[Param(k, v) for k, v in _flat_params(config, defense=defense or "none").items()])
-        client.set_tag(run_id, "error", (error or "")[:5000])
-        client.set_terminated(run_id, "FAILED")
-        return run_id
-    except Exception:  # noqa: BLE001 - the failure is still in the sweep's summary
-        return None
-
-
-def _resolved_defense(config: RunConfig) -> str | None:
-    """The run's defense: the config's, else its method's default (None: no defense);
-    the config's own value where the method cannot be looked up."""
-    if config.defense is not None:
-        return None if config.defense == "none" else config.defense
-    try:
-        from p4bench.plugin_manager import default_registry
-
-        default = getattr(default_registry().get("method", config.method), "default_defense", None)
-    except Exception:  # noqa: BLE001 - an unknown method: the failure being recorded says so
-        return None
-    return None if default in (None, "none") else str(default)
 
 
 # -- backends ---------------------------------------------------------------------------
@@ -334,13 +313,18 @@ def _lost(task: RunTask, exc: BaseException) -> RunRecord:
 
 
 class RayBackend(Backend):
-    """One Ray task per run on a cluster (`address`), or on a local Ray instance; a Ray
-    instance that is already initialised in this process is reused."""
+    """One Ray task per run on a cluster (`address`, see `p4bench.ray_cluster`), or on a
+    local Ray instance; a Ray instance that is already initialised in this process is reused.
+
+    A task whose worker process or node dies is run again by Ray, up to `retries` times, on
+    a node that is alive (the run's earlier attempt is superseded in MLflow, see
+    `p4bench.tracking_attempts`); a run that fails in Python is never retried (its task
+    returns a failed record). Every run is tagged with the node it ran on (`ray_node_id`)."""
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, cpus_per_run: float = 1.0) -> None:
-        self.address, self.cpus_per_run = address, cpus_per_run
+    def __init__(self, address: str | None = None, cpus_per_run: float = 1.0, retries: int = 2) -> None:
+        self.address, self.cpus_per_run, self.retries = address, cpus_per_run, retries
 
     def describe(self) -> str:
         return f"Ray at {self.address}" if self.address else "a local Ray instance"
@@ -350,24 +334,33 @@ class RayBackend(Backend):
             import ray
         except ImportError:
             raise UsageError("the ray backend needs Ray: pip install 'p4bench[ray]'") from None
+        from p4bench.ray_cluster import connect
+
         started_here = not ray.is_initialized()
         if started_here:
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": _forwarded_environment()})
+            connect(ray, self.address, _forwarded_environment())
         try:
-            remote = ray.remote(num_cpus=self.cpus_per_run, max_retries=0)(execute_task)
+            remote = ray.remote(num_cpus=self.cpus_per_run, max_retries=self.retries)(execute_on_ray_node)
             pending = {remote.remote(task): index for index, task in enumerate(tasks)}
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 index = pending.pop(done[0])
                 try:
                     record = ray.get(done[0])
-                except Exception as exc:  # noqa: BLE001 - a worker or node that died
+                except Exception as exc:  # noqa: BLE001 - a worker or node that died, retries spent
                     record = _lost(tasks[index], exc)
                 on_done(index, record)
         finally:
             if started_here:
                 ray.shutdown()
+
+
+def execute_on_ray_node(task: RunTask) -> RunRecord:
+    """`execute_task` inside a Ray worker, tagging the run with the node it runs on."""
+    from p4bench.ray_cluster import NODE_TAG, node_id
+
+    node = node_id()
+    return execute_task(replace(task, placement={**task.placement, NODE_TAG: node}) if node else task)
 
 
 def _forwarded_environment() -> dict[str, str]:
@@ -383,5 +376,8 @@ def make_backend(name: str, jobs: int = 1, address: str | None = None) -> Backen
             raise UsageError("--address is only used with --backend ray")
         return LocalBackend(jobs)
     if name == "ray":
+        from p4bench.ray_cluster import check_reachable
+
+        check_reachable(address)  # before any planning or tuning: one line and exit 2
         return RayBackend(address)
     raise UsageError(f"unknown backend '{name}'; choose local or ray")

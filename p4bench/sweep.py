@@ -359,17 +359,8 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def _skipped(run: PlannedRun, row: Mapping[str, Any]) -> RunRecord:
-    def metric(name: str) -> float | None:
-        value = row.get(f"metrics.{name}")
-        return None if value is None or value != value else float(value)
+    from p4bench.tracking_attempts import finished_summary
 
-    from p4bench.equal_privacy import from_row
-
-    privacy = from_row({"method": run.config.method, **row})
-    summary = {"run_id": row.get("run_id"), "accuracy_mean": metric("final_accuracy_mean"),
-               "method": run.config.method, "seed": run.config.seed, "private": privacy.private}
-    if privacy.private:
-        summary.update(neighbouring=privacy.neighbouring, epsilon_certified=privacy.certified,
-                       uncertified_reason=privacy.reason)
-    return RunRecord(run.config_hash, "skipped", summary=summary, evaluation_accuracy=metric("accuracy_evaluation_mean"),
+    summary, evaluation = finished_summary(run.config, row)
+    return RunRecord(run.config_hash, "skipped", summary=summary, evaluation_accuracy=evaluation,
                      mlflow_run_id=row.get("run_id"), tags=dict(run.tags))

@@ -89,10 +89,12 @@ class Tracker:
     With `resume` (a checkpoint of an interrupted run) it goes on in that run's folder
     and MLflow run: metric steps continue where the checkpoint left off."""
 
-    def __init__(self, config: RunConfig, tags: Mapping[str, str] | None = None, resume: Any = None) -> None:
+    def __init__(self, config: RunConfig, tags: Mapping[str, str] | None = None, resume: Any = None,
+                 placement: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.resume = resume  # p4bench.checkpoint.Checkpoint
         self.extra_tags = {str(k): str(v) for k, v in (tags or {}).items()}  # e.g. a sweep's name
+        self.placement = dict(placement or {})  # where it runs (a Ray node): logged, not kept in checkpoints
         self.uri = config.tracking_uri or default_tracking_uri(config.results_dir)
         self.client: Any = None
         self.mlflow_run_id: str | None = None
@@ -143,7 +145,7 @@ class Tracker:
 
         config = self.config
         tags = {
-            **self.extra_tags,  # the run's own tags below always win
+            **self.extra_tags, **self.placement,  # the run's own tags below always win
             "method": config.method,
             "attack": config.attack or "none",
             "defense": run.defense or "none",
@@ -192,7 +194,8 @@ class Tracker:
             return
         self.mlflow_run_id = run_id
         self._mlflow("reopen run", self.client.update_run, run_id, status="RUNNING")
-        self._mlflow("tag run", self.client.set_tag, run_id, "resumed_from_step", str(self.resume.meta.get("step", 0)))
+        for key, value in {"resumed_from_step": str(self.resume.meta.get("step", 0)), **self.placement}.items():
+            self._mlflow("tag run", self.client.set_tag, run_id, key, value)
 
     def _resume_local(self) -> None:
         """The interrupted run's folder, its metrics.csv cut back to the checkpoint's rounds

@@ -261,3 +261,30 @@ def test_reproduce_quick_says_its_claims_are_not_tested(capsys, monkeypatch):
     assert lines[header + 1].startswith("smoke run (--quick: 3 rounds, 1 seed, shorter lists): not a test of the paper's claims")
     assert "- A beats B: not tested (quick smoke run; figures: A 70% vs B 60%)" in lines
     assert "- partitioner claim: no (computed) no training needed: a verdict even in a smoke run" in lines
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # nothing listens there once the probe is closed
+
+
+@pytest.mark.parametrize("study", ["sweep", "tune", "reproduce"])
+def test_a_ray_address_where_nothing_answers_is_one_line_before_any_run(capsys, tmp_path, study):
+    address = f"127.0.0.1:{_closed_port()}"
+    args = {"sweep": ["sweep", str(Path(__file__).resolve().parents[1] / "examples" / "grid.yaml")],
+            "tune": ["tune", "--method", "fedavg", "--grid", "lr=0.1,0.5", "--output", str(tmp_path / "tuned.yaml")],
+            "reproduce": ["reproduce", "heterogeneity", "--quick"]}[study]
+    code, _, err = invoke([*args, "--backend", "ray", "--address", address, "--results-dir", str(tmp_path)], capsys)
+    line = one_error_line(err)
+    assert code == 2 and f"no Ray cluster answers at {address}" in line and "ray start --head" in line
+    assert not list(tmp_path.glob("*/config.yaml"))  # nothing ran
+
+
+def test_a_malformed_ray_address_is_one_line(capsys, tmp_path):
+    grid = str(Path(__file__).resolve().parents[1] / "examples" / "grid.yaml")
+    code, _, err = invoke(["sweep", grid, "--backend", "ray", "--address", "head-node",
+                           "--results-dir", str(tmp_path)], capsys)
+    assert code == 2 and "--address must be HOST:PORT" in one_error_line(err)

@@ -45,6 +45,8 @@ CANNOT_RUN_HERE: dict[tuple[str, ...], str] = {
     ("device", "launch"): "needs every peer of the peers file serving at its address (Raspberry Pis, docs/device.md)",
     ("run", "--config", "examples/configs/karras-table2.yaml"): "needs CIFAR-10 files (`p4bench data download cifar10`, network)",
     ("--install-completion",): "writes the user's shell start-up files",
+    ("sweep", "examples/grid.yaml", "--backend", "ray", "--address"): "needs a Ray cluster and an MLflow server: "
+                                                                      "tests/test_ray_cluster.py starts both on 127.0.0.1",
     ("run", "--method", "p4", "--model", "scatter-cnn", "--device", "cuda"): "needs a CUDA GPU",
 }
 
