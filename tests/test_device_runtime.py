@@ -100,8 +100,10 @@ class Faults:
 
 def test_a_stalled_peer_rejoins_and_a_killed_peer_is_dropped(small_config):
     with LocalPeers(3) as cluster:
+        # the slow-peer drop policy is off here (tested in test_device_faults): a peer frozen for
+        # two exchanges, or waiting on the killed one, would be dropped as slow, by design
         options = {"group_size": 3, "device_peers": str(cluster.peers_path), "device_tls_dir": str(cluster.tls_dir),
-                   **FAST, "device_exchange_timeout_s": 3}
+                   **FAST, "device_exchange_timeout_s": 3, "device_slow_peer_exchanges": 10_000}
         config = small_config(method="p4", clients=3, rounds=24, local_steps=1, eval_fraction=0.0, runtime="device",
                               options=options)
         faults = Faults(cluster.processes["2"], cluster.processes["1"], ("cotraining", 0), ("cotraining", 12), pause_s=6)
