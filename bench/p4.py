@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import resource
 import time
 
 import numpy as np
@@ -170,6 +172,7 @@ def main() -> None:
     parser.add_argument("--loop-clients", type=int, default=8)
     args = parser.parse_args()
     keep_freed_memory()  # what the runtime does anyway; here it also speeds up building the data
+    started, cpu_started, load_before = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     data = synthetic_data(args.clients)
     before = gemm_gflops()
     round_s, all_rounds = engine_round(args.clients, args.rounds, data)
@@ -193,7 +196,21 @@ def main() -> None:
         "first_round_s": round(all_rounds[0], 4),  # includes the QR bases, computed once per dataset
         "workload_gemm_s": round(shapes_s, 4), "workload_gemm_share": round(shapes_s / round_s, 3),
         "loop_round_s": round(loop_s, 3), "speedup_vs_loop": round(loop_s / round_s, 2),
+        **machine_load(load_before, torch.get_num_threads()),
+        "wall_s": round(time.perf_counter() - started, 1), "cpu_s": round(time.process_time() - cpu_started, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }))
+
+
+def machine_load(before: float, threads: int) -> dict:
+    """The 1-minute load before and after the run, and a note when other work shared the
+    cores: the bound ratios above assume the run had its threads to itself (on a quiet
+    2-core machine 1.6; under a load of 9 the same code measured 4.1)."""
+    after = os.getloadavg()[0]
+    busy = max(before, after) > threads + 1  # this run's own threads count in the load
+    return {"load_1min_before": round(before, 2), "load_1min_after": round(after, 2),
+            "note": f"busy machine (load {max(before, after):.1f} on {threads} threads): the ratios are not comparable"
+            if busy else "quiet machine: the ratios are this machine's"}
 
 
 if __name__ == "__main__":
