@@ -95,6 +95,17 @@ def test_p4_summary_artifacts_and_privacy(small_config, tmp_path):
     assert (folder / "dissimilarity.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_p4_writes_no_m_by_m_artifact_for_many_clients(small_config, tmp_path, monkeypatch):
+    import p4bench.plugins.p4.method as p4_method
+
+    monkeypatch.setattr(p4_method, "ARTIFACT_MATRIX_CLIENTS", 4)  # 8 clients count as many here
+    config = small_config(method="p4", clients=8, rounds=1, tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    folder = Path(run(config).summary["results_dir"])
+    groups = json.loads((folder / "groups.json").read_text())
+    assert sorted(c for g in groups["groups"] for c in g) == list(range(8))
+    assert "collaboration_matrix" not in groups and not (folder / "dissimilarity.png").exists()
+
+
 def test_p4_phase_one_is_counted_in_the_ledger(small_config):
     from p4bench import hookimpl
     from p4bench.plugin_manager import create_plugin_manager

@@ -70,6 +70,7 @@ _PUBLIC_SEED = 13  # stream for the grouping's random pairs, shared by every cli
 # The grouping's M x M working set beyond the state, per pair of clients: the shared matrix
 # (float32), its symmetric copy and the matching's (float32 each), masks; allocator slack included
 GROUPING_BYTES_PER_PAIR = 24
+ARTIFACT_MATRIX_CLIENTS = 1000  # above: groups.json without the M x M matrix, and no dissimilarity.png
 # measured 53 B at 1,000-3,000 clients, 154 B at 10,000 (bench/scale.py); the plan takes 128
 UNKNOWN = -1.0  # a distance not (yet) measured, in the state and on the wire (every value sent is finite)
 
@@ -555,14 +556,19 @@ class P4(Method):
         return sorted(list(g) for g in seen if g)
 
     def write_artifacts(self, state, folder):
-        """groups.json (groups, sizes, collaboration matrix) and dissimilarity.png (the
-        sampled L1 dissimilarities, clients ordered by group)."""
+        """groups.json (groups, sizes and, up to ARTIFACT_MATRIX_CLIENTS clients, the
+        collaboration matrix) and, up to that size, dissimilarity.png (the sampled L1
+        dissimilarities, clients ordered by group): an M x M matrix as JSON or pixels is
+        GBs at the paper's 2,080 clients and beyond, and the groups say the same."""
         groups = self.groups_of(state)
-        matrix = collaboration_matrix(groups, self.num_clients)
-        (folder / "groups.json").write_text(json.dumps(
-            {"grouping": self.grouping, "target_size": self.group_size, "groups": groups,
-             "sizes": [len(g) for g in groups], "collaboration_matrix": matrix.tolist()}
-        ))
+        small = self.num_clients <= ARTIFACT_MATRIX_CLIENTS
+        record = {"grouping": self.grouping, "target_size": self.group_size, "groups": groups,
+                  "sizes": [len(g) for g in groups]}
+        if small:
+            record["collaboration_matrix"] = collaboration_matrix(groups, self.num_clients).tolist()
+        (folder / "groups.json").write_text(json.dumps(record))
+        if not small:
+            return [folder / "groups.json"]
         dissimilarity = symmetric(state["known"].cpu().numpy())
         order = [c for g in groups for c in g]
         _plot_dissimilarity(dissimilarity[np.ix_(order, order)], [len(g) for g in groups], folder / "dissimilarity.png")
