@@ -152,11 +152,9 @@ def _within(inbox: Messages, key: str, low: float, high: float) -> torch.Tensor:
     """(n,) bool: every element of the message's `key` entry lies in [low, high] (NaN fails)."""
     value = inbox.table[key]
     flat = value.reshape(len(value), -1)
-    if value.dtype == torch.bool or not flat.shape[1]:
-        flat = flat.double()
-    if flat.shape[1]:  # each row's extremes, compared in float64 (NaN propagates and fails)
-        smallest, largest = torch.aminmax(flat, dim=1)
-        ok_rows = (smallest.double() >= low) & (largest.double() <= high)
-    else:
-        ok_rows = torch.ones(len(value), dtype=torch.bool, device=value.device)
+    if not flat.shape[1]:
+        return torch.ones(len(inbox), dtype=torch.bool, device=inbox.src.device)
+    # each row's extremes, compared in float64 (NaN propagates and fails): no copy of the payload
+    smallest, largest = torch.aminmax(flat.double() if value.dtype == torch.bool else flat, dim=1)
+    ok_rows = (smallest.double() >= low) & (largest.double() <= high)
     return ok_rows[inbox.table_rows().to(ok_rows.device)].to(inbox.src.device)

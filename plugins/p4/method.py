@@ -352,34 +352,14 @@ class P4(Method):
         its own measurements and what it received. When every client received the same
         shares from everyone (the usual case), they all see one matrix: build it once."""
         rows = ctx.rows
-        wide = inbox.is_broadcast()
-        everyone = torch.arange(self.num_clients, device=inbox.src.device)
-        if bool(wide.all()) and len(inbox) == self.num_clients and torch.equal(torch.sort(inbox.src).values, everyone):
-            # the simulator: every client broadcast once, so every row sees the same matrix; a
-            # held client's row is its own measurements (when all are held: the state itself)
-            if len(rows) == self.num_clients:
-                matrix = state["known"]
-            else:
-                matrix = inbox.value("known")[torch.argsort(inbox.src)]
-                matrix[rows] = state["known"]
+        matrix = self._common_view(state, inbox, rows)
+        if matrix is not None:
             for position in range(len(rows)):
                 yield position, matrix
             return
-        if bool(wide.any()):  # some clients did not broadcast (or more than once): per receiver
+        if bool(inbox.is_broadcast().any()):  # some clients did not broadcast (or more than once): per receiver
             inbox = inbox.expand_broadcasts(self.num_clients)
             inbox = inbox.select(torch.isin(inbox.dst, rows)).sorted()
-        received = torch.bincount(torch.searchsorted(rows, inbox.dst), minlength=len(rows)) if len(inbox) else torch.zeros(len(rows))
-        consistent = len(rows) > 1 and bool((received == self.num_clients - 1).all())
-        if consistent:
-            positions = torch.arange(len(inbox))
-            first = torch.full((self.num_clients,), len(inbox), dtype=torch.long).scatter_reduce(0, inbox.src, positions, reduce="amin")
-            consistent = bool((first < len(inbox)).all()) and _same_as_first(inbox, "known", first)
-        if consistent:  # O(M^2): the senders' shared rows, never one row per message
-            matrix = inbox.table["known"][inbox.table_rows()[first]]
-            matrix[rows] = state["known"]
-            for position in range(len(rows)):
-                yield position, matrix
-            return
         for position, client in enumerate(rows.tolist()):
             mine = inbox.select(inbox.dst == client)
             matrix = torch.full((self.num_clients, self.num_clients), UNKNOWN)
@@ -387,6 +367,29 @@ class P4(Method):
                 matrix[mine.src] = mine.value("known")
             matrix[client] = state["known"][position]
             yield position, matrix
+
+    def _common_view(self, state, inbox, rows) -> torch.Tensor | None:
+        """The one matrix every held row sees when each received every other client's share
+        once and all shares agree; else None. A held client's row is its own measurements."""
+        wide = inbox.is_broadcast()
+        if bool(wide.all()) and len(inbox) == self.num_clients and \
+                torch.equal(torch.sort(inbox.src).values, torch.arange(self.num_clients, device=inbox.src.device)):
+            if len(rows) == self.num_clients:  # the simulator: every row is held, the state is the matrix
+                return state["known"]
+            matrix = inbox.value("known")[torch.argsort(inbox.src)]
+        else:
+            if len(rows) < 2 or bool(wide.any()):
+                return None
+            received = torch.bincount(torch.searchsorted(rows, inbox.dst), minlength=len(rows)) if len(inbox) else torch.zeros(len(rows))
+            if not bool((received == self.num_clients - 1).all()):
+                return None
+            positions = torch.arange(len(inbox))
+            first = torch.full((self.num_clients,), len(inbox), dtype=torch.long).scatter_reduce(0, inbox.src, positions, reduce="amin")
+            if not (bool((first < len(inbox)).all()) and _same_as_first(inbox, "known", first)):
+                return None
+            matrix = inbox.table["known"][inbox.table_rows()[first]]  # O(M^2): the senders' rows, never one per message
+        matrix[rows] = state["known"]
+        return matrix
 
     def _groups(self, matrix: torch.Tensor) -> list[list[int]]:
         host = matrix.cpu().numpy()  # grouping is host-side numpy (one read of an M x M matrix)
