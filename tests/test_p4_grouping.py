@@ -133,3 +133,14 @@ def test_group_dissimilarity_is_the_smallest_across_members():
 @pytest.mark.parametrize("count", COUNTS)
 def test_random_groups_have_the_same_sizes(size, count):
     _check_partition(random_groups(count, size, np.random.default_rng(size)), count, size)
+
+
+def test_the_old_name_of_the_unknown_distance_still_works_and_warns():
+    import pytest
+
+    import p4bench.plugins.p4.method as p4_method
+
+    with pytest.warns(DeprecationWarning, match="UNKNOWN_SENT is deprecated"):
+        assert p4_method.UNKNOWN_SENT == p4_method.UNKNOWN == -1.0
+    with pytest.raises(AttributeError):
+        p4_method.NO_SUCH_NAME  # noqa: B018

@@ -75,6 +75,17 @@ ARTIFACT_MATRIX_CLIENTS = 1000  # above: groups.json without the M x M matrix, a
 UNKNOWN = -1.0  # a distance not (yet) measured, in the state and on the wire (every value sent is finite)
 
 
+def __getattr__(name: str):
+    """`UNKNOWN_SENT`, the old name of `UNKNOWN` (renamed after 0.1.0), with a warning."""
+    if name == "UNKNOWN_SENT":
+        import warnings
+
+        warnings.warn("p4bench.plugins.p4.method.UNKNOWN_SENT is deprecated: use UNKNOWN (the same -1.0, now also in the state)", DeprecationWarning,
+                      stacklevel=2)
+        return UNKNOWN
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _same_as_first(inbox: Messages, key: str, first: torch.Tensor) -> bool:
     """Whether every message's `key` row equals that of its sender's first message
     (`first`: inbox position per sender). Messages that carry the very table row of that
