@@ -272,3 +272,27 @@ def test_vmap_forward_over_models_shares_q(digits):
     batched = vmap(model.forward, in_dims=(0, None))(params, q_x)
     for a in range(3):
         torch.testing.assert_close(batched[a], model.forward({k: v[a] for k, v in params.items()}, q_x))
+
+
+class _SameForwardModel(LinearSoftmax):
+    """The linear model with its forward overridden: coalition_values must not assume
+    linearity for it (a plugin's model is evaluated coalition by coalition)."""
+
+    def forward(self, params, x):
+        return super().forward(params, x)
+
+
+def test_the_linear_shortcut_equals_the_per_coalition_forward(digits):
+    from p4bench.baselines.shapley import linear_in_parameters
+
+    model, like, x, g, present, q_x, q_y = make_game(digits, PRESENT, seed=5)
+    generic = _SameForwardModel((1, 8, 8), 10)
+    assert linear_in_parameters(model) and not linear_in_parameters(generic)
+    masks = (torch.rand(3, 40, 6, generator=torch.Generator().manual_seed(2)) < 0.5) & present[:, None, :]
+    shortcut = coalition_values(model, like, x, g, masks, LR, q_x, q_y, chunk=7)
+    torch.testing.assert_close(shortcut, coalition_values(generic, like, x, g, masks, LR, q_x, q_y, chunk=7))
+    # per-agent validation sets (pdsl-local-val)
+    q_n = torch.tensor([300, 120, 0])
+    local_x, local_y = q_x.expand(3, *q_x.shape).clone(), q_y.expand(3, -1).clone()
+    torch.testing.assert_close(coalition_values(model, like, x, g, masks, LR, local_x, local_y, q_n=q_n, chunk=5),
+                               coalition_values(generic, like, x, g, masks, LR, local_x, local_y, q_n=q_n, chunk=5))
