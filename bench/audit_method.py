@@ -1,5 +1,6 @@
-"""The method-level audit's acceptance cases (#29): four planted or known leaks it must
-flag and four honest methods it must find consistent, on digits.
+"""The method-level audit's acceptance cases (#29): five planted or known leaks it must
+flag (`exceeds` from the trials, or `leaks` from its replay checks) and four honest
+methods it must find consistent, on digits.
 
     python bench/audit_method.py [--rounds R] [--clients M] [--canaries-per-client m]
                                  [--cases NAME ...] [--max-runs N] [--threads N]
@@ -32,8 +33,8 @@ CASES: dict[str, tuple[str, dict[str, Any], Any, str]] = {
     "p4-clipping-removed": ("p4", {}, unclipped, "exceeds"),
     "fedavg-clipping-removed": ("fedavg", {}, unclipped, "exceeds"),
     "fedavg-sampling-5x": ("fedavg", {}, oversampled(5.0), "exceeds"),
-    "leaky-proxyfl-sends-private-model": ("leaky-proxyfl", {}, None, "exceeds"),
-    "proxyfl-teacher-private": ("proxyfl", {"teacher": "private"}, None, "exceeds"),
+    "leaky-proxyfl-sends-private-model": ("leaky-proxyfl", {}, None, "leaks"),
+    "proxyfl-teacher-private": ("proxyfl", {"teacher": "private"}, None, "leaks"),
     "fedavg": ("fedavg", {}, None, "consistent"),
     "dp-dsgd": ("dp-dsgd", {}, None, "consistent"),
     "p4": ("p4", {}, None, "consistent"),
@@ -59,7 +60,8 @@ def audit(name: str, args: argparse.Namespace, runs: int) -> dict[str, Any]:
     b = result.bound
     return {
         "bound": round(b.epsilon_lower, 3), "claim": round(result.claimed_epsilon, 3), "ceiling": round(b.ceiling, 3),
-        "verdict": result.verdict, "runs": runs, "trials": b.trials, "tpr_lower": round(b.tpr_lower, 4),
+        "verdict": result.verdict, "replays": (result.behaviour or {}).get("status"),
+        "isolation": (result.behaviour or {}).get("isolation"), "runs": runs, "trials": b.trials, "tpr_lower": round(b.tpr_lower, 4),
         "fpr_upper": round(b.fpr_upper, 6), "runs_needed": result.runs_needed() if result.inconclusive else None,
         "seconds": round(result.seconds or 0.0, 1), "expected": expected, "line": result.line(),
     }
@@ -84,7 +86,8 @@ def main() -> None:
         if first["verdict"] == "inconclusive" and first["runs_needed"]:
             final = audit(name, args, min(int(first["runs_needed"]), args.max_runs))
         print(json.dumps({
-            "case": name, **{k: final[k] for k in ("bound", "claim", "ceiling", "verdict", "runs", "seconds")},
+            "case": name, **{k: final[k] for k in ("bound", "claim", "ceiling", "verdict", "replays", "isolation", "runs",
+                                                   "seconds")},
             "expected": final["expected"], "trials": final["trials"], "tpr_lower": final["tpr_lower"],
             "fpr_upper": final["fpr_upper"], "recommended_runs": first["runs_needed"],
             "first_run": {k: first[k] for k in ("bound", "ceiling", "verdict", "seconds")},

@@ -92,6 +92,15 @@ def test_a_method_sending_its_non_dp_personal_model_is_flagged_and_honest_proxyf
     assert "EXCEEDS" in leaky.line()
 
 
+def test_a_teacher_trained_without_dp_on_the_same_records_is_flagged_by_the_isolation_replay(small_config):
+    """ProxyFL with the paper's teacher: the trials of a small run cannot show its leak (the
+    teacher moves other records' clipped terms a little), the isolation replay does."""
+    result = audit(small_config, config=dict(method="proxyfl", options={"teacher": "private"}))
+    assert result.verdict == "leaks" and result.leaks and not result.exceeds, result.line()
+    assert "LEAKS" in result.line() and "record isolation: release" in result.line()
+    assert result.as_dict()["behaviour"]["isolation"] == "failed"
+
+
 def test_clipping_removed_is_flagged_where_the_clipped_run_is_consistent(small_config):
     faulty = audit(small_config, wrap_mechanism=unclipped, config=dict(method="fedavg"))
     honest = audit(small_config, config=dict(method="fedavg"))
@@ -104,7 +113,7 @@ def test_the_line_says_what_was_checked_and_the_final_models_view_works(small_co
     result = audit(small_config, observer="final", config=dict(method="fedavg"))
     line = result.line()
     assert line.startswith("audit fedavg on digits (method-level: observer final models, canaries: input records with "
-                           "probe twins): empirical epsilon >= ")
+                           "probe twins; post-processing and record-isolation replays): empirical epsilon >= ")
     assert "trials in 1 run, 30 canaries per client, ceiling " in line and " s) vs " in line
     figures = result.as_dict()
     assert figures["level"] == "method" and figures["observer"] == "final" and figures["seconds"] > 0
@@ -112,7 +121,7 @@ def test_the_line_says_what_was_checked_and_the_final_models_view_works(small_co
 
 
 def test_a_claim_above_the_ceiling_is_inconclusive(small_config):
-    result = audit(small_config, canaries=5, config=dict(method="leaky-proxyfl", epsilon=8.0, clients=4))
+    result = audit(small_config, canaries=5, config=dict(method="fedavg", epsilon=8.0, clients=4))
     assert result.verdict == "inconclusive" and result.bound.ceiling < 8.0
     assert "inconclusive: ceiling" in result.line() and "--runs " in result.line()
 
@@ -139,7 +148,8 @@ def test_cli_method_level_prints_the_line_and_json(capsys, results_dir):
                              "--results-dir", results_dir, "--json"], capsys)
     assert code == 0, err
     line, figures = out.strip().splitlines()[-2:]
-    assert "(method-level: observer neighbour messages, canaries: input records with probe twins)" in line
+    assert ("(method-level: observer neighbour messages, canaries: input records with probe twins; post-processing and "
+            "record-isolation replays)") in line
     figures = json.loads(figures)
     assert figures["level"] == "method" and figures["runs"] == 1 and figures["verdict"] in ("consistent", "inconclusive")
 

@@ -9,10 +9,11 @@ import json
 import pytest
 import torch
 
-from p4bench.baselines.common import draw_batch
+from p4bench.baselines.common import draw_batch, per_row
 from p4bench.baselines.dsgt import DPDSGD
 from p4bench.config import RunConfig
 from p4bench.engine.state import flatten
+from p4bench.engine.training import batch_gradient, distillation_loss, logits_of
 from p4bench.privacy.post_processing import check_post_processing, replaced_records, run_check
 from p4bench.privacy.tape import ReleaseTape, ReplayDiverged
 from p4bench.runner import run
@@ -73,6 +74,26 @@ class SendsMixture(DPDSGD):
         return type(messages)(messages.src, messages.dst, payload)
 
 
+class HiddenTeacher(DPDSGD):
+    """A DP step whose loss distils from a personal model trained without DP on the same
+    records (ProxyFL's paper teacher), undeclared: every message is a function of the
+    releases, but a record moves other records' clipped terms inside them."""
+
+    name = "test-hidden-teacher"
+
+    def init_client_state(self, train, ctx):
+        state = super().init_client_state(train, ctx)
+        return {**state, "personal": {k: v.clone() for k, v in state["params"].items()}}
+
+    def local_update(self, state, train, ctx):
+        x, y, mask = draw_batch(ctx, train)
+        teacher = logits_of(ctx.model, state["personal"], x)
+        grads, loss, done = batch_gradient(ctx, state["params"], x, y, mask, train, distillation_loss(0.5), teacher)
+        params = {k: v - self.config.lr * grads[k] * per_row(done, v) for k, v in state["params"].items()}
+        personal, _ = _non_dp_step(self, state["personal"], train, ctx)
+        return {**state, "params": params, "personal": personal, "iteration": state["iteration"] + 1}, loss
+
+
 def _check(method_cls, **changes):
     name, _, pm = resolve_plugin("method", method_cls)
     config = RunConfig(method=name, epsilon=8.0, clients=4, rounds=2, local_steps=2, eval_fraction=0.0,
@@ -99,7 +120,38 @@ def test_the_honest_parent_of_those_methods_passes():
 def test_every_built_in_private_method_passes(method):
     result = run_check(RunConfig(method=method, epsilon=8.0), run)
     assert result.status == "verified", result.findings
+    # batch clipping (PDSL's and DP-CGA's default) has no per-record term to take out
+    assert result.isolation == ("not checked" if method in ("pdsl", "dp-cga") else "verified"), result.notes
     assert result.releases > 0 and (result.messages > 0 or method == "local")
+
+
+def test_a_teacher_trained_without_dp_fails_the_isolation_replay_naming_the_release():
+    """Post-processing holds for it (every message comes from the releases): only the
+    isolation replay sees the leak, for a third-party method and for ProxyFL's paper teacher."""
+    for result in (_check(HiddenTeacher), run_check(RunConfig(method="proxyfl", epsilon=8.0, options={"teacher": "private"}), run)):
+        assert result.status == "failed" and result.isolation == "failed", result.findings
+        assert result.findings[0].startswith("record isolation: release ") and "phase 'train'" in result.findings[0]
+        assert "client " in result.findings[0] and "differs by up to" in result.findings[0]
+    honest = run_check(RunConfig(method="proxyfl", epsilon=8.0, options={"teacher": "last-proxy"}), run)
+    assert honest.status == "verified" and honest.isolation == "verified", honest.findings
+
+
+def test_the_isolation_replay_changes_half_the_records_and_takes_them_out_of_every_clipped_sum():
+    from p4bench.data.federated import ClientTensors
+    from p4bench.privacy.isolation import ChangedRecords, changed_slots, excluded_mask, excluding, features_at, with_changed_records
+
+    x = torch.arange(2 * 5 * 3, dtype=torch.float32).reshape(2, 5, 3)
+    x[1, 3] = x[1, 2]  # a kept record equal to a changed one: that one is not changed
+    train = ClientTensors(x, torch.zeros(2, 5, dtype=torch.int64), torch.tensor([5, 4]))
+    replacement = ClientTensors(-x - 1, torch.ones(2, 5, dtype=torch.int64), train.n)
+    slots = changed_slots(train, replacement)
+    assert slots.tolist() == [[True, False, True, False, True], [True, False, False, False, False]]
+    changed = with_changed_records(train, replacement, slots)
+    assert torch.equal(changed.x[slots], replacement.x[slots]) and torch.equal(changed.x[~slots], x[~slots])
+    batch, mask = x[:, [0, 1, 2]], torch.ones(2, 3)
+    assert excluded_mask(batch, mask) is mask  # outside an isolation replay: untouched
+    with excluding(ChangedRecords(features_at(train, slots))) as records:
+        assert excluded_mask(batch, mask).tolist() == [[0, 1, 0], [0, 1, 1]] and records.matched == 3
 
 
 def test_the_check_finds_the_documented_leak_of_pdsl_local_val():

@@ -45,6 +45,9 @@ class AuditResult:
     observer: str | None = None  # the method level's view: messages | final
     scope: str = SCOPE  # what was checked, said on the line
     seconds: float | None = None  # wall time of the whole audit
+    # the method level's replay checks (`PostProcessingResult.as_dict()`): post-processing and
+    # record isolation, behaviour the trials may be too few to show
+    behaviour: dict[str, Any] | None = None
 
     @property
     def exceeds(self) -> bool:
@@ -52,14 +55,22 @@ class AuditResult:
         return self.bound.epsilon_lower > self.claimed_epsilon
 
     @property
+    def leaks(self) -> bool:
+        """The replay checks found records reaching what the method lets out outside its
+        releases, or moving other records' terms inside them: no epsilon holds."""
+        return self.behaviour is not None and self.behaviour.get("status") == "failed"
+
+    @property
     def inconclusive(self) -> bool:
         """The claim cannot fail: even a perfect test on these trials stays below it."""
-        return not self.exceeds and self.bound.ceiling <= self.claimed_epsilon
+        return not self.exceeds and not self.leaks and self.bound.ceiling <= self.claimed_epsilon
 
     @property
     def verdict(self) -> str:
-        """`exceeds`, `inconclusive` or `consistent`."""
-        return "exceeds" if self.exceeds else "inconclusive" if self.inconclusive else "consistent"
+        """`exceeds`, `leaks`, `inconclusive` or `consistent`."""
+        if self.exceeds:
+            return "exceeds"
+        return "leaks" if self.leaks else "inconclusive" if self.inconclusive else "consistent"
 
     def runs_needed(self) -> int | None:
         """Runs whose trials could show a bound above the claim (None: beyond 100,000)."""
@@ -74,6 +85,10 @@ class AuditResult:
         b = self.bound
         if self.exceeds:
             verdict = "EXCEEDS the claimed epsilon: the privacy claim does not hold"
+        elif self.leaks:
+            assert self.behaviour is not None
+            findings = "; ".join(self.behaviour.get("findings") or [])
+            verdict = f"LEAKS: the replay checks show records outside the ledger ({findings}): the privacy claim does not hold"
         elif self.inconclusive:
             needed = self.runs_needed()
             verdict = (f"inconclusive: ceiling {b.ceiling:.2f} below the claim (no bound from these trials can exceed "
@@ -114,6 +129,7 @@ class AuditResult:
             "noise_multiplier": self.summaries[0].get("noise_multiplier"),
             **{k: v for k, v in self.bound.as_dict().items() if k != "epsilon_lower"},
             "notes": self.notes,
+            "behaviour": self.behaviour,
             "plot": str(self.plot) if self.plot else None,
             "tracking_uri": self.summaries[-1].get("tracking_uri"),
             "tracking_error": self.tracking_error,

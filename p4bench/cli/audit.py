@@ -7,10 +7,11 @@ from what a curious neighbour receives or from the final models
 
 Prints one line (what was checked, the lower bound next to the claimed epsilon, and the
 ceiling: the highest bound the trials could show) and, with --json, a last JSON line with
-the figures (`verdict`: consistent, exceeds or inconclusive). Exits 0 when the claim is
-consistent with the audit or the audit is inconclusive (the ceiling is below the claim:
-the line says how many runs would lift it), 1 when the lower bound exceeds it (the claim
-is refuted), 2 for bad input (including a non-private run).
+the figures (`verdict`: consistent, exceeds, leaks or inconclusive). Exits 0 when the
+claim is consistent with the audit or the audit is inconclusive (the ceiling is below the
+claim: the line says how many runs would lift it), 1 when the lower bound exceeds it or,
+at the method level, the replay checks find records outside the ledger (`leaks`: the
+claim is refuted either way), 2 for bad input (including a non-private run).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def audit_command(
     typer.echo(result.line())
     if as_json:
         typer.echo(json.dumps(result.as_dict(), default=json_default))
-    if result.exceeds:
+    if result.exceeds or result.leaks:
         raise typer.Exit(1)
 
 

@@ -327,7 +327,10 @@ def _claim_text(summary: dict[str, Any]) -> str:
         return f"[bold red]UNCERTIFIED[/bold red] [red]{text}; why: {summary.get('uncertified_reason')}[/red]"
     if summary.get("post_processing", "verified") != "verified":  # the check did not run (P4BENCH_VERIFY=0)
         return f"[green]certified[/green] {text} [yellow](post-processing {summary['post_processing']})[/yellow]"
-    return f"[green]certified[/green] {text}; post-processing verified"
+    isolation = summary.get("record_isolation", "not run")
+    checked = "post-processing and record isolation verified" if isolation == "verified" else (
+        f"post-processing verified, record isolation {isolation}")
+    return f"[green]certified[/green] {text}; {checked}"
 
 
 def _randomness_text(summary: dict[str, Any]) -> str:

@@ -20,7 +20,8 @@ run still reports the accountant's figure, but as *uncertified*, with the reason
 - the method's messages are not post-processing of its releases: the post-processing
   check (`p4bench.privacy.post_processing`, run by the runner once per plugin version)
   replayed it with other records and forced releases, and a message changed (or the
-  check could not force its releases).
+  check could not force its releases); or its record-isolation replay found a record
+  moving other records' clipped terms inside a release.
 
 Non-private runs carry no epsilon; they are reported as such, never as certified.
 """
@@ -49,6 +50,8 @@ class Certification:
         randomness: ``"seeded"`` or ``"secret"``, the DP noise and batch selection source.
         post_processing: the method's post-processing check (`p4bench.privacy.post_processing`):
             "verified", "failed", "not verifiable" or "not yet verified" (not run).
+        isolation: that check's record-isolation replay (`p4bench.privacy.isolation`):
+            "verified", "failed", "not checked" (batch clipping) or "not run".
     """
 
     private: bool
@@ -56,6 +59,7 @@ class Certification:
     reasons: tuple[str, ...]
     randomness: str
     post_processing: str = "not yet verified"
+    isolation: str = "not run"
 
     @property
     def reason(self) -> str | None:
@@ -66,7 +70,8 @@ class Certification:
         """This verdict with more reasons (uncertified if there are any)."""
         if not reasons:
             return self
-        return Certification(self.private, False, (*self.reasons, *reasons), self.randomness, self.post_processing)
+        return Certification(self.private, False, (*self.reasons, *reasons), self.randomness, self.post_processing,
+                             self.isolation)
 
     def with_post_processing(self, verdict: dict[str, Any] | None) -> Certification:
         """This verdict with the method's post-processing check (None: not run); a check
@@ -77,7 +82,8 @@ class Certification:
         reasons = [] if status == "verified" else [
             f"post-processing check {status} for method '{verdict['method']}': {'; '.join(verdict['findings'])}"]
         updated = self.with_reasons(reasons)
-        return Certification(updated.private, updated.certified, updated.reasons, updated.randomness, status)
+        return Certification(updated.private, updated.certified, updated.reasons, updated.randomness, status,
+                             str(verdict.get("isolation", "not run")))
 
     def summary_fields(self) -> dict[str, Any]:
         """The keys every run summary (and `--json` line) carries."""
@@ -86,7 +92,7 @@ class Certification:
             "epsilon_certified": self.certified,
             "uncertified_reason": self.reason,
             "dp_randomness": self.randomness,
-            **({"post_processing": self.post_processing} if self.private else {}),
+            **({"post_processing": self.post_processing, "record_isolation": self.isolation} if self.private else {}),
         }
 
     def tags(self) -> dict[str, str]:

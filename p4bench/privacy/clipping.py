@@ -25,6 +25,7 @@ from p4bench.data.federated import squared_norms
 from p4bench.engine.chunking import clients_per_chunk
 from p4bench.engine.training import PerExampleLoss, cross_entropy
 from p4bench.models import LinearSoftmax, Model, Params
+from p4bench.privacy.isolation import excluded_mask
 
 __all__ = ["clip_scale", "clipped_gradient_sum", "logit_gradients"]
 
@@ -40,6 +41,7 @@ def clipped_gradient_sum(
     path a pass over the batch when the caller has them precomputed; for a stacked model
     (C, b, R, R), the batch's first-layer input Grams (`p4bench.stacked.input_grams`).
     """
+    mask = excluded_mask(x, mask)  # an isolation replay's changed records are in no sum (`p4bench.privacy.isolation`)
     if type(model) is LinearSoftmax:  # per-example logit gradients only: (C, b, L), never chunked
         return _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms)
     first = next(iter(params.values()))

@@ -18,6 +18,14 @@ DP mechanism (a non-DP step on a shared model, a mixture with a non-DP personal 
 training through `ctx.loss_and_grad` without `ctx.dp`, a loss value sent in the clear).
 Replacing *every* client's records at once checks every sender in one replay.
 
+3. *isolation replay* (`p4bench.privacy.isolation`): a leak *inside* a release, where
+   one record moves other records' clipped terms (a teacher trained without DP on the
+   same records), is hidden by forcing the release. So the recorded run also keeps each
+   release's value before noise, with half of every client's records taken out of every
+   per-example clipped sum; the third run changes those records, forces the releases,
+   and those values must not move. A method that clips whole batches cannot be checked
+   this way (its result says "not checked"; post-processing still is).
+
 What is not compared: a node's messages to itself (they never leave it), and, for
 central DP (releases `delegate`d to a trusted server), the clients' raw sums addressed
 to the server: the server is trusted with them, and its noisy sum is forced like any
@@ -42,6 +50,7 @@ from p4bench.config import RunConfig
 from p4bench.engine.messages import BROADCAST, Messages
 from p4bench.engine.network import Network, ObservedNetwork
 from p4bench.errors import ConfigError, UsageError
+from p4bench.privacy.isolation import ChangedRecords, changed_slots, excluding, features_at, with_changed_records
 from p4bench.privacy.tape import ReleaseTape, ReplayDiverged, using_tape
 from p4bench.rng import SERVER_ID
 
@@ -71,6 +80,7 @@ class PostProcessingResult:
     exempt: int = 0  # a node's messages to itself, and raw sums to a trusted server
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    isolation: str = "not run"  # the isolation replay: verified, failed, not checked or not run
 
     @property
     def passed(self) -> bool:
@@ -156,8 +166,8 @@ def check_post_processing(config: RunConfig, run: Callable[..., Any], plugin_man
     pm = plugin_manager or create_plugin_manager()
     started = time.perf_counter()
     result = PostProcessingResult(config.method, "verified")
-    recorded_tape = ReleaseTape()
-    recorded = _run(run, config, pm, recorded_tape, replace=False, prepare=prepare)
+    recorded_tape, changed = ReleaseTape(), ChangedRecords()
+    recorded = _run(run, config, pm, recorded_tape, data_change="none", prepare=prepare, changed=changed)
     result.releases = len(recorded_tape.values)
     if recorded_tape.unforceable:
         result.status = "not verifiable"
@@ -168,7 +178,7 @@ def check_post_processing(config: RunConfig, run: Callable[..., Any], plugin_man
             result.notes.append("it made no DP release: every message it sends must then read no record")
         replay_tape = ReleaseTape(recorded_tape.values)
         try:
-            replayed = _run(run, config, pm, replay_tape, replace=True, prepare=prepare)
+            replayed = _run(run, config, pm, replay_tape, data_change="all", prepare=prepare)
         except ReplayDiverged as diverged:
             result.status, result.findings = "failed", [f"the releases depend on the replaced records: {diverged}"]
         else:
@@ -182,12 +192,50 @@ def check_post_processing(config: RunConfig, run: Callable[..., Any], plugin_man
                 result.status = "failed"
                 extra = len(differences) - MAX_FINDINGS
                 result.findings += differences[:MAX_FINDINGS] + ([f"{extra} more message(s) differ"] if extra > 0 else [])
+        if result.status != "not verifiable":
+            _check_isolation(run, config, pm, recorded_tape, changed, result, prepare)
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _run(run: Callable[..., Any], config: RunConfig, pm: Any, tape: ReleaseTape, *, replace: bool,
-         prepare: Callable[[Any], None] | None) -> list[_Exchange]:
+def _check_isolation(run: Callable[..., Any], config: RunConfig, pm: Any, recorded_tape: ReleaseTape,
+                     changed: ChangedRecords, result: PostProcessingResult,
+                     prepare: Callable[[Any], None] | None) -> None:
+    """The isolation replay (`p4bench.privacy.isolation`): half of every client's records
+    changed, their own terms out of every clipped sum, the releases forced; the sums before
+    noise must not move. Adds its findings (and the status "failed") to `result`."""
+    if not recorded_tape.values:
+        return
+    if changed.matched == 0:
+        result.isolation = "not checked"
+        result.notes.append("record isolation not checked: no changed record was found in a per-example clipped batch "
+                            "(`clipped_gradient_sum`): the method clips whole batches, clips on its own, or transforms "
+                            "its inputs first")
+        return
+    tape = ReleaseTape(recorded_tape.values, clean=recorded_tape.clean_values)
+    try:
+        _run(run, config, pm, tape, data_change="changed", prepare=prepare, changed=ChangedRecords())
+    except ReplayDiverged as diverged:
+        result.isolation, result.status = "failed", "failed"
+        result.findings.append(f"record isolation: the releases depend on the changed records: {diverged}")
+        return
+    if tape.clean_differences:
+        result.isolation, result.status = "failed", "failed"
+        extra = len(tape.clean_differences) - MAX_FINDINGS
+        result.findings.append(
+            "record isolation: " + "; ".join(tape.clean_differences[:MAX_FINDINGS])
+            + (f" ({extra} more)" if extra > 0 else "") + " with half of each client's records changed and their own "
+            "terms in no sum: a record moves other records' clipped terms, outside the per-record sensitivity the "
+            "ledger accounts")
+    else:
+        result.isolation = "verified"
+
+
+def _run(run: Callable[..., Any], config: RunConfig, pm: Any, tape: ReleaseTape, *, data_change: str,
+         prepare: Callable[[Any], None] | None, changed: ChangedRecords | None = None) -> list[_Exchange]:
+    """One run of the check, its messages kept: `data_change` "none" (the recorded run),
+    "all" (every training record replaced) or "changed" (the isolation replay's records
+    replaced); with `changed`, the isolation replay's records are in no clipped sum."""
     log: list[_Exchange] = []
 
     def keep(exchange: str, phase: str, round_index: int, outgoing: Messages) -> None:
@@ -207,11 +255,19 @@ def _run(run: Callable[..., Any], config: RunConfig, pm: Any, tape: ReleaseTape,
             return ObservedNetwork(inner(), keep)
 
         runtime.network = network
-        if replace:
-            data = prepared.job.data
-            prepared.job.data = dataclasses.replace(data, train=replaced_records(data.train, data.num_classes))
+        data = prepared.job.data
+        replacement = replaced_records(data.train, data.num_classes)
+        train = data.train
+        if data_change == "all":
+            train = replacement
+        elif data_change == "changed":
+            train = with_changed_records(data.train, replacement, changed_slots(data.train, replacement))
+        if changed is not None:
+            changed.features = features_at(train, changed_slots(data.train, replacement))
+        if train is not data.train:
+            prepared.job.data = dataclasses.replace(data, train=train)
 
-    with using_tape(tape):
+    with using_tape(tape), excluding(changed or ChangedRecords()):
         run(config, plugin_manager=pm, track=False, on_prepared=on_prepared, verify=False)
     return log
 

@@ -108,6 +108,7 @@ class Releases:
     def add_noise(self, sums: Params, expected_batch: torch.Tensor) -> Params:
         """One release: (sums + std N) / expected batch, in place (`DPMechanism.add_noise`)."""
         self._take(1)
+        self._clean("add_noise", sums)
         noisy: Params = self.mechanism.add_noise(sums, expected_batch)
         _to_tape("add_noise", noisy)
         return noisy
@@ -117,6 +118,7 @@ class Releases:
         sums[k][i] += scale[i] std N, in place (`DPMechanism.add_scaled_noise`). The
         post-processing check forces the result on its replay."""
         self._take(1)
+        self._clean("add_noise", sums)
         self.mechanism.add_scaled_noise(sums, scale)
         _to_tape("add_noise", sums)
         return sums
@@ -151,6 +153,12 @@ class Releases:
         if tape is not None:
             tape.delegated += self.steps
 
+    def _clean(self, kind: str, sums: Params) -> None:
+        """The release's value before noise, to the open tape (the isolation replay compares it)."""
+        tape = current_tape()
+        if tape is not None:
+            tape.clean(kind, [sums[k] for k in sorted(sums)], self.ctx.rows, self.ctx.phase)
+
     def _take(self, count: int) -> None:
         if self not in _OPEN.get():
             raise RuntimeError("DP noise is drawn inside its open release transaction (`with Releases(...)`)")
@@ -162,6 +170,9 @@ class Releases:
 def add_central_noise(total: torch.Tensor, std: float, noise: Any) -> torch.Tensor:
     """A trusted server's release of the pooled sum of delegated releases: `total` (1, P)
     plus std N(0, I) from the server's own `NoiseStreams`, as float64 (central DP)."""
+    tape = current_tape()
+    if tape is not None:
+        tape.clean("central", [total], None, "server")
     noisy: torch.Tensor = total + noise.normal(total.shape[1]).double() * std
     _to_tape("central", {"total": noisy})
     return noisy

@@ -47,10 +47,16 @@ class ReleaseTape:
     value.
     """
 
-    def __init__(self, recorded: list[tuple[str, list[torch.Tensor]]] | None = None) -> None:
+    def __init__(self, recorded: list[tuple[str, list[torch.Tensor]]] | None = None,
+                 clean: list[list[torch.Tensor]] | None = None) -> None:
         self.replaying = recorded is not None
         self.values: list[tuple[str, list[torch.Tensor]]] = list(recorded or [])
         self.position = 0
+        # the releases' values before noise: recorded, or (given `clean`) compared on the replay
+        self.clean_values: list[list[torch.Tensor]] = list(clean or [])
+        self.comparing = clean is not None
+        self.clean_position = 0
+        self.clean_differences: list[str] = []
         self.unforceable: list[str] = []  # kinds of release that a replay could not force
         self.delegated = 0  # releases whose noise a trusted server adds (central DP)
 
@@ -73,6 +79,29 @@ class ReleaseTape:
         for target, value in zip(tensors, recorded):
             target.copy_(value.to(target.device))
         self.position += 1
+
+    def clean(self, kind: str, tensors: Sequence[torch.Tensor], rows: torch.Tensor | None, phase: str) -> None:
+        """A release's value before noise: recorded, or compared with the recorded one
+        (the isolation replay, `p4bench.privacy.isolation`): a row that differs is noted
+        with its client id (`rows`; None: the server's pooled sum)."""
+        if not self.replaying:
+            self.clean_values.append([t.detach().clone() for t in tensors])
+            return
+        if not self.comparing:
+            return
+        index = self.clean_position
+        self.clean_position += 1
+        if index >= len(self.clean_values):
+            return  # a release made on the replay only: ReplayDiverged names it
+        gaps = [(t.detach().double() - r.to(t.device).double()).abs().nan_to_num(float("inf")).reshape(len(t), -1)
+                for t, r in zip(tensors, self.clean_values[index]) if t.shape == r.shape and len(t)]
+        if not gaps:
+            return
+        per_row = torch.cat(gaps, dim=1).amax(dim=1) if gaps[0].shape[1] else torch.zeros(len(gaps[0]))
+        for row in torch.nonzero(per_row > 0).flatten().tolist():
+            who = "the server's pooled sum" if rows is None else f"client {int(rows[row])}"
+            self.clean_differences.append(f"release {index + 1} (phase '{phase}', {kind}), {who}: the clipped sum "
+                                          f"before noise differs by up to {float(per_row[row]):.3g}")
 
     def note_unforceable(self, kind: str) -> None:
         """A release whose value the tape cannot see (a fused kernel's draws)."""

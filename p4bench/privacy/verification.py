@@ -30,6 +30,7 @@ __all__ = ["VERIFY_ENV", "NOT_VERIFIED", "cache_key", "verification_enabled", "v
 VERIFY_ENV = "P4BENCH_VERIFY"
 NOT_VERIFIED = "not yet verified"
 _CACHE_FILE = "post_processing.json"
+CHECK_VERSION = 2  # 2: the isolation replay added; an older verdict is checked again
 
 
 def verification_enabled() -> bool:
@@ -52,6 +53,7 @@ def cache_key(config: RunConfig, method_cls: type, provenance: dict[str, dict[st
     options, the model and the features."""
     entry = provenance.get("method", {})
     parts = {
+        "check": CHECK_VERSION,
         "method": config.method, "distribution": entry.get("distribution"), "version": entry.get("version"),
         "source": _source_digest(method_cls), "options": {k: str(v) for k, v in sorted(config.options.items())},
         "model": config.model, "features": config.features, "neighbouring": config.neighbouring,

@@ -177,9 +177,12 @@ def _check_post_processing(report: ConformanceReport, dp_config: Any, pm: Any) -
     except Exception as exc:  # noqa: BLE001 - a crashing method is a finding, not a kit error
         report.fail("post-processing", f"the check's runs raised {type(exc).__name__}: {exc}")
         return
+    isolation = {"verified": "; every release's clipped sum unchanged with half the records changed and out of every "
+                             "sum (record isolation)",
+                 "not checked": "; record isolation not checked (no per-example clipped batch held a changed record)"}
     report.add("post-processing", result.passed, result.reason() or
                f"{result.messages} messages identical with every client's records replaced and {result.releases} "
-               "releases forced")
+               f"releases forced{isolation.get(result.isolation, '')}")
 
 
 # -- privacy ledger -----------------------------------------------------------------------------

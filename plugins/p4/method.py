@@ -80,8 +80,8 @@ def __getattr__(name: str):
     if name == "UNKNOWN_SENT":
         import warnings
 
-        warnings.warn("p4bench.plugins.p4.method.UNKNOWN_SENT is deprecated: use UNKNOWN (the same -1.0, now also in the state)", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn("p4bench.plugins.p4.method.UNKNOWN_SENT is deprecated: use UNKNOWN (the same -1.0, now also in "
+                      "the state)", DeprecationWarning, stacklevel=2)
         return UNKNOWN
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
