@@ -127,10 +127,11 @@ def test_every_built_in_private_method_passes(method):
 
 def test_a_teacher_trained_without_dp_fails_the_isolation_replay_naming_the_release():
     """Post-processing holds for it (every message comes from the releases): only the
-    isolation replay sees the leak, for a third-party method and for ProxyFL's paper teacher."""
-    for result in (_check(HiddenTeacher), run_check(RunConfig(method="proxyfl", epsilon=8.0, options={"teacher": "private"}), run)):
+    isolation replay sees the leak, for a third-party method and for ProxyFL's and P4's paper teacher."""
+    paper_teachers = [run_check(RunConfig(method=m, epsilon=8.0, options={"teacher": "private"}), run) for m in ("proxyfl", "p4")]
+    for result in (_check(HiddenTeacher), *paper_teachers):
         assert result.status == "failed" and result.isolation == "failed", result.findings
-        assert result.findings[0].startswith("record isolation: release ") and "phase 'train'" in result.findings[0]
+        assert result.findings[0].startswith("record isolation: release ") and "(phase '" in result.findings[0]
         assert "client " in result.findings[0] and "differs by up to" in result.findings[0]
     honest = run_check(RunConfig(method="proxyfl", epsilon=8.0, options={"teacher": "last-proxy"}), run)
     assert honest.status == "verified" and honest.isolation == "verified", honest.findings
