@@ -25,7 +25,7 @@ def gram_matrices(x: torch.Tensor) -> torch.Tensor:
     return torch.bmm(flat, flat.transpose(1, 2))
 
 
-def orthonormal_bases(x: torch.Tensor, chunk: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def orthonormal_bases(x: torch.Tensor, chunk: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Householder QR of every client's flattened inputs X (n, d): (Q^T (C, m, d) with
     orthonormal rows, R (C, m, n)), m = min(n, d), X = R^T Q^T. Q is orthonormal to
     rounding whatever X's conditioning or rank (padding rows are zeros). In chunks of
