@@ -26,8 +26,12 @@ Records are drawn from the digits images with replacement (digits has 1,797 < 20
 Each timing: one warm-up, then the best of N repetitions, batched and loop interleaved
 (the 1-minute load average before/after is reported: on a shared machine, compare only
 numbers taken together). Total = the whole batched round (RNG draws included) vs the
-loop's two parts. Prints ONE JSON object on stdout (progress on stderr); `--profile`
-also prints a torch profile of the batched round.
+loop's two parts. One torch thread by default (both sides on one core). The batched
+Shapley values on the linear model take each coalition's logits as a weighted sum of the
+base model's and the candidates' (`coalition_values`: the forward is linear in the
+parameters), one forward per model and candidate. Prints ONE JSON object on stdout (progress
+on stderr) with the bench convention's thread count, wall and CPU seconds and peak RSS;
+`--profile` also prints a torch profile of the batched round.
 
     .venv/bin/python bench/pdsl.py [--quick] [--repeats 5] [--threads N] [--profile]
 """
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from functools import partial
@@ -47,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from p4bench.baselines.cross_gradients import cross_gradients
-from p4bench.baselines.shapley import coalition_values, monte_carlo_shapley
+from p4bench.baselines.shapley import coalition_values, linear_in_parameters, monte_carlo_shapley
 from p4bench.config import RunConfig
 from p4bench.data import ClientTensors
 from p4bench.engine.state import unvectorize, vectorize
@@ -185,10 +190,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (best of 2)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (default 5, --quick 2)")
     parser.add_argument("--profile", action="store_true", help="print a torch profile of the batched round on stderr")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: both sides on one core)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    started, cpu_started = time.perf_counter(), time.process_time()
     repeats = args.repeats or (2 if args.quick else 5)
     w = workload()
 
@@ -230,6 +235,9 @@ def main() -> None:
                   "phi_max_abs_diff": phi_err, "phi_tolerance": 1.0 / (Q_SIZE * R),
                   "phi_spread_mean": float((phi_b.max(1).values - phi_b.min(1).values).mean())},
         "target_speedup": 20, "meets_target": bool(total["speedup"] >= 20),
+        "shapley_path": "linear logits" if linear_in_parameters(w.model) else "forward per coalition",
+        "wall_s": round(time.perf_counter() - started, 2), "cpu_s": round(time.process_time() - cpu_started, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         # The loop's coalition forwards are (|Q| x d) @ (d x C) products big enough for BLAS:
         # its arithmetic rate shows how much of its time is Python overhead (little) vs work.
         "loop_shapley_gflop_per_s": round(2 * M * R * M * Q_SIZE * int(w.x.shape[1]) / t_shap_l / 1e9, 2),
