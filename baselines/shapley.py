@@ -20,11 +20,13 @@ from collections.abc import Callable, Mapping
 import torch
 from torch.func import vmap
 
+from p4bench.baselines.shapley_linear import linear_coalition_values, linear_in_parameters, parents
 from p4bench.engine.state import unvectorize
-from p4bench.models import LinearSoftmax, Model
+from p4bench.models import Model
 
 __all__ = [
     "ValuesFn",
+    "linear_in_parameters",
     "coalition_values",
     "coalition_game",
     "exact_shapley",
@@ -59,9 +61,10 @@ def coalition_values(
     values = torch.zeros(len(agent), dtype=torch.float64, device=masks.device)
     size = members.sum(dim=1)
     todo = torch.nonzero(size > 0).flatten()
+    if linear_in_parameters(model):  # no forward per coalition (`p4bench.baselines.shapley_linear`)
+        values = linear_coalition_values(model, like, x, g, lr, q_x, q_y, q_n, agent, members, parents(agent, members))
+        return values[inverse].reshape(num_agents, num_coalitions)
     forward = vmap(model.forward, in_dims=(0, None) if q_n is None else (0, 0))  # one Q for every model, or the agent's
-    # a linear model: the logits of every coalition from one forward per model and candidate
-    linear = _LinearLogits(forward, like, x, g, q_x, q_n, chunk) if linear_in_parameters(model) else None
     flat_g = g.reshape(num_agents * slots, -1)
     owners = agent[todo].tolist()  # one read for every chunk's span of agents
     for start in range(0, len(todo), chunk):
@@ -74,12 +77,9 @@ def coalition_values(
         weights[torch.arange(len(rows), device=g.device), owner - first] = (
             members[rows].to(g.dtype) / size[rows, None].to(g.dtype)
         )
-        if linear is not None:
-            predicted = linear.of(owner, weights.reshape(len(rows), -1), first, last, lr).argmax(dim=-1)
-        else:
-            mean = weights.reshape(len(rows), -1) @ flat_g[first * slots : last * slots]
-            params = unvectorize(x[owner] - lr * mean, like)
-            predicted = forward(params, q_x if q_n is None else q_x[owner]).argmax(dim=-1)
+        mean = weights.reshape(len(rows), -1) @ flat_g[first * slots : last * slots]
+        params = unvectorize(x[owner] - lr * mean, like)
+        predicted = forward(params, q_x if q_n is None else q_x[owner]).argmax(dim=-1)
         if q_n is None:
             values[rows] = (predicted == q_y).double().mean(dim=1)
         else:
@@ -87,41 +87,6 @@ def coalition_values(
             correct = (predicted == q_y[owner]) & real
             values[rows] = correct.double().sum(dim=1) / q_n[owner].clamp_min(1).double()
     return values[inverse].reshape(num_agents, num_coalitions)
-
-
-def linear_in_parameters(model: Model) -> bool:
-    """Whether the model's logits are linear in its parameters (f(a + b) = f(a) + f(b)):
-    the built-in linear model's own forward, checked by type, not declared by a plugin."""
-    return isinstance(model, LinearSoftmax) and type(model).forward is LinearSoftmax.forward
-
-
-class _LinearLogits:
-    """Coalition logits of a model linear in its parameters, without a forward per coalition:
-    f(x_a - lr mean_S g_aj) = f(x_a) - lr sum_j w_Sj f(g_aj), so the A base models and the
-    A K candidate gradients each go through the forward once, and a coalition's logits
-    are a weighted sum of those (in float64). Equal to the per-coalition forward up to
-    float rounding: an argmax within rounding of a tie may differ."""
-
-    def __init__(self, forward, like, x, g, q_x, q_n, chunk: int) -> None:
-        num_agents, slots, _ = g.shape
-        shared = q_n is None
-        self.base = torch.cat([forward(unvectorize(x[a : a + chunk], like), q_x if shared else q_x[a : a + chunk])
-                               for a in range(0, num_agents, chunk)]) if num_agents else x.new_zeros(0)
-        flat_g = g.reshape(num_agents * slots, -1)
-        parts = []
-        for start in range(0, num_agents * slots, chunk):
-            params = unvectorize(flat_g[start : start + chunk], like)
-            agents = torch.arange(start, min(start + chunk, len(flat_g)), device=g.device) // slots
-            parts.append(forward(params, q_x if shared else q_x[agents]))
-        self.slot_logits = torch.cat(parts) if parts else x.new_zeros(0)  # (A K, n, L)
-        self.slots = slots
-
-    def of(self, owner: torch.Tensor, weights: torch.Tensor, first: int, last: int, lr: float) -> torch.Tensor:
-        """(rows, n, L) logits of the coalitions whose slot weights over agents
-        first..last-1 are `weights` (rows, (last - first) K)."""
-        span = self.slot_logits[first * self.slots : last * self.slots]
-        mixed = weights.double() @ span.reshape(len(span), -1).double()
-        return self.base[owner].double() - lr * mixed.view(len(owner), *span.shape[1:])
 
 
 def _distinct_coalitions(masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
