@@ -64,8 +64,9 @@ def linear_coalition_values(
         # its smallest class is the logits' largest, and no base or 1/|S| is applied per coalition
         candidates.sub_(base.unsqueeze(1), alpha=1.0 / lr)
         owner = agent[lo:hi]
-        labels, real = q_y.view(1, width), None
-        if q_n is not None:  # each agent's own validation set, padded
+        if q_n is None:
+            labels, real = q_y.view(1, width), None
+        else:  # each agent's own validation set, padded
             labels, real = q_y[first:last], torch.arange(width, device=q_y.device) < q_n[first:last, None]
         right = _correct_counts(candidates, owner - first, members[lo:hi], count[lo:hi], parent[lo:hi] - lo,
                                 added[lo:hi], parent[lo:hi] >= 0, labels, real)
