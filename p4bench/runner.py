@@ -69,10 +69,13 @@ def resolve_run_config(config: RunConfig, registry: Registry) -> RunConfig:
     - a DP method (`Method.default_epsilon`) runs private at its default epsilon unless
       the config gives an epsilon or noise multiplier, or opts out with `no_dp`;
     - `noise_source=auto` becomes `secure` where the runtime's clients are separate
-      parties (devices), else `seeded`.
+      parties (devices) and the run is private, else `seeded`: a non-private run draws
+      only batches and sampling, which protect nothing, so a device run then gives the
+      simulator's numbers.
 
     Refuses (UsageError) `no_dp` together with an epsilon or noise multiplier, and seeded
-    randomness on separate parties unless `device_simulation` says the run is a simulation.
+    randomness in a private run on separate parties unless `device_simulation` says the
+    run is a simulation.
     """
     method_cls: type[Method] = registry.get("method", config.method)
     runtime_cls = registry.get("runtime", config.runtime)
@@ -82,10 +85,11 @@ def resolve_run_config(config: RunConfig, registry: Registry) -> RunConfig:
     if not config.no_dp and config.epsilon is None and config.noise_multiplier is None and method_cls.default_epsilon:
         changes["epsilon"] = float(method_cls.default_epsilon)
     separate = bool(getattr(runtime_cls, "separate_parties", False))
+    private = config.replace(**changes).private if changes else config.private
     source = config.noise_source
-    if source == "auto":
-        source = changes["noise_source"] = "secure" if separate else "seeded"
-    if separate and source == "seeded" and not config.device_simulation:
+    if source == "auto":  # without DP nothing secret depends on the draws: the simulator's seeded ones
+        source = changes["noise_source"] = "secure" if separate and private else "seeded"
+    if separate and private and source == "seeded" and not config.device_simulation:
         raise UsageError(
             f"runtime '{config.runtime}' runs clients as separate parties: seeded DP randomness would let every peer "
             "recompute a neighbour's noise and batches; use --noise-source secure (the default), or pass "

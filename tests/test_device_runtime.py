@@ -76,6 +76,30 @@ def test_local_peers_match_the_simulator_and_log_to_mlflow(capsys, shared_result
     assert {"device.0.compute_s", "device.3.wire_bytes_sent", "device.peers_alive", "accuracy_mean"} <= set(metrics)
 
 
+def test_a_non_private_device_run_draws_the_simulators_numbers(capsys, shared_results):
+    """Without DP nothing secret depends on the batches: `auto` randomness is seeded on the
+    devices too, so p2p-fl on 3 local peers gives the simulator's per-client accuracies,
+    with no --device-simulation mark."""
+    args = ["run", "--method", "p2p-fl", "--local-peers", "3", "--rounds", "3", "--local-steps", "2", "--seed", "3",
+            "--eval-fraction", "0", "--results-dir", shared_results, "--json"]
+    code, out, err = invoke(args, capsys)
+    assert code == 0, err[-3000:]
+    device = json.loads(out.strip().splitlines()[-1])
+    simulated = run(RunConfig(method="p2p-fl", clients=3, rounds=3, local_steps=2, seed=3, eval_fraction=0.0,
+                              results_dir=shared_results), track=False).summary
+    assert not device["private"] and device["accuracy_per_client"].keys() == {"0", "1", "2"}
+    for client, accuracy in simulated["accuracy_per_client"].items():
+        assert abs(device["accuracy_per_client"][client] - accuracy) <= 1e-6
+    # a private device run still draws secret randomness
+    from p4bench.plugin_manager import Registry, create_plugin_manager
+    from p4bench.runner import resolve_run_config
+
+    registry = Registry(create_plugin_manager())
+    private = resolve_run_config(RunConfig(method="p2p-fl", runtime="device", epsilon=8.0), registry)
+    assert private.noise_source == "secure"
+    assert resolve_run_config(RunConfig(method="p2p-fl", runtime="device"), registry).noise_source == "seeded"
+
+
 class Faults:
     """Observer: after round `stall_at` it freezes the `stalled` peer (SIGSTOP) for
     `pause_s` seconds, longer than the exchange timeout; after `kill_at` it SIGKILLs

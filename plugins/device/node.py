@@ -193,14 +193,16 @@ def _parse_start(start: dict[str, Any], peers: PeersFile) -> tuple[dict[str, Any
 
 
 def peer_config(config: RunConfig) -> RunConfig:
-    """The config as this peer runs it: `auto` randomness resolved to `secure` (a peer is
-    a separate party); seeded randomness refused unless the run is marked a simulation
-    on devices (`device_simulation`), since every peer could then recompute the others'
-    noise and batches from the seed. (`prepare` does the same for the device runtime;
+    """The config as this peer runs it: `auto` randomness resolved to `secure` in a
+    private run (a peer is a separate party), `seeded` in a non-private one (its draws
+    protect nothing, and the numbers then agree with the simulator's); seeded randomness
+    in a private run refused unless the run is marked a simulation on devices
+    (`device_simulation`), since every peer could then recompute the others' noise and
+    batches from the seed. (`prepare` does the same for the device runtime;
     this holds whatever runtime the launcher's config names.)"""
-    if config.noise_source == "auto":
-        config = config.replace(noise_source="secure")
-    if config.noise_source == "seeded" and not config.device_simulation:
+    if config.noise_source == "auto":  # a non-private run protects nothing with its draws: seeded, as simulated
+        config = config.replace(noise_source="secure" if config.private else "seeded")
+    if config.noise_source == "seeded" and config.private and not config.device_simulation:
         raise UsageError("seeded noise and batches on devices let every peer recompute the others' noise; "
                          "use --noise-source secure, or mark the run --device-simulation (epsilon uncertified)")
     return config
