@@ -43,6 +43,12 @@ class RunConfig:
     eval_fraction: float = field(
         default=0.2, metadata=_meta("fraction of clients used only for tuning, never reported", low=0, high=0.9)
     )
+    eval_set: str = field(
+        default="personal",
+        metadata=_meta("where accuracy is measured: personal (each client's own test split), global (one test set "
+                       "held out of the dataset before partitioning, never in a client's data; the headline) or both "
+                       "(both measured, personal the headline)", choices=("personal", "global", "both")),
+    )
     federation_clients: int | None = field(
         default=None,
         metadata=_meta(
@@ -168,7 +174,8 @@ class RunConfig:
         for name in ("time_budget_min", "federation_clients"):  # added later: runs without them keep their hashes
             if data[name] is None:
                 del data[name]
-        for name, default in (("device", "cpu"), ("noise_generator", "auto")):  # added later: older runs keep their hashes
+        # added later: older runs keep their hashes
+        for name, default in (("device", "cpu"), ("noise_generator", "auto"), ("eval_set", "personal")):
             if data[name] == default:
                 del data[name]
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

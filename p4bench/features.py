@@ -305,4 +305,7 @@ def normalize_samples(data: FederatedData) -> FederatedData:
     """`data` with every sample's features group-normalised on their own (`sample_group_norm`)."""
     train = ClientTensors(sample_group_norm(data.train.x), data.train.y, data.train.n)
     test = ClientTensors(sample_group_norm(data.test.x), data.test.y, data.test.n)
-    return dataclasses.replace(data, train=train, test=test)
+    held = data.global_test
+    if held is not None:
+        held = ClientTensors(sample_group_norm(held.x), held.y, held.n)
+    return dataclasses.replace(data, train=train, test=test, global_test=held)

@@ -129,6 +129,7 @@ class RoundReport:
 # Per-client values a round reports besides accuracies (`RoundReport.extra_accuracy`
 # entries named with one of these prefixes): logged as `<name>_mean`, not `accuracy_<name>_mean`.
 VALUE_PREFIXES = ("test_", "count_")
+GLOBAL_ACCURACY = "global"  # the extra accuracy of each client's deployed model on the global test set (`--eval`)
 
 
 def extra_metric_name(name: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from p4bench.records import Outcome, RoundReport, RunInfo, extra_metric_name
+from p4bench.records import GLOBAL_ACCURACY, Outcome, RoundReport, RunInfo, extra_metric_name
 
 __all__ = ["DetectionScore", "reported_mean", "summarize", "budget_fields", "summed_metrics", "early_stop_epsilon_note",
            "phase_rounds"]
@@ -87,6 +87,7 @@ def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, 
         "accuracy_max": float(chosen.max()),
         "accuracy_per_client": {str(i): float(accuracy[i]) for i in np.flatnonzero(reported)},
         **{extra_metric_name(name): reported_mean(values, reported) for name, values in outcome.extra_accuracy.items()},
+        **eval_fields(config.eval_set, chosen, outcome.extra_accuracy.get(GLOBAL_ACCURACY), reported),
         "epsilon": None,
         "bytes_sent": int(outcome.bytes_sent),
         "bytes_per_phase": _per_phase(outcome.reports, lambda r: r.bytes_sent),
@@ -99,6 +100,20 @@ def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, 
         "public_data": info.public_data,  # unlabeled public data the method read (threat model), or None
         **({"partition_stats": dict(info.partition_report.stats)} if info.partition_report.stats else {}),
     }
+
+
+def eval_fields(eval_set: str, personal: np.ndarray, global_accuracy: np.ndarray | None,
+                reported: np.ndarray) -> dict[str, Any]:
+    """Where accuracy was measured (`--eval`), and the headline `accuracy`: the mean over the
+    reported clients on the global test set (`eval_set` global) or on their own test
+    splits; with a global test set, its min and max over clients beside the mean."""
+    fields: dict[str, Any] = {"eval_set": eval_set, "accuracy": float(personal.mean())}
+    if global_accuracy is not None:
+        chosen = global_accuracy[reported] if reported.any() else np.array([float("nan")])
+        fields.update(accuracy_global_min=float(chosen.min()), accuracy_global_max=float(chosen.max()))
+        if eval_set == "global":
+            fields["accuracy"] = float(chosen.mean())
+    return fields
 
 
 def budget_fields(info: RunInfo, outcome: Outcome) -> dict[str, Any]:

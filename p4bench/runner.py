@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import uuid
@@ -21,6 +22,7 @@ from p4bench.config import RunConfig
 from p4bench.data import FederatedData, build_federated_data
 from p4bench.data.base import load_dataset, run_partitioner
 from p4bench.data.federated import evaluation_clients_only
+from p4bench.data.global_test import hold_out_global_test
 from p4bench.data.paths import _data_dir
 from p4bench.data.public import public_data
 from p4bench.devices import MemoryPlan, describe_device, device_scope, plan_memory, resolve_device
@@ -152,6 +154,12 @@ def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform
     records = len(dataset.y_train)  # the default delta's N (`default_delta`), before any public split
     if config.features == "scatter":  # the feature cache is shared by devices: computed where the run is
         dataset = scatter_dataset(dataset, device=str(device) if device.type == "cuda" else "cpu")
+    global_test = None
+    if config.eval_set != "personal":  # the papers' held-out test set: before any client gets a share
+        if config.features == "scatter" and config.feature_norm == "client":
+            raise UsageError("--eval global needs features that do not depend on a client's statistics: "
+                             "--feature-norm client normalises each client by its own; use sample or none")
+        dataset, global_test = hold_out_global_test(dataset, config.seed)
     public = None
     if method_cls.needs_public_data:  # held-out records leave the dataset before any client gets a share
         dataset, public = public_data(dataset_cls, dataset, Path(_data_dir()), whole,
@@ -160,6 +168,8 @@ def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform
     partitioner = partitioner_cls()
     partition = run_partitioner(partitioner, dataset, whole.clients, config.samples_per_client, rng, whole)
     data: FederatedData = build_federated_data(dataset, partition, config.eval_fraction, rng)
+    if global_test is not None:
+        data = dataclasses.replace(data, global_test=global_test)
     if config.federation_clients is not None:
         data = evaluation_clients_only(data)
         if data.num_clients != config.clients:

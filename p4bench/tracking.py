@@ -29,6 +29,7 @@ from p4bench.participation import participation_curve, write_participation_curve
 log = logging.getLogger(__name__)
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+GLOBAL_FIGURES = ("accuracy_global_mean", "accuracy_global_min", "accuracy_global_max")
 
 
 def default_tracking_uri(results_dir: str) -> str:
@@ -285,6 +286,8 @@ class Tracker:
                 if (folder / name).exists():
                     self._mlflow("log artifact", self.client.log_artifact, self.mlflow_run_id, str(folder / name))
             final = {"final_accuracy_mean": result.summary["accuracy_mean"], "wall_time_s": result.wall_time_s,
+                     # `--eval global|both`: the global test set's figures too (compare --metric final_accuracy_global_mean)
+                     **{f"final_{k}": float(result.summary[k]) for k in GLOBAL_FIGURES if k in result.summary},
                      "bytes_sent_total": float(result.summary.get("bytes_sent", 0)),
                      "rounds_completed": float(result.summary.get("rounds_completed", len(result.outcome.reports)))}
             final.update(method_figures(result.summary))

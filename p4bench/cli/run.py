@@ -113,6 +113,9 @@ def run_command(
         None, help="scatter features: sample (default, per-sample group norm) | client (the paper's, uncertified) | none"
     ),
     eval_fraction: float | None = typer.Option(None, help="fraction of clients reserved for tuning"),
+    eval_set: str | None = typer.Option(
+        None, "--eval", help="where accuracy is measured: personal (default: each client's own test split) | global "
+        "(one test set held out before partitioning; the headline) | both (personal the headline, global beside)"),
     features: str | None = typer.Option(None, help="raw | scatter (ScatterNet J=2, L=8; see --feature-norm)"),
     shards_per_client: int | None = typer.Option(None, help="shards partitioner: classes per client N"),
     model: str | None = typer.Option(None, help="model architecture (linear, scatter-cnn, cnn, ...)"),
@@ -208,7 +211,8 @@ def _overrides(o: dict[str, Any]) -> dict[str, Any]:
     names = ("method", "attack", "defense", "dataset", "partitioner", "similarity", "clients", "samples_per_client",
              "rounds", "local_steps", "client_rate", "data_rate", "lr", "global_lr", "malicious_fraction", "epsilon",
              "delta", "noise_multiplier", "clip", "neighbouring", "accountant", "noise_source", "noise_generator", "feature_norm",
-             "eval_fraction", "features", "model", "runtime", "seed", "device", "experiment", "tracking_uri", "results_dir")
+             "eval_fraction", "eval_set", "features", "model", "runtime", "seed", "device", "experiment", "tracking_uri",
+             "results_dir")
     values = {name: o[name] for name in names}
     values.update(no_dp=o["no_dp"] or None, device_simulation=o["device_simulation"] or None,
                   time_budget_min=o["time_budget"], memory_budget_gb=o["memory_budget"], options=plugin_options or None)
@@ -268,6 +272,18 @@ def json_default(value: Any) -> Any:
     return str(value)
 
 
+def _accuracy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The accuracy rows, the headline (`--eval`) first: each client's own test split
+    (personal) and, where measured, the global test set."""
+    personal = [("test accuracy mean (own test splits)", f"{summary['accuracy_mean']:.4f}"),
+                ("  min / max", f"{summary['accuracy_min']:.4f} / {summary['accuracy_max']:.4f}")]
+    if "accuracy_global_mean" not in summary:
+        return [("test accuracy mean", personal[0][1]), ("test accuracy min / max", personal[1][1])]
+    held = [("test accuracy mean (global test set)", f"{summary['accuracy_global_mean']:.4f}"),
+            ("  min / max", f"{summary['accuracy_global_min']:.4f} / {summary['accuracy_global_max']:.4f}")]
+    return held + personal if summary.get("eval_set") == "global" else personal + held
+
+
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
     table = Table(title=f"{summary['method']} on {summary['dataset']} (seed {summary['seed']})", show_header=False)
     table.add_column("", style="bold")
@@ -276,8 +292,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         ("attack / defense", f"{summary['attack'] or 'none'} / {summary['defense'] or 'none'}"),
         ("rounds", _rounds_text(summary)),
         ("reported clients", f"{summary['reported_clients']} of {summary['clients']} (benign, non-evaluation)"),
-        ("test accuracy mean", f"{summary['accuracy_mean']:.4f}"),
-        ("test accuracy min / max", f"{summary['accuracy_min']:.4f} / {summary['accuracy_max']:.4f}"),
+        *_accuracy_rows(summary),
         ("epsilon", _claim_text(summary)),
         ("DP randomness", _randomness_text(summary)),
         ("wall time", f"{summary['wall_time_s']:.2f} s on {summary.get('compute_device', 'cpu')}"
@@ -289,8 +304,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         rows.append(("tracking", f"[yellow]{summary['tracking_error']}; results kept locally[/yellow]"))
     device = summary.get("device")
     if isinstance(device, dict) and device.get("self_reported"):  # a device run: taken from the peers unchecked
-        rows.insert(5, ("self-reported", f"[yellow]{', '.join(map(str, device['self_reported'])).replace('_', ' ')}: "
-                                         "each peer's figures of its own client, not checked by the launcher[/yellow]"))
+        claimed = ', '.join(map(str, device['self_reported'])).replace('_', ' ')
+        rows.insert([k for k, _ in rows].index("epsilon"), ("self-reported", f"[yellow]{claimed}: each peer's figures "
+                                                            "of its own client, not checked by the launcher[/yellow]"))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)

@@ -239,7 +239,8 @@ def _print_comparison(comparison, fmt: str, privacy_note: bool = True) -> None:
 def compare_command(
     experiment: str = typer.Option(..., "--experiment", "-e", help="MLflow experiment (a sweep's name)"),
     group_by: str | None = typer.Option(None, "--group-by", help="comma-separated keys (default: what varies)"),
-    metric: str = typer.Option("final_accuracy_mean", "--metric", help="MLflow metric to aggregate"),
+    metric: str = typer.Option("final_accuracy_mean", "--metric", help="MLflow metric to aggregate (runs with --eval "
+                               "global|both also have final_accuracy_global_mean: the global test set)"),
     fmt: str = typer.Option("table", "--format", help="table | markdown | csv"),
     plot: Path | None = typer.Option(None, "--plot", help="save accuracy-per-round curves and a bar chart here"),
     results_dir: str | None = _RESULTS,

@@ -152,14 +152,16 @@ class FederatedData:
     feature_shape: tuple[int, ...]
     class_names: tuple[str, ...]
     client_indices: tuple[np.ndarray, ...]  # pooled-dataset indices per client (train + test)
+    # one test set for every client (`--eval global|both`, `p4bench.data.global_test`), (1, N, ...)
+    global_test: ClientTensors | None = None
 
     @property
     def num_clients(self) -> int:
         return int(self.train.n.shape[0])
 
     def nbytes(self) -> int:
-        """Bytes of every client's train and test tensors."""
-        return self.train.nbytes() + self.test.nbytes()
+        """Bytes of every client's train and test tensors, and of the global test set."""
+        return self.train.nbytes() + self.test.nbytes() + (self.global_test.nbytes() if self.global_test is not None else 0)
 
     def to(self, device: torch.device, stream: bool = False) -> FederatedData:
         """The clients' tensors on `device` (this object itself on the CPU); `stream`
@@ -167,7 +169,8 @@ class FederatedData:
         if device.type == "cpu":
             return self
         return dataclasses.replace(self, train=self.train.to(device, stream), test=self.test.to(device, stream),
-                                   evaluation=self.evaluation.to(device))
+                                   evaluation=self.evaluation.to(device),
+                                   global_test=None if self.global_test is None else self.global_test.to(device, stream))
 
 
 def split_client_indices(

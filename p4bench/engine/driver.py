@@ -29,9 +29,9 @@ from p4bench.engine.network import Network
 from p4bench.engine.receive_gate import ReceiveGate, Rejections
 from p4bench.engine.state import State, cat_rows, put_rows, take_rows, vectorize
 from p4bench.engine.threats import UPDATE_PREFIX, Aggregator, Attack
-from p4bench.engine.training import accuracy, batched_loss_and_grad, reference_loss_and_grad
+from p4bench.engine.training import accuracy, batched_loss_and_grad, reference_loss_and_grad, shared_accuracy
 from p4bench.models import Params
-from p4bench.records import Outcome, RoundReport
+from p4bench.records import GLOBAL_ACCURACY, Outcome, RoundReport
 from p4bench.rng import SERVER_ID, ClientRng, client_rng, node_keys, secret_draws
 
 if TYPE_CHECKING:
@@ -432,7 +432,8 @@ class RoundDriver:
     # -- evaluation --------------------------------------------------------------------
     def evaluate(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Each held client's deployed model (and the method's extra models) on its own
-        test split, in client order."""
+        test split, in client order; with a global test set (`--eval global|both`), the
+        deployed model on it too (extra `global`)."""
         if not self.groups:
             return np.zeros(0), {}
         model, method, order = self.job.model, self.method, self._order()
@@ -453,6 +454,10 @@ class RoundDriver:
                      for g in self.groups]
             for name in parts[0]:
                 extra[name] = torch.cat([p[name] for p in parts])[order].cpu().numpy()
+        held = self.job.data.global_test
+        if held is not None:  # `--eval global|both`: every client's deployed model on the one held-out set
+            scores = [shared_accuracy(model, method.deployed_params(g.state), held) for g in self.groups]
+            extra[GLOBAL_ACCURACY] = torch.cat(scores)[order].cpu().numpy()
         return on_every_client(method.deployed_params), extra
 
     def deployed_params(self) -> Params:

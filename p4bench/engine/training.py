@@ -210,6 +210,24 @@ def accuracy(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, n: 
     return correct.double() / n.clamp_min(1).double()
 
 
+def shared_accuracy(model: Model, params: Params, held: ClientTensors, chunk_logits: int = 1 << 24) -> torch.Tensor:
+    """(C,) accuracy of each client's model on one test set shared by all (`held`, one row
+    (1, N, ...)), in chunks of clients so that the logits stay under `chunk_logits` values."""
+    count = next(iter(params.values())).shape[0] if params else 0
+    total = int(held.n[0]) if len(held.n) else 0
+    if count == 0 or total == 0:
+        return torch.zeros(count, dtype=torch.float64)
+    device = next(iter(params.values())).device
+    x, y = held.x[0, :total].to(device), held.y[0, :total].to(device)
+    forward = vmap(model.forward, in_dims=(0, None))  # one copy of the test set for every model
+    per_chunk = max(1, chunk_logits // (total * max(model.num_classes, 1)))
+    parts = []
+    for start in range(0, count, per_chunk):  # chunks of clients: memory, not a loop per client
+        logits = forward({k: v[start : start + per_chunk] for k, v in params.items()}, x)
+        parts.append((logits.argmax(dim=-1) == y).sum(dim=1).double() / total)
+    return torch.cat(parts)
+
+
 def poisson_batches(rng: ClientRng, n: torch.Tensor, rate: float, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Poisson sampling: each of a client's n_i samples is in the batch with prob `rate`.
 
