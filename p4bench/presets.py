@@ -53,6 +53,9 @@ NON_PRIVATE = {"epsilon": "none", "no_dp": True}  # also for DP methods, private
 RELATION = "add-remove"  # every preset's neighbouring relation (see the module docstring)
 
 
+EVAL_METRICS = {"personal": "final_accuracy_mean", "global": "final_accuracy_global_mean"}
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -73,6 +76,19 @@ class Preset:
     quick_tune_grid: Sequence[float] = ()  # empty: reproduce.QUICK_TUNE_GRID
     # (table or None, context, results folder, experiment) -> lines printed after the table
     report: Callable[[Any, ClaimContext, Path, str], list[str]] | None = None
+    # the paper's metric: "global" (one held-out test set, the table's and the claims'), or
+    # "personal" (each client's own test split); the other is printed beside (`--eval both`)
+    eval_set: str = "personal"
+
+    @property
+    def metric(self) -> str:
+        """The MLflow metric of the table and the claims."""
+        return EVAL_METRICS[self.eval_set]
+
+    @property
+    def beside_metric(self) -> str:
+        """The other accuracy, printed beside the table."""
+        return EVAL_METRICS["personal" if self.eval_set == "global" else "global"]
 
 
 # -- data settings ----------------------------------------------------------------------
@@ -172,25 +188,28 @@ PRESETS: dict[str, Preset] = {
                ("cifar100", "femnist"), {"epsilon": 15.0, "features": "scatter", "model": "linear"},
                _malicious_variants, ("attack", "malicious_fraction", "defense"), claims.malicious_claims),
         Preset("karras", "Karras et al. (P2P FL on Raspberry Pis): CBDS undersampling, FedDF vs FedAvg under random-label "
-                         "clients, P2P-FL personal averaging at alpha 0.01, Table III beside ours; non-private",
+                         "clients and at alpha 0.01, Table III beside ours; global test set; non-private",
                ("cifar10",), {}, karras_variants, ("variant", "method", "malicious_fraction"), karras_claims,
                settings=karras_settings, per_method_for=karras_per_method,
                tune_at={"variant": "noisy clients", "malicious_fraction": 0.0},
                tune_grid=(1e-4, 5e-4, 1e-3, 5e-3, 0.05, 0.5), quick_tune_grid=(5e-4, 0.05), report=karras_report,
-               baselines="every run is non-private, as in the paper (it uses no DP): no epsilon to equalise"),
+               baselines="every run is non-private, as in the paper (it uses no DP): no epsilon to equalise",
+               eval_set="global"),
         Preset("p4l", "Arapakis et al. (P4L): synergy size, IID vs non-IID, Paillier vs plaintext and Byzantine % x "
                       "attack; digits stands in for CIFAR-10/Avito/IMDB (not available offline); no DP",
                ("digits",), {}, p4l_variants, P4L_GROUP_BY, p4l_claims, settings=p4l_settings,
                per_method_for=p4l_per_method, tune_at={"variant": "synergy size x IID", "partitioner": "iid",
                                                        "options.size_dist": "powerlaw"},
                tune_grid=P4L_TUNE_GRID, report=p4l_report,
-               baselines="every run is non-private, as in the paper (P4L uses secure aggregation, no DP): no epsilon to equalise"),
+               baselines="every run is non-private, as in the paper (P4L uses secure aggregation, no DP): no epsilon to equalise",
+               eval_set="global"),
         Preset("pdsl", "Wang et al. (PDSL): Table I's grid, epsilon x topology (complete/bipartite/ring) x M (10/20), PDSL vs "
                        "DP-CGA, Muffliato, DP-DPSGD at one certified epsilon; digits at Dirichlet mu 0.25 stands in for MNIST",
                ("digits",), {}, pdsl_variants, PDSL_GROUP_BY, pdsl_claims, settings=pdsl_settings,
                per_method_for=pdsl_per_method, tune_at=PDSL_TUNE_AT, tune_grid=PDSL_TUNE_GRID, report=pdsl_report,
                baselines="every method is private (per-example clipping, Poisson sampling, one accountant) at the "
-                         "cell's certified epsilon over the whole run; the paper's epsilon is per round (reference only)"),
+                         "cell's certified epsilon over the whole run; the paper's epsilon is per round (reference only)",
+               eval_set="global"),
     )
 }
 

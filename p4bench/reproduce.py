@@ -117,6 +117,7 @@ class ReproduceReport:
     privacy: list[str] = field(default_factory=list)  # lines stating who is private, under which relation
     extras: list[str] = field(default_factory=list)  # the preset's own lines (reference values, plots written)
     tuning_plan: Any = None  # p4bench.tune_scope.LrTuningPlan: which runs each tuning served
+    beside: Any = None  # the same runs on the other accuracy (`Preset.beside_metric`), printed beside
 
 
 def _dataset_choice(preset: Preset, requested: str | None, registry: Any, notices: list[str], check: bool) -> str:
@@ -151,7 +152,9 @@ def plan_preset(name: str, dataset: str | None = None, quick: bool = False, *, s
     settings = data_settings(chosen, quick)
     scale = QUICK if quick else FULL
     base = {"dataset": chosen, "clients": settings["clients"], "samples_per_client": settings["samples_per_client"],
-            "rounds": scale["rounds"], "neighbouring": preset.neighbouring, **preset.base}
+            "rounds": scale["rounds"], "neighbouring": preset.neighbouring,
+            # a paper scored on a global test set: measure both, its metric the table's (`Preset.metric`)
+            **({"eval_set": "both"} if preset.eval_set == "global" else {}), **preset.base}
     if preset.settings is not None:  # the preset's own data settings and scale (karras: K = 40, Table II)
         base.update(preset.settings(chosen, quick))
     experiment = f"reproduce-{name}-{chosen}{'-quick' if quick else ''}"
@@ -295,13 +298,15 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     context = ClaimContext(chosen, quick, tuple(skipped))
     hashes = [r.config_hash for r in located]
     try:
-        comparison = compare_experiment(uri, spec.name, list(preset.group_by), config_hashes=hashes,
+        comparison = compare_experiment(uri, spec.name, list(preset.group_by), preset.metric, config_hashes=hashes,
                                         allow_mixed_privacy=allow_mixed_privacy)
+        beside = compare_experiment(uri, spec.name, list(preset.group_by), preset.beside_metric, config_hashes=hashes,
+                                    allow_mixed_privacy=allow_mixed_privacy) if preset.eval_set == "global" else None
     except UnequalPrivacyError:
         raise
     except UsageError as exc:
         notices.append(str(exc))
-        comparison = None
+        comparison = beside = None
     checks = preset.claims(comparison.table, context) if comparison is not None else [
         ClaimCheck("every claim of this preset", "not checked", "no run finished")]
     if quick:
@@ -310,7 +315,7 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     extras = preset.report(comparison.table if comparison is not None else None, context, Path(base_dir), spec.name) \
         if preset.report is not None else []
     return ReproduceReport(preset, chosen, quick, spec.name, notices + report.notices, report, comparison, checks,
-                           tuning, tuned_lr, privacy, extras, tuning_plan)
+                           tuning, tuned_lr, privacy, extras, tuning_plan, beside)
 
 
 def _tune_lr(preset: Preset, spec: SweepSpec, plan: Any, grid: Sequence[float], backend: Any, base_dir: str, uri: str,

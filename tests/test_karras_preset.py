@@ -49,10 +49,11 @@ def test_full_plan_on_greyscale_cifar10():
     assert plan.spec.name == "reproduce-karras-cifar10" and not plan.skipped
     runs = Counter((r.tags["variant"], r.config.method) for r in plan.runs)
     assert runs == {("table III", "fedavg"): 3, ("table III", "centralized"): 3,
-                    ("table III: side processing", "p2p-fl"): 3, ("table III: decentralized", "p2p-fl"): 3,
+                    ("table III: p2p", "p2p-fl"): 3,
                     ("noisy clients", "fedavg"): 12, ("noisy clients", "feddf"): 12, ("noisy clients", "p2p-fl"): 12,
-                    ("cbds alpha 0.01", "fedavg"): 3, ("cbds alpha 0.01", "p2p-fl"): 3,
-                    ("dirichlet alpha 0.01", "fedavg"): 3, ("dirichlet alpha 0.01", "p2p-fl"): 3}
+                    ("cbds alpha 0.01", "fedavg"): 3, ("cbds alpha 0.01", "feddf"): 3, ("cbds alpha 0.01", "p2p-fl"): 3,
+                    ("dirichlet alpha 0.01", "fedavg"): 3, ("dirichlet alpha 0.01", "feddf"): 3,
+                    ("dirichlet alpha 0.01", "p2p-fl"): 3}
     configs = [r.config for r in plan.runs]
     assert all(not from_config(c).private and c.no_dp and c.epsilon is None for c in configs)  # the paper has no DP
     assert {c.model for c in configs} == {"cnn-gray"} and all(c.options["grayscale"] for c in configs)
@@ -66,7 +67,8 @@ def test_full_plan_on_greyscale_cifar10():
     assert by_method["feddf"].options["distill_steps"] == 10_000
     assert by_method["p2p-fl"].options["policy"] == "acc-weighted"
     exchanges = {r.config.options["exchange"] for r in plan.runs if r.tags["variant"].startswith("table III:")}
-    assert exchanges == {"relay", "mesh"}
+    assert exchanges == {"relay"}  # one P2P run beside both of the paper's rows (relay and mesh: identical models)
+    assert {c.eval_set for c in configs} == {"both"}  # the paper's global test set, each client's own beside
     assert all(c.rounds == 200 and c.attack is None for r in plan.runs if r.tags["variant"] == "table III"
                for c in [r.config])
     non_iid = {r.tags["variant"]: r.config for r in plan.runs if "0.01" in r.tags["variant"]}
@@ -96,18 +98,19 @@ def test_cbds_claim_is_computed_from_the_partitioner_and_can_fail():
     assert kept[0].status == "no" and kept[1].status == "not tested"
 
 
-def test_robustness_and_personal_claims_yes_no_and_not_checked():
+def test_robustness_and_imbalance_claims_yes_no_and_not_checked():
     cbds = cbds_claim(runs=5)
     rows = [("noisy clients", "fedavg", 0.0, 0.60), ("noisy clients", "fedavg", 0.75, 0.20),
             ("noisy clients", "feddf", 0.0, 0.58), ("noisy clients", "feddf", 0.75, 0.45),
-            ("cbds alpha 0.01", "fedavg", 0.0, 0.30), ("cbds alpha 0.01", "p2p-fl", 0.0, 0.70)]
+            ("cbds alpha 0.01", "fedavg", 0.0, 0.30), ("cbds alpha 0.01", "feddf", 0.0, 0.70)]
     checks = karras_claims(table(rows), CTX, cbds)
     assert [c.status for c in checks[1:]] == ["yes", "yes"]
     assert "drop 40.0 points" in checks[1].detail and "drop 13.0 points" in checks[1].detail
     worse = [("noisy clients", "fedavg", 0.0, 0.60), ("noisy clients", "fedavg", 0.75, 0.50),
              ("noisy clients", "feddf", 0.0, 0.58), ("noisy clients", "feddf", 0.75, 0.45),
-             ("cbds alpha 0.01", "fedavg", 0.0, 0.30), ("cbds alpha 0.01", "p2p-fl", 0.0, 0.29)]
+             ("cbds alpha 0.01", "fedavg", 0.0, 0.30), ("cbds alpha 0.01", "feddf", 0.0, 0.29)]
     assert [c.status for c in karras_claims(table(worse), CTX, cbds)[1:]] == ["no", "no"]
+    assert all("P2P" not in c.claim and "personal" not in c.claim for c in checks)  # only the paper's claims
     only_fedavg = [r for r in rows if r[1] == "fedavg"]
     assert [c.status for c in karras_claims(table(only_fedavg), CTX, cbds)[1:]] == ["not checked", "not checked"]
 
@@ -118,6 +121,7 @@ def test_table_iii_is_reference_only(tmp_path):
     assert "reference values only, not a pass/fail" in lines[0]
     assert "FedAvg" in lines[1] and "paper 62.1%" in lines[1] and "ours  50.0%" in lines[1]
     assert not any(word in line for line in lines for word in (": yes", ": no"))
+    assert sum("(table III: p2p, p2p-fl)" in line for line in lines) == 2 and "identical models" in lines[-1]
     report = karras_report(table(rows), CTX, tmp_path, "x")
     plot = tmp_path / "x-accuracy-vs-nk.png"
     assert report[-1] == f"plot of accuracy vs N_K: {plot}" and plot.stat().st_size > 0
@@ -141,7 +145,7 @@ def test_quick_karras_runs_end_to_end_on_digits(no_data, tmp_path, capsys):
     assert Path(plot.split(": ", 1)[1]).is_file()
     assert "privacy: non-private: " in out and "every run is non-private, as in the paper" in out
     assert "claims of the paper on digits (quick smoke run)" in out
-    for claim in ("FedDF loses less accuracy than FedAvg", "P2P-FL (acc-weighted) has a mean personal accuracy"):
+    for claim in ("FedDF loses less accuracy than FedAvg", "FedDF beats FedAvg at alpha = 0.01"):
         line = next(line for line in out.splitlines() if claim in line)
         assert ": not tested (quick smoke run" in line  # a smoke run is no verdict
     cbds = next(line for line in out.splitlines() if line.startswith("- CBDS undersampling"))

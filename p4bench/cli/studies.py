@@ -214,6 +214,10 @@ def tune_command(
         raise typer.Exit(1)
 
 
+_EVAL_WORDS = {"global": "accuracy on the global test set (held out before partitioning)",
+               "personal": "accuracy on each client's own test split"}
+
+
 def _print_comparison(comparison, fmt: str, privacy_note: bool = True) -> None:
     from p4bench.compare import format_table
 
@@ -316,9 +320,14 @@ def reproduce_command(
     print_reproduce_tuning(report)
     _print_sweep_summary(report.sweep, err)
     if report.comparison is not None:
+        out.print(f"the paper's metric: {_EVAL_WORDS[report.preset.eval_set]} ({report.preset.metric})", highlight=False)
         _print_comparison(report.comparison, fmt, privacy_note=False)  # report.privacy says it below
         if plot is not None:
             err.print(f"plot written to {plot_comparison(report.comparison, plot)}")
+    if report.beside is not None:
+        other = "personal" if report.preset.eval_set == "global" else "global"
+        out.print(f"beside it, {_EVAL_WORDS[other]} ({report.preset.beside_metric}):", highlight=False)
+        _print_comparison(report.beside, fmt, privacy_note=False)
     for line in report.extras:  # the preset's own lines: reference values, plots written
         out.print(line, highlight=False, markup=False)
     for line in report.privacy:
