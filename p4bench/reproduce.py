@@ -297,6 +297,8 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
                        allow_mixed_privacy=allow_mixed_privacy)
     context = ClaimContext(chosen, quick, tuple(skipped))
     hashes = [r.config_hash for r in located]
+    comparison: Any = None
+    beside: Any = None
     try:
         comparison = compare_experiment(uri, spec.name, list(preset.group_by), preset.metric, config_hashes=hashes,
                                         allow_mixed_privacy=allow_mixed_privacy)
