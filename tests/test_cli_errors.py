@@ -251,7 +251,7 @@ def test_reproduce_quick_says_its_claims_are_not_tested(capsys, monkeypatch):
     sweep = SweepReport("reproduce-x-digits-quick", "sqlite:///x.db", planned, [RunRecord("h", "finished", {})])
     checks = [ClaimCheck("A beats B", "not tested", "quick smoke run; figures: A 70% vs B 60%"),
               ClaimCheck("partitioner claim", "no", "computed", training=False)]
-    report = SimpleNamespace(quick=True, dataset="digits", tuning=None, tuned_lr={}, sweep=sweep, comparison=None,
+    report = SimpleNamespace(quick=True, dataset="digits", tuning=None, tuned_lr={}, sweep=sweep, comparison=None, beside=None,
                              extras=[], privacy=[], claims=checks)
     monkeypatch.setattr(p4bench.reproduce, "reproduce", lambda *args, **kwargs: report)
     code, out, _ = invoke(["reproduce", "privacy", "--quick"], capsys)
