@@ -37,8 +37,9 @@ relay, for `p4bench describe`).
 
 Local training: `epochs` E sets E * ceil(1 / s) steps per round, s the run's data rate,
 so that one epoch sees |D_i| records in expectation (batches are s |D_i|); without it a
-round is the run's local_steps K, as in the other methods. Plain SGD at the run's lr
-(the paper's Adam with per-epoch decay is not reproduced here).
+round is the run's local_steps K, as in the other methods. Plain SGD at the run's lr by
+default; `optimizer = adam` with `lr_decay` gives the paper's Table II optimiser (Adam,
+eta decayed by gamma per local epoch), as FedAvg's option of the same names.
 
 Differential privacy (optional: `default_epsilon` None, non-private like the paper):
 record-level, the same axis as P4. Training is DP-SGD through `ctx.dp` (`local_sgd`), so
@@ -65,6 +66,7 @@ from typing import Any
 import torch
 
 from p4bench.baselines.common import prefixed_vectors, replicate
+from p4bench.baselines.local_optim import LocalSchedule, local_train, steps_per_epoch
 from p4bench.baselines.p2p_policies import POLICIES, exact_scores, policy_weights, private_scores, validation_split
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method
 from p4bench.engine.messages import UPDATE_PREFIX
@@ -104,6 +106,11 @@ class P2PFL(Method):
                "steps per round", low=1),
         Option("exchange", str, "relay", "relay: a coordinator gathers and forwards all models (C + C*C "
                "transfers, the paper's); mesh: direct peer messages (C*(C-1))", choices=EXCHANGES),
+        Option("optimizer", str, "sgd", "local optimiser: sgd, or adam (the paper's Table II: moments per client, "
+               "reset every round, as FedAvg's)", choices=("sgd", "adam")),
+        Option("lr_decay", float, 1.0, "gamma: the local step size is multiplied by gamma after every local epoch of "
+               "ceil(1/data_rate) steps, from lr again every round (Table II: 0.995)", low=0.0, high=1.0,
+               low_open=True),
     )
 
     def validate_options(self) -> None:
@@ -113,6 +120,8 @@ class P2PFL(Method):
         epochs = values["epochs"]
         self.steps = int(epochs) * math.ceil(1.0 / config.data_rate) if epochs is not None else config.local_steps
         self.exchange = str(values["exchange"])
+        self.schedule = LocalSchedule(str(values["optimizer"]), config.lr, self.steps,
+                                      steps_per_epoch(config.data_rate), float(values["lr_decay"]))
         relay = self.exchange == "relay"
         # Per instance: the driver and the device launcher read `method.capabilities`.
         self.capabilities = Capabilities(  # type: ignore[misc]  # a ClassVar the instance refines
@@ -160,7 +169,10 @@ class P2PFL(Method):
         if state["inbox"].shape[1]:
             params, weights = self._personal_average(state, validation, ctx)
         prefit = self._validation_accuracy(params, validation)
-        params, loss = local_sgd(ctx, params, fit, self.steps, self.config.lr)
+        if self.schedule.optimizer == "sgd" and self.schedule.decay == 1.0:
+            params, loss = local_sgd(ctx, params, fit, self.steps, self.config.lr)  # plain SGD: the original path
+        else:  # Table II's Adam with per-epoch decay, as FedAvg's (`p4bench.baselines.local_optim`)
+            params, loss = local_train(ctx, params, fit, self.schedule)
         postfit = self._validation_accuracy(params, validation)
         history = state["history"].clone()
         history[:, ctx.round] = torch.stack([prefit, postfit], dim=1)

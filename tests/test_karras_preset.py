@@ -66,6 +66,8 @@ def test_full_plan_on_greyscale_cifar10():
     assert by_method["fedavg"].options["optimizer"] == "adam" and by_method["fedavg"].options["epochs"] == 20
     assert by_method["feddf"].options["distill_steps"] == 10_000
     assert by_method["p2p-fl"].options["policy"] == "acc-weighted"
+    for method in ("fedavg", "feddf", "p2p-fl"):  # Table II's optimiser for every method of the comparison
+        assert by_method[method].options["optimizer"] == "adam" and by_method[method].options["lr_decay"] == 0.995
     exchanges = {r.config.options["exchange"] for r in plan.runs if r.tags["variant"].startswith("table III:")}
     assert exchanges == {"relay"}  # one P2P run beside both of the paper's rows (relay and mesh: identical models)
     assert {c.eval_set for c in configs} == {"both"}  # the paper's global test set, each client's own beside

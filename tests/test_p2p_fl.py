@@ -180,3 +180,13 @@ def test_simulation_bytes_and_device_agree(small_config, exchange):
 @pytest.mark.parametrize("options", [{}, {"exchange": "mesh", "policy": "softmax-loss"}])
 def test_p2p_fl_conforms(options):
     check_method("p2p-fl", options=options)
+
+
+def test_table_ii_adam_with_per_epoch_decay_is_an_option_and_sgd_stays_the_default(small_config):
+    base = dict(method="p2p-fl", clients=4, rounds=2, eval_fraction=0.0, lr=5e-3)
+    plain = run(small_config(**base), track=False).summary
+    explicit = run(small_config(**base, options={"optimizer": "sgd", "lr_decay": 1.0}), track=False).summary
+    assert plain["accuracy_per_client"] == explicit["accuracy_per_client"]  # the default path unchanged
+    adam = run(small_config(**base, options={"optimizer": "adam", "lr_decay": 0.995, "epochs": 2}), track=False).summary
+    assert adam["accuracy_per_client"] != plain["accuracy_per_client"]
+    assert all(0.0 <= a <= 1.0 for a in adam["accuracy_per_client"].values())
