@@ -31,9 +31,12 @@ an equal certified epsilon it needs about four times the noise multiplier and le
 accuracy in our probes (40 rounds, epsilon 3), so the tables would only rank noise.
 
 Rounds: one gradient step per round for every method (`iterations=1` for dp-dsgd and
-muffliato, whose round is otherwise K = 5 steps; one gossip step after each), as the
-paper's x-axis; `ROUNDS` = 80 (the paper: ~180-200), R = 10 Shapley permutations, PDSL's
-momentum 0.5 (MNIST's). lr is tuned per method at epsilon 3, complete, M = 10, on
+muffliato, whose round is otherwise K = 5 steps), as the paper's x-axis; dp-dsgd gossips
+once after it, muffliato `MUFFLIATO_GOSSIP` = 5 times with Chebyshev acceleration (its own
+multi-step gossip; its paper ties the count to the graph's spectral gap, a choice made once
+here: `--set options.gossip_steps=K` changes it); accuracy on the global test set (the
+paper's test accuracy of a consensus model), each agent's own split beside; `ROUNDS` = 80
+(the paper: ~180-200), R = 10 Shapley permutations, PDSL's momentum 0.5 (MNIST's). lr is tuned per method at epsilon 3, complete, M = 10, on
 `TUNE_GRID`, and used in every cell. PDSL runs with `normalize_pi=true` (weights = the
 Shapley shares, summing to 1): pi as written sums to |M_i| (spec 1.2, [FLAG]), so one lr
 gives a step |M_i| times lr, 20x on the complete graph at M = 20 and 3x on a ring, and the
@@ -61,7 +64,7 @@ from typing import Any
 
 from p4bench.claims import ClaimCheck, ClaimContext, _not_checked, _pct
 
-__all__ = ["CLIENTS", "EPSILONS", "GROUP_BY", "METHODS", "PAPER_EPSILONS", "PAPER_NAMES", "QUICK_CLIENTS",
+__all__ = ["CLIENTS", "EPSILONS", "GROUP_BY", "METHODS", "MUFFLIATO_GOSSIP", "PAPER_EPSILONS", "PAPER_Q", "PAPER_NAMES", "QUICK_CLIENTS",
            "QUICK_EPSILONS", "ROUNDS", "SAMPLES", "TABLE_I", "TOPOLOGIES", "TOPOLOGY", "TUNE_AT", "TUNE_GRID",
            "cell_means", "cell_verdicts", "paper_epsilon", "pdsl_claims", "pdsl_first_claim", "pdsl_per_method",
            "pdsl_settings", "pdsl_variants", "topology_claim", "topology_verdicts"]
@@ -78,7 +81,9 @@ MU = 0.25  # the paper's Dirichlet concentration
 TOPOLOGY = "options.topology"
 GROUP_BY = ("epsilon", TOPOLOGY, "clients", "method")
 TUNE_AT = {"epsilon": 3.0, TOPOLOGY: "complete", "clients": 10}
-TUNE_GRID = (0.03, 0.1, 0.3, 1.0, 3.0)  # lr candidates: pdsl's pi (sums to |M_i|) wants small ones
+TUNE_GRID = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)  # lr candidates: wide enough that the best is inside it
+MUFFLIATO_GOSSIP = 5  # gossip steps per noisy step (the paper ties K to the spectral gap; one K for every graph)
+PAPER_Q = 2000  # PDSL's validation set Q on MNIST
 PAPER_NAMES = {"pdsl": "PDSL", "dp-cga": "DP-CGA", "muffliato": "MUFFLIATO", "dp-dsgd": "DP-DPSGD",
                "dp-net-fleet": "DP-NET-FLEET"}
 
@@ -125,7 +130,9 @@ def pdsl_per_method(quick: bool) -> dict[str, dict[str, Any]]:
     return {
         "pdsl": {"options.clip_mode": "per-example", "options.momentum": 0.5, "options.R": 10, "options.normalize_pi": True},
         "dp-cga": {"options.clip_mode": "per-example"},
-        "muffliato": {"options.iterations": 1, "options.gossip_steps": 1},
+        # Muffliato's own multi-step gossip after its one noisy step (Chebyshev-accelerated, as its
+        # paper); with one plain gossip step it would be adapt-then-combine DSGD, i.e. DP-DPSGD again
+        "muffliato": {"options.iterations": 1, "options.gossip_steps": MUFFLIATO_GOSSIP, "options.chebyshev": True},
         "dp-dsgd": {"options.iterations": 1, "options.order": "d-psgd"},
     }
 

@@ -17,6 +17,7 @@ from p4bench.presets_pdsl import (
     CLIENTS,
     METHODS,
     PAPER_NAMES,
+    PAPER_Q,
     TABLE_I,
     TOPOLOGIES,
     Cell,
@@ -113,10 +114,31 @@ def plot_cells(cells: Mapping[Cell, Mapping[str, float]], path: Path, title: str
     return path
 
 
+def q_line(dataset: str) -> str:
+    """How large PDSL's Q is on `dataset` against the paper's 2,000, said where it is smaller:
+    the public pool's share of the records left after the global test set."""
+    from p4bench.config import RunConfig
+    from p4bench.data.base import load_dataset
+    from p4bench.data.paths import data_dir
+    from p4bench.data.public import PUBLIC_DATA_OPTIONS
+    from p4bench.errors import P4BenchError
+    from p4bench.plugin_manager import default_registry
+
+    try:
+        loaded = load_dataset(default_registry().get("dataset", dataset), data_dir(), RunConfig(dataset=dataset))
+    except (P4BenchError, OSError) as exc:
+        return f"Q: not computed ({exc})"
+    share = next(o.default for o in PUBLIC_DATA_OPTIONS if o.name == "public_pool")
+    left = len(loaded.y_train) if len(loaded.y_test) else round(0.8 * len(loaded.y_train))  # after the global test set
+    size = min(PAPER_Q, round(float(share) * left))
+    note = "the paper's size" if size >= PAPER_Q else f"SMALLER than the paper's {PAPER_Q:,}: {dataset} has too few records"
+    return f"Q, PDSL's shared validation set: {size:,} labeled records held out of {dataset} ({note})"
+
+
 def pdsl_report(table: Any, ctx: ClaimContext, folder: Path, experiment: str) -> list[str]:
     """Lines printed after the table: per-cell verdicts, Table I beside ours, the plot."""
     cells = cell_means(table)
-    lines = verdict_lines(cells, ctx.quick) + table_i_lines(cells)
+    lines = verdict_lines(cells, ctx.quick) + table_i_lines(cells) + [q_line(ctx.dataset)]
     plot = plot_cells(cells, folder / f"{experiment}-accuracy-by-cell.png",
                       f"{experiment}: accuracy per method, topology, epsilon and M (digits, Dirichlet mu 0.25)")
     lines.append(f"plot of accuracy per cell: {plot}" if plot else "plot of accuracy per cell: no run finished")

@@ -171,3 +171,17 @@ def test_quick_pdsl_runs_end_to_end(no_data, tmp_path, capsys):
     for claim in ("PDSL has the best accuracy in every cell", "PDSL: fully connected >= bipartite > ring"):
         line = next(line for line in out.splitlines() if claim in line)
         assert ": not tested (quick smoke run; figures: " in line
+
+
+def test_muffliato_gossips_several_times_and_the_table_uses_the_global_test_set(no_data):
+    plan = plan_preset("pdsl", quick=True)
+    muffliato = next(r.config for r in plan.runs if r.config.method == "muffliato")
+    assert muffliato.options["gossip_steps"] > 1 and muffliato.options["chebyshev"] is True  # not DP-DPSGD again
+    assert {r.config.eval_set for r in plan.runs} == {"both"} and PRESETS["pdsl"].metric == "final_accuracy_global_mean"
+
+
+def test_the_report_says_q_is_smaller_than_the_papers():
+    from p4bench.presets_pdsl_report import q_line
+
+    line = q_line("digits")
+    assert line.startswith("Q, PDSL's shared validation set: ") and "SMALLER than the paper's 2,000" in line
