@@ -150,8 +150,18 @@ def _cached_draw(schedule: GraphSchedule, round_index: int) -> np.ndarray:
     return schedule._draw(round_index)
 
 
+def power_law_weights(count: int, a: float = 2.0) -> np.ndarray:
+    """(count,) selection probabilities of clients 0..count-1 under the power law
+    f(x) = a x^(a-1) on [0, 1] (P4L's participation skew, a = 2): client i gets
+    F((i+1)/count) - F(i/count), F(x) = x^a. P4L's peer sampling and FedAvg's
+    `client_sampling=powerlaw` share it."""
+    edges = (np.arange(count + 1) / count) ** a
+    return np.diff(edges)
+
+
 __all__ = [
     "Edges",
+    "power_law_weights",
     "GraphSchedule",
     "draw_batch",
     "noble_local_lr",

@@ -40,13 +40,14 @@ from typing import ClassVar
 
 import torch
 
-from p4bench.baselines.common import prefixed_vectors
+from p4bench.baselines.common import power_law_weights, prefixed_vectors
 from p4bench.baselines.local_optim import LocalSchedule, local_train, steps_per_epoch
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, params_layout
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize
 from p4bench.engine.training import local_sgd, noble_local_lr
+from p4bench.errors import UsageError
 from p4bench.options import Option, resolve_options
 from p4bench.rng import SERVER_ID
 
@@ -63,9 +64,26 @@ LOCAL_TRAINING = (
     Option("lr_decay", float, 1.0, "gamma: the local step size is multiplied by gamma after every local epoch of "
            "ceil(1/data_rate) steps, from lr again every round", low=0.0, high=1.0, low_open=True),
 )
+CLIENT_SAMPLING = Option("client_sampling", str, "uniform", "which clients a round selects: uniform, or powerlaw "
+                         "(client i with weight F((i+1)/M) - F(i/M), F(x) = x^2: P4L's participation skew, a = 2; "
+                         "non-private runs only)", choices=("uniform", "powerlaw"))
 WEIGHTING = Option("weighting", str, None, "aggregation weights: records (n_i, declared in a client's first upload, "
                    "then fixed) or uniform; default records without DP, uniform with DP (n_i changes with one "
                    "record under add-remove)", choices=("records", "uniform"))
+
+
+def select_clients(count: int, chosen: int, sampling: str, rng) -> torch.Tensor:
+    """(count,) bool: the `chosen` clients of a round, drawn from the server's stream `rng`:
+    uniformly without replacement, or (`powerlaw`) without replacement with the weights of
+    `power_law_weights` (Efraimidis-Spirakis: the largest log(u) / w)."""
+    if sampling == "powerlaw":
+        weights = torch.from_numpy(power_law_weights(count))
+        order = torch.argsort(-(rng.uniform(count)[0].double().clamp_min(1e-300).log() / weights), stable=True)
+    else:
+        order = torch.argsort(rng.bits(count)[0], stable=True)
+    selected = torch.zeros(count, dtype=torch.bool)
+    selected[order[:chosen]] = True
+    return selected
 
 
 class FedAvg(Method):
@@ -74,7 +92,7 @@ class FedAvg(Method):
     name = "fedavg"
     description = "FedAvg: sampled clients, K local steps, sample-weighted average at a server"
     capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, uses_server=True)
-    options: ClassVar[tuple[Option, ...]] = (LR_SCALING, *LOCAL_TRAINING, WEIGHTING)
+    options: ClassVar[tuple[Option, ...]] = (LR_SCALING, *LOCAL_TRAINING, WEIGHTING, CLIENT_SAMPLING)
 
     def validate_options(self) -> None:
         values = resolve_options(FedAvg.options, self.config.options)  # a subclass's config holds the defaults
@@ -89,6 +107,10 @@ class FedAvg(Method):
         self.schedule = LocalSchedule(str(values["optimizer"]), self.local_lr, self.local_steps, epoch,
                                       float(values["lr_decay"]))
         self.weighting = resolve_weighting(config)
+        self.client_sampling = str(values.get("client_sampling", "uniform"))
+        if self.client_sampling == "powerlaw" and config.private:
+            raise UsageError("fedavg -o client_sampling=powerlaw is for non-private runs (P4L's FL baseline): the "
+                             "accountant amplifies by uniform client sampling at client_rate, which a power law is not")
 
     def uncertified_steps(self):
         return weighting_uncertified(self.config, self.weighting, self.default_neighbouring)
@@ -175,9 +197,7 @@ class FedAvg(Method):
             return Messages.empty()
         count = self.num_clients
         chosen = max(1, int(self.config.client_rate * count))
-        order = torch.argsort(ctx.rng.bits(count)[0], stable=True)
-        selected = torch.zeros(count, dtype=torch.bool)
-        selected[order[:chosen]] = True
+        selected = select_clients(count, chosen, getattr(self, "client_sampling", "uniform"), ctx.rng)
         model = {k: v.expand(count, *v.shape[1:]) for k, v in state["params"].items()}
         payload = {**flatten(model, MODEL), "selected": selected}
         return Messages(torch.full((count,), SERVER_ID), torch.arange(count), payload)

@@ -74,7 +74,7 @@ def test_full_grid_holds_the_papers_factors():
     plan = plan_preset("p4l")
     assert plan.dataset == "digits" and not plan.skipped and plan.spec.name == "reproduce-p4l-digits"
     blocks = Counter(r.tags["variant"] for r in plan.runs)
-    assert blocks == {GRID: 4 * 2 * 3, ATTACKED: 4 * 3 * 3, HE: 2 * 2 * 3, CLASSICAL: 3}
+    assert blocks == {GRID: 4 * 2 * 3, ATTACKED: 4 * 3 * 3, HE: 2 * 2 * 3, CLASSICAL: 3, "FL baseline": 2 * 3}
     configs = [r.config for r in plan.runs]
     assert all(not c.private and c.epsilon is None for c in configs) and {c.clients for c in configs} == {30}
     grid = [r.config for r in plan.runs if r.tags["variant"] == GRID]
@@ -99,7 +99,7 @@ def test_full_grid_holds_the_papers_factors():
 @needs_plugins
 def test_quick_grid_shrinks_and_uses_short_keys():
     plan = plan_preset("p4l", quick=True)
-    assert len(plan.runs) == 2 * 2 + 4 * 2 + 2 + 1 and {r.config.seed for r in plan.runs} == {0}
+    assert len(plan.runs) == 2 * 2 + 4 * 2 + 2 + 1 + 2 and {r.config.seed for r in plan.runs} == {0}
     assert {r.config.rounds for r in plan.runs} == {3} and {r.config.clients for r in plan.runs} == {15}
     assert {r.config.options.get("key_bits") for r in plan.runs if r.config.options.get("crypto") == "paillier"} == {1024}
 
@@ -135,7 +135,7 @@ def test_factor_effects_are_explicit_and_the_byzantine_claim_can_fail():
     assert strong.status == "no" and "Byzantine % 10.00" in strong.detail and "synergy size" in strong.detail
     no_attacks = factors_table(0.0)
     assert byzantine_claim(factor_effects(no_attacks[no_attacks["variant"] == GRID])).status == "not checked"
-    assert [c.status for c in p4l_claims(factors_table(0.01), CTX)] == ["not checked", "yes"]
+    assert [c.status for c in p4l_claims(factors_table(0.01), CTX)] == ["not checked", "yes", "not checked"]
 
 
 def _curve_run(folder: Path, name: str, losses: list[float], experiment: str = "x", **config) -> None:
@@ -191,3 +191,25 @@ def test_quick_p4l_runs_end_to_end(tmp_path, capsys):
     for claim in ("HE (Paillier) vs plaintext", "Byzantine % is the least influential factor"):
         line = next(line for line in out.splitlines() if claim in line)
         assert ": not tested (quick smoke run; figures: " in line  # a smoke run is no verdict, figures kept
+
+
+def test_the_fl_baseline_is_planned_as_the_paper_ran_it_and_r9_can_fail():
+    import pandas as pd
+
+    from p4bench.presets_p4l import FL, GRID, fl_claim
+
+    plan = plan_preset("p4l", quick=True)
+    fl = [r.config for r in plan.runs if r.tags["variant"] == FL]
+    assert {c.method for c in fl} == {"fedavg"} and {c.partitioner for c in fl} == {"iid", "shards"}
+    assert all(c.options["client_sampling"] == "powerlaw" and c.options["epochs"] == 5 and c.client_rate == 0.1
+               for c in fl)
+
+    def table(p4l, fedavg):
+        rows = [{"variant": GRID, "partitioner": "shards", "options.size_dist": "powerlaw", "options.size": None,
+                 "attack": "none", "malicious_fraction": 0.0, "options.crypto": "plaintext", "seed": 0, "mean": p4l},
+                {"variant": FL, "partitioner": "shards", "options.size_dist": None, "options.size": None,
+                 "attack": "none", "malicious_fraction": 0.0, "options.crypto": None, "seed": 0, "mean": fedavg}]
+        return pd.DataFrame(rows)
+
+    assert fl_claim(table(0.80, 0.83)).status == "yes" and fl_claim(table(0.70, 0.83)).status == "no"
+    assert fl_claim(table(0.80, 0.83).iloc[:1]).status == "not checked"

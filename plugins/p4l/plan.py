@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from p4bench.baselines.common import power_law_weights
+
 POWER_LAW_A = 2.0
 LAWS = ("uniform", "powerlaw")
 SIZE_LAWS = ("fixed", "powerlaw")
@@ -38,8 +40,7 @@ def law_weights(law: str, count: int, a: float = POWER_LAW_A) -> np.ndarray:
     """(count,) selection probabilities of peers 0..count-1."""
     if law == "uniform":
         return np.full(count, 1.0 / count)
-    edges = (np.arange(count + 1) / count) ** a
-    return np.diff(edges)
+    return power_law_weights(count, a)
 
 
 @dataclass(frozen=True)
