@@ -62,7 +62,8 @@ def coalition_values(
     size = members.sum(dim=1)
     todo = torch.nonzero(size > 0).flatten()
     if linear_in_parameters(model):  # no forward per coalition (`p4bench.baselines.shapley_linear`)
-        values = linear_coalition_values(model, like, x, g, lr, q_x, q_y, q_n, agent, members, parents(agent, members))
+        chains = parents(agent, members, num_agents)
+        values = linear_coalition_values(model, like, x, g, lr, q_x, q_y, q_n, agent, members, chains)
         return values[inverse].reshape(num_agents, num_coalitions)
     forward = vmap(model.forward, in_dims=(0, None) if q_n is None else (0, 0))  # one Q for every model, or the agent's
     flat_g = g.reshape(num_agents * slots, -1)

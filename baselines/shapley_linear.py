@@ -22,6 +22,7 @@ path) up to float rounding: an argmax within rounding of a tie may differ.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -46,14 +47,21 @@ def linear_coalition_values(
     chains: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
     """(U,) float64 accuracy of the distinct coalitions (`agent` (U,) sorted, `members`
-    (U, K)), arguments as `coalition_values`; `chains` from `parents` (None: none known)."""
+    (U, K)), arguments as `coalition_values`; `chains` from `parents` (None: none known).
+
+    The bookkeeping (which coalitions, in which chunk and order) is read to the host once
+    (on a GPU every read is a synchronisation) and drives the device's work from there."""
     num_agents, slots, size = g.shape
+    device = g.device
     count = members.sum(dim=1)
     parent, added = chains if chains is not None else (torch.full_like(agent, -1), torch.full_like(agent, -1))
-    values = torch.zeros(len(agent), dtype=torch.float64, device=g.device)
+    agent_h, count_h, parent_h, added_h = torch.stack([agent, count, parent, added]).cpu()  # the one read
+    orphans = bool(((parent_h < 0) & (count_h > 0)).any())  # coalitions without a parent (rare): a second read
+    members_h = members.cpu() if orphans else None
+    values = torch.zeros(len(agent), dtype=torch.float64, device=device)
     shared = q_n is None
     width = q_y.shape[-1]
-    per_agent = torch.bincount(agent, minlength=num_agents)
+    per_agent = torch.bincount(agent_h, minlength=num_agents)
     starts = torch.cumsum(per_agent, 0) - per_agent
     for first, last in _agent_chunks(per_agent.tolist(), CHUNK_COALITIONS):
         lo, hi = int(starts[first]), int(starts[last - 1] + per_agent[last - 1])
@@ -68,11 +76,25 @@ def linear_coalition_values(
             labels, real = q_y.view(1, width), None
         else:  # each agent's own validation set, padded
             labels, real = q_y[first:last], torch.arange(width, device=q_y.device) < q_n[first:last, None]
-        right = _correct_counts(candidates, owner - first, members[lo:hi], count[lo:hi], parent[lo:hi] - lo,
-                                added[lo:hi], parent[lo:hi] >= 0, labels, real)
+        chunk = _Chunk(agent_h[lo:hi] - first, count_h[lo:hi], parent_h[lo:hi] - lo, added_h[lo:hi],
+                       None if members_h is None else members_h[lo:hi])
+        right = _correct_counts(candidates, chunk, labels, real)
         total = torch.full_like(right, width) if q_n is None else q_n[owner].clamp_min(1)
         values[lo:hi] = right.double() / total.double()  # empty coalitions: 0 right
     return values
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """A chunk's coalitions on the host: agent (within the chunk), size, parent (row within
+    the chunk, negative: none), the member added to the parent, and the members (only where
+    some coalition has no parent)."""
+
+    agent: torch.Tensor
+    count: torch.Tensor
+    parent: torch.Tensor
+    added: torch.Tensor
+    members: torch.Tensor | None
 
 
 def _agent_chunks(per_agent: list[int], capacity: int) -> Iterator[tuple[int, int]]:
@@ -115,13 +137,13 @@ def _linear_logits(params: Mapping[str, torch.Tensor], q_x: torch.Tensor, agents
     return logits.add_(bias.reshape(agents, per_agent, classes, 1))
 
 
-def parents(agent: torch.Tensor, members: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+def parents(agent: torch.Tensor, members: torch.Tensor, num_agents: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(parent (U,), added (U,)): for each distinct coalition (sorted by agent, then by its
     members' bits, as `_distinct_coalitions` returns them), a coalition of the same agent
     among them holding all its members but `added`, or -1 where there is none. None where
     the coalitions cannot be packed in one integer key (then none is known)."""
     rows, slots = members.shape
-    if not rows or slots + max(int(agent.max()) + 1, 1).bit_length() > 62:
+    if not rows or slots + max(num_agents, 1).bit_length() > 62:
         return None
     bits = torch.ones(slots, dtype=torch.int64, device=members.device) << torch.arange(slots, device=members.device)
     keys = (agent << slots) | (members.long() * bits).sum(dim=1)  # ascending: the order of the distinct rows
@@ -134,9 +156,10 @@ def parents(agent: torch.Tensor, members: torch.Tensor) -> tuple[torch.Tensor, t
     return parent, torch.where(has, first.long(), torch.full_like(keys, -1))
 
 
-def _correct_counts(candidates, agent, members, count, parent, added, has_parent, labels, real) -> torch.Tensor:
-    """(rows,) int64: how many samples of Q each coalition's model classifies right (of the
-    `real` ones (a, |Q|) of its agent's own set, where given).
+def _correct_counts(candidates: torch.Tensor, chunk: _Chunk, labels: torch.Tensor,
+                    real: torch.Tensor | None) -> torch.Tensor:
+    """(rows,) int64 on the device: how many samples of Q each coalition's model classifies
+    right (of the `real` ones (a, |Q|) of its agent's own set, where given).
 
     The coalitions' sums of candidate blocks go size by size (a coalition of size t is its
     parent's sum, at size t - 1, plus one block; one without a parent among the requested
@@ -144,58 +167,68 @@ def _correct_counts(candidates, agent, members, count, parent, added, has_parent
     only the size below kept: two small buffers, reused, instead of every coalition's
     (L, |Q|) block (which would make each pass a trip to memory). A tie between the label
     and another class counts as correct (the generic path's argmax takes the first)."""
-    rows, slots = members.shape
-    agents, classes, width = candidates.shape[0], candidates.shape[2], candidates.shape[3]
+    device = candidates.device
+    agents, slots, classes, width = candidates.shape
+    rows = len(chunk.count)
     flat = candidates.reshape(-1, classes * width)  # (a K, L |Q|): a block is one contiguous row
     # each block's entries at the samples' labels, summed along the same chains (a gather
     # per coalition would cost as much as the rest)
     wanted = labels.view(-1, 1, 1, width).expand(agents, slots, 1, width)
     at_label = candidates.gather(2, wanted).reshape(-1, width)  # (a K, |Q|)
-    order = torch.argsort(count, stable=True)  # rows of one size contiguous, sizes ascending
+    order = torch.argsort(chunk.count, stable=True)  # host: rows of one size contiguous, sizes ascending
     position = torch.empty_like(order)
-    position[order] = torch.arange(rows, device=order.device)
-    sizes = torch.bincount(count, minlength=1).tolist()
+    position[order] = torch.arange(rows, device=order.device)  # host (the run may default to its device)
+    sizes = torch.bincount(chunk.count, minlength=1).tolist()
     largest = max(sizes[1:], default=0)
     below, current, picked = (flat.new_empty(largest, classes * width) for _ in range(3))
     label_below, label_current = (flat.new_empty(largest, width) for _ in range(2))
-    right = torch.zeros(rows, dtype=torch.int64, device=flat.device)
-    start, below_start = sizes[0], 0  # empty coalitions are worth 0 (`correct` stays False)
+    right = torch.zeros(rows, dtype=torch.int64, device=device)
+    start, below_start = sizes[0], 0  # empty coalitions are worth 0 (`right` stays 0)
     for size in range(1, len(sizes)):  # ascending: every parent is summed before its children
         level = order[start : start + sizes[size]]
         sums, label_sums = current[: len(level)], label_current[: len(level)]
-        chained = has_parent[level]
+        chained = chunk.parent[level] >= 0
         if size == 1:  # one member: its block (the parent, when requested, is the empty coalition)
-            block = agent[level] * slots + members[level].to(torch.int8).argmax(dim=1)
+            assert chunk.members is not None or bool(chained.all())
+            member = chunk.added[level] if bool(chained.all()) else chunk.members[level].to(torch.int8).argmax(dim=1)  # type: ignore[index]
+            block = (chunk.agent[level] * slots + member).to(device)
             torch.index_select(flat, 0, block, out=sums)
             torch.index_select(at_label, 0, block, out=label_sums)
         elif bool(chained.all()):
-            above, block = position[parent[level]] - below_start, agent[level] * slots + added[level]
+            above = (position[chunk.parent[level]] - below_start).to(device)
+            block = (chunk.agent[level] * slots + chunk.added[level]).to(device)
             torch.index_select(below, 0, above, out=sums)
             sums.add_(torch.index_select(flat, 0, block, out=picked[: len(level)]))
             torch.index_select(label_below, 0, above, out=label_sums)
             label_sums.add_(at_label[block])
         else:  # some coalitions have no parent among the requested ones (rare)
-            _sum_members(sums, label_sums, flat, at_label, below, label_below, level, chained, members,
-                         position[parent[level]] - below_start, agent[level] * slots, added[level])
+            assert chunk.members is not None
+            _sum_members(sums, label_sums, flat, at_label, below, label_below, chunk.members[level], chained,
+                         position[chunk.parent[level]] - below_start, chunk.agent[level] * slots, chunk.added[level])
         smallest = sums.view(len(level), classes, width).amin(dim=1)
         correct = label_sums <= smallest  # the smallest sum is the prediction
-        right[level] = (correct if real is None else correct & real[agent[level]]).sum(dim=1)
+        where = level.to(device)
+        right[where] = (correct if real is None else correct & real[chunk.agent[level].to(device)]).sum(dim=1)
         below, current, label_below, label_current = current, below, label_current, label_below
         below_start, start = start, start + sizes[size]
     return right
 
 
-def _sum_members(sums, label_sums, flat, at_label, below, label_below, level, chained, members, above, first, added):
+def _sum_members(sums, label_sums, flat, at_label, below, label_below, members, chained, above, first, added) -> None:
     """A size's sums where some coalitions have no parent: a parent's sum plus one block
-    where there is one, the members' blocks summed slot by slot where not."""
+    where there is one, the members' blocks summed slot by slot where not (host indices)."""
+    device = sums.device
     sums.zero_()
     label_sums.zero_()
     linked = chained.nonzero().flatten()
-    sums[linked] = below[above[linked]] + flat[first[linked] + added[linked]]
-    label_sums[linked] = label_below[above[linked]] + at_label[first[linked] + added[linked]]
+    if len(linked):
+        above_d, block = above[linked].to(device), (first[linked] + added[linked]).to(device)
+        sums[linked.to(device)] = below[above_d] + flat[block]
+        label_sums[linked.to(device)] = label_below[above_d] + at_label[block]
     roots = (~chained).nonzero().flatten()
     for slot in range(members.shape[1]):  # a loop over neighbourhood slots, not agents
-        holding = roots[members[level[roots], slot]]
+        holding = roots[members[roots, slot]]
         if len(holding):
-            sums[holding] += flat[first[holding] + slot]
-            label_sums[holding] += at_label[first[holding] + slot]
+            block, where = (first[holding] + slot).to(device), holding.to(device)
+            sums[where] += flat[block]
+            label_sums[where] += at_label[block]
