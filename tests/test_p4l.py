@@ -141,7 +141,7 @@ def test_churn_reports_completion_and_retries_and_a_crashed_initiator_aborts(sma
 
 
 def test_defenses_that_need_individual_updates_are_refused_and_accept_if_better_runs(small_config):
-    with pytest.raises(IncompatibleError, match="encrypted running sums"):
+    with pytest.raises(IncompatibleError, match="only ever exposes running sums"):
         run(_config(small_config, defense="m-krum"), track=False)
     with pytest.raises(ConfigError, match="no differential privacy"):
         run(_config(small_config, epsilon=4.0), track=False)

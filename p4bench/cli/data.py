@@ -83,7 +83,8 @@ def download_command(
 
 def partition_command(
     dataset: str = typer.Option("digits", help="dataset name (see `p4bench data info`)"),
-    partitioner: str = typer.Option("iid", help="iid | alpha | shards | dirichlet | natural"),
+    partitioner: str = typer.Option("iid", help="a partitioner plugin: iid | alpha | shards | dirichlet | cbds | natural "
+                                    "(see `p4bench list`)"),
     clients: int | None = typer.Option(None, help="number of clients M"),
     samples_per_client: int | None = typer.Option(None, help="samples per client R (train + test)"),
     similarity: float | None = typer.Option(None, help="alpha partitioner: fraction of IID samples gamma"),

@@ -177,9 +177,9 @@ class Defense(ABC):
     def incompatibility(cls, capabilities: Capabilities) -> str | None:
         """Why this defense cannot protect a method with these capabilities, or None."""
         if cls.needs_individual_updates and capabilities.hides_individual_updates:
-            return ("it inspects individual updates, and this method only ever exposes encrypted running sums of "
-                    "them (secure aggregation, e.g. p4l's Paillier synergy chain); accept-if-better runs on each "
-                    "client and works under encryption")
+            return ("it inspects individual updates, and this method only ever exposes running sums of them "
+                    "(secure aggregation, e.g. p4l's synergy chain: Paillier-encrypted, or the same sums in plaintext "
+                    "with -o crypto=plaintext); accept-if-better runs on each client and works on the sums")
         if cls.needs_individual_updates and not (capabilities.has_aggregator and capabilities.shares_individual_updates):
             return "it filters individual updates at an aggregation point, and this method aggregates none"
         return None
