@@ -107,7 +107,7 @@ class FedAvg(Method):
         self.schedule = LocalSchedule(str(values["optimizer"]), self.local_lr, self.local_steps, epoch,
                                       float(values["lr_decay"]))
         self.weighting = resolve_weighting(config)
-        self.client_sampling = str(values.get("client_sampling", "uniform"))
+        self.client_sampling = str(values["client_sampling"])
         if self.client_sampling == "powerlaw" and config.private:
             raise UsageError("fedavg -o client_sampling=powerlaw is for non-private runs (P4L's FL baseline): the "
                              "accountant amplifies by uniform client sampling at client_rate, which a power law is not")
@@ -197,7 +197,7 @@ class FedAvg(Method):
             return Messages.empty()
         count = self.num_clients
         chosen = max(1, int(self.config.client_rate * count))
-        selected = select_clients(count, chosen, getattr(self, "client_sampling", "uniform"), ctx.rng)
+        selected = select_clients(count, chosen, self.client_sampling, ctx.rng)
         model = {k: v.expand(count, *v.shape[1:]) for k, v in state["params"].items()}
         payload = {**flatten(model, MODEL), "selected": selected}
         return Messages(torch.full((count,), SERVER_ID), torch.arange(count), payload)

@@ -9,14 +9,15 @@ its logits are
 so the A base models and the A K candidate gradients go through the forward once each,
 and a coalition's prediction follows from a sum over its members alone: with
 H_j = f(g_aj) - f(x_a) / lr, sum_{j in S} H_j = -(|S| / lr) (S's logits), whose smallest
-class is the logits' largest. Monte-Carlo
-prefixes and exact Shapley's subsets come in chains: each coalition but the first of a
-chain is a *parent* coalition plus one player, so its sum is the parent's plus one
-(L, |Q|) block (`parents`): one addition per coalition instead of a forward of
-|Q| x d x L. Coalitions without a parent among the requested ones are summed directly.
+class is the logits' largest. Monte-Carlo prefixes and exact Shapley's subsets come in
+chains: each coalition but the first of a chain is a *parent* coalition plus one player,
+so its sum is the parent's plus one (L, |Q|) block (`parents`): one addition per
+coalition instead of a forward of |Q| x d x L. Coalitions without a parent among the
+requested ones are summed directly.
 
 Equal to the per-coalition forward (`p4bench.baselines.shapley.coalition_values`' generic
-path) up to float rounding: an argmax within rounding of a tie may differ.
+path) up to float rounding, except at ties: a sample whose label ties the largest logit
+counts as correct here, where the generic path's argmax takes the first tied class.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def linear_coalition_values(
         lo, hi = int(starts[first]), int(starts[last - 1] + per_agent[last - 1])
         if hi == lo:
             continue
-        base, candidates = _logits(model, like, x[first:last], g[first:last], q_x if shared else q_x[first:last], shared)
+        base, candidates = _logits(like, x[first:last], g[first:last], q_x if shared else q_x[first:last], shared)
         # H_j = f(g_j) - f(x_a) / lr: sum_{j in S} H_j = -(|S| / lr) (the coalition's logits), so
         # its smallest class is the logits' largest, and no base or 1/|S| is applied per coalition
         candidates.sub_(base.unsqueeze(1), alpha=1.0 / lr)
@@ -109,7 +110,7 @@ def _agent_chunks(per_agent: list[int], capacity: int) -> Iterator[tuple[int, in
         yield first, len(per_agent)
 
 
-def _logits(model: Model, like: Mapping[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor, q_x: torch.Tensor,
+def _logits(like: Mapping[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor, q_x: torch.Tensor,
             shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(base (a, L, |Q|), candidates (a, K, L, |Q|)): the logits of the agents' models and of
     their candidate gradients on Q (`shared`) or on each agent's own, classes before

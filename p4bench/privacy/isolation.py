@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,11 +48,9 @@ class ChangedRecords:
 
     features: torch.Tensor | None = None
     matched: int = 0
-    batches: int = field(default=0)
 
     def mask(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`mask` with every entry whose features equal a changed record's set to 0."""
-        self.batches += 1
         if self.features is None or not len(self.features) or x.dim() < 2:
             return mask
         flat = x.reshape(*x.shape[:2], -1)

@@ -258,12 +258,13 @@ def _run(run: Callable[..., Any], config: RunConfig, pm: Any, tape: ReleaseTape,
         data = prepared.job.data
         replacement = replaced_records(data.train, data.num_classes)
         train = data.train
+        slots = changed_slots(data.train, replacement)  # the isolation replay's records (same data: same slots)
         if data_change == "all":
             train = replacement
         elif data_change == "changed":
-            train = with_changed_records(data.train, replacement, changed_slots(data.train, replacement))
+            train = with_changed_records(data.train, replacement, slots)
         if changed is not None:
-            changed.features = features_at(train, changed_slots(data.train, replacement))
+            changed.features = features_at(train, slots)
         if train is not data.train:
             prepared.job.data = dataclasses.replace(data, train=train)
 
