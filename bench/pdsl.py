@@ -27,9 +27,10 @@ Each timing: one warm-up, then the best of N repetitions, batched and loop inter
 (the 1-minute load average before/after is reported: on a shared machine, compare only
 numbers taken together). Total = the whole batched round (RNG draws included) vs the
 loop's two parts. One torch thread by default (both sides on one core). The batched
-Shapley values on the linear model take each coalition's logits as a weighted sum of the
-base model's and the candidates' (`coalition_values`: the forward is linear in the
-parameters), one forward per model and candidate. Prints ONE JSON object on stdout (progress
+Shapley values on the linear model (`p4bench.baselines.shapley_linear`) need no forward
+per coalition: one product per label group of Q gives every candidate's margins against
+the label, and each Monte-Carlo prefix is its parent's sum plus one block, extended in
+place in a buffer of rows (`p4bench.baselines.shapley_rows`). Prints ONE JSON object on stdout (progress
 on stderr) with the bench convention's thread count, wall and CPU seconds and peak RSS;
 `--profile` also prints a torch profile of the batched round.
 

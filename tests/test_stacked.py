@@ -138,3 +138,20 @@ def test_one_replaced_record_moves_a_clipped_sum_by_at_most_two_clips(shape):
     assert 0 < float(change) <= 2 * clip * (1 + 1e-5)
     for key in sums:
         torch.testing.assert_close(moved[key][1], sums[key][1], rtol=0, atol=0)
+
+
+def test_the_default_losses_equal_torchs_up_to_rounding():
+    """`cross_entropy` and `log_softmax` are written as elementwise operations (torch's CPU
+    kernel is slow for a few classes): values and gradients equal torch's, large logits included."""
+    from p4bench.engine.training import log_softmax
+
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(300, 10, generator=generator) * torch.tensor([1.0, 30.0, 300.0]).repeat(100)[:, None])
+    logits.requires_grad_(True)
+    labels = torch.randint(0, 10, (300,), generator=generator)
+    ours, theirs = cross_entropy(logits, labels), F.cross_entropy(logits, labels, reduction="none")
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(torch.autograd.grad(ours.sum(), logits)[0],
+                               torch.autograd.grad(theirs.sum(), logits)[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(log_softmax(logits), F.log_softmax(logits, dim=-1), rtol=1e-6, atol=1e-5)
+    assert torch.isfinite(cross_entropy(torch.tensor([[1e4, -1e4]]), torch.tensor([1]))).all()

@@ -15,7 +15,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch.func import grad_and_value, vmap
 
 from p4bench.models import Model, Params
@@ -58,9 +57,19 @@ class TrainingContext(Protocol):
     def dp(self) -> _DPSteps | None: ...
 
 
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """log softmax over the last axis, as elementwise operations and sums over it: torch's
+    CPU kernel is slow for a few classes (4.3 ms for 28,800 x 10 on one thread, against
+    0.5 ms here). Equal to `torch.log_softmax` up to float rounding (about 1e-6)."""
+    shifted = logits - logits.detach().amax(dim=-1, keepdim=True)  # a constant per row: no gradient needed
+    return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
+
+
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, aux: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-example cross-entropy (the default loss)."""
-    return F.cross_entropy(logits, labels, reduction="none")
+    """Per-example cross-entropy (the default loss): log sum exp of the logits minus the
+    label's, the way `log_softmax` computes it (`F.cross_entropy` up to float rounding)."""
+    shifted = logits - logits.detach().amax(dim=-1, keepdim=True)
+    return shifted.exp().sum(dim=-1).log() - shifted.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
 
 def distillation_loss(weight: float) -> PerExampleLoss:
@@ -71,11 +80,11 @@ def distillation_loss(weight: float) -> PerExampleLoss:
     """
 
     def loss(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None) -> torch.Tensor:
-        ce = F.cross_entropy(logits, labels, reduction="none")
+        ce = cross_entropy(logits, labels)
         if teacher is None or weight == 0:
             return ce
-        target = F.log_softmax(teacher.detach(), dim=-1)
-        kl = (target.exp() * (target - F.log_softmax(logits, dim=-1))).sum(dim=-1)
+        target = log_softmax(teacher.detach())
+        kl = (target.exp() * (target - log_softmax(logits))).sum(dim=-1)
         return (1 - weight) * ce + weight * kl
 
     return loss
