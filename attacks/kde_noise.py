@@ -9,19 +9,22 @@ ddof=1. The sent layer thus keeps roughly the honest layer's distribution (mean,
 while its values land at random positions. A layer whose weights are all equal (h = 0)
 is resampled from itself; scipy would refuse its singular covariance.
 
-Layers: each ``update.<param name>`` payload entry is one parameter tensor and counts as
-one layer, fitted on its own (weight and bias of a dense layer are two). Option `kde_layers`
-= N targets the last N ``update.*`` keys in sorted key order (all of them if fewer),
-which is the order the engine flattens parameters in. Sorted names follow depth only
-partly for the suite's models:
+Layers (`kde_unit=layer`, the default): a layer is the update tensors sharing a name
+before its last dot (a dense layer's weight and bias), each tensor still fitted on its
+own. Option `kde_layers` = N targets the last N layers by depth (all of them if fewer),
+the paper's "last two dense layers" on CIFAR with the default N = 2. Depth comes from the
+shapes, not the names (in sorted names "fc", the output layer, comes before "fc1"): the
+dense layers (2-D weights, out x in) are chained back from the one with as many outputs as
+there are classes, each preceded by the one whose outputs are its inputs; other layers
+(convolutions) come before them. So:
 
-- linear: bias, weight; the default N = 2 is the whole model (the paper's Avito
-  setting, its single dense layer);
-- cnn and the small-input scatter-cnn: ..., conv2.weight, fc.bias, fc.weight, fc1.bias,
-  fc1.weight: "fc" (the output layer) sorts before "fc1" (the hidden dense layer), so
-  N = 2 targets fc1 only, and N = 4 both dense layers (the paper's CIFAR setting);
-- scatter-cnn on 8x8 or larger maps: ..., fc.bias, fc.weight; N = 2 is its only dense
-  layer.
+- linear: its one dense layer (the paper's Avito setting);
+- cnn and the small-input scatter-cnn: fc1 and fc, both dense layers (the paper's CIFAR
+  setting);
+- scatter-cnn on 8x8 or larger maps: its only dense layer, fc.
+
+`kde_unit=tensor` counts update tensors in sorted name order instead (before 0.2: the
+default, which on cnn hit fc1 alone).
 
 Methods that send one flattened ``update.params`` entry have a single "layer", the
 whole parameter vector. When the payload is a delta from `reference`, the honest model
@@ -66,17 +69,27 @@ class KDENoise(Attack):
     name = "kde-noise"
     description = "noisy peers: the last layers' weights are resampled from a Gaussian KDE fitted to them"
     options = Attack.options + (
-        Option("kde_layers", int, 2, "how many update tensors are resampled: the last N in sorted parameter-name "
-               "order (each tensor, e.g. a weight or a bias, is fitted on its own)", low=1),
+        Option("kde_layers", int, 2, "how many layers are resampled: the last N by depth (each tensor of a layer, "
+               "e.g. a weight or a bias, is fitted on its own)", low=1),
+        Option("kde_unit", str, "layer", "what kde_layers counts: layer (a weight and its bias; depth from the shapes, "
+               "the paper's 'last two dense layers') or tensor (update tensors in sorted name order)",
+               choices=("layer", "tensor")),
     )
 
     def __init__(self, config: Any, num_classes: int) -> None:
         super().__init__(config, num_classes)
         self.layers: int = self.option_values["kde_layers"]
+        self.by_layer = self.option_values["kde_unit"] == "layer"
+        self.num_classes = num_classes
 
     def targets(self, payload: dict[str, torch.Tensor]) -> list[str]:
         """The ``update.*`` keys this attack resamples."""
-        return update_keys(payload)[-self.layers:]
+        keys = update_keys(payload)
+        if not self.by_layer:
+            return keys[-self.layers :]
+        chosen = layers_by_depth(payload, keys, self.num_classes)[-self.layers :]
+        return [key for layer in chosen for key in layer]
+
 
     def tamper(self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None) -> Messages:
         payload = messages.payload
@@ -96,3 +109,29 @@ class KDENoise(Attack):
                 out[key] = sampled.reshape(value.shape).to(value.dtype)
             offset += size
         return Messages(messages.src, messages.dst, out)
+
+
+def layers_by_depth(payload: dict[str, torch.Tensor], keys: list[str], num_classes: int) -> list[list[str]]:
+    """The update keys grouped by layer (the key before its last dot), shallowest first:
+    layers without a 2-D weight (convolutions) in name order, then the dense layers chained
+    back from the output (outputs = classes), each after the one whose outputs are its
+    inputs; dense layers off that chain go before it, in name order."""
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        groups.setdefault(key.rpartition(".")[0], []).append(key)
+    dense: dict[str, tuple[int, int]] = {}  # layer -> (outputs, inputs) of its 2-D weight
+    for layer, members in groups.items():
+        weight = f"{layer}.weight"
+        if weight in members and payload[weight].dim() == 3:  # (messages, out, in)
+            dense[layer] = (int(payload[weight].shape[1]), int(payload[weight].shape[2]))
+    chain: list[str] = []
+    wanted = num_classes
+    while True:
+        step = [layer for layer, (out, _) in sorted(dense.items()) if out == wanted and layer not in chain]
+        if len(step) != 1:  # none, or ambiguous: the chain stops
+            break
+        chain.insert(0, step[0])
+        wanted = dense[step[0]][1]
+    others = [layer for layer in sorted(groups) if layer not in dense]
+    unchained = [layer for layer in sorted(dense) if layer not in chain]
+    return [groups[layer] for layer in others + unchained + chain]

@@ -5,8 +5,8 @@ sections 2-3), with method `p4l` (no DP, as in the paper).
 Data: digits (offline) stands in for CIFAR-10, Avito and IMDB, which are not available
 offline: 30 peers of 48 records (the paper: 1,000 peers of 50), batches of about 16 (data
 rate 0.5, the paper's bs=16), the suite's linear model (the paper's trainable part is a
-dense head on a frozen backbone, so kde-noise's default two tensors, the whole linear
-model, match its "last two dense layers"), the paper's stop rule mrt = 50, mrr = 0.5
+dense head on a frozen backbone; kde-noise's default, the last two dense layers, is the
+linear model's one dense layer here), the paper's stop rule mrt = 50, mrr = 0.5
 (capped at 100 rounds). The paper's factors, as three blocks of runs (`p4l_variants`):
 
 - `synergy size x IID` (no attack): size fixed 3, 5, 10 or power law over [3, 10], on an

@@ -131,7 +131,7 @@ def test_bandwidth_is_scipys_default():
 def test_kde_noise_keeps_the_layer_distribution_but_not_its_values():
     honest = 0.3 + 0.05 * torch.randn(1, 10_000, generator=torch.Generator().manual_seed(1))
     messages = layered(honest)
-    out = KDENoise(cfg(), 10).tamper("upload", messages, rng_for([3]))
+    out = KDENoise(cfg(kde_unit="tensor"), 10).tamper("upload", messages, rng_for([3]))
     sent = out.payload["update.weight"].double()
     assert float((sent == honest.float()).double().mean()) < 0.01  # replaced
     assert abs(float(sent.mean()) - 0.3) < 0.01 and abs(float(sent.std()) / 0.05 - 1) < 0.1
@@ -140,16 +140,16 @@ def test_kde_noise_keeps_the_layer_distribution_but_not_its_values():
     assert not torch.equal(out.payload["update.bias"], messages.payload["update.bias"])  # layers=2: bias too
     for key in ("update.a", "weight"):  # an untargeted layer and a non-update entry
         assert torch.equal(out.payload[key], messages.payload[key])
-    again = KDENoise(cfg(), 10).tamper("upload", messages, rng_for([3]))
+    again = KDENoise(cfg(kde_unit="tensor"), 10).tamper("upload", messages, rng_for([3]))
     assert torch.equal(again.payload["update.weight"], out.payload["update.weight"])  # a function of the seed
 
 
 def test_kde_noise_layers_option():
     messages = layered(torch.randn(1, 50, generator=torch.Generator().manual_seed(2)))
-    one = KDENoise(cfg(kde_layers=1), 10).tamper("upload", messages, rng_for([0]))
+    one = KDENoise(cfg(kde_layers=1, kde_unit="tensor"), 10).tamper("upload", messages, rng_for([0]))
     assert torch.equal(one.payload["update.bias"], messages.payload["update.bias"])
     assert not torch.equal(one.payload["update.weight"], messages.payload["update.weight"])
-    every = KDENoise(cfg(kde_layers=9), 10).tamper("upload", messages, rng_for([0]))  # more than there are: all
+    every = KDENoise(cfg(kde_layers=9, kde_unit="tensor"), 10).tamper("upload", messages, rng_for([0]))  # more than there are: all
     assert all(not torch.equal(every.payload[k], messages.payload[k]) for k in ("update.a", "update.bias", "update.weight"))
     with pytest.raises(ConfigError, match="kde_layers"):
         KDENoise(cfg(kde_layers=0), 10)
@@ -159,7 +159,7 @@ def test_kde_noise_is_batched_over_messages_with_their_own_distributions():
     generator = torch.Generator().manual_seed(3)
     means, stds = torch.tensor([[0.3], [-1.0], [5.0]]), torch.tensor([[0.05], [0.5], [2.0]])
     honest = means + stds * torch.randn(3, 10_000, generator=generator)
-    attack = KDENoise(cfg(), 10)
+    attack = KDENoise(cfg(kde_unit="tensor"), 10)
     sent = attack.tamper("upload", layered(honest), rng_for([4, 7, 9])).payload["update.weight"].double()
     honest_mean, honest_std = honest.double().mean(dim=1), honest.double().std(dim=1)
     assert ((sent.mean(dim=1) - honest_mean).abs() < 0.05 * honest_std).all()  # 5 standard errors
@@ -174,7 +174,7 @@ def test_kde_noise_on_deltas_resamples_the_honest_model():
     model = 0.3 + 0.05 * torch.randn(2, 2000, generator=generator, dtype=torch.float64)
     reference = torch.randn(2, 2000 + 6 + 4, generator=generator, dtype=torch.float64)  # a, bias, weight
     delta = model - reference[:, 10:]
-    attack = KDENoise(cfg(kde_layers=1), 10)
+    attack = KDENoise(cfg(kde_layers=1, kde_unit="tensor"), 10)
     out = attack.tamper("upload", layered(delta), rng_for([1, 2]), reference)
     rebuilt = out.payload["update.weight"].double() + reference[:, 10:]  # what the receiver reconstructs
     direct = attack.tamper("upload", layered(model), rng_for([1, 2])).payload["update.weight"].double()
@@ -188,6 +188,26 @@ def test_kde_noise_on_one_flattened_vector():
     out = KDENoise(cfg(), 10).tamper("upload", messages, rng_for([0, 1]))
     assert out.payload["update.params"].shape == params.shape
     assert not torch.equal(out.payload["update.params"], params)
+
+
+def test_kde_noise_targets_the_last_dense_layers_by_depth_not_by_name():
+    """cnn's parameters sorted by name put the output layer fc before the hidden fc1; the
+    default (two layers) resamples both dense layers, the paper's CIFAR setting, and one
+    layer is the output layer: depth comes from the shapes (fc1's outputs are fc's inputs)."""
+    generator = torch.Generator().manual_seed(7)
+    shapes = {"conv1.weight": (4, 1, 3, 3), "conv1.bias": (4,), "fc1.weight": (16, 36), "fc1.bias": (16,),
+              "fc.weight": (10, 16), "fc.bias": (10,)}
+    payload = {f"update.{name}": torch.randn(2, *shape, generator=generator) for name, shape in shapes.items()}
+    messages = Messages(torch.tensor([0, 1]), torch.tensor([-1, -1]), payload)
+
+    def changed(attack: KDENoise) -> set[str]:
+        out = attack.tamper("upload", messages, rng_for([0, 1])).payload
+        return {key.removeprefix("update.") for key in payload if not torch.equal(out[key], payload[key])}
+
+    assert changed(KDENoise(cfg(), 10)) == {"fc1.weight", "fc1.bias", "fc.weight", "fc.bias"}
+    assert changed(KDENoise(cfg(kde_layers=1), 10)) == {"fc.weight", "fc.bias"}
+    assert changed(KDENoise(cfg(kde_layers=3), 10)) == set(shapes)
+    assert changed(KDENoise(cfg(kde_unit="tensor"), 10)) == {"fc1.weight", "fc1.bias"}  # sorted names: fc1 last
 
 
 # -- end to end ----------------------------------------------------------------------------------
