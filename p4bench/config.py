@@ -49,6 +49,12 @@ class RunConfig:
                        "held out of the dataset before partitioning, never in a client's data; the headline) or both "
                        "(both measured, personal the headline)", choices=("personal", "global", "both")),
     )
+    hold_out_public: bool = field(
+        default=False,
+        metadata=_meta("hold out the public pool of a method that reads public data (FedDF's, PDSL's Q: the same "
+                       "records, seed and -o public_pool) even when this run's method reads none, so that its clients "
+                       "hold exactly the records they hold in such a run (a like-for-like comparison)"),
+    )
     federation_clients: int | None = field(
         default=None,
         metadata=_meta(
@@ -175,7 +181,8 @@ class RunConfig:
             if data[name] is None:
                 del data[name]
         # added later: older runs keep their hashes
-        for name, default in (("device", "cpu"), ("noise_generator", "auto"), ("eval_set", "personal")):
+        for name, default in (("device", "cpu"), ("noise_generator", "auto"), ("eval_set", "personal"),
+                              ("hold_out_public", False)):
             if data[name] == default:
                 del data[name]
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -164,6 +164,8 @@ def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform
     if method_cls.needs_public_data:  # held-out records leave the dataset before any client gets a share
         dataset, public = public_data(dataset_cls, dataset, Path(_data_dir()), whole,
                                       labeled=method_cls.needs_public_labels)  # PDSL's shared validation set Q
+    elif config.hold_out_public:  # the same records leave as in a run that reads them; this run reads none
+        dataset, _ = public_data(dataset_cls, dataset, Path(_data_dir()), whole)
     rng = harness_rng(config.seed, SEED_PARTITION)
     partitioner = partitioner_cls()
     partition = run_partitioner(partitioner, dataset, whole.clients, config.samples_per_client, rng, whole)

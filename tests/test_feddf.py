@@ -61,6 +61,17 @@ def test_methods_without_public_data_keep_every_record(small_config):
     assert sum(len(i) for i in prepared.job.data.client_indices) == 6 * (1797 // 6)  # iid, equal sizes: no pool
 
 
+def test_hold_out_public_gives_a_method_without_public_data_the_clients_of_a_feddf_run(small_config):
+    """`hold_out_public`: fedavg's clients hold exactly the records FedDF's clients hold (same
+    pool, same partition), so a comparison of the two is like for like (the karras preset)."""
+    feddf = prepare(small_config(method="feddf", clients=6, options=FAST), _registry()).job.data
+    fedavg = prepare(small_config(method="fedavg", clients=6, hold_out_public=True), _registry()).job.data
+    for ours, theirs in ((fedavg.train, feddf.train), (fedavg.test, feddf.test)):
+        assert torch.equal(ours.n, theirs.n) and torch.equal(ours.x, theirs.x) and torch.equal(ours.y, theirs.y)
+    plain = prepare(small_config(method="fedavg", clients=6), _registry()).job.data
+    assert int(plain.train.n.sum()) > int(fedavg.train.n.sum())  # without it, fedavg keeps the pool's records
+
+
 def test_cifar10_public_data_is_cifar100_and_its_absence_is_one_clear_line(tmp_path, small_config):
     from p4bench.data.public import public_data
     from p4bench.data.sources import Cifar10Dataset

@@ -116,6 +116,9 @@ def run_command(
     eval_set: str | None = typer.Option(
         None, "--eval", help="where accuracy is measured: personal (default: each client's own test split) | global "
         "(one test set held out before partitioning; the headline) | both (personal the headline, global beside)"),
+    hold_out_public: bool = typer.Option(
+        False, "--hold-out-public", help="hold out the public pool of a method that reads public data (FedDF) even "
+        "when this one reads none: the clients then hold exactly the records they hold in such a run"),
     features: str | None = typer.Option(None, help="raw | scatter (ScatterNet J=2, L=8; see --feature-norm)"),
     shards_per_client: int | None = typer.Option(None, help="shards partitioner: classes per client N"),
     model: str | None = typer.Option(None, help="model architecture (linear, scatter-cnn, cnn, ...)"),
@@ -215,6 +218,7 @@ def _overrides(o: dict[str, Any]) -> dict[str, Any]:
              "results_dir")
     values = {name: o[name] for name in names}
     values.update(no_dp=o["no_dp"] or None, device_simulation=o["device_simulation"] or None,
+                  hold_out_public=o["hold_out_public"] or None,
                   time_budget_min=o["time_budget"], memory_budget_gb=o["memory_budget"], options=plugin_options or None)
     return {k: v for k, v in values.items() if v is not None}
 
