@@ -83,12 +83,12 @@ class FedDF(FedAvg):
         Option("distill_steps", int, 500, "most server distillation steps per round (paper: 10000)", low=0),
         Option("distill_eval_every", int, 100, "steps between U_val checks; distillation stops when the U_val KL did "
                "not fall (paper: 1000)", low=1),
-        Option("distill_batch", int, 128, "public inputs per distillation step", low=1),
+        Option("distill_batch", int, 128, "public inputs per distillation step", low=1, paper="FedDF, 128"),
         Option("distill_lr", float, 1e-3, "Adam step size of the distillation, cosine-annealed over distill_steps",
-               low=0.0, low_open=True),
+               low=0.0, low_open=True, paper="FedDF, Adam 1e-3 cosine"),
         Option("distill_temperature", float, 1.0, "softmax temperature T of teachers and student", low=0.0, low_open=True),
         Option("distill_init", str, "average", "student start: average = the FedAvg average of the received models "
-               "(FedDF), global = the previous global model", choices=("average", "global")),
+               "(FedDF), global = the previous global model", choices=("average", "global"), paper="FedDF, Alg. 1"),
         *PUBLIC_DATA_OPTIONS,
     )
 

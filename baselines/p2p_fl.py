@@ -105,7 +105,7 @@ class P2PFL(Method):
         Option("epochs", int, None, "local epochs E per round, each ceil(1/data_rate) steps; default: local_steps "
                "steps per round", low=1),
         Option("exchange", str, "relay", "relay: a coordinator gathers and forwards all models (C + C*C "
-               "transfers, the paper's); mesh: direct peer messages (C*(C-1))", choices=EXCHANGES),
+               "transfers, the paper's); mesh: direct peer messages (C*(C-1))", choices=EXCHANGES, paper="Fig. 1, a coordinator relays"),
         Option("optimizer", str, "sgd", "local optimiser: sgd, or adam (the paper's Table II: moments per client, "
                "reset every round, as FedAvg's)", choices=("sgd", "adam")),
         Option("lr_decay", float, 1.0, "gamma: the local step size is multiplied by gamma after every local epoch of "

@@ -38,7 +38,9 @@ class Option:
     """One plugin option. `default` None means "computed by the plugin" (its `help` says
     how) or "not set"; giving null (`-o key=null`) also selects the default.
     `low`/`high` bound numbers (open ends with `low_open`/`high_open`); `choices`
-    lists the allowed values."""
+    lists the allowed values. `paper`: where the default is the method's paper's own value
+    (e.g. "Alg. 2", "Table II"), shown by `describe` and the option reference; empty: the
+    suite's choice (a gap in the paper, or a smaller default for a laptop)."""
 
     name: str
     type: type
@@ -49,6 +51,7 @@ class Option:
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
+    paper: str = ""
 
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
@@ -285,7 +288,9 @@ def option_reference(registry: Any) -> str:
         lines += [title, "", "| option | of | type | default | allowed | help |", "|---|---|---|---|---|---|"]
         for option, owners in rows.values():
             of = f"every {kind}" if len(owners) == len(entries) > 1 else ", ".join(owners)
-            cells = [f"`{option.name}`", of, *option_rows_of(option)]
+            type_name, default, allowed, text = option_rows_of(option)
+            cells = [f"`{option.name}`", of, type_name, default + (f" (paper: {option.paper})" if option.paper else ""),
+                     allowed, text]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -153,7 +153,12 @@ def test_describe_shows_kind_capabilities_and_options(capsys):
     assert code == 0 and info["kind"] == "defense" and info["distribution"] == "p4bench"
     assert "p4" in info["capabilities"]["usable_with"] and "local" not in info["capabilities"]["usable_with"]
     assert {"name": "krum_m", "type": "int", "default": "-", "allowed": ">= 1",
-            "help": "m, the updates kept; default: n - f"} in info["options"]
+            "help": "m, the updates kept; default: n - f", "paper": ""} in info["options"]
+    code, out, _ = invoke(["describe", "pdsl", "--json"], capsys)  # a default that is the paper's says where
+    paper = {option["name"]: option["paper"] for option in json.loads(out)[0]["options"]}
+    assert paper["shapley"] == "Alg. 2" and paper["val_size"] == "|Q| = 2,000" and paper["R"] == ""
+    code, out, _ = invoke(["describe", "pdsl"], capsys)
+    assert "(paper:" in out and "paper's own value" in out
 
 
 def test_describe_of_an_unknown_name_exits_2_listing_names(capsys):

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from p4bench.errors import UsageError
-from p4bench.options import option_rows
+from p4bench.options import declared_options, option_rows
 from p4bench.plugin_manager import KINDS, Entry, default_registry
 
 __all__ = ["capabilities", "describe", "describe_command", "find_entries", "register", "show"]
@@ -89,7 +89,8 @@ def describe(entry: Entry, registry: Any = None) -> dict[str, Any]:
         "name": entry.name, "kind": entry.kind, "distribution": entry.distribution, "version": entry.version,
         "class": f"{entry.cls.__module__}.{entry.cls.__qualname__}", "description": entry.description,
         "capabilities": capabilities(entry, registry),
-        "options": [dict(zip(("name", "type", "default", "allowed", "help"), row)) for row in option_rows(entry.cls)],
+        "options": [{**dict(zip(("name", "type", "default", "allowed", "help"), row)), "paper": option.paper}
+                    for row, option in zip(option_rows(entry.cls), declared_options(entry.cls))],
     }
 
 
@@ -110,8 +111,13 @@ def _print(console: Console, info: dict[str, Any]) -> None:
     for column in ("name", "type", "default", "allowed", "help"):
         table.add_column(column, overflow="fold")
     for option in info["options"]:
-        table.add_row(*(escape(option[c]) for c in ("name", "type", "default", "allowed", "help")))
+        default = option["default"] + (f" (paper: {option['paper']})" if option.get("paper") else "")
+        table.add_row(*(escape(text) for text in (option["name"], option["type"], default, option["allowed"],
+                                                  option["help"])))
     console.print(table)
+    if any(option.get("paper") for option in info["options"]):
+        console.print("(paper: ...) marks a default that is the paper's own value; the others are the suite's choice",
+                      highlight=False)
 
 
 def describe_command(

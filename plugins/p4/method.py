@@ -124,7 +124,7 @@ class P4(Method):
     options = (
         Option("group_size", int, None, "V, clients per group; default: 8 for cifar10/femnist/leaf-femnist, 4 for "
                "others (at most M)", low=1),
-        Option("samples", int, None, "H, peers each client probes in phase 1; default: min(35, M-1)", low=1),
+        Option("samples", int, None, "H, peers each client probes in phase 1; default: min(35, M-1)", low=1, paper="35 probes, section VI"),
         Option("teacher", str, "none", "what the DP proxy distils from: none (CE alone), last-proxy (the group's last "
                "released proxy) or private (the paper's non-DP model: epsilon uncertified)", choices=TEACHERS),
         Option("alpha", float, None, "the proxy's distillation weight; default: 0.5 with a teacher, 0 without (a "
