@@ -134,8 +134,9 @@ class RunConfig:
     time_budget_min: float | None = field(
         default=None,
         metadata=_meta(
-            "wall-clock budget in minutes: the run stops after the first round that ends past it (checked after "
-            "every round; none: run every round)", low=0, high=1e9, low_open=True,
+            "wall-clock budget in minutes: the rounds that finish within it count (the run stops after the first "
+            "round that ends past it and reports the round before; checked after every round; none: run every "
+            "round)", low=0, high=1e9, low_open=True,
         ),
     )
     memory_budget_gb: float | None = field(

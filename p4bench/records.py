@@ -148,3 +148,4 @@ class Outcome:
     final_params: dict[str, torch.Tensor]  # (M, ...) deployed parameters, for cross-runtime checks
     bytes_sent: int
     final_state: dict[str, Any] | None = None  # every client's state, rows in client order
+    budget_overran_at: int | None = None  # the step of the first round that ended past the time budget

@@ -7,13 +7,14 @@ before it (P4's grouping, SCAFFOLD's warm-up) is reported on its own in `phases`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from p4bench.records import GLOBAL_ACCURACY, Outcome, RoundReport, RunInfo, extra_metric_name
 
-__all__ = ["DetectionScore", "reported_mean", "summarize", "budget_fields", "summed_metrics", "early_stop_epsilon_note",
+__all__ = ["DetectionScore", "reported_mean", "summarize", "budget_fields", "within_budget", "summed_metrics", "early_stop_epsilon_note",
            "phase_rounds"]
 
 
@@ -116,24 +117,51 @@ def eval_fields(eval_set: str, personal: np.ndarray, global_accuracy: np.ndarray
     return fields
 
 
+def within_budget(outcome: Outcome) -> Outcome:
+    """The outcome as the papers count a time budget: only rounds that finished within it.
+    Where a round ended past the budget (`budget_overran_at`, its step), the accuracies are
+    those the last round before it reported (every round evaluates the deployed models);
+    the rounds past it stay in `reports` (they ran, sent bytes and spent privacy) and
+    `budget_fields` counts them apart. A run whose first round overran keeps that round's
+    figures: no round finished within the budget (summary `rounds_within_budget` 0)."""
+    if outcome.budget_overran_at is None:
+        return outcome
+    kept = max(outcome.budget_overran_at - 1, 1)
+    last = next((r for r in reversed(outcome.reports) if r.round >= 0 and r.step == kept), None)
+    if last is None:
+        return outcome
+    return dataclasses.replace(outcome, accuracy=last.accuracy.copy(),
+                               extra_accuracy={name: values.copy() for name, values in last.extra_accuracy.items()})
+
+
 def budget_fields(info: RunInfo, outcome: Outcome) -> dict[str, Any]:
     """Rounds planned and run, per phase too, and whether the time budget
-    (`time_budget_min`) cut the run short; the accuracy of such a run is that of its last
-    completed round."""
+    (`time_budget_min`) cut the run short; the figures of such a run are those of the last
+    round that finished within the budget (`within_budget`): `rounds_completed` counts the
+    rounds that finished within it, `rounds_past_budget` those that ran past it."""
     rounds, phases = phase_rounds(info)
+    overran = outcome.budget_overran_at
     done = {name: 0 for name in phases}
+    past = 0
     for report in outcome.reports:
-        if report.round >= 0:
+        if report.round < 0:
+            continue
+        if overran is not None and report.step >= max(overran, 2):  # a first round that overran is kept
+            past += 1
+        else:
             done[report.phase] = done.get(report.phase, 0) + 1
     last = info.phases[-1].name if info.phases else ""
     budget = info.config.time_budget_min
     stopped = sum(done.values()) < info.total_rounds
-    return {"rounds": rounds, "rounds_completed": done.get(last, 0),
-            "phases": {name: {"rounds": planned, "completed": done.get(name, 0)} for name, planned in phases.items()},
-            "time_budget_min": budget,
-            "stopped_by_time_budget": budget is not None and stopped,
-            # the method's own stopping rule (`Method.finished`, e.g. P4L's mrt/mrr) ended it
-            "stopped_by_method": stopped and budget is None}
+    fields = {"rounds": rounds, "rounds_completed": done.get(last, 0),
+              "phases": {name: {"rounds": planned, "completed": done.get(name, 0)} for name, planned in phases.items()},
+              "time_budget_min": budget,
+              "stopped_by_time_budget": overran is not None,
+              # the method's own stopping rule (`Method.finished`, e.g. P4L's mrt/mrr) ended it
+              "stopped_by_method": stopped and overran is None}
+    if overran is not None:
+        fields.update(rounds_past_budget=past, rounds_within_budget=overran - 1)  # 0: even the first round overran
+    return fields
 
 
 def summed_metrics(reports: list[RoundReport]) -> dict[str, float]:
@@ -147,13 +175,15 @@ def summed_metrics(reports: list[RoundReport]) -> dict[str, float]:
 
 def early_stop_epsilon_note(summary: dict[str, Any]) -> str:
     """What the epsilon of a run stopped by its time budget covers: the ledger counts the
-    releases actually taken, so it is the epsilon of the completed rounds, not the planned
-    one (sigma was calibrated for every round, so it is at most the target)."""
+    releases actually taken, those of the rounds past the budget too (they ran), so it is
+    not the planned one (sigma was calibrated for every round, so it is at most the target)."""
     target = summary.get("epsilon_budget")
     planned = f"; sigma was calibrated for all {summary['rounds']} rounds" + (
         f" at target epsilon {target:g}" if isinstance(target, (int, float)) else "")
+    past = int(summary.get("rounds_past_budget") or 0)
+    beyond = f" and the {past} that ran past it" if past else ""
     return (f"releases taken in the {summary['rounds_completed']} of {summary['rounds']} rounds completed before the "
-            f"time budget ({summary['time_budget_min']:g} min){planned}")
+            f"time budget ({summary['time_budget_min']:g} min){beyond}{planned}")
 
 
 def _per_phase(reports: list[RoundReport], value) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from p4bench.run_summary import (  # noqa: F401 - re-exported: they were defined
     reported_mean,
     summarize,
     summed_metrics,
+    within_budget,
 )
 
 
@@ -360,6 +361,9 @@ def run(
             outcome = prepared.runtime.execute(prepared.job, on_round)  # (without interrupts Ctrl-C stops at once)
         if session.stopped_by_request and not session.complete:
             raise session.interrupted(attached)
+        if session.runtime is not None and session.budget is not None:  # devices: the launcher's budget set it
+            outcome.budget_overran_at = session.budget.overran_at
+        outcome = within_budget(outcome)
         wall = time.perf_counter() - started + session.elapsed_before
         result = RunResult(info, outcome, wall, summarize(info, outcome, wall), prepared.job.method)
         method = prepared.job.method

@@ -46,18 +46,27 @@ def test_budget_is_validated_and_kept_out_of_old_hashes(tmp_path):
 
 
 @pytest.mark.parametrize("runtime", ["simulation", "bytes"])
-def test_budget_stops_after_the_round_that_ends_past_it(small_config, minute_clock, runtime):
-    # minute 0 at the start; rounds end at minutes 1, 2, 3: the third ends past 2.5 minutes
+def test_budget_counts_the_rounds_that_finished_within_it(small_config, minute_clock, runtime):
+    # minute 0 at the start; rounds end at minutes 1, 2, 3: the third ends past 2.5 minutes,
+    # so the run stops there and its figures are the second round's (the papers' count)
     result = run(small_config(rounds=10, time_budget_min=2.5, runtime=runtime), track=False)
     summary = result.summary
-    assert summary["rounds"] == 10 and summary["rounds_completed"] == 3 and summary["stopped_by_time_budget"]
-    assert [r.step for r in result.outcome.reports] == [1, 2, 3]
-    # the accuracy reported is the last completed round's: that of a plain 3-round run
-    plain = run(small_config(rounds=3, runtime=runtime), track=False)
+    assert summary["rounds"] == 10 and summary["rounds_completed"] == 2 and summary["stopped_by_time_budget"]
+    assert summary["rounds_past_budget"] == 1 and summary["rounds_within_budget"] == 2
+    assert [r.step for r in result.outcome.reports] == [1, 2, 3]  # the third ran (bytes, privacy) and is logged
+    # the accuracy reported is the last round's within the budget: that of a plain 2-round run
+    plain = run(small_config(rounds=2, runtime=runtime), track=False)
     np.testing.assert_allclose(result.outcome.accuracy, plain.outcome.accuracy, atol=1e-6)
-    np.testing.assert_allclose(result.outcome.accuracy, result.outcome.reports[-1].accuracy, atol=1e-6)
+    np.testing.assert_allclose(result.outcome.accuracy, result.outcome.reports[1].accuracy, atol=1e-6)
     assert summary["accuracy_mean"] == pytest.approx(plain.summary["accuracy_mean"])
-    assert not plain.summary["stopped_by_time_budget"] and plain.summary["rounds_completed"] == 3
+    assert not plain.summary["stopped_by_time_budget"] and plain.summary["rounds_completed"] == 2
+    assert "rounds_past_budget" not in plain.summary
+
+
+def test_a_first_round_past_the_budget_is_kept(small_config, minute_clock):
+    summary = run(small_config(rounds=10, time_budget_min=0.5), track=False).summary
+    assert summary["stopped_by_time_budget"] and summary["rounds_completed"] == 1
+    assert summary["rounds_within_budget"] == 0 and summary["rounds_past_budget"] == 0
 
 
 def test_budget_that_is_never_reached_runs_every_round(small_config, minute_clock):
@@ -69,10 +78,11 @@ def test_private_run_stopped_early_reports_the_epsilon_of_its_releases(small_con
     config = small_config(rounds=10, epsilon=8.0, noise_source="seeded")
     stopped = run(config.replace(time_budget_min=2.5), track=False).summary
     full = run(config, track=False).summary
-    assert stopped["rounds_completed"] == 3 and stopped["noise_multiplier"] == pytest.approx(full["noise_multiplier"])
-    # sigma calibrated for all 10 rounds, the ledger counts the 3 rounds taken
+    assert stopped["rounds_completed"] == 2 and stopped["noise_multiplier"] == pytest.approx(full["noise_multiplier"])
+    # sigma calibrated for all 10 rounds, the ledger counts the 3 rounds taken (the third ran past the budget)
     assert stopped["epsilon"] < full["epsilon"] <= 8.0 + 1e-6
-    assert "3 of 10 rounds" in stopped["epsilon_scope"] and "target epsilon 8" in stopped["epsilon_scope"]
+    assert "2 of 10 rounds" in stopped["epsilon_scope"] and "the 1 that ran past it" in stopped["epsilon_scope"]
+    assert "target epsilon 8" in stopped["epsilon_scope"]
     assert "epsilon_scope" not in full
 
 
@@ -110,10 +120,13 @@ def test_device_peers_stop_after_the_same_round(small_config):
     assert all(peer["finished"] for peer in device["peers"].values())
     finish = device["finish"]
     assert summary["stopped_by_time_budget"] and summary["rounds_completed"] < 200
-    assert finish["after_step"] == summary["rounds_completed"] == len(result.outcome.reports)
+    # the launcher saw the budget spent after step decided_after_step: the rounds before it count
+    assert summary["rounds_completed"] == max(finish["decided_after_step"] - 1, 1)
+    ran = finish["after_step"]
+    assert ran == summary["rounds_completed"] + summary["rounds_past_budget"] == len(result.outcome.reports)
     assert finish["after_step"] >= finish["decided_after_step"] + 2
     assert finish["consistent"] and set(finish["stopped_after_step"].values()) == {finish["after_step"]}
     assert set(finish["stopped_after_step"]) == {"0", "1", "2", "server"}
-    same_rounds = run(config.replace(rounds=summary["rounds_completed"]), track=False).summary
+    same_rounds = run(config.replace(rounds=ran), track=False).summary  # the releases of every round that ran
     assert summary["epsilon"] == pytest.approx(same_rounds["epsilon"])
     assert f"{summary['rounds_completed']} of 200 rounds" in summary["epsilon_scope"]

@@ -132,8 +132,9 @@ def run_command(
     ),
     time_budget: float | None = typer.Option(
         None, "--time-budget", metavar="MINUTES",
-        help="stop after the first round that ends past MINUTES of training (all runtimes; on devices the launcher's "
-             "clock decides and every peer stops after the same round); reports the rounds completed",
+        help="count the rounds that finish within MINUTES of training: the run stops after the first round that ends "
+             "past it and reports the round before (all runtimes; on devices the launcher's clock decides and every "
+             "peer stops after the same round)",
     ),
     memory_budget: float | None = typer.Option(
         None, "--memory-budget", metavar="GB",
@@ -331,8 +332,10 @@ def _rounds_text(summary: dict[str, Any]) -> str:
               for name, p in list(phases.items())[:-1]]
     if not summary.get("stopped_by_time_budget"):
         return str(summary["rounds"]) + (f", after {', '.join(before)}" if before else "")
+    past = int(summary.get("rounds_past_budget") or 0)
+    beyond = f" ({past} more ran past it)" if past else ""
     return (f"[yellow]{summary['rounds_completed']} of {summary['rounds']}: stopped by the time budget "
-            f"({summary['time_budget_min']:g} min); accuracy of round {summary['rounds_completed']}[/yellow]")
+            f"({summary['time_budget_min']:g} min){beyond}; accuracy of round {summary['rounds_completed']}[/yellow]")
 
 
 def _claim_text(summary: dict[str, Any]) -> str:

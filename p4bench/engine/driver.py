@@ -52,19 +52,25 @@ BUDGET_CLOCK: Callable[[], float] = time.monotonic  # seconds; tests replace it 
 class TimeBudget:
     """A `StopAfter` that is true once `minutes` of wall-clock time have passed since it
     was made (the run's `time_budget_min`). The driver asks it after each round, so a run
-    stops after the first round that ends past the budget and every round it reports is
-    complete; the device launcher holds one for its peers (`plugins/device/launcher.py`)."""
+    stops after the first round that ends past the budget; that round (`overran_at`, its
+    step) does not count: a run's results are those of the last round that finished within
+    the budget, as the papers count rounds in a time budget (`p4bench.run_summary.
+    within_budget`). The device launcher holds one for its peers (`plugins/device/launcher.py`)."""
 
     def __init__(self, minutes: float, clock: Callable[[], float] | None = None) -> None:
         self.minutes = minutes
         self._clock = clock or BUDGET_CLOCK
         self.started = self._clock()
+        self.overran_at: int | None = None  # the step of the first round that ended past the budget
 
     def spent(self) -> bool:
         return self._clock() - self.started >= 60.0 * self.minutes
 
     def __call__(self, step: int) -> bool:
-        return self.spent()
+        spent = self.spent()
+        if spent and self.overran_at is None:
+            self.overran_at = step
+        return spent
 
 
 def _never(step: int) -> bool:

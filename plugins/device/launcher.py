@@ -270,7 +270,7 @@ class Launcher:
             if not self.active:
                 raise DeviceError(f"every peer dropped out ({self.dropped})")
             # the time budget, or the method's own stopping rule on every client's values (P4L's mrt/mrr)
-            if finish_after is None and ((budget is not None and budget.spent()) or job.method.finished(report.extra_accuracy)):
+            if finish_after is None and ((budget is not None and budget(report.step)) or job.method.finished(report.extra_accuracy)):
                 finish_after = self._send_finish(report.step)
             if finish_after is not None and report.step >= finish_after:
                 break
@@ -279,7 +279,9 @@ class Launcher:
         self.finishing = True
         log.info("collected %d final reports", len(self.finals))
         self._account_overrun()
-        return self._outcome(job, reports, total_bytes)
+        outcome = self._outcome(job, reports, total_bytes)
+        outcome.budget_overran_at = None if budget is None else budget.overran_at
+        return outcome
 
     def _send_finish(self, step: int) -> int | None:
         """The time budget ran out (or the method's stop rule held) after round `step`: tell every peer to stop after
