@@ -23,6 +23,7 @@ import numpy as np
 from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
+from p4bench.participation import COUNT_PREFIX
 from p4bench.results import TUNING_TAG
 
 __all__ = ["RunTask", "RunRecord", "execute_task", "execute_on_ray_node", "Backend", "LocalBackend", "RayBackend",
@@ -125,12 +126,19 @@ class WithheldTests:
     def round_finished(self, run, report) -> None:
         for key in [k for k in report.metrics if self._over_reported(k)]:
             report.metrics[key] = math.nan  # reported clients were not evaluated
+        # nor are their per-client figures (an empty test split scores 0): the participation
+        # curve, the per-client logs; counts (`count_*`) are not test figures and stay
+        report.accuracy[self.withheld] = math.nan
+        for name, values in report.extra_accuracy.items():
+            if not name.startswith(COUNT_PREFIX) and np.issubdtype(values.dtype, np.floating):
+                values[self.withheld] = math.nan
 
     @hookimpl(tryfirst=True)
     def run_finished(self, run, result) -> None:
         result.outcome.accuracy[self.withheld] = math.nan
-        for values in result.outcome.extra_accuracy.values():
-            values[self.withheld] = math.nan
+        for name, values in result.outcome.extra_accuracy.items():
+            if not name.startswith(COUNT_PREFIX):
+                values[self.withheld] = math.nan
         for key in [k for k in result.summary if self._over_reported(k)]:
             result.summary[key] = math.nan
         result.summary["accuracy_per_client"] = {}

@@ -30,7 +30,8 @@ def count_name(reports: Sequence[RoundReport]) -> str | None:
 
 
 def participation_curve(reports: Sequence[RoundReport], reported: np.ndarray) -> list[dict[str, float]]:
-    """One row per participation count r >= 1 reached by a reported peer (`COLUMNS`)."""
+    """One row per participation count r >= 1 reached by a reported peer (`COLUMNS`);
+    none where no reported peer has a measured value (NaN: not evaluated)."""
     name = count_name(reports)
     if name is None or not reports:
         return []
@@ -52,7 +53,8 @@ def participation_curve(reports: Sequence[RoundReport], reported: np.ndarray) ->
             picked = table[first, columns]
             row[key] = float(np.nanmean(picked)) if np.isfinite(picked).any() else float("nan")
         rows.append(row)
-    return rows
+    # no value measured at all (a tuning run withholds the reported peers' tests): no curve
+    return rows if any(np.isfinite(row[key]) for row in rows for key in values) else []
 
 
 def write_participation_curve(rows: list[dict[str, float]], folder: Path, title: str) -> list[Path]:

@@ -12,6 +12,10 @@ os.environ["P4BENCH_VERIFY"] = "0"
 
 import pytest  # noqa: E402
 
+# Registers the emulated accelerator `emu` now, before any test's backward pass: autograd sizes
+# its per-device queues at its first one, so a later registration fails in whatever test runs
+# the conformance kit's accelerator run after another test trained (order-dependent).
+import p4bench.testing.emulated_device  # noqa: E402, F401
 from p4bench.config import RunConfig  # noqa: E402
 
 

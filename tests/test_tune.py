@@ -124,3 +124,28 @@ def test_cli_picks_a_learning_rate_for_fedavg_and_p4_and_resumes(tmp_path, capsy
         main(args)
     assert (info.value.code or 0) == 0
     assert yaml.safe_load(output.read_text())["tuned"] == document["tuned"]
+
+
+def test_tuning_runs_report_no_figures_of_withheld_clients_per_round():
+    """A withheld client's empty test split scores 0; a tuning run reports NaN instead, in
+    every round's per-client values too, so no participation curve of zeros is written."""
+    from types import SimpleNamespace
+
+    from p4bench.backends import WithheldTests
+    from p4bench.participation import participation_curve
+    from p4bench.records import RoundReport
+
+    withheld = WithheldTests()
+    withheld.withheld = np.array([True, True, False])
+    reports = []
+    for step in (1, 2):
+        report = RoundReport("train", step - 1, step, np.array([0.0, 0.0, 0.8]), 0.1, 1.0, 0,
+                             extra_accuracy={"count_synergies": np.array([step, step, step], dtype=float),
+                                             "test_loss": np.array([0.0, 0.0, 0.5])})
+        withheld.round_finished(SimpleNamespace(), report)
+        reports.append(report)
+    assert np.isnan(reports[0].accuracy[:2]).all() and reports[0].accuracy[2] == 0.8
+    assert np.isnan(reports[0].extra_accuracy["test_loss"][:2]).all()
+    assert reports[1].extra_accuracy["count_synergies"].tolist() == [2, 2, 2]  # counts are not test figures
+    assert participation_curve(reports, np.array([True, True, False])) == []  # only withheld peers: no curve
+    assert participation_curve(reports, np.array([True, True, True]))[0]["accuracy"] == pytest.approx(0.8)
