@@ -5,11 +5,10 @@ flatten (32 * 14 * 14 = 6272) - Linear(6272->64) - ReLU - Dropout 0.5 - Linear(6
 406,922 parameters on 1x32x32 inputs. Convolutions are unpadded with stride 1; the paper
 leaves the activations unspecified, ReLU as the spec advises.
 
-Dropout is left out (both layers act as in evaluation mode, the identity): a functional
-model's `forward(params, x)` gets no random stream, and a dropout mask drawn from
-torch's global generator would differ between the batched simulator and the
-per-client runtimes. Dropout has no parameters, so the count and the model at test
-time are the paper's; only the training-time regularisation is missing.
+Dropout acts in training gradients only (`p4bench.dropout`): its masks are hashed from
+each example and the model's current parameters, not drawn from torch's global generator,
+so the batched simulator, the per-client runtimes and the per-example clipping path drop
+the same units. Evaluation sees the identity, as `model.eval()` would give.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from p4bench.dropout import hashed_dropout
 from p4bench.errors import IncompatibleError
 from p4bench.models import Model, Params, _conv_init, _linear_init
 
@@ -24,11 +24,12 @@ __all__ = ["GrayCNN"]
 
 
 class GrayCNN(Model):
-    """Table I of Karras et al. (two unpadded conv3x3 + ReLU, maxpool, 64-unit ReLU layer),
-    dropout-free; any channel count and image size of at least 6x6 is accepted."""
+    """Table I of Karras et al. (two unpadded conv3x3 + ReLU, maxpool, dropout 0.25, 64-unit
+    ReLU layer, dropout 0.5); any channel count and image size of at least 6x6 is accepted."""
 
     name = "cnn-gray"
-    description = "Karras et al.'s Table I CNN (greyscale CIFAR-10: 406,922 parameters); dropout left out"
+    description = "Karras et al.'s Table I CNN (greyscale CIFAR-10: 406,922 parameters), dropout 0.25 and 0.5"
+    dropout = (0.25, 0.5)  # after the pooling, after the hidden dense layer (Table I)
 
     def __init__(self, feature_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__(feature_shape, num_classes)
@@ -51,5 +52,7 @@ class GrayCNN(Model):
         h = x.reshape(x.shape[0], *self.feature_shape)
         h = F.relu(F.conv2d(h, params["conv1.weight"], params["conv1.bias"]))
         h = F.max_pool2d(F.relu(F.conv2d(h, params["conv2.weight"], params["conv2.bias"])), 2)
+        h = hashed_dropout(h, x, params["fc.bias"], self.dropout[0], layer=1)
         h = F.relu(F.linear(h.flatten(start_dim=1), params["fc1.weight"], params["fc1.bias"]))
+        h = hashed_dropout(h, x, params["fc.bias"], self.dropout[1], layer=2)
         return F.linear(h, params["fc.weight"], params["fc.bias"])

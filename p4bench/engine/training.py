@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch.func import grad_and_value, vmap
 
+from p4bench.dropout import computes_training_gradients
 from p4bench.models import Model, Params
 from p4bench.stacked import stacked_logits, stacked_loss_and_grad, supports_stacked
 
@@ -99,6 +100,7 @@ def weighted_loss(
     return (losses * weight).sum() / weight.sum().clamp_min(1.0)
 
 
+@computes_training_gradients
 def batched_loss_and_grad(
     model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
     loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,
@@ -114,6 +116,7 @@ def batched_loss_and_grad(
     return value, grads
 
 
+@computes_training_gradients
 def reference_loss_and_grad(
     model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
     loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,

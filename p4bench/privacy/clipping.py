@@ -22,6 +22,7 @@ from torch.func import grad, vmap
 
 from p4bench import stacked
 from p4bench.data.federated import squared_norms
+from p4bench.dropout import computes_training_gradients
 from p4bench.engine.chunking import clients_per_chunk
 from p4bench.engine.training import PerExampleLoss, cross_entropy
 from p4bench.models import LinearSoftmax, Model, Params
@@ -30,6 +31,7 @@ from p4bench.privacy.isolation import excluded_mask
 __all__ = ["clip_scale", "clipped_gradient_sum", "logit_gradients"]
 
 
+@computes_training_gradients
 def clipped_gradient_sum(
     model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: float,
     loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None, sq_norms: torch.Tensor | None = None,
