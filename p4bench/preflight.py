@@ -55,9 +55,21 @@ def sqlite_path(uri: str) -> Path | None:
     return None if path in ("", ":memory:") else Path(path)
 
 
+# The tracking store schemes MLflow accepts (its tracking store registry, and its database
+# engines with an optional "+driver"); tests/test_preflight.py checks them against MLflow's.
+TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks",
+                    "databricks-uc", "uc")
+
+
 def check_tracking_uri(uri: str) -> None:
-    """A local tracking store (SQLite file, `file:` URI or plain path) can be created and
-    written; remote stores (http, databases) are left to the tracker."""
+    """A tracking URI MLflow accepts: a known scheme (a mistyped one is one clear line, not
+    MLflow's traceback); a local store (SQLite file, `file:` URI or plain path) can be
+    created and written; remote stores (http, databases) are left to the tracker."""
+    scheme = urlsplit(uri).scheme.lower()
+    if len(scheme) > 1 and scheme.split("+", 1)[0] not in TRACKING_SCHEMES:  # one letter: a Windows drive
+        known = ", ".join(f"{s}:" for s in TRACKING_SCHEMES if s)
+        raise UsageError(f"tracking URI {uri!r}: unknown scheme {scheme + ':'!r}; MLflow accepts a folder or "
+                         f"{known} (e.g. sqlite:///runs/mlflow.db or http://127.0.0.1:5000)")
     database = sqlite_path(uri)
     if database is not None:
         if database.is_dir():
@@ -68,10 +80,12 @@ def check_tracking_uri(uri: str) -> None:
             raise UsageError(f"cannot write the MLflow store {uri}: permission denied on {database}")
         return
     parts = urlsplit(uri)
-    if parts.scheme == "file":
-        check_writable_dir(unquote(parts.path), "MLflow store folder", subject=f"the MLflow store {uri}")
-    elif not parts.scheme:  # a plain folder: MLflow's file store
-        check_writable_dir(uri, "MLflow store folder")
+    if parts.scheme == "file" or len(parts.scheme) <= 1:  # a folder: MLflow's file store (or a Windows path)
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
+            raise UsageError(f"tracking URI {uri!r} is a folder store, which MLflow 3 no longer writes: use a "
+                             "database such as sqlite:///runs/mlflow.db (or set MLFLOW_ALLOW_FILE_STORE=true)")
+        folder = unquote(parts.path) if parts.scheme == "file" else uri
+        check_writable_dir(folder, "MLflow store folder", subject=f"the MLflow store {uri}")
 
 
 def check_writable_dir(path: str | Path, what: str, *, create: bool = True, subject: str | None = None) -> Path:

@@ -114,6 +114,16 @@ class Tracker:
             self.client = None
             return None
 
+    def _open_client(self, client_class: Any) -> Any:
+        """The MLflow client of the store, or None with `error` set: opening a store can fail
+        (MLflow refuses some stores when it opens them), and tracking never ends a run."""
+        try:
+            return client_class(tracking_uri=self.uri)
+        except Exception as exc:  # noqa: BLE001 - reported as one line, the run goes on
+            self.error = f"MLflow store {self.uri} cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+            log.warning(self.error)
+            return None
+
     def _start_mlflow(self, run) -> None:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -127,7 +137,9 @@ class Tracker:
         from p4bench.tracking_store import seed_sqlite_store
 
         seed_sqlite_store(self.uri)  # a new SQLite store: a copy of a migrated empty one, not ~1 s of migrations
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = self._open_client(MlflowClient)
+        if self.client is None:
+            return
         experiment = self._mlflow("get experiment", self.client.get_experiment_by_name, self.config.experiment)
         if self.client is None:
             return
@@ -190,8 +202,8 @@ class Tracker:
             return
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=self.uri)
-        if self._mlflow("find run", self.client.get_run, run_id) is None:
+        self.client = self._open_client(MlflowClient)
+        if self.client is None or self._mlflow("find run", self.client.get_run, run_id) is None:
             return
         self.mlflow_run_id = run_id
         self._mlflow("reopen run", self.client.update_run, run_id, status="RUNNING")

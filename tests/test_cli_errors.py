@@ -216,6 +216,38 @@ def test_check_run_paths(tmp_path, monkeypatch):
         check_run_paths(RunConfig(results_dir=str(tmp_path / "ok")))
 
 
+@pytest.mark.parametrize("uri, says", [
+    ("sqllite:///typo.db", "unknown scheme 'sqllite:'"), ("foo://bar", "unknown scheme 'foo:'"),
+    ("htp://127.0.0.1:5000", "unknown scheme 'htp:'"), ("runs/folder-store", "folder store"),
+    ("file:///tmp/p4bench-folder-store", "folder store"),
+])
+def test_a_tracking_uri_mlflow_would_refuse_is_one_line_before_any_training(capsys, tmp_path, uri, says):
+    code, _, err = invoke(["run", "--rounds", "1", "--results-dir", str(tmp_path), "--tracking-uri", uri], capsys)
+    assert code == 2 and says in one_error_line(err) and "Traceback" not in err
+
+
+def test_the_tracking_schemes_are_mlflows(monkeypatch, tmp_path):
+    from mlflow.store.db.db_types import DATABASE_ENGINES
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    from p4bench.preflight import TRACKING_SCHEMES, check_tracking_uri
+
+    assert set(TRACKING_SCHEMES) == set(_tracking_store_registry._registry) | set(DATABASE_ENGINES)
+    check_tracking_uri("postgresql+psycopg2://user@127.0.0.1/db")  # a database with its driver: left to MLflow
+    check_tracking_uri("http://127.0.0.1:5000")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own opt-in keeps folder stores usable
+    check_tracking_uri(str(tmp_path))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["run", "--rounds", "abc"], "Invalid value for '--rounds'"), (["run", "--seed", "abc"], "Invalid value for '--seed'"),
+    (["runn"], "No such command 'runn'. Did you mean 'run'?"), (["run", "--bogus-flag"], "No such option: --bogus-flag"),
+])
+def test_click_usage_errors_are_one_line_and_exit_2(capsys, args, says):
+    code, _, err = invoke(args, capsys)
+    assert code == 2 and says in one_error_line(err) and "--help" in err and "Usage:" not in err
+
+
 # -- --version and completion ------------------------------------------------------------------
 
 

@@ -66,11 +66,31 @@ def build_app() -> typer.Typer:
         pretty_exceptions_enable=False,
     )
     app.callback(help=HELP)(_root)
+    _one_line_usage_errors()
     run.register(app)
     listing.register(app)
     describe.register(app)
     add_plugin_commands(default_plugin_manager(), app)  # a broken plugin's commands become a warning
     return app
+
+
+def _one_line_usage_errors() -> None:
+    """Click's usage errors (a value of the wrong type, a mistyped command or option) as
+    one line like every other bad input, not typer's boxed usage text: typer renders them
+    with `rich_utils.rich_format_error`, looked up when it shows one."""
+    import typer.rich_utils
+
+    typer.rich_utils.rich_format_error = _say_usage_error  # type: ignore[assignment]
+
+
+def _say_usage_error(exc: Exception) -> None:
+    from rich.markup import escape
+
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    err_console.print(f"[bold red]error:[/bold red] {escape(one_line(message))}{escape(hint)}", highlight=False,
+                      soft_wrap=True)
 
 
 def version_line() -> str:

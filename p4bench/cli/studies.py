@@ -328,6 +328,9 @@ def reproduce_command(
         other = "personal" if report.preset.eval_set == "global" else "global"
         out.print(f"beside it, {_EVAL_WORDS[other]} ({report.preset.beside_metric}):", highlight=False)
         _print_comparison(report.beside, fmt, privacy_note=False)
+    elif report.comparison is not None and report.preset.eval_set == "personal":
+        out.print("no global figure beside it: a global test set would be held out of the clients' data, which this "
+                  "paper's setup does not do (single runs measure it with --eval both)", highlight=False)
     for line in report.extras:  # the preset's own lines: reference values, plots written
         out.print(line, highlight=False, markup=False)
     for line in report.privacy:
