@@ -84,10 +84,11 @@ class Command:
         return f"{self.source}:{self.line}:{' '.join(self.argv[:2])}"
 
 
-def fenced_commands(path: Path) -> list[Command]:
-    """The `p4bench` commands of the shell blocks of a Markdown file: continuation lines
-    joined, comments dropped, `a && b` split, leading `VAR=value` kept as environment."""
-    commands, block, language, start, pending = [], -1, None, 0, ""
+def fenced_segments(path: Path) -> list[tuple[int, int, tuple[tuple[str, str], ...], list[str]]]:
+    """Every command of the shell blocks of a Markdown file as (block, line, environment,
+    words): continuation lines joined, comments dropped, `a && b` split, leading
+    `VAR=value` kept as environment."""
+    segments_out, block, language, start, pending = [], -1, None, 0, ""
     for number, raw in enumerate(path.read_text().splitlines(), start=1):
         fence = _FENCE.match(raw)
         if fence:
@@ -118,9 +119,15 @@ def fenced_commands(path: Path) -> list[Command]:
             while segment and _ASSIGNMENT.match(segment[0]):
                 key, _, value = segment.pop(0).partition("=")
                 env.append((key, value))
-            if segment and Path(segment[0]).name == "p4bench":
-                commands.append(Command(path.name, block, start, tuple(segment[1:]), tuple(env)))
-    return commands
+            if segment:
+                segments_out.append((block, start, tuple(env), segment))
+    return segments_out
+
+
+def fenced_commands(path: Path) -> list[Command]:
+    """The `p4bench` commands of the shell blocks of a Markdown file (`fenced_segments`)."""
+    return [Command(path.name, block, line, tuple(words[1:]), env)
+            for block, line, env, words in fenced_segments(path) if Path(words[0]).name == "p4bench"]
 
 
 def cannot_run_here(command: Command) -> str | None:
@@ -235,6 +242,27 @@ def test_the_readme_has_commands_and_no_placeholders():
     for command in README_COMMANDS:
         odd = [token for token in command.argv if _PLACEHOLDER.search(token)]
         assert not odd, f"README line {command.line}: {command.text!r} is not runnable as written ({odd})"
+
+
+SHELL_BUILTINS = {"source", ".", "export", "cd"}
+
+
+def test_every_readme_command_resolves_in_the_activated_environment():
+    """After the README's set-up line (`source .venv/bin/activate`), each command of each
+    block is the environment's (`.venv/bin/X`, or X itself on PATH), a script of the
+    repository, or a shell builtin: nothing a newcomer's shell would call "command not found"."""
+    environment = ROOT / ".venv" / "bin"
+    unresolved = []
+    for block, line, _, words in fenced_segments(README):
+        name = words[0]
+        if name in SHELL_BUILTINS or (ROOT / name).is_file():
+            continue
+        if Path(name).parent == Path(".venv/bin") or "/" not in name:
+            if (environment / Path(name).name).exists():
+                continue
+        unresolved.append(f"README line {line}: {name}")
+    assert not unresolved, unresolved
+    assert "source .venv/bin/activate" in README.read_text()  # the set-up line the blocks rely on
 
 
 def test_the_table_lists_readme_commands():
