@@ -24,6 +24,7 @@ from p4bench.audit import (
 )
 from p4bench.cli import main
 from p4bench.errors import IncompatibleError, UsageError
+from p4bench.hookspecs import hookimpl
 from p4bench.privacy.mechanism import DPMechanism, DPSettings
 from p4bench.privacy.noise import NoiseStreams
 
@@ -164,8 +165,16 @@ def test_audit_catches_a_mechanism_that_adds_less_noise_than_it_reports(small_co
 
 def test_audit_refuses_releases_it_cannot_observe(small_config):
     # centralized DP-SGD adds its noise at the server: the ledger counts releases no canary went through
+    class Rounds:
+        seen = 0
+
+        @hookimpl(tryfirst=True)  # before the audit's own check of the first round
+        def round_finished(self, run, report):
+            Rounds.seen += 1
+
     with pytest.raises(IncompatibleError, match="outside DPMechanism.release"):
-        run_audit(small_config(method="centralized", epsilon=4.0, rounds=2), track=False)
+        run_audit(small_config(method="centralized", epsilon=4.0, rounds=5), track=False, observers=[Rounds()])
+    assert Rounds.seen == 1  # refused after the first round, not after the whole run
 
 
 def test_audit_config_refuses_non_private_runs_and_unfuses_p4(small_config):

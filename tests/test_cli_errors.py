@@ -248,6 +248,13 @@ def test_click_usage_errors_are_one_line_and_exit_2(capsys, args, says):
     assert code == 2 and says in one_error_line(err) and "--help" in err and "Usage:" not in err
 
 
+def test_flags_show_no_value_type_in_help(capsys):
+    code, out, _ = invoke(["run", "--help"], capsys)
+    rows = {line.split()[1]: line for line in out.splitlines() if line.strip().startswith("│ --")}
+    assert code == 0 and "<bool>" not in rows["--json"] and "<bool>" not in rows["--no-dp"]
+    assert "<int>" in rows["--rounds"]  # options that take a value still say which
+
+
 # -- --version and completion ------------------------------------------------------------------
 
 

@@ -253,7 +253,7 @@ def test_every_readme_command_resolves_in_the_activated_environment():
     repository, or a shell builtin: nothing a newcomer's shell would call "command not found"."""
     environment = ROOT / ".venv" / "bin"
     unresolved = []
-    for block, line, _, words in fenced_segments(README):
+    for _, line, _, words in fenced_segments(README):
         name = words[0]
         if name in SHELL_BUILTINS or (ROOT / name).is_file():
             continue

@@ -22,6 +22,7 @@ from p4bench.audit.result import AuditResult  # re-exported: it was defined here
 from p4bench.audit.stats import empirical_epsilon
 from p4bench.config import RunConfig
 from p4bench.errors import IncompatibleError, UsageError
+from p4bench.hookspecs import hookimpl
 
 __all__ = ["AuditResult", "audit_config", "check_audit_inputs", "finish_audit", "run_audit"]
 
@@ -95,7 +96,8 @@ def run_audit(
             prepared.job.wrap_mechanism = wrap
             state.update(bank=bank, ledger=prepared.ledger)
 
-        result = run(run_config, observers=observers, plugin_manager=plugin_manager, track=track, on_prepared=on_prepared)
+        early = [*observers, _FirstRoundCheck(run_config.method, state)] if index == 0 else observers
+        result = run(run_config, observers=early, plugin_manager=plugin_manager, track=track, on_prepared=on_prepared)
         bank, ledger = state["bank"], state["ledger"]
         _check_observed(run_config.method, bank, ledger)
         claimed = float(result.summary["epsilon"])
@@ -140,13 +142,30 @@ def finish_audit(audit: AuditResult, last: dict[str, Any], *, track: bool, plot:
     return audit
 
 
-def _check_observed(method: str, bank: CanaryBank, ledger) -> None:
-    """Refuse when the ledger counted releases the canaries never went through."""
+class _FirstRoundCheck:
+    """After the first run's first round: refuse now, not after the whole run, when a
+    release so far went around the canaries (a method that releases outside
+    `DPMechanism.release` would train for minutes to be refused at the end)."""
+
+    def __init__(self, method: str, state: dict[str, Any]) -> None:
+        self.method, self.state = method, state
+
+    @hookimpl
+    def round_finished(self, run, report) -> None:
+        if report.step == 1 and self.state.get("bank") is not None:
+            _check_observed(self.method, self.state["bank"], self.state["ledger"], final=False)
+
+
+def _check_observed(method: str, bank: CanaryBank, ledger, final: bool = True) -> None:
+    """Refuse when the ledger counted releases the canaries never went through (and, at
+    the end of a run, when there were none at all)."""
     counted = np.zeros(bank.num_clients, dtype=np.int64)
     for key in ledger.keys:
         counted += ledger.steps[key]
     observed = bank.releases.numpy()
     missing = int(np.clip(counted - observed, 0, None).sum())
+    if not final and not bank.bypassed and not missing:
+        return
     if bank.bypassed or missing or not observed.any():
         how = f" (calls to {', '.join(bank.bypassed)})" if bank.bypassed else ""
         raise IncompatibleError(

@@ -20,6 +20,7 @@ import atexit
 import os
 import sys
 import weakref
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -77,10 +78,21 @@ def build_app() -> typer.Typer:
 def _one_line_usage_errors() -> None:
     """Click's usage errors (a value of the wrong type, a mistyped command or option) as
     one line like every other bad input, not typer's boxed usage text: typer renders them
-    with `rich_utils.rich_format_error`, looked up when it shows one."""
+    with `rich_utils.rich_format_error`, looked up when it shows one. Also: flags' help
+    rows show no value type."""
+    import typer.core
     import typer.rich_utils
 
     typer.rich_utils.rich_format_error = _say_usage_error  # type: ignore[assignment]
+    # and a flag (`--json`) takes no value: its help row shows none (typer shows "<bool>",
+    # and `--json true` is then refused as an extra argument)
+    shown = typer.core.TyperOption.display_type_rich
+    if not getattr(shown, "_p4bench_flags", False):
+        def display_type_rich(self: Any, ctx: Any) -> str | None:
+            return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+        display_type_rich._p4bench_flags = True  # type: ignore[attr-defined]
+        typer.core.TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
 def _say_usage_error(exc: Exception) -> None:
