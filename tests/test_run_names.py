@@ -11,6 +11,7 @@ from rich.console import Console
 
 from p4bench.backends import RunTask, execute_task
 from p4bench.cli.run import ProgressDisplay, _rounds_text
+from p4bench.cli.summary_table import print_summary
 from p4bench.config import RunConfig
 from p4bench.runner import run
 from p4bench.tracking import run_name
@@ -36,6 +37,15 @@ def test_p4_reports_the_configured_rounds_and_its_resolved_default_defense(store
     logged = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
     assert logged.data.params["defense"] == "p4-secure" and logged.data.tags["defense"] == "p4-secure"
     assert logged.info.run_name == "p4-none-p4-secure-digits-1"
+    # the printed summary shows every figure the run reports: the proxy's accuracy, bytes and time per phase
+    printed = io.StringIO()
+    print_summary(Console(file=printed, width=200), summary)
+    lines = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in printed.getvalue().splitlines()
+             if line.count("│") == 3}
+    assert lines["proxy accuracy mean"] == f"{summary['accuracy_proxy_mean']:.4f}"
+    assert "grouping" in lines["bytes sent"] and "per client" in lines["bytes sent"]
+    assert "grouping" in lines["time per phase"] and "cotraining" in lines["time per phase"]
+    assert "replace-one" in lines["epsilon"] and "delta" in lines["epsilon"]
 
 
 def test_attacked_and_clean_runs_are_named_apart(store):
