@@ -138,8 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         print(version_line())
         sys.exit(0)
     try:
-        app = build_app()
-        warn_plugin_problems()
+        app = build_app()  # plugin problems are shown by `list` and `describe`, and by a command that needs the plugin
         app(args=args, prog_name="p4bench")
     except SystemExit as exc:
         interrupt = _typer_interrupt(exc) if exc.code == INTERRUPT_EXIT else None

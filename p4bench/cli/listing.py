@@ -22,7 +22,10 @@ def list_plugins(
         from p4bench.cli.describe import show
 
         return show(name, as_json=as_json)
+    from p4bench.cli import warn_plugin_problems
+
     registry = default_registry()
+    warn_plugin_problems()
     if as_json:
         typer.echo(json.dumps(registry.as_dict()))  # includes "problems": [{distribution, version, kind, name, message}]
         return
