@@ -8,6 +8,7 @@ if MLflow fails, the run finishes and says where the local copy is.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import os
@@ -65,6 +66,29 @@ def run_name(config: RunConfig, defense: str | None) -> str:
     """The MLflow run name `method-attack-defense-dataset-seed` (`none` for no attack or
     defense), e.g. `p4-none-p4-secure-digits-0`: attacked and clean runs differ by name."""
     return f"{config.method}-{config.attack or 'none'}-{defense or 'none'}-{config.dataset}-{config.seed}"
+
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+
+
+def dataset_input(config: RunConfig, run: Any) -> Any:
+    """The run's data as an MLflow dataset input (the runs table's Dataset column): the
+    dataset, how it was partitioned, and its size; the digest names the partition (same
+    dataset, partitioner, clients and seed: same digest)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    data = getattr(run, "data", None)
+    profile: dict[str, Any] = {"clients": config.clients, "partitioner": config.partitioner, "seed": config.seed}
+    if data is not None:
+        profile.update(train_records=int(data.train.n.sum()), test_records=int(data.test.n.sum()),
+                       classes=int(data.num_classes))
+    key = json.dumps({k: getattr(config, k) for k in ("dataset", "partitioner", "similarity", "clients",
+                                                       "samples_per_client", "seed", "features", "eval_set")},
+                     sort_keys=True, default=str)
+    source = f"{config.dataset}, {config.partitioner} over {config.clients} clients (seed {config.seed})"
+    dataset = Dataset(name=config.dataset, digest=hashlib.sha256(key.encode()).hexdigest()[:8], source_type="p4bench",
+                      source=source, profile=json.dumps(profile))
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
 
 
 def _flat_params(
@@ -154,6 +178,10 @@ class Tracker:
             experiment_id = experiment.experiment_id
         if self.client is None:
             return
+        if experiment is None or EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
+            # MLflow 3's UI opens an experiment without a kind on its GenAI overview: open on the runs table
+            self._mlflow("tag experiment", self.client.set_experiment_tag, experiment_id, EXPERIMENT_KIND_TAG,
+                         "custom_model_development")
         from p4bench.version import __version__
 
         config = self.config
@@ -194,6 +222,7 @@ class Tracker:
         params = [Param(k, v) for k, v in _flat_params(config, getattr(run, "plugin_options", None), run.defense).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self._mlflow("log params", self.client.log_batch, self.mlflow_run_id, params=params[start : start + 100])
+        self._mlflow("log dataset", self.client.log_inputs, self.mlflow_run_id, datasets=[dataset_input(config, run)])
 
     def _reopen_mlflow(self, run_id: str | None) -> None:
         """Go on logging into the interrupted run's MLflow run (status RUNNING again)."""

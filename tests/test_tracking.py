@@ -29,6 +29,12 @@ def test_mlflow_run_holds_params_metrics_tags_and_artifacts(small_config, tmp_pa
     names = {a.path for a in client.list_artifacts(summary["run_id"])}
     assert {"config.yaml", "clients.csv", "accuracy.png"} <= names
     assert mlrun.info.status == "FINISHED"
+    # the runs table's Dataset column, and an experiment that opens on its runs (not MLflow 3's GenAI overview)
+    (given,) = mlrun.inputs.dataset_inputs
+    assert given.dataset.name == "digits" and "iid over 8 clients" in given.dataset.source
+    assert json.loads(given.dataset.profile)["train_records"] > 0
+    assert {t.key: t.value for t in given.tags}["mlflow.data.context"] == "training"
+    assert client.get_experiment(mlrun.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_unreachable_tracking_server_keeps_results_locally(small_config):
