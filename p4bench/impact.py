@@ -218,8 +218,7 @@ def plot_impact(table: pd.DataFrame, path: Path, title: str = "") -> Path:
             axis.bar(x, rows["attack_impact_mean"], width, yerr=rows["attack_impact_std"].fillna(0.0), capsize=2, label=defense)
         axis.axhline(0, color="black", linewidth=0.6)
         axis.set_xticks(np.arange(len(attacks)), attacks, rotation=20)
-        name = " / ".join(str(v) for v in (label if isinstance(label, tuple) else (label,)))
-        axis.set_title(name)
+        axis.set_title(panel_title(panels, label), fontsize=9)
         axis.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("attack impact (benign accuracy drop)")
     axes[0][-1].legend(title="defense", fontsize=8, loc="best")
@@ -230,6 +229,14 @@ def plot_impact(table: pd.DataFrame, path: Path, title: str = "") -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def panel_title(panels: list[str], label: Any) -> str:
+    """An impact panel's title: what varies between panels, as "column value"; a parameter
+    the runs did not set ("<unset>") says nothing."""
+    values = label if isinstance(label, tuple) else (label,)
+    named = [f"{column} {value}" for column, value in zip(panels, values) if str(value) not in ("<unset>", "nan", "None")]
+    return " / ".join(named) or "all runs"
 
 
 def group_columns_of(table: pd.DataFrame) -> list[str]:

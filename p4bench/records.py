@@ -126,6 +126,19 @@ class RoundReport:
     losses: np.ndarray | None = None  # each local update's mean loss, this round
 
 
+def display_round(phases: Sequence[Any], phase: str, round_index: int) -> int:
+    """The round a plot and MLflow show for round `round_index` of `phase`: the last
+    phase's rounds are 1..T, as every method's, and earlier phases' rounds (P4's grouping)
+    count down to 0 before them, so that methods compare round for round."""
+    names = [p.name for p in phases]
+    if not names or phase == names[-1] or phase not in names:
+        return round_index + 1
+    position = names.index(phase)
+    before = sum(int(p.rounds) for p in phases[:position])  # earlier rounds of the phases before this one
+    earlier = sum(int(p.rounds) for p in phases[:-1])
+    return before + round_index - earlier + 1
+
+
 # Per-client values a round reports besides accuracies (`RoundReport.extra_accuracy`
 # entries named with one of these prefixes): logged as `<name>_mean`, not `accuracy_<name>_mean`.
 VALUE_PREFIXES = ("test_", "count_")

@@ -26,6 +26,7 @@ import yaml
 from p4bench.config import RunConfig
 from p4bench.hookspecs import hookimpl
 from p4bench.participation import participation_curve, write_participation_curve
+from p4bench.records import display_round
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +303,8 @@ class Tracker:
         values = {"accuracy_mean": mean, "train_loss": report.train_loss, "round_seconds": report.seconds,
                   "bytes_sent": float(report.bytes_sent)}
         values.update({k: v for k, v in report.metrics.items() if k != "accuracy_mean"})
-        metrics = [Metric(k, float(v), stamp, report.step) for k, v in values.items() if np.isfinite(v)]
+        step = display_round(run.phases, report.phase, report.round)  # P4's co-training rounds are 1..T too
+        metrics = [Metric(k, float(v), stamp, step) for k, v in values.items() if np.isfinite(v)]
         self._mlflow("log metrics", self.client.log_batch, self.mlflow_run_id, metrics=metrics)
 
     @hookimpl
@@ -427,11 +429,21 @@ def plot_accuracy(metrics_csv: Path, out: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import pandas as pd
 
     frame = pd.read_csv(metrics_csv)
     fig, axis = plt.subplots(figsize=(6, 3.5), dpi=100)
-    axis.plot(frame["step"], frame["accuracy_mean"], marker="o", markersize=3)
+    main = frame["phase"] == frame["phase"].iloc[-1] if len(frame) else frame["phase"] == ""
+    earlier = int((~main).sum())
+    # the last phase's rounds are 1..T (as every method's); earlier ones (P4's grouping) count down to 0
+    shown = np.where(main, frame["round"] + 1, np.arange(len(frame)) - earlier + 1)
+    axis.plot(shown, frame["accuracy_mean"], marker="o", markersize=3)
+    if earlier:
+        axis.axvline(0.5, color="grey", linewidth=0.8, linestyle=":")
+        axis.annotate(", ".join(dict.fromkeys(frame["phase"][~main])), (0.5, 0.02), fontsize=7, ha="right",
+                      xycoords=("data", "axes fraction"))
+    axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     axis.set_xlabel("round")
     axis.set_ylabel("mean test accuracy (reported clients)")
     axis.set_ylim(0, 1)

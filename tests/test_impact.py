@@ -116,3 +116,11 @@ def test_pairing_rules():
     assert math.isnan(paired.loc["r4", "attack_impact"])  # no unattacked ideal run
     assert math.isnan(paired.loc["r5", "attack_impact"]) and math.isnan(paired.loc["r6", "attack_impact"])
     assert math.isnan(paired.loc["r6", "ideal_gap"])
+
+
+def test_impact_panels_are_titled_by_what_varies_never_unset():
+    from p4bench.impact import panel_title
+
+    assert panel_title(["dataset", "method"], ("digits", "fedavg")) == "dataset digits / method fedavg"
+    assert panel_title(["method", "options.malicious_k"], ("p4", "<unset>")) == "method p4"
+    assert panel_title(["options.x"], "<unset>") == "all runs"

@@ -236,3 +236,16 @@ def test_presets_match_the_paper():
     for n in (2, 4, 8):
         parts = run(ShardsPartitioner(), labels, 10, 260, 200, 0, shards_per_client=n)
         assert {len(np.unique(labels[p])) for p in parts} == {n}
+
+
+def test_partition_heatmap_has_whole_client_ticks(tmp_path, monkeypatch):
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from p4bench.data.summary import plot_partition_heatmap
+
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: saved.append(self))
+    plot_partition_heatmap(np.arange(40).reshape(4, 10), tuple(map(str, range(10))), tmp_path / "p.png")
+    ticks = [t for t in saved[0].axes[0].get_yticks() if -0.5 <= t <= 3.5]
+    assert ticks and all(float(t).is_integer() for t in ticks)

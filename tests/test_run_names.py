@@ -37,6 +37,9 @@ def test_p4_reports_the_configured_rounds_and_its_resolved_default_defense(store
     logged = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
     assert logged.data.params["defense"] == "p4-secure" and logged.data.tags["defense"] == "p4-secure"
     assert logged.info.run_name == "p4-none-p4-secure-digits-1"
+    # MLflow's curves: co-training rounds 1..3 as any method's rounds, the grouping round at 0 before them
+    history = MlflowClient(tracking_uri=uri).get_metric_history(summary["run_id"], "accuracy_mean")
+    assert sorted(m.step for m in history) == [0, 1, 2, 3]
     # the printed summary shows every figure the run reports: the proxy's accuracy, bytes and time per phase
     printed = io.StringIO()
     print_summary(Console(file=printed, width=200), summary)
@@ -65,3 +68,15 @@ def test_a_sweep_run_that_fails_is_named_with_its_resolved_defense(store):
     assert record.status == "failed"
     logged = MlflowClient(tracking_uri=uri).get_run(record.mlflow_run_id)
     assert logged.info.run_name == "p4-none-p4-secure-digits-0" and logged.data.params["defense"] == "p4-secure"
+
+
+def test_display_rounds_put_earlier_phases_before_the_last_phases_first_round():
+    from types import SimpleNamespace
+
+    from p4bench.records import display_round
+
+    phases = [SimpleNamespace(name="setup", rounds=2), SimpleNamespace(name="grouping", rounds=1),
+              SimpleNamespace(name="train", rounds=3)]
+    shown = [display_round(phases, p.name, r) for p in phases for r in range(p.rounds)]
+    assert shown == [-2, -1, 0, 1, 2, 3]
+    assert [display_round([SimpleNamespace(name="train", rounds=2)], "train", r) for r in range(2)] == [1, 2]

@@ -41,6 +41,7 @@ def partition_counts(partition: list[np.ndarray], labels: np.ndarray, num_classe
 def plot_partition_heatmap(counts: np.ndarray, class_names: tuple[str, ...], path: Path, title: str = "") -> None:
     """Client-by-class heatmap of sample counts, written as a PNG (Agg canvas, no display)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     clients, classes = counts.shape
     figure = Figure(figsize=(min(4 + 0.25 * classes, 30), min(3 + 0.06 * clients, 30)))
@@ -49,6 +50,7 @@ def plot_partition_heatmap(counts: np.ndarray, class_names: tuple[str, ...], pat
     figure.colorbar(image, ax=axes, label="samples")
     axes.set_xlabel("class")
     axes.set_ylabel("client")
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))  # clients are whole: no tick at 2.5
     if classes <= 50:
         axes.set_xticks(range(classes), labels=list(class_names), fontsize=7, rotation=90 if classes > 20 else 0)
     axes.set_title(title)
