@@ -21,3 +21,23 @@ def test_run_help_shows_the_config_defaults(capsys, monkeypatch):
     for option, value in (("--method", defaults.method), ("--clients", defaults.clients), ("--rounds", defaults.rounds),
                           ("--results-dir", defaults.results_dir), ("--accountant", defaults.accountant)):
         assert re.search(rf"{option} .*?\[default: \({re.escape(str(value))}\)\]", text), option
+
+
+def test_an_interrupted_run_does_not_advance_the_sweep_bar(monkeypatch):
+    """A sweep stopped by Ctrl-C: its runs come back "interrupted" and the bar says 0 of 2 done."""
+    from types import SimpleNamespace
+
+    import p4bench.sweep
+    from p4bench.cli.studies import RunsProgress
+
+    monkeypatch.setattr(p4bench.sweep, "describe_run", lambda planned, keys: "run")
+    progress = RunsProgress("sweep")
+    progress.start(total=2, skipped=0)
+    try:
+        progress.advance(SimpleNamespace(status="interrupted", summary=None), None)
+        progress.advance(SimpleNamespace(status="interrupted", summary=None), None)
+        assert progress.bar.tasks[0].completed == 0
+        progress.advance(SimpleNamespace(status="finished", summary={"accuracy_mean": 0.5}), None)
+        assert progress.bar.tasks[0].completed == 1
+    finally:
+        progress.stop()

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from p4bench.cli.summary_table import _rounds_text, print_summary, rejections_line  # noqa: F401 - re-exported
 from p4bench.config import RunConfig, parse_key_values, resolve_config
@@ -44,6 +44,8 @@ class ProgressDisplay:
             MofNCompleteColumn(),
             TextColumn("acc {task.fields[acc]}"),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
             console=self.console,
             transient=False,
         )

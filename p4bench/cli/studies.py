@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from p4bench.cli.study_output import _num, _print_sweep_summary, err, out
@@ -49,7 +49,8 @@ class RunsProgress:
         if skipped == total:
             return
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=err)
+                            TextColumn("{task.fields[last]}"), TimeElapsedColumn(), TextColumn("eta"),
+                            TimeRemainingColumn(), console=err)
         self.bar.start()
         self.task = self.bar.add_task(self.title, total=total - skipped, last="")
 
@@ -61,7 +62,8 @@ class RunsProgress:
         state = "[red]failed[/red]" if record.status == "failed" else (
             f"acc {acc:.3f}" if isinstance(acc, float) and not math.isnan(acc) else record.status)
         assert self.bar is not None  # runs advance only after `start` drew the bar
-        self.bar.update(self.task, advance=1, last=f"{describe_run(planned, self.keys)}: {state}"
+        done = 0 if record.status == "interrupted" else 1  # an interrupted run is not done: "0/6 interrupted"
+        self.bar.update(self.task, advance=done, last=f"{describe_run(planned, self.keys)}: {state}"
                         + (f" ([red]{self.failed} failed[/red])" if self.failed else ""))
 
     def stop(self) -> None:
