@@ -268,9 +268,10 @@ def test_karras_table2_config_loads_and_a_shortened_run_trains(small_config):
     assert round(config.data_rate * 1200) == 16 and steps_per_epoch(config.data_rate) == 75
     resolved = validate_run_options(config, _registry())  # every key belongs to a plugin of the run
     assert resolved["method"]["optimizer"] == "adam" and resolved["dataset"]["grayscale"] is True
-    # shortened: digits (CIFAR-10 is not bundled), 8 clients, 2 rounds of one epoch
+    # shortened: digits (CIFAR-10 is not bundled), 8 clients, 4 rounds of one epoch (Table I's dropout
+    # slows the first rounds: 2 rounds stay at chance, 4 reach about 0.45)
     options = {k: v for k, v in config.options.items() if k != "grayscale"} | {"epochs": 1}
-    short = small_config(**{**values, "dataset": "digits", "clients": 8, "rounds": 2, "data_rate": 0.1,
+    short = small_config(**{**values, "dataset": "digits", "clients": 8, "rounds": 4, "data_rate": 0.1,
                             "lr": 0.005, "options": options})
     result = run(short, track=False)
-    assert result.summary["rounds_completed"] == 2 and result.summary["accuracy_mean"] > 0.15  # above chance (0.1)
+    assert result.summary["rounds_completed"] == 4 and result.summary["accuracy_mean"] > 0.2  # above chance (0.1)
