@@ -159,9 +159,23 @@ def group_label(row: Any, keys: Sequence[str]) -> str:
     return ", ".join(str(row[k]) if len(keys) > 2 else f"{k}={row[k]}" for k in keys)
 
 
+EPSILON_METRIC = "epsilon_max"  # logged every round by private runs: the largest reported client's epsilon so far
+
+
+def _band(axis: Any, frame: Any, name: str, colour: str) -> None:
+    """A group's per-round mean over its runs, with a +-std band."""
+    if frame.empty:
+        return
+    stats = frame.groupby("step")["value"].agg(["mean", "std"]).reset_index()
+    spread = stats["std"].fillna(0)
+    axis.plot(stats["step"], stats["mean"], marker="o", markersize=2, label=name, color=colour)
+    axis.fill_between(stats["step"], stats["mean"] - spread, stats["mean"] + spread, alpha=0.15, color=colour)
+
+
 def plot_comparison(comparison: Comparison, out: str | Path, curve_metric: str = CURVE_METRIC) -> Path:
     """Accuracy-per-round curves per group (mean with a +-std band over seeds) next to a
-    bar chart of the final metric (mean, std error bars); saved as an image."""
+    bar chart of the final metric (mean, std error bars); where the runs are private, also
+    epsilon over rounds and the final metric against the final epsilon. Saved as an image."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,15 +193,18 @@ def plot_comparison(comparison: Comparison, out: str | Path, curve_metric: str =
     table = comparison.table
     names = [group_label(row, keys) for row in table.to_dict("records")]
     colours = [f"C{i % 10}" for i in range(len(names))]  # one colour per group in both panels
-    fig, (curves, bars) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
+    epsilons = metric_history(comparison.tracking_uri, runs["run_id"], EPSILON_METRIC)
+    epsilons = epsilons.merge(pd.DataFrame({"run_id": runs["run_id"], "group": labels}), on="run_id")
+    private = not epsilons.empty
+    if private:  # epsilon over rounds and accuracy against epsilon beside the accuracy
+        fig, grid = plt.subplots(2, 2, figsize=(12, 8.5), dpi=100)
+        (curves, bars), (spent, tradeoff) = grid
+    else:
+        fig, (curves, bars) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
     for name, colour in zip(names, colours):
-        frame = history[history["group"] == name]
-        if frame.empty:
-            continue
-        stats = frame.groupby("step")["value"].agg(["mean", "std"]).reset_index()
-        spread = stats["std"].fillna(0)
-        curves.plot(stats["step"], stats["mean"], marker="o", markersize=2, label=name, color=colour)
-        curves.fill_between(stats["step"], stats["mean"] - spread, stats["mean"] + spread, alpha=0.15, color=colour)
+        _band(curves, history[history["group"] == name], name, colour)
+        if private:
+            _band(spent, epsilons[epsilons["group"] == name], name, colour)
     curves.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     curves.set_xlabel("round")
     curves.set_ylabel(f"{curve_metric} (reported clients)")
@@ -198,6 +215,19 @@ def plot_comparison(comparison: Comparison, out: str | Path, curve_metric: str =
     bars.set_xticks(range(len(table)), names, rotation=45, ha="right", fontsize=7)
     bars.set_ylabel(comparison.metric)
     bars.grid(alpha=0.3, axis="y")
+    if private:
+        spent.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        spent.set_xlabel("round")
+        spent.set_ylabel("epsilon spent (largest client)")
+        spent.grid(alpha=0.3)
+        final = epsilons.sort_values("step").groupby("run_id").tail(1).groupby("group")["value"].mean()
+        for row, name, colour in zip(table.to_dict("records"), names, colours):
+            if name in final.index:
+                tradeoff.errorbar(final[name], row["mean"], yerr=row["std"] if row["std"] == row["std"] else 0,
+                                  marker="o", capsize=3, color=colour, label=name)
+        tradeoff.set_xlabel("epsilon at the end (largest client)")
+        tradeoff.set_ylabel(comparison.metric)
+        tradeoff.grid(alpha=0.3)
     fig.suptitle(f"{comparison.experiment}: mean over seeds, +- std")
     fig.tight_layout()
     out = Path(out)

@@ -118,3 +118,30 @@ def test_numbers_sort_numerically_and_before_text():
     table = aggregate(runs, ["epsilon"])
     assert list(table["epsilon"]) == ["3.0", "15.0", "none"] and list(table["n"]) == [2, 1, 1]
     assert table["mean"].iloc[0] == pytest.approx(0.5)
+
+
+def test_private_runs_add_epsilon_over_rounds_and_accuracy_against_epsilon(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    uri = f"sqlite:///{tmp_path / 'private.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("private")
+    for method, final in (("p4", 0.7), ("fedavg", 0.6)):
+        tags = {"method": method, "attack": "none", "defense": "none", "dataset": "digits", "seed": "0",
+                "config_hash": method}
+        run_id = client.create_run(experiment, tags=tags).info.run_id
+        metrics = [Metric("accuracy_mean", final * step / 3, 0, step) for step in (1, 2, 3)]
+        metrics += [Metric("epsilon_max", 8.0 * step / 3, 0, step) for step in (1, 2, 3)]
+        client.log_batch(run_id, params=[Param("method", method), Param("seed", "0")],
+                         metrics=metrics + [Metric("final_accuracy_mean", final, 0, 0)])
+        client.set_terminated(run_id, "FINISHED")
+    figures = []
+    original = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (figures.append(self), original(self, *a, **k))[1])
+    plot_comparison(compare_experiment(uri, "private"), tmp_path / "cmp.png")
+    axes = figures[0].axes
+    assert len(axes) == 4 and axes[2].get_ylabel().startswith("epsilon spent")
+    assert axes[3].get_xlabel().startswith("epsilon at the end")
+    points = [container.lines[0] for container in axes[3].containers]  # one errorbar per group
+    assert sorted(float(p.get_ydata()[0]) for p in points) == pytest.approx([0.6, 0.7])
+    assert [float(p.get_xdata()[0]) for p in points] == pytest.approx([8.0, 8.0])
