@@ -142,7 +142,7 @@ def test_a_flood_of_idle_sockets_does_not_lock_out_peers_or_the_launcher(tmp_pat
                                         (nodes["b"].exchange, 1, {"a": [frame]}, MARKER, set(), {"a"}))
             finally:
                 link.close()
-            assert time.monotonic() - started < 15
+            assert time.monotonic() - started < 45  # a bound far above the work, not a speed figure (bench/device_flood.py)
             assert not got.absent and got.received["b"][0]["count"] == 1 and not sent.unreachable
             assert _rejected(nodes["a"]).get(evicted, 0) >= 300 - limits.max_handshakes_per_source
             assert _state(nodes["a"])["connections"] <= 2  # b, and the launcher until it closed
@@ -198,7 +198,8 @@ def test_silent_and_trickling_connections_are_closed(tmp_path):
                 cut = True
                 break
         trickle.close()
-        assert cut and time.monotonic() - started < 6 and _rejected(a) == {"idle connection": 1, "slow frame": 1}
+        # cut long before the 40 s the marker would take (a bound, not a speed figure: loaded machines are slow)
+        assert cut and time.monotonic() - started < 30 and _rejected(a) == {"idle connection": 1, "slow frame": 1}
         assert _until(lambda: _state(a)["connections"] == 0)
 
 
@@ -344,7 +345,7 @@ def test_a_peer_dropped_by_the_launcher_is_refused_and_not_waited_for(tmp_path):
             (nodes["a"].exchange, 1, {"b": [_message(0, 1, 4)], "c": [_message(0, 2, 4)]}, MARKER, {"b", "c"}, {"b", "c"}),
             (nodes["b"].exchange, 1, {"a": [_message(1, 0, 4)]}, MARKER, {"a", "c"}, {"a", "c"}),
         )
-        assert time.monotonic() - started < 10  # far below the 30 s exchange timeout
+        assert time.monotonic() - started < 25  # below the 30 s exchange timeout: no peer waited it out
         assert got_a.absent == {"c"} and set(got_a.received) == {"b"} and got_a.unreachable == {"c"}
         assert got_b.absent == {"c"} and set(got_b.received) == {"a"}
         assert sum(recorder.paced) == got_b.wire_bytes_sent > 0 and len(recorder.paced) == 2  # message and marker

@@ -174,7 +174,7 @@ def test_transport_exchange_absence_and_a_peer_that_leaves(tmp_path):
             t.start()
         for t in threads:
             t.join(60)
-        assert time.monotonic() - started < 10  # far below the 30 s exchange timeout
+        assert time.monotonic() - started < 25  # below the 30 s exchange timeout: no peer waited it out
         for name in "ab":
             result = results[(name, 2)]
             assert result.absent == {"c"} and result.unreachable == {"c"} and set(result.received) == {"a", "b"} - {name}
