@@ -9,6 +9,8 @@ fastest repeat and `*_cpu_s` the child's user + system CPU time: wall times on a
 2-core machine grow with its load (`load_average_at_start` / `_at_end`), CPU times and
 minima much less.
 
+- `python_bare_s`, `python_torch_s`: this machine's bare interpreter start, and one that
+  imports torch (what any torch program pays), beside the commands' figures;
 - `help_s`, `version_s`, `list_s`: `p4bench --help`, `p4bench --version`, `p4bench list`
   (their exit codes are reported: a command that does not exist yet still gets timed);
 - `run_*`: `p4bench run --method fedavg --rounds 30 --json` on digits (the defaults
@@ -158,6 +160,12 @@ def main() -> None:
         "load_average_at_start": round(os.getloadavg()[0], 2),  # other work on the machine inflates wall times
         "repeats": args.repeats,
     }
+    # the machine's own start-up beside ours: a bare interpreter, and one that imports torch
+    for label, argv in (("python_bare", [sys.executable, "-c", "pass"]),
+                        ("python_torch", [sys.executable, "-c", "import torch"])):
+        timing = time_command(argv, args.repeats)
+        result[f"{label}_s"] = timing["median_s"]
+        result[f"{label}_min_s"] = timing["min_s"]
     for label, argv in (("help", ["--help"]), ("version", ["--version"]), ("list", ["list"])):
         timing = time_command([script, *argv], args.repeats)
         result[f"{label}_s"] = timing["median_s"]

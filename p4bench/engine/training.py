@@ -18,7 +18,7 @@ import torch
 from torch.func import grad_and_value, vmap
 
 from p4bench.dropout import computes_training_gradients
-from p4bench.models import Model, Params
+from p4bench.models import LinearSoftmax, Model, Params
 from p4bench.stacked import stacked_logits, stacked_loss_and_grad, supports_stacked
 
 if TYPE_CHECKING:
@@ -108,12 +108,32 @@ def batched_loss_and_grad(
     """(loss (C,), grads) for stacked params (C, ...) and batches (C, b, ...)."""
     if supports_stacked(model):  # every client in batched GEMMs (p4bench.stacked), not vmap
         return stacked_loss_and_grad(model, params, x, y, weight, loss, aux)  # type: ignore[arg-type]
+    if type(model) is LinearSoftmax:  # the built-in linear model's own forward: one batched GEMM
+        return _linear_loss_and_grad(params, x, y, weight, loss, aux)
     fn = grad_and_value(partial(weighted_loss, model, loss))
     if aux is None:
         grads, value = vmap(lambda p, xs, ys, ws: fn(p, xs, ys, ws))(params, x, y, weight)
     else:
         grads, value = vmap(fn)(params, x, y, weight, aux)
     return value, grads
+
+
+def _linear_loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                          loss: PerExampleLoss, aux: torch.Tensor | None) -> tuple[torch.Tensor, Params]:
+    """`batched_loss_and_grad` for the linear model: every client's logits in one batched
+    GEMM and plain autograd of the summed losses (each client's loss depends on its own
+    parameters alone). No torch.func: its first gradient imports torch._dynamo, about 1 s
+    of a run's first round."""
+    with torch.enable_grad():
+        own = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        clients, samples = x.shape[:2]
+        logits = torch.baddbmm(own["bias"].unsqueeze(1), x.reshape(clients, samples, -1),
+                               own["weight"].transpose(1, 2))  # (C, b, L)
+        flat_aux = None if aux is None else aux.reshape(clients * samples, *aux.shape[2:])
+        losses = loss(logits.reshape(clients * samples, -1), y.reshape(-1), flat_aux).view(clients, samples)
+        value = (losses * weight).sum(dim=1) / weight.sum(dim=1).clamp_min(1.0)
+        grads = torch.autograd.grad(value.sum(), list(own.values()))
+    return value.detach(), dict(zip(own, grads))
 
 
 @computes_training_gradients
