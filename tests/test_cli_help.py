@@ -41,3 +41,22 @@ def test_an_interrupted_run_does_not_advance_the_sweep_bar(monkeypatch):
         assert progress.bar.tasks[0].completed == 1
     finally:
         progress.stop()
+
+
+def test_completion_offers_plugin_names_from_a_cache_it_refreshes(monkeypatch, tmp_path):
+    import json
+
+    from p4bench.cli import completion
+
+    monkeypatch.setenv("P4BENCH_CACHE_DIR", str(tmp_path))
+    assert completion.completer("method")("fed") == ["fedavg", "feddf"]  # built once, then cached
+    cached = json.loads((tmp_path / "plugin-names.json").read_text())
+    assert "p4" in cached["names"]["method"] and "m-krum" in cached["names"]["defense"]
+    cached["names"]["method"] = ["from-the-cache"]
+    (tmp_path / "plugin-names.json").write_text(json.dumps(cached))
+    assert completion.plugin_names("method") == ["from-the-cache"]  # a TAB reads the cache, no registry
+    cached["fingerprint"] = "stale"
+    (tmp_path / "plugin-names.json").write_text(json.dumps(cached))
+    assert "fedavg" in completion.plugin_names("method")  # other plugins installed: rebuilt
+    (tmp_path / "plugin-names.json").write_text("not json")
+    assert "fedavg" in completion.plugin_names("method")

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from p4bench.cli.completion import completer
 from p4bench.cli.summary_table import _rounds_text, print_summary, rejections_line  # noqa: F401 - re-exported
 from p4bench.config import RunConfig, parse_key_values, resolve_config
 from p4bench.errors import UsageError
@@ -78,11 +79,13 @@ class ProgressDisplay:
 
 
 def run_command(
-    method: str | None = typer.Option(None, help="method name (see `p4bench list`)"),
-    attack: str | None = typer.Option(None, help="attack name, or none"),
-    defense: str | None = typer.Option(None, help="defense name, or none"),
-    dataset: str | None = typer.Option(None, help="dataset name (default digits, offline)"),
-    partitioner: str | None = typer.Option(None, help="iid | alpha | ... (see `p4bench list`)"),
+    method: str | None = typer.Option(None, help="method name (see `p4bench list`)", autocompletion=completer("method")),
+    attack: str | None = typer.Option(None, help="attack name, or none", autocompletion=completer("attack")),
+    defense: str | None = typer.Option(None, help="defense name, or none", autocompletion=completer("defense")),
+    dataset: str | None = typer.Option(None, help="dataset name (default digits, offline)",
+                                       autocompletion=completer("dataset")),
+    partitioner: str | None = typer.Option(None, help="iid | alpha | ... (see `p4bench list`)",
+                                           autocompletion=completer("partitioner")),
     similarity: float | None = typer.Option(None, help="alpha partitioner: fraction of IID samples, 0..1"),
     clients: int | None = typer.Option(None, help="number of clients M"),
     samples_per_client: int | None = typer.Option(None, help="samples per client R (train + test)"),
@@ -123,8 +126,10 @@ def run_command(
         "when this one reads none: the clients then hold exactly the records they hold in such a run"),
     features: str | None = typer.Option(None, help="raw | scatter (ScatterNet J=2, L=8; see --feature-norm)"),
     shards_per_client: int | None = typer.Option(None, help="shards partitioner: classes per client N"),
-    model: str | None = typer.Option(None, help="model architecture (linear, scatter-cnn, cnn, ...)"),
-    runtime: str | None = typer.Option(None, help="runtime: simulation | reference | bytes | device | ..."),
+    model: str | None = typer.Option(None, help="model architecture (linear, scatter-cnn, cnn, ...)",
+                                     autocompletion=completer("model")),
+    runtime: str | None = typer.Option(None, help="runtime: simulation | reference | bytes | device | ...",
+                                       autocompletion=completer("runtime")),
     local_peers: int | None = typer.Option(
         None, help="device runtime: N peer processes on 127.0.0.1 (sets --runtime device and --clients N)"
     ),
