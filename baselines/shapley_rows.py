@@ -40,10 +40,6 @@ class RowPlan:
     members: np.ndarray | None
     capacity: int
 
-    @property
-    def largest(self) -> int:
-        return int(self.size.max(initial=0))
-
 
 def plan_rows(agent: np.ndarray, size: np.ndarray, parent: np.ndarray, added: np.ndarray,
               members: np.ndarray | None, num_agents: int) -> RowPlan:
