@@ -402,6 +402,16 @@ def default_registry() -> Registry:
     return _default()[1]
 
 
+_generation = 0  # how many times the process-wide registry was reset
+
+
+def registry_generation() -> int:
+    """Bumped by `reset_default`: what was shown of the registry before is shown again."""
+    return _generation
+
+
 def reset_default() -> None:
     """Forget the process-wide registry (tests that install plugins call this)."""
+    global _generation
+    _generation += 1
     _default.cache_clear()

@@ -4,6 +4,7 @@ that a --config file can set them)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -43,20 +44,37 @@ def test_an_interrupted_run_does_not_advance_the_sweep_bar(monkeypatch):
         progress.stop()
 
 
-def test_completion_offers_plugin_names_from_a_cache_it_refreshes(monkeypatch, tmp_path):
+def test_list_and_completion_read_a_plugin_listing_cache_they_refresh(monkeypatch, tmp_path, capsys):
+    """`list` and TAB completion show the cached listing while its fingerprint (versions,
+    entry points, the plugin packages' files) is current, and rebuild it when it is not."""
     import json
+    import os
 
-    from p4bench.cli import completion
+    from p4bench.cli import completion, plugin_cache
 
     monkeypatch.setenv("P4BENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("P4BENCH_NO_PLUGIN_CACHE", raising=False)
     assert completion.completer("method")("fed") == ["fedavg", "feddf"]  # built once, then cached
-    cached = json.loads((tmp_path / "plugin-names.json").read_text())
-    assert "p4" in cached["names"]["method"] and "m-krum" in cached["names"]["defense"]
-    cached["names"]["method"] = ["from-the-cache"]
-    (tmp_path / "plugin-names.json").write_text(json.dumps(cached))
-    assert completion.plugin_names("method") == ["from-the-cache"]  # a TAB reads the cache, no registry
-    cached["fingerprint"] = "stale"
-    (tmp_path / "plugin-names.json").write_text(json.dumps(cached))
-    assert "fedavg" in completion.plugin_names("method")  # other plugins installed: rebuilt
-    (tmp_path / "plugin-names.json").write_text("not json")
+    path = tmp_path / "plugin-listing.json"
+    cached = json.loads(path.read_text())
+    assert cached["fingerprint"] == plugin_cache.fingerprint()
+    assert "p4" in [e["name"] for e in cached["listing"]["method"]]
+    cached["listing"]["method"] = [{"name": "from-the-cache", "distribution": "x", "version": "1", "description": "d"}]
+    path.write_text(json.dumps(cached))
+    assert completion.plugin_names("method") == ["from-the-cache"]  # read from the cache, no registry
+    from p4bench.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["list"])
+    assert "from-the-cache" in capsys.readouterr().out
+    import p4bench.cli.listing as listing_module
+
+    source = Path(listing_module.__file__)  # a plugin package's file changes: the fingerprint does
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    try:
+        assert "fedavg" in completion.plugin_names("method")
+    finally:
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    path.write_text("not json")
     assert "fedavg" in completion.plugin_names("method")

@@ -54,6 +54,25 @@ def warn_plugin_problems() -> None:
         err_console.print(f"[yellow]warning:[/yellow] {escape(problem.line())}", highlight=False, soft_wrap=True)
 
 
+_listings_warned: set[tuple[str, int]] = set()  # (plugin fingerprint, registry generation) already warned
+
+
+def warn_listed_problems(problems: list[dict[str, Any]], fingerprint: str) -> None:
+    """`warn_plugin_problems` for a cached listing's problems (`p4bench.cli.plugin_cache`):
+    the same lines, once per process and set of plugins (again after `reset_default`)."""
+    from rich.markup import escape
+
+    from p4bench.plugin_manager import PluginProblem, registry_generation
+
+    key = (fingerprint, registry_generation())
+    if key in _listings_warned:
+        return
+    _listings_warned.add(key)
+    for problem in problems:
+        line = PluginProblem(**problem).line()
+        err_console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
+
+
 def build_app() -> typer.Typer:
     """The typer app with built-in commands and those plugins add via `register_commands`."""
     from p4bench.cli import describe, listing, run

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from p4bench.plugin_manager import KINDS, default_registry
+from p4bench.plugin_manager import KINDS, PluginProblem
 
 
 def list_plugins(
@@ -22,24 +22,26 @@ def list_plugins(
         from p4bench.cli.describe import show
 
         return show(name, as_json=as_json)
-    from p4bench.cli import warn_plugin_problems
+    from p4bench.cli import warn_listed_problems
+    from p4bench.cli.plugin_cache import cached_listing
 
-    registry = default_registry()
-    warn_plugin_problems()
+    listing, key = cached_listing()  # no plugin imports when the cache is current (`p4bench.cli.plugin_cache`)
+    warn_listed_problems(listing["problems"], key)
     if as_json:
-        typer.echo(json.dumps(registry.as_dict()))  # includes "problems": [{distribution, version, kind, name, message}]
+        typer.echo(json.dumps(listing))  # includes "problems": [{distribution, version, kind, name, message}]
         return
     table = Table(title="registered plugins")
     for column in ("kind", "name", "distribution", "version", "description"):
         table.add_column(column)
     for kind in KINDS:
-        for entry in registry.entries(kind):
-            table.add_row(kind, entry.name, entry.distribution, entry.version, entry.description)
+        for entry in listing.get(kind, []):
+            table.add_row(kind, entry["name"], entry["distribution"], entry["version"], entry["description"])
     console = Console()
     console.print(table)
-    if registry.problems:
-        console.print(f"[yellow]{len(registry.problems)} plugin problem(s)[/yellow] (those parts are not used):")
-        for problem in registry.problems:
+    problems = [PluginProblem(**problem) for problem in listing["problems"]]
+    if problems:
+        console.print(f"[yellow]{len(problems)} plugin problem(s)[/yellow] (those parts are not used):")
+        for problem in problems:
             console.print(f"  {escape(problem.line())}", highlight=False, soft_wrap=True)
 
 
