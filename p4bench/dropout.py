@@ -70,10 +70,11 @@ def _mix(value: torch.Tensor) -> torch.Tensor:
     return value ^ (value >> 16)
 
 
-def _fold(values: torch.Tensor) -> torch.Tensor:
-    """(b, n) floats -> (b,) 32-bit keys: each value quantised (an exact multiple of 2^-12,
-    the same on every device), weighted by an odd multiplier of its position, summed."""
-    quantised = (values.detach().clamp(-1e6, 1e6) * 4096).round().to(torch.int64) & 0xFFFF
+def _fold(values: torch.Tensor, scale: float) -> torch.Tensor:
+    """(b, n) floats -> (b,) 32-bit keys: each value quantised to a multiple of 1 / `scale`
+    (a power of two: exact, the same on every device), its low 16 bits weighted by an odd
+    multiplier of its position, summed."""
+    quantised = (values.detach().clamp(-1e6, 1e6) * scale).round().to(torch.int64) & 0xFFFF
     count = values.shape[-1]
     weights = (torch.arange(count, device=values.device, dtype=torch.int64) * _GOLDEN + 1) & 0xFFFF
     return _mix((quantised * weights).sum(dim=-1) & _MASK32)
@@ -85,8 +86,8 @@ def hashed_dropout(h: torch.Tensor, x: torch.Tensor, salt_from: torch.Tensor, p:
     `salt_from` and the layer's number; `h` unchanged outside `training()` or at p = 0."""
     if not in_training() or p <= 0:
         return h
-    examples = _fold(x.reshape(x.shape[0], -1))
-    salt = _fold(salt_from.reshape(1, -1))
+    examples = _fold(x.reshape(x.shape[0], -1), 2.0**12)
+    salt = _fold(salt_from.reshape(1, -1), 2.0**24)  # fine: a step's smallest change to the parameters moves it
     units = torch.arange(h[0].numel(), device=h.device, dtype=torch.int64)
     seed = _mix((examples ^ salt ^ (layer * _GOLDEN & _MASK32)) & _MASK32)
     keys = _mix((seed.unsqueeze(1) + units.unsqueeze(0) * _GOLDEN) & _MASK32)  # (b, units)
