@@ -78,3 +78,35 @@ def test_list_and_completion_read_a_plugin_listing_cache_they_refresh(monkeypatc
         os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     path.write_text("not json")
     assert "fedavg" in completion.plugin_names("method")
+
+
+def test_a_plugin_registered_in_code_is_listed_not_hidden_by_the_cache(monkeypatch, tmp_path, capsys):
+    from p4bench.cli import main
+    from p4bench.hookspecs import hookimpl
+    from p4bench.plugin_manager import default_plugin_manager, reset_default
+
+    monkeypatch.setenv("P4BENCH_CACHE_DIR", str(tmp_path))
+    with pytest.raises(SystemExit):
+        main(["list"])  # fills the cache
+    capsys.readouterr()
+
+    class InCode:
+        @hookimpl
+        def register_methods(self):
+            from p4bench.baselines.fedavg import FedAvg
+
+            class Registered(FedAvg):
+                name = "registered-in-code"
+
+            return [Registered]
+
+    reset_default()
+    default_plugin_manager().register(InCode())
+    try:
+        with pytest.raises(SystemExit):
+            main(["list", "--json"])
+        import json
+
+        assert "registered-in-code" in [e["name"] for e in json.loads(capsys.readouterr().out)["method"]]
+    finally:
+        reset_default()

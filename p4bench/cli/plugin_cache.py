@@ -85,7 +85,7 @@ def cached_listing() -> tuple[dict[str, Any], str]:
     the fingerprint is current, else from the registry (then cached; a cache that cannot
     be written is skipped)."""
     key = fingerprint()
-    if os.environ.get("P4BENCH_NO_PLUGIN_CACHE"):
+    if os.environ.get("P4BENCH_NO_PLUGIN_CACHE") or _registered_in_code():
         return _build(), key
     path = _cache_file()
     try:
@@ -103,6 +103,15 @@ def cached_listing() -> tuple[dict[str, Any], str]:
     except OSError:
         pass
     return listing, key
+
+
+def _registered_in_code() -> bool:
+    """Whether plugins were registered on the process-wide manager in code (tests, a
+    program embedding p4bench): the fingerprint knows only installed ones."""
+    from p4bench.plugin_manager import default_plugin_manager
+
+    manager = default_plugin_manager()
+    return any(name not in manager.sources for name, _ in manager.list_name_plugin())
 
 
 def _build() -> dict[str, Any]:
