@@ -182,10 +182,10 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _write_sweep(folder: Path, name: str, rounds: int) -> Path:
+def _write_sweep(folder: Path, name: str, rounds: int, local_steps: int = 2) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(f"name: {name}\n"
-                    f"base: {{dataset: digits, clients: 6, rounds: {rounds}, local_steps: 2}}\n"
+                    f"base: {{dataset: digits, clients: 6, rounds: {rounds}, local_steps: {local_steps}}}\n"
                     "axes: {method: [fedavg], seed: [0, 1, 2, 3]}\n")
     return path
 
@@ -214,7 +214,9 @@ def test_a_sweep_runs_on_both_nodes_and_logs_each_point_once_to_the_server(clust
 
 
 def test_a_killed_worker_node_loses_no_point_and_lands_none_twice(cluster):
-    spec = _write_sweep(cluster.root, "cluster-kill", rounds=40)
+    # runs long enough (seconds) to be caught training when the worker is stopped: a
+    # 40-round run of the linear model now ends in well under a second
+    spec = _write_sweep(cluster.root, "cluster-kill", rounds=200, local_steps=20)
     worker_node = _node_id(cluster.worker_dir)
     sweep = subprocess.Popen(cluster.sweep_argv(spec), env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)

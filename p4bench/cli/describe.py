@@ -131,7 +131,7 @@ def describe_command(
 
 def show(name: str, kind: str | None = None, as_json: bool = False) -> None:
     """Print every plugin called `name` (the body of `describe` and `list NAME`)."""
-    from p4bench.cli import warn_plugin_problems
+    from p4bench.cli.problems import warn_plugin_problems
 
     registry = default_registry()
     warn_plugin_problems()

@@ -22,8 +22,8 @@ def list_plugins(
         from p4bench.cli.describe import show
 
         return show(name, as_json=as_json)
-    from p4bench.cli import warn_listed_problems
     from p4bench.cli.plugin_cache import cached_listing
+    from p4bench.cli.problems import warn_listed_problems
 
     listing, key = cached_listing()  # no plugin imports when the cache is current (`p4bench.cli.plugin_cache`)
     warn_listed_problems(listing["problems"], key)
