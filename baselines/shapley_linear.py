@@ -28,8 +28,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from p4bench.baselines.shapley_rows import Workspace, correct_counts, plan_rows
+from p4bench.baselines.shapley_rows import correct_counts, plan_rows
 from p4bench.engine.state import unvectorize
+from p4bench.engine.training import Workspace
 from p4bench.models import LinearSoftmax, Model
 
 __all__ = ["linear_coalition_values", "linear_in_parameters", "parents"]
@@ -68,15 +69,14 @@ def linear_coalition_values(
     per_agent = np.bincount(agent_h, minlength=num_agents)
     starts = np.cumsum(per_agent) - per_agent
     step = max(1, CHUNK_ROWS // plan.capacity)
-    workspace = Workspace(g, step * plan.capacity, rows_per_block * width, width)
-    blocks = g.new_empty(step * slots * rows_per_block, width)  # reused: a fresh one costs its page faults each chunk
+    workspace = Workspace()  # buffers reused by every chunk: a fresh one costs its page faults each time
     for first in range(0, num_agents, step):
         last = min(first + step, num_agents)
         lo, hi = int(starts[first]), int(starts[last - 1] + per_agent[last - 1])
         if hi == lo:
             continue
         weights = _candidate_weights(like, x[first:last], g[first:last], lr)
-        out = blocks[: (last - first) * slots * rows_per_block]
+        out = workspace.get("shapley.blocks", ((last - first) * slots * rows_per_block, width), g.dtype, device=device)
         if groups is not None:
             groups.margins(weights, out)
         else:  # each agent's own validation set, padded

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["RowPlan", "Workspace", "plan_rows", "correct_counts"]
+from p4bench.engine.training import Workspace
+
+__all__ = ["RowPlan", "plan_rows", "correct_counts"]
 
 FRESH, COPIED, EXTENDED, ROOT = range(4)  # how a coalition's row gets its sum
 
@@ -89,25 +91,18 @@ def plan_rows(agent: np.ndarray, size: np.ndarray, parent: np.ndarray, added: np
     return RowPlan(agent, size, row, kind, source, member, members, capacity)
 
 
-class Workspace:
-    """The buffers of `correct_counts`, allocated once for every chunk of a call (a fresh
-    allocation of megabytes costs its page faults again, as much as the work on it)."""
-
-    def __init__(self, like: torch.Tensor, rows: int, width: int, samples: int) -> None:
-        self.sums = like.new_empty(rows, width)
-        self.picked = like.new_empty(rows, width)
-        self.mins = like.new_empty(rows, samples)
-
-
 def correct_counts(flat: torch.Tensor, samples: int, plan: RowPlan, lo: int, hi: int, first_agent: int,
                    agents: int, slots: int, workspace: Workspace) -> torch.Tensor:
     """(hi - lo,) float64 on the device: for the coalitions lo..hi (those of the agents
     first_agent .. first_agent + agents), the samples (of `samples`) on which the sum of
     their members' blocks has no negative class. `flat` (agents K, L samples) holds the
-    chunk's blocks, one contiguous row each. Empty coalitions count 0."""
+    chunk's blocks, one contiguous row each. Empty coalitions count 0. The buffers come from
+    `workspace`, reused by every chunk of a call (a fresh allocation of megabytes costs its
+    page faults again, as much as the work on it)."""
     device = flat.device
     buffer_rows = agents * plan.capacity
-    sums, picked = workspace.sums[:buffer_rows], workspace.picked[:buffer_rows]
+    sums = workspace.get("shapley.sums", (buffer_rows, flat.shape[1]), flat.dtype, device=device)
+    picked = workspace.get("shapley.picked", (buffer_rows, flat.shape[1]), flat.dtype, device=device)
     span = slice(lo, hi)
     # the chunk's coalitions sorted by size, then by how their rows get their sums: each
     # (size, kind) is one range, and every index goes to the device once
@@ -138,7 +133,7 @@ def correct_counts(flat: torch.Tensor, samples: int, plan: RowPlan, lo: int, hi:
         else:
             chosen = sums.index_select(0, indices["row"][start:end])
             slot[order[start:end]] = length * buffer_rows + np.arange(end - start)
-        mins = workspace.mins[: len(chosen)]
+        mins = workspace.get("shapley.mins", (len(chosen), samples), flat.dtype, device=device)
         torch.amin(chosen.view(len(chosen), -1, samples), dim=1, out=mins)
         torch.sum(mins.ge_(0), dim=1, out=counts[length, : len(chosen)])  # floats: exact below 2^24 samples
     return counts.view(-1)[_index(slot, device)].double()

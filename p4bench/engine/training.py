@@ -168,16 +168,19 @@ class Workspace:
         buffer = self._buffers.get((name, tensor.dtype))
         return buffer is not None and tensor.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32, reserve: int = 0) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32, reserve: int = 0,
+            device: torch.device | str | None = None) -> torch.Tensor:
         """A (shape) view of buffer `name`, grown to at least `reserve` elements when it
-        has to grow (so a size that varies from step to step allocates once)."""
+        has to grow (so a size that varies from step to step allocates once); on `device`
+        (default: torch's default device, the run's inside its device scope)."""
         size = 1
         for extent in shape:
             size *= int(extent)
         key = (name, dtype)
         buffer = self._buffers.get(key)
-        if buffer is None or buffer.numel() < size:
-            buffer = torch.empty(max(size, reserve), dtype=dtype)
+        moved = device is not None and buffer is not None and buffer.device != torch.device(device)
+        if buffer is None or buffer.numel() < size or moved:
+            buffer = torch.empty(max(size, reserve), dtype=dtype, device=device)
             self._buffers[key] = buffer
         return buffer[:size].view(shape)
 
