@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlparse
 
@@ -434,10 +435,12 @@ def plot_accuracy(metrics_csv: Path, out: Path, title: str) -> None:
 
     frame = pd.read_csv(metrics_csv)
     fig, axis = plt.subplots(figsize=(6, 3.5), dpi=100)
+    # the last phase's rounds are 1..T (as every method's); earlier ones (P4's grouping) count down
+    # to 0, as MLflow shows them (`display_round`; the phases as the rows hold them, all completed)
+    phases = [SimpleNamespace(name=name, rounds=count) for name, count in frame["phase"].value_counts(sort=False).items()]
+    shown = [display_round(phases, phase, int(r)) for phase, r in zip(frame["phase"], frame["round"])]
     main = frame["phase"] == frame["phase"].iloc[-1] if len(frame) else frame["phase"] == ""
     earlier = int((~main).sum())
-    # the last phase's rounds are 1..T (as every method's); earlier ones (P4's grouping) count down to 0
-    shown = np.where(main, frame["round"] + 1, np.arange(len(frame)) - earlier + 1)
     axis.plot(shown, frame["accuracy_mean"], marker="o", markersize=3)
     if earlier:
         axis.axvline(0.5, color="grey", linewidth=0.8, linestyle=":")

@@ -80,3 +80,19 @@ def test_display_rounds_put_earlier_phases_before_the_last_phases_first_round():
     shown = [display_round(phases, p.name, r) for p in phases for r in range(p.rounds)]
     assert shown == [-2, -1, 0, 1, 2, 3]
     assert [display_round([SimpleNamespace(name="train", rounds=2)], "train", r) for r in range(2)] == [1, 2]
+
+
+def test_the_accuracy_plot_shows_the_rounds_mlflow_shows(tmp_path, monkeypatch):
+    """accuracy.png's x values are `display_round`'s: P4's grouping at 0, co-training 1..T."""
+    import matplotlib.axes
+
+    from p4bench.tracking import plot_accuracy
+
+    (tmp_path / "metrics.csv").write_text("step,phase,round,accuracy_mean,train_loss,seconds,bytes_sent\n"
+                                          "1,grouping,0,0.1,1,0.1,1\n2,cotraining,0,0.3,1,0.1,1\n3,cotraining,1,0.4,1,0.1,1\n")
+    plotted = []
+    original = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, x, *a, **k: (plotted.append(list(x)),
+                                                                                 original(self, x, *a, **k))[1])
+    plot_accuracy(tmp_path / "metrics.csv", tmp_path / "accuracy.png", "t")
+    assert plotted[0] == [0, 1, 2] and (tmp_path / "accuracy.png").exists()
