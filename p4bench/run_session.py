@@ -50,7 +50,8 @@ class RunSession:
         if self.budget is not None:
             self.budget.started -= self.elapsed_before  # the budget counts the rounds before the interruption too
         self.stopped_by_request = False
-        mlflow_run_id = getattr(tracker, "mlflow_run_id", None) or (resume.meta.get("mlflow_run_id") if resume else None)
+        self.tracker = tracker  # its MLflow run id is read at the first checkpoint: the tracking worker may still be creating it
+        mlflow_run_id = resume.meta.get("mlflow_run_id") if resume else None
         meta = {"config": requested.to_dict(), "config_hash": self.info.config_hash or requested.config_hash(),
                 "run_id": self.info.run_id, "mlflow_run_id": mlflow_run_id,
                 "tracking_uri": getattr(tracker, "uri", None), "tags": dict(getattr(tracker, "extra_tags", {}) or {}),
@@ -110,6 +111,8 @@ class RunSession:
             return
         if self.detection is not None:
             self.detection.seen = len(driver.aggregator.log)
+        if self.checkpoints.meta.get("mlflow_run_id") is None:
+            self.checkpoints.meta["mlflow_run_id"] = getattr(self.tracker, "mlflow_run_id", None)
         elapsed = self.elapsed_before + time.perf_counter() - self.started
         totals = self.detection.totals if self.detection is not None else np.zeros(4, dtype=np.int64)
         self.checkpoints.after_round(driver, {"elapsed_s": elapsed, "detection": totals}, force=force)
@@ -134,7 +137,8 @@ class RunSession:
         unsaved = self.checkpoints.unsaved
         why_not = f" (state a checkpoint cannot hold: {', '.join(unsaved[:3])}{', ...' if len(unsaved) > 3 else ''})" if unsaved else ""
         return interrupts.RunInterrupted(self.where(), folder, self.checkpoints.written_step > 0,
-                                         self.checkpoints.meta.get("mlflow_run_id"), why_not)
+                                         self.checkpoints.meta.get("mlflow_run_id")
+                                         or getattr(self.tracker, "mlflow_run_id", None), why_not)
 
     def finished(self) -> None:
         """The run is complete: its checkpoint is no longer needed."""

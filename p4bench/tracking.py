@@ -28,6 +28,7 @@ from p4bench.config import RunConfig
 from p4bench.hookspecs import hookimpl
 from p4bench.participation import participation_curve, write_participation_curve
 from p4bench.records import display_round
+from p4bench.tracking_ops import EXPERIMENT_KIND_TAG, dataset_spec  # noqa: F401 - EXPERIMENT_KIND_TAG re-exported
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +71,11 @@ def run_name(config: RunConfig, defense: str | None) -> str:
     return f"{config.method}-{config.attack or 'none'}-{defense or 'none'}-{config.dataset}-{config.seed}"
 
 
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 
-
-def dataset_input(config: RunConfig, run: Any) -> Any:
-    """The run's data as an MLflow dataset input (the runs table's Dataset column): the
-    dataset, how it was partitioned, and its size; the digest names the partition (same
-    dataset, partitioner, clients and seed: same digest)."""
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-
+def dataset_input(config: RunConfig, run: Any) -> dict[str, str]:
+    """The run's data as an MLflow dataset input (the runs table's Dataset column), in plain
+    values: the dataset, how it was partitioned, and its size; the digest names the partition
+    (same dataset, partitioner, clients and seed: same digest)."""
     data = getattr(run, "data", None)
     profile: dict[str, Any] = {"clients": config.clients, "partitioner": config.partitioner, "seed": config.seed}
     if data is not None:
@@ -88,9 +85,7 @@ def dataset_input(config: RunConfig, run: Any) -> Any:
                                                        "samples_per_client", "seed", "features", "eval_set")},
                      sort_keys=True, default=str)
     source = f"{config.dataset}, {config.partitioner} over {config.clients} clients (seed {config.seed})"
-    dataset = Dataset(name=config.dataset, digest=hashlib.sha256(key.encode()).hexdigest()[:8], source_type="p4bench",
-                      source=source, profile=json.dumps(profile))
-    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
+    return dataset_spec(config.dataset, hashlib.sha256(key.encode()).hexdigest()[:8], source, profile)
 
 
 def _flat_params(
@@ -114,7 +109,9 @@ class Tracker:
     """Observer that writes `<results_dir>/<run_id>/` and mirrors it to MLflow.
 
     With `resume` (a checkpoint of an interrupted run) it goes on in that run's folder
-    and MLflow run: metric steps continue where the checkpoint left off."""
+    and MLflow run: metric steps continue where the checkpoint left off. MLflow is written
+    by the tracking worker `p4bench run` prestarts (`p4bench.tracking_worker`), else in
+    this process (`p4bench.tracking_ops.LocalBackend`): the same operations either way."""
 
     def __init__(self, config: RunConfig, tags: Mapping[str, str] | None = None, resume: Any = None,
                  placement: Mapping[str, str] | None = None) -> None:
@@ -123,67 +120,41 @@ class Tracker:
         self.extra_tags = {str(k): str(v) for k, v in (tags or {}).items()}  # e.g. a sweep's name
         self.placement = dict(placement or {})  # where it runs (a Ray node): logged, not kept in checkpoints
         self.uri = config.tracking_uri or default_tracking_uri(config.results_dir)
-        self.client: Any = None
-        self.mlflow_run_id: str | None = None
-        self.error: str | None = None
+        self.backend: Any = None  # LocalBackend | WorkerBackend once MLflow is opened
+        self._run_reply: Any = None  # the MLflow run id, when the backend has answered
+        self._unreachable: str | None = None
         self.local_dir: Path | None = None
 
-    # -- MLflow, guarded --------------------------------------------------------------
-    def _mlflow(self, action: str, fn, *args, **kwargs) -> Any:
-        if self.client is None:
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:  # tracking must never end a run
-            self.error = f"MLflow {action} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-            log.warning(self.error)
-            self.client = None
-            return None
+    @property
+    def mlflow_run_id(self) -> str | None:
+        """The MLflow run's id (waits for the worker to create it); None if not tracked."""
+        return None if self._run_reply is None else self._run_reply.value()
 
-    def _open_client(self, client_class: Any) -> Any:
-        """The MLflow client of the store, or None with `error` set: opening a store can fail
-        (MLflow refuses some stores when it opens them), and tracking never ends a run."""
-        try:
-            return client_class(tracking_uri=self.uri)
-        except Exception as exc:  # noqa: BLE001 - reported as one line, the run goes on
-            self.error = f"MLflow store {self.uri} cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-            log.warning(self.error)
-            return None
+    @property
+    def error(self) -> str | None:
+        """The first tracking failure so far, as one line."""
+        return self._unreachable or (self.backend.error if self.backend is not None else None)
 
-    def _start_mlflow(self, run) -> None:
+    def _tracking(self) -> bool:
+        """A run was asked for (the backend skips everything after a failure)."""
+        return self.backend is not None and self._run_reply is not None
+
+    def _open_backend(self) -> bool:
+        """Open MLflow (the prestarted worker, else in this process); False if the server is unreachable."""
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         if not _server_reachable(self.uri):
-            self.error = f"MLflow tracking server {self.uri} cannot be reached"
-            return
-        for noisy in ("alembic", "mlflow.store.db.utils"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
-        from mlflow.tracking import MlflowClient
+            self._unreachable = f"MLflow tracking server {self.uri} cannot be reached"
+            return False
+        from p4bench.tracking_ops import LocalBackend
+        from p4bench.tracking_worker import take
 
-        from p4bench.tracking_store import seed_sqlite_store
+        self.backend = take(self.uri) or LocalBackend(self.uri)
+        return True
 
-        seed_sqlite_store(self.uri)  # a new SQLite store: a copy of a migrated empty one, not ~1 s of migrations
-        self.client = self._open_client(MlflowClient)
-        if self.client is None:
+    def _start_mlflow(self, run) -> None:
+        if not self._open_backend():
             return
-        experiment = self._mlflow("get experiment", self.client.get_experiment_by_name, self.config.experiment)
-        if self.client is None:
-            return
-        if experiment is None:
-            location = None
-            if self.uri.startswith("sqlite:///"):
-                location = (Path(self.uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
-            experiment_id = self._mlflow(
-                "create experiment", self.client.create_experiment, self.config.experiment, artifact_location=location
-            )
-        else:
-            experiment_id = experiment.experiment_id
-        if self.client is None:
-            return
-        if experiment is None or EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
-            # MLflow 3's UI opens an experiment without a kind on its GenAI overview: open on the runs table
-            self._mlflow("tag experiment", self.client.set_experiment_tag, experiment_id, EXPERIMENT_KIND_TAG,
-                         "custom_model_development")
         from p4bench.version import __version__
 
         config = self.config
@@ -209,37 +180,16 @@ class Tracker:
             tags["threat.public_data"] = str(run.public_data)
         if self.local_dir is not None:
             tags["results_dir"] = str(self.local_dir.resolve())  # `p4bench run --resume <MLflow run id>` finds it
-        created = self._mlflow(
-            "create run",
-            self.client.create_run,
-            experiment_id,
-            tags=tags,
-            run_name=run_name(config, run.defense),
-        )
-        if created is None:
-            return
-        self.mlflow_run_id = created.info.run_id
-        from mlflow.entities import Param
-
-        params = [Param(k, v) for k, v in _flat_params(config, getattr(run, "plugin_options", None), run.defense).items()]
-        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            self._mlflow("log params", self.client.log_batch, self.mlflow_run_id, params=params[start : start + 100])
-        self._mlflow("log dataset", self.client.log_inputs, self.mlflow_run_id, datasets=[dataset_input(config, run)])
+        params = _flat_params(config, getattr(run, "plugin_options", None), run.defense)
+        self._run_reply = self.backend.ask("create run", "start_run", config.experiment, tags,
+                                           run_name(config, run.defense), params, dataset_input(config, run))
 
     def _reopen_mlflow(self, run_id: str | None) -> None:
         """Go on logging into the interrupted run's MLflow run (status RUNNING again)."""
-        if run_id is None or not _server_reachable(self.uri):
-            self.error = None if run_id is None else f"MLflow tracking server {self.uri} cannot be reached"
+        if run_id is None or not self._open_backend():
             return
-        from mlflow.tracking import MlflowClient
-
-        self.client = self._open_client(MlflowClient)
-        if self.client is None or self._mlflow("find run", self.client.get_run, run_id) is None:
-            return
-        self.mlflow_run_id = run_id
-        self._mlflow("reopen run", self.client.update_run, run_id, status="RUNNING")
-        for key, value in {"resumed_from_step": str(self.resume.meta.get("step", 0)), **self.placement}.items():
-            self._mlflow("tag run", self.client.set_tag, run_id, key, value)
+        tags = {"resumed_from_step": str(self.resume.meta.get("step", 0)), **self.placement}
+        self._run_reply = self.backend.ask("reopen run", "reopen_run", run_id, tags)
 
     def _resume_local(self) -> None:
         """The interrupted run's folder, its metrics.csv cut back to the checkpoint's rounds
@@ -257,17 +207,16 @@ class Tracker:
     def run_interrupted(self, run) -> None:
         """Called by the runner (not a hook of the spec) when a run stops before its end
         (Ctrl-C): the MLflow run becomes KILLED; the local folder keeps the checkpoint."""
-        if self.client is None or self.mlflow_run_id is None:
-            return
-        self._mlflow("finish run", self.client.set_terminated, self.mlflow_run_id, "KILLED")
+        if self._tracking():
+            self.backend.call("finish run", "terminate", "KILLED")
+        if self.backend is not None:
+            self.backend.close()
 
     # -- observation hooks ------------------------------------------------------------
     @hookimpl
     def run_started(self, run) -> None:
         if self.resume is not None:
             self._resume_local()
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
             self._reopen_mlflow(self.resume.meta.get("mlflow_run_id"))
             return
         self.local_dir = Path(self.config.results_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{self.config.method}-{run.run_id}"
@@ -281,12 +230,15 @@ class Tracker:
         for name, text in (report.artifacts.items() if report is not None else ()):
             (self.local_dir / name).write_text(text)
         self._start_mlflow(run)
-        if report is not None and report.stats and self.client is not None and self.mlflow_run_id is not None:
-            from mlflow.entities import Metric
-
+        if report is not None and report.stats:
             stamp = int(time.time() * 1000)
-            metrics = [Metric(f"partition.{k}", float(v), stamp, 0) for k, v in report.stats.items() if np.isfinite(v)]
-            self._mlflow("log partition metrics", self.client.log_batch, self.mlflow_run_id, metrics=metrics)
+            rows = [(f"partition.{k}", float(v), stamp, 0) for k, v in report.stats.items() if np.isfinite(v)]
+            self._log_metrics("log partition metrics", rows)
+
+    def _log_metrics(self, action: str, rows: list[tuple[str, float, int, int]]) -> None:
+        """Rows of (key, value, timestamp, step), written without waiting."""
+        if self._tracking():
+            self.backend.call(action, "log_metrics", rows)
 
     @hookimpl
     def round_finished(self, run, report) -> None:
@@ -296,17 +248,14 @@ class Tracker:
             csv.writer(handle).writerow(
                 [report.step, report.phase, report.round, mean, report.train_loss, report.seconds, report.bytes_sent]
             )
-        if self.client is None or self.mlflow_run_id is None:
+        if not self._tracking():
             return
-        from mlflow.entities import Metric
-
         stamp = int(time.time() * 1000)
         values = {"accuracy_mean": mean, "train_loss": report.train_loss, "round_seconds": report.seconds,
                   "bytes_sent": float(report.bytes_sent)}
         values.update({k: v for k, v in report.metrics.items() if k != "accuracy_mean"})
         step = display_round(run.phases, report.phase, report.round)  # P4's co-training rounds are 1..T too
-        metrics = [Metric(k, float(v), stamp, step) for k, v in values.items() if np.isfinite(v)]
-        self._mlflow("log metrics", self.client.log_batch, self.mlflow_run_id, metrics=metrics)
+        self._log_metrics("log metrics", [(k, float(v), stamp, step) for k, v in values.items() if np.isfinite(v)])
 
     @hookimpl
     def run_finished(self, run, result) -> None:
@@ -321,51 +270,24 @@ class Tracker:
         extra = [p.name for p in result.write_method_artifacts(folder)]
         curve = participation_curve(result.outcome.reports, run.reported)  # methods that report a count_* value
         extra += [p.name for p in write_participation_curve(curve, folder, f"{self.config.method}: metrics by participation count")]
-        if self.client is not None and self.mlflow_run_id is not None:
+        if self._tracking():
             report = getattr(run, "partition_report", None)
             partition_files = list(report.artifacts) if report is not None else []
             names = ["config.yaml", "clients.csv", "metrics.csv", "accuracy.png", "partition.csv", "partition.png",
                      *partition_files, *extra]
-            for name in names:
-                if (folder / name).exists():
-                    self._mlflow("log artifact", self.client.log_artifact, self.mlflow_run_id, str(folder / name))
-            final = {"final_accuracy_mean": result.summary["accuracy_mean"], "wall_time_s": result.wall_time_s,
-                     # `--eval global|both`: the global test set's figures too (compare --metric final_accuracy_global_mean)
-                     **{f"final_{k}": float(result.summary[k]) for k in GLOBAL_FIGURES if k in result.summary},
-                     "bytes_sent_total": float(result.summary.get("bytes_sent", 0)),
-                     "rounds_completed": float(result.summary.get("rounds_completed", len(result.outcome.reports)))}
-            final.update(method_figures(result.summary))
-            stopped = str(bool(result.summary.get("stopped_by_time_budget"))).lower()
-            self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, "stopped_by_time_budget", stopped)
-            if result.summary.get("epsilon_certified") is not None:  # checks after training may have changed it
-                self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, "dp.certified",
-                             str(bool(result.summary["epsilon_certified"])).lower())
-                if result.summary.get("uncertified_reason"):
-                    self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, "dp.uncertified_reason",
-                                 str(result.summary["uncertified_reason"]))
-            if result.summary.get("epsilon") is not None:
-                final.update({
-                    k: float(result.summary[k])
-                    for k in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_rdp_mean", "epsilon_pld")
-                    if k in result.summary
-                })
-                # the resolved privacy setting (the config may have left it to the method / calibration)
-                for key in ("neighbouring", "noise_multiplier", "delta", "accountant", "clip"):
-                    self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, f"dp.{key}", str(result.summary[key]))
-                if result.summary.get("epsilon_scope"):  # stopped by the time budget: the rounds the epsilon covers
-                    self._mlflow("tag run", self.client.set_tag, self.mlflow_run_id, "dp.epsilon_scope",
-                                 str(result.summary["epsilon_scope"]))
-            from mlflow.entities import Metric
-
+            self.backend.call("log artifact", "log_artifacts", [str(folder / n) for n in names if (folder / n).exists()])
+            self.backend.call("tag run", "set_tags", final_tags(result.summary))
             stamp = int(time.time() * 1000)
-            self._mlflow("log final metrics", self.client.log_batch, self.mlflow_run_id,
-                         metrics=[Metric(k, float(v), stamp, 0) for k, v in final.items() if np.isfinite(v)])
+            final = final_metrics(result)
+            self._log_metrics("log final metrics", [(k, v, stamp, 0) for k, v in final.items() if np.isfinite(v)])
             if curve:  # step = participation count r: MLflow plots the paper's x-axis directly
-                by_r = [Metric(f"by_participation.{key}", row[key], stamp, int(row["r"]))
+                by_r = [(f"by_participation.{key}", row[key], stamp, int(row["r"]))
                         for row in curve for key in ("accuracy", "loss", "auc", "peers") if np.isfinite(row[key])]
-                self._mlflow("log participation curve", self.client.log_batch, self.mlflow_run_id, metrics=by_r)
-            self._mlflow("finish run", self.client.set_terminated, self.mlflow_run_id, "FINISHED")
-        tracked = self.client is not None and self.mlflow_run_id is not None
+                self._log_metrics("log participation curve", by_r)
+            self.backend.call("finish run", "terminate", "FINISHED")
+        if self.backend is not None:
+            self.backend.close()  # waits until the worker has written everything
+        tracked = self.error is None and self.mlflow_run_id is not None
         run.tracking.update(
             {
                 "run_id": self.mlflow_run_id if tracked else run.run_id,
@@ -386,6 +308,37 @@ class Tracker:
             for client, acc in enumerate(outcome.accuracy):
                 role = "evaluation" if run.evaluation[client] else "reported"
                 writer.writerow([client, role, bool(run.malicious[client]), float(acc)])
+
+
+def final_metrics(result: Any) -> dict[str, float]:
+    """The run's final MLflow metrics: accuracy, time, bytes, rounds, method figures, epsilon."""
+    summary = result.summary
+    final = {"final_accuracy_mean": float(summary["accuracy_mean"]), "wall_time_s": float(result.wall_time_s),
+             # `--eval global|both`: the global test set's figures too (compare --metric final_accuracy_global_mean)
+             **{f"final_{k}": float(summary[k]) for k in GLOBAL_FIGURES if k in summary},
+             "bytes_sent_total": float(summary.get("bytes_sent", 0)),
+             "rounds_completed": float(summary.get("rounds_completed", len(result.outcome.reports)))}
+    final.update(method_figures(summary))
+    if summary.get("epsilon") is not None:
+        final.update({k: float(summary[k]) for k in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_rdp_mean",
+                                                      "epsilon_pld") if k in summary})
+    return final
+
+
+def final_tags(summary: Mapping[str, Any]) -> dict[str, str]:
+    """Tags known at the end: the time budget's stop, the certificate after the checks that
+    run after training, and the resolved privacy setting (the config may have left it to
+    the method or the calibration)."""
+    tags = {"stopped_by_time_budget": str(bool(summary.get("stopped_by_time_budget"))).lower()}
+    if summary.get("epsilon_certified") is not None:
+        tags["dp.certified"] = str(bool(summary["epsilon_certified"])).lower()
+        if summary.get("uncertified_reason"):
+            tags["dp.uncertified_reason"] = str(summary["uncertified_reason"])
+    if summary.get("epsilon") is not None:
+        tags.update({f"dp.{key}": str(summary[key]) for key in ("neighbouring", "noise_multiplier", "delta", "accountant", "clip")})
+        if summary.get("epsilon_scope"):  # stopped by the time budget: the rounds the epsilon covers
+            tags["dp.epsilon_scope"] = str(summary["epsilon_scope"])
+    return tags
 
 
 def write_partition_summary(run, folder: Path, table: bool = True, heatmap: bool = True) -> None:

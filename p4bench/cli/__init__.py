@@ -24,6 +24,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from p4bench.cli.entry import mark_console_script
 from p4bench.cli.problems import warn_plugin_problems  # re-exported: its home before p4bench.cli.problems
 from p4bench.errors import P4BenchError, one_line
 
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the `p4bench` script: the exception boundary (module docstring)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if argv is None:  # the console script: the process ends with the command
+        mark_console_script()
         atexit.register(_skip_exit_collections)  # runs after the exit handlers the command registers
     if args == ["--version"]:  # answered before the app and its plugins are built: fast
         print(version_line())

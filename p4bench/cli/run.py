@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from p4bench.cli.completion import completer
+from p4bench.cli.entry import console_script
 from p4bench.cli.summary_table import _rounds_text, print_summary, rejections_line  # noqa: F401 - re-exported
 from p4bench.config import RunConfig, parse_key_values, resolve_config
 from p4bench.errors import UsageError
@@ -195,6 +196,16 @@ def _stopped_at_once(display: ProgressDisplay, results_dir: str | None) -> str:
 
 def _run(options: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
     """`run_command`'s work, on its options (the CLI parameters by name)."""
+    from p4bench import tracking_worker
+
+    tracking_worker.prestart(enabled=console_script())  # MLflow's import on the other core, beside torch's
+    try:
+        _run_or_resume(options, display, as_json)
+    finally:
+        tracking_worker.discard_prestarted()  # no tracker took it: the run failed before it started
+
+
+def _run_or_resume(options: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
     from p4bench.plugin_manager import default_plugin_manager
     from p4bench.runner import run
 
