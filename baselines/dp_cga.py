@@ -51,7 +51,7 @@ from p4bench.baselines.neighbour_exchange import gossip_mix, neighbour_grid, nei
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import unvectorize, vectorize
-from p4bench.options import Option, resolve_options
+from p4bench.options import Option, resolve_options, topology_options
 
 ANCHORS = ("self", "mean")
 ORDERS = ("cta", "atc")
@@ -157,8 +157,7 @@ class DPCGA(Method):
     capabilities = Capabilities(shares_individual_updates=True)
     default_epsilon = DEFAULT_EPSILON
     options = (
-        Option("topology", str, "complete", "communication graph: a topology plugin (complete, ring, bipartite, ...)"),
-        Option("topology_options", dict, None, "the topology's own options"),
+        *topology_options("complete"),
         Option("mixing", str, "metropolis", "W: metropolis (Metropolis-Hastings) or uniform", choices=("metropolis", "uniform")),
         Option("momentum", float, 0.9, "beta (the authors' CLI default; their README example uses 0.5)", low=0, high=1,
                high_open=True),

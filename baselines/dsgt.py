@@ -73,7 +73,7 @@ from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient
 from p4bench.errors import ConfigError
-from p4bench.options import Option, resolve_options
+from p4bench.options import Option, resolve_options, topology_options
 from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
 
 SYNCHRONOUS, SEQUENTIAL = "synchronous", "sequential"
@@ -113,8 +113,7 @@ class _Consensus(Method):
     default_epsilon = DEFAULT_EPSILON  # DP-DSGD and DP-DSGT are private by default
     tracking: ClassVar[bool] = False
     options: ClassVar[tuple[Option, ...]] = (
-        Option("topology", str, "complete", "communication graph: a topology plugin (see `p4bench list`)"),
-        Option("topology_options", dict, None, "the topology's own options, e.g. {k: 4}"),
+        *topology_options("complete"),
         Option("mixing", str, "metropolis", "mixing matrix W: metropolis (1/(1+max(deg_i, deg_j))) or uniform "
                "(1/(1+indeg_i))", choices=MIXINGS),
         Option("mixing_order", str, SYNCHRONOUS, "synchronous (the papers) or sequential (the authors' in-place "

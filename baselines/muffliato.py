@@ -57,7 +57,7 @@ from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient
 from p4bench.errors import ConfigError
-from p4bench.options import Option, resolve_options
+from p4bench.options import Option, resolve_options, topology_options
 from p4bench.topology import is_connected, is_symmetric, spectral_gap
 
 UPDATE = UPDATE_PREFIX
@@ -92,8 +92,7 @@ class Muffliato(Method):
         Option("chebyshev", bool, False, "Chebyshev-accelerated gossip (the paper's accelerated variant; "
                "undirected graphs)"),
         Option("iterations", int, None, "noisy step + gossip iterations per round; default: local_steps K", low=1),
-        Option("topology", str, "complete", "communication graph: a topology plugin (see `p4bench list`)"),
-        Option("topology_options", dict, None, "the topology's own options, e.g. {k: 4}"),
+        *topology_options("complete"),
         Option("mixing", str, "metropolis", "mixing matrix W: metropolis (1/(1+max(deg_i, deg_j))) or uniform "
                "(1/(1+indeg_i))", choices=MIXINGS),
     )

@@ -54,7 +54,7 @@ from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate,
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.errors import ConfigError
-from p4bench.options import Option, resolve_options
+from p4bench.options import Option, resolve_options, topology_options
 
 SHAPLEY = ("mc", "exact")
 
@@ -71,8 +71,7 @@ class PDSL(Method):
     needs_public_data = True
     needs_public_labels = True
     options: ClassVar[tuple[Option, ...]] = (
-        Option("topology", str, "complete", "communication graph: a topology plugin (complete, ring, bipartite, ...)"),
-        Option("topology_options", dict, None, "the topology's own options"),
+        *topology_options("complete"),
         Option("mixing", str, "metropolis", "W: metropolis (Metropolis-Hastings) or uniform", choices=("metropolis", "uniform")),
         Option("momentum", float, 0.5, "alpha (paper: 0.5 MNIST, 0.7 CIFAR-10)", low=0, high=1, high_open=True, paper="0.5 on MNIST"),
         Option("R", int, 10, "Monte-Carlo permutations per agent and round", low=1),

@@ -50,7 +50,7 @@ from p4bench.engine.messages import UPDATE_PREFIX
 from p4bench.engine.method import PlannedRelease
 from p4bench.engine.state import flatten, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient, distillation_loss, logits_of
-from p4bench.options import Option, resolve_options
+from p4bench.options import Option, resolve_options, topology_options
 from p4bench.topology import uniform_averaging
 
 UPDATE = UPDATE_PREFIX
@@ -77,8 +77,7 @@ class ProxyFL(Method):
                "(the paper's; epsilon uncertified)", choices=TEACHERS),
         Option("proxy_update", str, "average", "handling of received proxies: average (the paper) or replace (the "
                "authors' code)", choices=PROXY_UPDATES),
-        Option("topology", str, "exponential", "communication graph: a topology plugin (see `p4bench list`)"),
-        Option("topology_options", dict, None, "the topology's own options"),
+        *topology_options("exponential"),
     )
 
     def validate_options(self) -> None:

@@ -15,6 +15,20 @@ class P4BenchError(Exception):
     exit_code: int = 1
 
 
+class PluginDeprecationWarning(DeprecationWarning):
+    """A part of the plugin API (`p4bench.api`) that still works and will be removed; the
+    command line shows it as one line (Python hides other DeprecationWarnings in plugins)."""
+
+
+def deprecated(what: str, instead: str, removed_in: str, stacklevel: int = 3) -> None:
+    """Warn that `what` is deprecated (since this API version) and what to do `instead`;
+    `stacklevel` 3 names the caller of the function that calls this."""
+    import warnings
+
+    warnings.warn(f"{what} is deprecated since p4bench 0.2 and will be removed in {removed_in}: {instead}",
+                  PluginDeprecationWarning, stacklevel=stacklevel)
+
+
 class UsageError(P4BenchError):
     """Bad input from the user (config, options, names); exits with code 2."""
 

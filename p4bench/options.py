@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Option", "UnknownOptionError", "declared_options", "resolve_options", "run_plugins", "validate_run_options",
     "validate_planned", "option_params", "option_rows", "option_rows_of", "option_reference", "with_option_reference",
-    "README_BEGIN", "README_END",
+    "README_BEGIN", "README_END", "topology_options",
 ]
 
 # `object`: any YAML value, checked by the plugin itself (e.g. label_map: a mapping or a list)
@@ -93,6 +93,17 @@ class Option:
         if self.type in (int, float) and not _within(self, converted):
             raise ConfigError(field, f"must be {self.expected()}, got {value!r}")
         return converted
+
+
+def topology_options(default: str, choices: tuple[str, ...] | None = None) -> tuple[Option, Option]:
+    """The options of a method that communicates over a graph of the shared topology
+    harness: `topology` (a topology plugin; `p4bench run --topology NAME`) and
+    `topology_options` (its own options; `--topology-option KEY=VALUE`). `choices`
+    restricts the graphs the method can use (default: every registered topology)."""
+    listed = f" ({', '.join(choices)})" if choices else " (see `p4bench list`)"
+    return (Option("topology", str, default, f"communication graph: a topology plugin{listed}; run --topology",
+                   choices=choices),
+            Option("topology_options", dict, None, "the topology's own options, e.g. {k: 4}; run --topology-option"))
 
 
 class UnknownOptionError(ConfigError):

@@ -11,7 +11,7 @@ from typing import Any
 
 import pluggy
 
-from p4bench import hookspecs
+from p4bench import hookspecs, topology
 from p4bench.errors import DuplicateNameError, P4BenchError, PluginError, UnknownNameError
 
 DISABLE_AUTOLOAD_ENV = "P4BENCH_DISABLE_PLUGIN_AUTOLOAD"
@@ -400,6 +400,9 @@ def default_plugin_manager() -> PluginManager:
 def default_registry() -> Registry:
     """The process-wide registry (its hooks are called once, on first use)."""
     return _default()[1]
+
+
+topology._default_registry = default_registry  # what a deprecated `get_topology` call without registry= uses
 
 
 _generation = 0  # how many times the process-wide registry was reset

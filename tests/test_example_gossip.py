@@ -31,7 +31,7 @@ def test_gossip_is_discovered_and_declares_its_options(installed_gossip):
     registry = Registry(create_plugin_manager())
     entry = registry.entry("method", "gossip")
     assert (entry.distribution, entry.version) == ("p4bench-gossip", "0.1.0")
-    assert [o.name for o in entry.cls.options] == ["mix", "topology"]
+    assert [o.name for o in entry.cls.options] == ["mix", "topology", "topology_options"]
 
 
 def test_gossip_conforms_in_every_runtime(installed_gossip):
@@ -61,7 +61,7 @@ def test_gossip_runs_through_the_cli(installed_gossip, capsys, results_dir):
     from p4bench.cli import main
 
     with pytest.raises(SystemExit) as info:
-        main(["run", "--method", "gossip", "-o", "mix=0.3", "-o", "topology=exponential", "--clients", "6",
+        main(["run", "--method", "gossip", "-o", "mix=0.3", "--topology", "exponential", "--clients", "6",
               "--rounds", "3", "--results-dir", results_dir, "--json"])
     assert (info.value.code or 0) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

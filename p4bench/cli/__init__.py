@@ -41,7 +41,7 @@ err_console = Console(stderr=True)
 
 def build_app() -> typer.Typer:
     """The typer app with built-in commands and those plugins add via `register_commands`."""
-    from p4bench.cli import describe, listing, run
+    from p4bench.cli import check_plugin, describe, listing, run
     from p4bench.plugin_manager import add_plugin_commands, default_plugin_manager
 
     app = typer.Typer(
@@ -56,6 +56,7 @@ def build_app() -> typer.Typer:
     run.register(app)
     listing.register(app)
     describe.register(app)
+    check_plugin.register(app)
     add_plugin_commands(default_plugin_manager(), app)  # a broken plugin's commands become a warning
     return app
 
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     if args == ["--version"]:  # answered before the app and its plugins are built: fast
         print(version_line())
         sys.exit(0)
+    show_plugin_deprecations()
     try:
         app = build_app()  # plugin problems are shown by `list` and `describe`, and by a command that needs the plugin
         app(args=args, prog_name="p4bench")
@@ -136,6 +138,32 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(INTERRUPT_EXIT)
     except Exception as exc:  # noqa: BLE001 - the boundary: every failure ends here
         _report(exc)
+
+
+def show_plugin_deprecations() -> None:
+    """Show each deprecated plugin API call once per place, as one line naming the place
+    (Python hides DeprecationWarnings raised in plugin code, and prints two lines)."""
+    import warnings
+
+    from rich.markup import escape
+
+    from p4bench.errors import PluginDeprecationWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "p4bench", False):
+        return
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        if not issubclass(category, PluginDeprecationWarning):
+            shown(message, category, filename, lineno, file, line)
+            return
+        err_console.print(f"[yellow]warning:[/yellow] {escape(str(message))} ({escape(filename)}:{lineno})",
+                          highlight=False, soft_wrap=True)
+
+    show.p4bench = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+    warnings.filterwarnings("default", category=PluginDeprecationWarning)
 
 
 def _skip_exit_collections() -> None:

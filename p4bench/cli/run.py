@@ -131,6 +131,11 @@ def run_command(
                                      autocompletion=completer("model")),
     runtime: str | None = typer.Option(None, help="runtime: simulation | reference | bytes | device | ...",
                                        autocompletion=completer("runtime")),
+    topology: str | None = typer.Option(
+        None, "--topology", help="communication graph of a method that sends over one (a topology plugin: ring, "
+        "complete, exponential, ...; `p4bench describe METHOD` says whether and which)", autocompletion=completer("topology")),
+    topology_option: list[str] = typer.Option(
+        [], "--topology-option", metavar="KEY=VALUE", help="an option of --topology's graph, e.g. k=4 (repeatable)"),
     local_peers: int | None = typer.Option(
         None, help="device runtime: N peer processes on 127.0.0.1 (sets --runtime device and --clients N)"
     ),
@@ -221,6 +226,8 @@ def _run_or_resume(options: dict[str, Any], display: ProgressDisplay, as_json: b
         option = [*option, f"device_local_peers={local_peers}"]
     o.update(runtime=runtime, clients=clients, option=option)
     resolved = resolve_config(o["config"], _overrides(o))
+    if o["topology"] is not None or o["topology_option"]:
+        check_topology_flags(resolved.method)
     pm = default_plugin_manager()
     result = run(resolved, observers=[display], plugin_manager=pm)
     _report(result.summary, as_json)
@@ -230,6 +237,7 @@ def _overrides(o: dict[str, Any]) -> dict[str, Any]:
     """The run options given on the command line (config fields)."""
     plugin_options = {**({"shards_per_client": o["shards_per_client"]} if o["shards_per_client"] else {}),
                       **parse_key_values(o["option"])}
+    plugin_options.update(topology_overrides(o["topology"], o["topology_option"], plugin_options))
     names = ("method", "attack", "defense", "dataset", "partitioner", "similarity", "clients", "samples_per_client",
              "rounds", "local_steps", "client_rate", "data_rate", "lr", "global_lr", "malicious_fraction", "epsilon",
              "delta", "noise_multiplier", "clip", "neighbouring", "accountant", "noise_source", "noise_generator", "feature_norm",
@@ -240,6 +248,35 @@ def _overrides(o: dict[str, Any]) -> dict[str, Any]:
                   hold_out_public=o["hold_out_public"] or None,
                   time_budget_min=o["time_budget"], memory_budget_gb=o["memory_budget"], options=plugin_options or None)
     return {k: v for k, v in values.items() if v is not None}
+
+
+def topology_overrides(name: str | None, pairs: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    """`--topology` and `--topology-option` as the method's options `topology` and
+    `topology_options` (those of `p4bench.options.topology_options`); refused when `-o`
+    sets the same option too."""
+    given: dict[str, Any] = {}
+    if name is not None:
+        given["topology"] = name
+    if pairs:
+        given["topology_options"] = parse_key_values(pairs, flag="--topology-option")
+    for key, flag in (("topology", "--topology"), ("topology_options", "--topology-option")):
+        if key in given and key in options:
+            raise UsageError(f"{flag} and -o {key}=... both set the topology; give one")
+    return given
+
+
+def check_topology_flags(method: str) -> None:
+    """A method that sends over no graph of the topology harness has no use for
+    `--topology`: one line naming the methods that do."""
+    from p4bench.plugin_manager import default_registry
+
+    registry = default_registry()
+    users = [e.name for e in registry.entries("method")
+             if any(getattr(o, "name", None) == "topology" for o in getattr(e.cls, "options", ()))]
+    if method not in users:
+        registry.get("method", method)  # an unknown method says so first
+        raise UsageError(f"method '{method}' communicates over no topology of the harness, so --topology does not "
+                         f"apply; methods that do: {', '.join(users)}")
 
 
 def _report(summary: dict[str, Any], as_json: bool) -> None:

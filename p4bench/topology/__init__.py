@@ -6,7 +6,7 @@ Topologies are plugins of kind ``topology`` (see :mod:`p4bench.topology.graphs`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from p4bench.lazy import lazy_exports
@@ -74,12 +74,25 @@ __getattr__ = lazy_exports(globals(), {
 })
 
 
-def get_topology(name: str, options: Mapping[str, Any] | None = None, *, registry: Any) -> Topology:
+_default_registry: Callable[[], Any] | None = None  # set by p4bench.plugin_manager (it sits above this package)
+
+
+def get_topology(name: str, options: Mapping[str, Any] | None = None, *, registry: Any = None) -> Topology:
     """The topology `name` registered in `registry` (a `p4bench.plugin_manager.Registry`,
-    e.g. `default_registry()`; passed in, as this package sits below the plugin host),
-    built with `options`.
+    e.g. `p4bench.api.default_registry()`), built with `options`.
+
+    Without `registry` (the call of p4bench 0.1) the process-wide registry is used, with a
+    `PluginDeprecationWarning`: `registry` becomes required in 0.3.
 
     Raises :class:`p4bench.errors.UnknownNameError` (listing the registered names) for
     an unknown name.
     """
+    if registry is None:
+        from p4bench.errors import deprecated
+
+        deprecated("get_topology(name, options) without registry=", "pass registry=p4bench.api.default_registry()",
+                   removed_in="0.3")
+        if _default_registry is None:  # no plugin host imported: no run, no registry to fall back on
+            raise TypeError("get_topology() needs registry= where no p4bench plugin manager exists")
+        registry = _default_registry()
     return registry.get("topology", name)(options)

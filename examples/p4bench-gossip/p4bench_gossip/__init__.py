@@ -13,8 +13,8 @@ A client keeps (1 - mix) of its own model, so models stay personalized; `mix = 1
 replaces it by the neighbours' mean. What a client sends is its DP-trained model, i.e.
 post-processing of its releases, so the run's epsilon covers everything it shares.
 
-Options (`-o key=value`): `mix` in [0, 1] (default 0.5) and `topology` (ring |
-exponential | complete, default ring). The graph is public: drawn from the topology
+Options (`-o key=value`): `mix` in [0, 1] (default 0.5), and the run's `--topology` (ring |
+exponential | complete, default ring) with its `--topology-option`s. The graph is public: drawn from the topology
 plugin with a stream of the run seed, so every process (every device) computes the same
 graph without talking to the others.
 """
@@ -24,14 +24,25 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from p4bench import hookimpl
-from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method
-from p4bench.engine.method import PlannedRelease
-from p4bench.engine.state import flatten, unvectorize, vectorize
-from p4bench.engine.training import local_sgd
-from p4bench.options import Option, resolve_options
-from p4bench.plugin_manager import default_registry
-from p4bench.topology import get_topology
+from p4bench.api import (
+    DEFAULT_EPSILON,
+    Capabilities,
+    Exchange,
+    LocalUpdate,
+    Messages,
+    Method,
+    Option,
+    PlannedRelease,
+    default_registry,
+    flatten,
+    get_topology,
+    hookimpl,
+    local_sgd,
+    resolve_options,
+    topology_options,
+    unvectorize,
+    vectorize,
+)
 
 __version__ = "0.1.0"
 
@@ -52,13 +63,13 @@ class Gossip(Method):
     default_epsilon = DEFAULT_EPSILON  # a DP method: private by default, like the suite's others
     options = (
         Option("mix", float, 0.5, "weight of the neighbours' mean model when a client mixes", low=0.0, high=1.0),
-        Option("topology", str, "ring", "communication graph (a topology plugin)", choices=TOPOLOGIES),
+        *topology_options("ring", choices=TOPOLOGIES),  # `p4bench run --topology`, `--topology-option`
     )
 
     def validate_options(self) -> None:
         values = resolve_options(self.options, self.config.options)  # typed, defaults filled, ConfigError if bad
         self.mix = float(values["mix"])
-        self.topology = get_topology(values["topology"], registry=default_registry())  # registered topology plugins
+        self.topology = get_topology(values["topology"], values["topology_options"], registry=default_registry())
 
     def privacy_plan(self) -> list[PlannedRelease]:
         c = self.config  # every client takes K DP steps in every round (no client sampling)
