@@ -13,6 +13,9 @@ minima much less.
   imports torch (what any torch program pays), beside the commands' figures;
 - `help_s`, `version_s`, `list_s`: `p4bench --help`, `p4bench --version`, `p4bench list`
   (their exit codes are reported: a command that does not exist yet still gets timed);
+- `help_with_plugin_s`: `p4bench --help` with a third-party plugin installed (the gossip
+  example, whose module imports torch), installed as `pip install` would (a dist-info
+  folder with its entry point, on PYTHONPATH here) after one untimed `p4bench list`;
 - `run_*`: `p4bench run --method fedavg --rounds 30 --json` on digits (the defaults
   otherwise), with `--results-dir` a fresh temporary folder each time (so the MLflow store
   is created by the run: the worst case). The run executes in a child process whose only
@@ -107,13 +110,24 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def time_command(argv: list[str], repeats: int) -> dict[str, object]:
+def _with_example_plugin(site: Path) -> dict[str, str]:
+    """The environment of a machine with examples/p4bench-gossip installed (its dist-info in `site`)."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "p4bench-gossip"
+    info = site / "p4bench_gossip-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: p4bench-gossip\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[p4bench]\ngossip = p4bench_gossip\n")
+    paths = [str(site), str(example), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def time_command(argv: list[str], repeats: int, env: dict[str, str] | None = None) -> dict[str, object]:
     """Median wall and CPU time of `argv` over `repeats` fresh processes, after one untimed call."""
     times, cpu, code = [], [], 0
     for attempt in range(repeats + 1):
         cpu_before = _children_cpu()
         started = time.perf_counter()
-        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False)
         elapsed = time.perf_counter() - started
         code = done.returncode
         if attempt:  # the first call warms the caches
@@ -191,6 +205,13 @@ def main() -> None:
         result[f"{label}_min_s"] = timing["min_s"]
         result[f"{label}_cpu_s"] = timing["cpu_s"]
         result[f"{label}_exit_code"] = timing["exit_code"]
+    with tempfile.TemporaryDirectory(prefix="p4bench-startup-site-") as site:
+        env = _with_example_plugin(Path(site))
+        subprocess.run([script, "list"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False)
+        timing = time_command([script, "--help"], args.repeats, env=env)
+        result["help_with_plugin_s"] = timing["median_s"]
+        result["help_with_plugin_min_s"] = timing["min_s"]
+        result["help_with_plugin_exit_code"] = timing["exit_code"]
     if not args.skip_run:
         time_run(args.rounds, args.run_option)  # untimed: warms the caches (the run's own, too)
         runs = [time_run(args.rounds, args.run_option) for _ in range(args.run_repeats)]

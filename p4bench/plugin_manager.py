@@ -392,6 +392,12 @@ def _default() -> tuple[PluginManager, Registry]:
     return pm, Registry(pm, lazy=True)  # the classes are imported when first asked for
 
 
+def default_built() -> bool:
+    """Whether the process-wide plugin manager exists already (plugins may have been
+    registered on it in code)."""
+    return _default.cache_info().currsize > 0
+
+
 def default_plugin_manager() -> PluginManager:
     """The process-wide plugin manager (built once, on first use)."""
     return _default()[0]

@@ -115,3 +115,35 @@ def test_a_topology_the_method_cannot_use_is_one_line_exit_2(argv, expected, cap
     assert _main(["run", *argv, "--results-dir", results_dir]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_the_command_line_imports_no_installed_plugin_that_adds_no_command(installed_oldstyle, capsys):
+    """`--help` with a plugin installed: once `list` has cached that no installed plugin adds
+    commands, building the app leaves the plugin (and whatever it imports) unimported."""
+    from p4bench.cli import build_app
+
+    assert _main(["list"]) == 0
+    sys.modules.pop("p4bench_oldstyle", None)
+    reset_default()
+    build_app()
+    assert "p4bench_oldstyle" not in sys.modules
+
+
+def test_an_installed_plugin_that_adds_a_command_is_loaded_to_build_the_app(install_example, tmp_path, capsys):
+    package = tmp_path / "p4bench-hello"
+    (package / "p4bench_hello").mkdir(parents=True)
+    (package / "pyproject.toml").write_text('[project]\nname = "p4bench-hello"\nversion = "1.0"\n'
+                                            '[project.entry-points.p4bench]\nhello = "p4bench_hello"\n')
+    (package / "p4bench_hello" / "__init__.py").write_text(
+        "from p4bench.api import hookimpl\n\n@hookimpl\ndef register_commands(app):\n"
+        "    app.command('hello')(lambda: print('hello from a plugin'))\n")
+    install_example(package)
+    try:
+        assert _main(["list"]) == 0  # the cache now records the command
+        reset_default()
+        capsys.readouterr()
+        assert _main(["hello"]) == 0
+        assert "hello from a plugin" in capsys.readouterr().out
+    finally:
+        sys.modules.pop("p4bench_hello", None)
+        reset_default()

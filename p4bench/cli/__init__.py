@@ -42,7 +42,7 @@ err_console = Console(stderr=True)
 def build_app() -> typer.Typer:
     """The typer app with built-in commands and those plugins add via `register_commands`."""
     from p4bench.cli import check_plugin, describe, listing, run
-    from p4bench.plugin_manager import add_plugin_commands, default_plugin_manager
+    from p4bench.plugin_manager import add_plugin_commands
 
     app = typer.Typer(
         name="p4bench",
@@ -57,8 +57,21 @@ def build_app() -> typer.Typer:
     listing.register(app)
     describe.register(app)
     check_plugin.register(app)
-    add_plugin_commands(default_plugin_manager(), app)  # a broken plugin's commands become a warning
+    add_plugin_commands(_command_source(), app)  # a broken plugin's commands become a warning
     return app
+
+
+def _command_source() -> Any:
+    """The plugin manager whose `register_commands` build the app: the process-wide one,
+    unless it is not built yet and the cached plugin listing says no installed plugin adds
+    commands; then one of the built-ins alone, so that `--help` imports no installed
+    plugin (a plugin module may import torch)."""
+    from p4bench.cli.plugin_cache import only_builtin_commands
+    from p4bench.plugin_manager import create_plugin_manager, default_built, default_plugin_manager
+
+    if not default_built() and only_builtin_commands():
+        return create_plugin_manager(autoload=False)
+    return default_plugin_manager()
 
 
 def _one_line_usage_errors() -> None:

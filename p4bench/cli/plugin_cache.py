@@ -12,6 +12,10 @@ points and versions, and the size and modification time of every Python file of 
 built-in plugin packages and of each entry point's top-level package (found without
 importing it). A changed file, plugin or version builds the registry again and rewrites
 the cache. `P4BENCH_NO_PLUGIN_CACHE=1` always builds it.
+
+The cache also records which installed distributions add commands (`register_commands`):
+while it is current and says none do, building the command line (`--help`, every
+command) imports no installed plugin (`only_builtin_commands`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cached_listing", "fingerprint"]
+__all__ = ["cached_listing", "fingerprint", "only_builtin_commands"]
 
 _FILE = "plugin-listing.json"
 
@@ -98,11 +102,33 @@ def cached_listing() -> tuple[dict[str, Any], str]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"fingerprint": key, "listing": listing}))
+        temporary.write_text(json.dumps({"fingerprint": key, "listing": listing, "command_plugins": _command_plugins()}))
         temporary.replace(path)  # a concurrent reader sees the old file or the new one, never half
     except OSError:
         pass
     return listing, key
+
+
+def only_builtin_commands() -> bool:
+    """Whether the current cached listing says no installed plugin adds commands (False
+    when the cache is missing, stale or off: then the plugins are loaded to ask them)."""
+    if os.environ.get("P4BENCH_NO_PLUGIN_CACHE"):
+        return False
+    try:
+        cached = json.loads(_cache_file().read_text())
+        return bool(cached.get("command_plugins") == [] and cached.get("fingerprint") == fingerprint())
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+
+
+def _command_plugins() -> list[str]:
+    """The installed distributions whose plugins implement `register_commands`."""
+    from p4bench.plugin_manager import default_plugin_manager, source_of
+
+    manager = default_plugin_manager()
+    return sorted({source_of(manager, impl.plugin_name).distribution
+                   for impl in manager.hook.register_commands.get_hookimpls()
+                   if not source_of(manager, impl.plugin_name).strict})
 
 
 def _registered_in_code() -> bool:
