@@ -261,7 +261,12 @@ class Registry:
         except KeyError:
             if name in self._unusable[kind]:
                 raise self._unusable[kind][name] from None
-            raise UnknownNameError(kind, name, self._entries[kind]) from None
+            error = UnknownNameError(kind, name, self._entries[kind])
+            unloaded = [p for p in getattr(self.pm, "problems", []) if p.kind == "plugin"]
+            if unloaded:  # the name may be one of theirs: say so, not just "unknown"
+                listed = "; ".join(f"{p.distribution} {p.version}: {p.message}" for p in unloaded)
+                error.args = (f"{error.args[0]}; installed plugin packages that failed to load: {listed}",)
+            raise error from None
 
     def get(self, kind: str, name: str) -> type:
         """The class registered as `name` (errors as `entry`)."""
@@ -297,9 +302,16 @@ def _kind_bases() -> dict[str, type]:
 
 
 def _one_line(exc: BaseException) -> str:
+    """The exception's type and first line, and where in the plugin it was raised."""
+    import traceback
+
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
+    line = f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    if frames and "importlib" not in frames[-1].filename:
+        line += f" (at {frames[-1].filename}:{frames[-1].lineno})"
+    return line
 
 
 def _describe(value: Any) -> str:

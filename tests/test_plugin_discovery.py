@@ -151,9 +151,18 @@ def test_registry_records_problems_and_keeps_the_good_parts(install):
     reset_default()
     app = build_app()  # a failing register_commands is a problem too; the app is still built
     assert "list" in [c.name for c in app.registered_commands]
-    assert [p.message for p in default_registry().problems if p.kind == "command"] == [
-        "register_commands raised RuntimeError: no commands today"
-    ]
+    (message,) = [p.message for p in default_registry().problems if p.kind == "command"]
+    assert message.startswith("register_commands raised RuntimeError: no commands today (at ")
+    assert message.endswith("half_good_plugin.py:17)")  # where in the plugin it was raised
+
+
+def test_a_method_of_a_package_that_failed_to_load_names_the_package(install, capsys, results_dir):
+    install("p4bench-typo", "import numpy as np\nfrom p4bench.api import hookimpl, NoSuchName\n")
+    code, _, err = invoke(["run", "--method", "typo-method", "--results-dir", results_dir], capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1
+    assert "unknown method 'typo-method'" in errors[0] and "p4bench-typo 1.0: cannot be loaded" in errors[0]
+    assert "NoSuchName" in errors[0]
 
 
 def test_built_in_problems_still_fail_loudly():

@@ -170,6 +170,8 @@ def run_command(
 ) -> None:
     """Run one method on one dataset and log it to MLflow.
 
+    A plugin's own options (-o KEY=VALUE) and their defaults: `p4bench describe NAME`.
+
     Ctrl-C finishes the current round, writes a checkpoint, marks the MLflow run KILLED
     and prints the `--resume` command (exit 130); a second Ctrl-C quits at once."""
     display = ProgressDisplay(Console(stderr=True))
