@@ -5,7 +5,7 @@ The classes are imported when the hook is called, or on first use of a name belo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from p4bench.hookspecs import hookimpl
 from p4bench.lazy import lazy_exports
@@ -59,3 +59,20 @@ def register_methods() -> list[type[Method]]:
     from p4bench.baselines.scaffold import Scaffold
 
     return [LocalTraining, Centralized, FedAvg, FedDF, Scaffold, ProxyFL, DPDSGT, DPDSGD, P2PFL, Muffliato, PDSL, PDSLLocalVal, DPCGA]
+
+
+@hookimpl
+def register_presets() -> list[Any]:
+    """Karras et al.'s P2P FL paper and PDSL (imported when `reproduce` asks)."""
+    from p4bench.baselines.karras_preset import KARRAS_PRESET
+    from p4bench.baselines.pdsl_preset_report import PDSL_PRESET
+
+    return [KARRAS_PRESET, PDSL_PRESET]
+
+
+@hookimpl
+def register_models() -> list[Any]:
+    """Karras et al.'s Table I CNN (cnn-gray), beside their P2P FL method."""
+    from p4bench.baselines.karras_models import GrayCNN
+
+    return [GrayCNN]

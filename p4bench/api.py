@@ -26,6 +26,7 @@ from p4bench.lazy import lazy_exports
 from p4bench.version import __version__
 
 if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
+    from p4bench.claims import ClaimCheck, ClaimContext, means, not_checked, pct, verdict
     from p4bench.config import RunConfig
     from p4bench.data.base import ArrayDataset, Dataset, Partitioner
     from p4bench.engine.messages import BROADCAST, UPDATE_PREFIX, MessageFormatError, Messages
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
     from p4bench.models import Model
     from p4bench.options import Option, resolve_options, topology_options
     from p4bench.plugin_manager import default_registry
+    from p4bench.presets import Preset
     from p4bench.privacy.accountants import Accountant, ReleaseSegment
     from p4bench.privacy.mechanism import DPMechanism
     from p4bench.testing import ConformanceReport, check_attack, check_defense, check_method
@@ -67,6 +69,8 @@ __all__ = [
     # data, models, graphs, privacy
     "Dataset", "ArrayDataset", "Partitioner", "Model", "Topology", "get_topology", "default_registry",
     "Accountant", "ReleaseSegment", "DPMechanism",
+    # paper reproductions (`register_presets`): the record, claim checks and their helpers
+    "Preset", "ClaimCheck", "ClaimContext", "means", "not_checked", "pct", "verdict",
     # errors and warnings
     "ConfigError", "DataError", "UsageError", "PluginDeprecationWarning",
     # the conformance kit
@@ -74,6 +78,7 @@ __all__ = [
 ]
 
 __getattr__ = lazy_exports(globals(), {
+    "p4bench.claims": ("ClaimCheck", "ClaimContext", "means", "not_checked", "pct", "verdict"),
     "p4bench.config": ("RunConfig",),
     "p4bench.data.base": ("ArrayDataset", "Dataset", "Partitioner"),
     "p4bench.engine.messages": ("BROADCAST", "UPDATE_PREFIX", "MessageFormatError", "Messages"),
@@ -86,6 +91,7 @@ __getattr__ = lazy_exports(globals(), {
     "p4bench.models": ("Model",),
     "p4bench.options": ("Option", "resolve_options", "topology_options"),
     "p4bench.plugin_manager": ("default_registry",),
+    "p4bench.presets": ("Preset",),
     "p4bench.privacy.accountants": ("Accountant", "ReleaseSegment"),
     "p4bench.privacy.mechanism": ("DPMechanism",),
     "p4bench.testing": ("ConformanceReport", "check_attack", "check_defense", "check_method"),

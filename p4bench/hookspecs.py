@@ -18,7 +18,7 @@ trackers and displays listen to a run without touching its control flow.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -109,6 +109,13 @@ def register_commands(app: typer.Typer) -> None:
     """
 
 
+@hookspec
+def register_presets() -> list[Any]:
+    """Return `p4bench.presets.Preset` records: a paper's experiments as `p4bench reproduce
+    NAME` runs them (variants, claims, report, per-method settings). Write them beside the
+    paper's method plugins; the claim helpers are in `p4bench.claims`."""
+
+
 # --- observation, called while a run executes --------------------------------------
 
 
@@ -150,6 +157,7 @@ HOOK_NAMES: tuple[str, ...] = (
     "register_defenses",
     "register_runtimes",
     "register_commands",
+    "register_presets",
     "run_started",
     "round_finished",
     "privacy_release",

@@ -63,13 +63,15 @@ def _uniform(generator: torch.Generator, shape: tuple[int, ...], fan_in: int) ->
     return (torch.rand(shape, generator=generator) * 2 - 1) * bound
 
 
-def _conv_init(generator: torch.Generator, params: Params, name: str, c_in: int, c_out: int, kernel: int) -> None:
+def conv_init(generator: torch.Generator, params: Params, name: str, c_in: int, c_out: int, kernel: int) -> None:
+    """`<name>.weight` and `.bias` of a conv layer, uniform in +-1/sqrt(fan in) (torch's default)."""
     fan_in = c_in * kernel * kernel
     params[f"{name}.weight"] = _uniform(generator, (c_out, c_in, kernel, kernel), fan_in)
     params[f"{name}.bias"] = _uniform(generator, (c_out,), fan_in)
 
 
-def _linear_init(generator: torch.Generator, params: Params, name: str, d_in: int, d_out: int) -> None:
+def linear_init(generator: torch.Generator, params: Params, name: str, d_in: int, d_out: int) -> None:
+    """`<name>.weight` and `.bias` of a dense layer, uniform in +-1/sqrt(d_in) (torch's default)."""
     params[f"{name}.weight"] = _uniform(generator, (d_out, d_in), d_in)
     params[f"{name}.bias"] = _uniform(generator, (d_out,), d_in)
 
@@ -114,14 +116,14 @@ class ScatterCNN(Model):
     def init(self, generator: torch.Generator) -> Params:
         params: Params = {}
         if self.wide:
-            _conv_init(generator, params, "conv1", self.channels, 64, 3)
-            _conv_init(generator, params, "conv2", 64, 64, 3)
-            _linear_init(generator, params, "fc", self.flat, self.num_classes)
+            conv_init(generator, params, "conv1", self.channels, 64, 3)
+            conv_init(generator, params, "conv2", 64, 64, 3)
+            linear_init(generator, params, "fc", self.flat, self.num_classes)
         else:
-            _conv_init(generator, params, "conv1", self.channels, 16, 3)
-            _conv_init(generator, params, "conv2", 16, 32, 3)
-            _linear_init(generator, params, "fc1", self.flat, 32)
-            _linear_init(generator, params, "fc", 32, self.num_classes)
+            conv_init(generator, params, "conv1", self.channels, 16, 3)
+            conv_init(generator, params, "conv2", 16, 32, 3)
+            linear_init(generator, params, "fc1", self.flat, 32)
+            linear_init(generator, params, "fc", 32, self.num_classes)
         return params
 
     def forward(self, params: Params, x: torch.Tensor) -> torch.Tensor:
@@ -186,10 +188,10 @@ class SmallCNN(Model):
 
     def init(self, generator: torch.Generator) -> Params:
         params: Params = {}
-        _conv_init(generator, params, "conv1", self.channels, 32, 3)
-        _conv_init(generator, params, "conv2", 32, 64, 3)
-        _linear_init(generator, params, "fc1", self.flat, 128)
-        _linear_init(generator, params, "fc", 128, self.num_classes)
+        conv_init(generator, params, "conv1", self.channels, 32, 3)
+        conv_init(generator, params, "conv2", 32, 64, 3)
+        linear_init(generator, params, "fc1", self.flat, 128)
+        linear_init(generator, params, "fc", 128, self.num_classes)
         return params
 
     def forward(self, params: Params, x: torch.Tensor) -> torch.Tensor:

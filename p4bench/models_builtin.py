@@ -1,6 +1,7 @@
-"""Registers the built-in models: `p4bench.models` (linear, scatter-cnn, cnn) and Karras
-et al.'s Table I CNN (`p4bench.models_karras`, cnn-gray). The classes are imported when
-the hook is called: building the plugin manager must not import torch."""
+"""Registers the built-in models of `p4bench.models` (linear, scatter-cnn, cnn); Karras et
+al.'s Table I CNN (cnn-gray) is registered beside their method (`p4bench.baselines`). The
+classes are imported when the hook is called: building the plugin manager must not import
+torch."""
 
 from __future__ import annotations
 
@@ -15,6 +16,5 @@ if TYPE_CHECKING:
 @hookimpl
 def register_models() -> list[type[Model]]:
     from p4bench.models import LinearSoftmax, ScatterCNN, SmallCNN
-    from p4bench.models_karras import GrayCNN
 
-    return [LinearSoftmax, ScatterCNN, SmallCNN, GrayCNN]
+    return [LinearSoftmax, ScatterCNN, SmallCNN]

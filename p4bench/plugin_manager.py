@@ -36,7 +36,7 @@ KINDS: dict[str, str] = {
 # command line builds it on every start, `p4bench --help` included.
 BUILTIN_MODULES = (
     "p4bench.data.builtin",
-    "p4bench.models_builtin",  # linear, scatter-cnn, cnn and Karras et al.'s cnn-gray
+    "p4bench.models_builtin",  # linear, scatter-cnn, cnn (cnn-gray: p4bench.baselines)
     "p4bench.engine.runtimes",
     "p4bench.baselines",
     "p4bench.plugins.p4",

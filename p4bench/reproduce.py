@@ -7,16 +7,16 @@ Presets (paper settings from `shared/reference/p4.md` section 8 and the extended
 - ablation: P4 with grouping, ScatterNet or the proxy switched off, one at a time.
 - defense: the four attacks at 30% malicious clients, against every defense.
 - malicious: 10..50% malicious clients, P4 with its secure aggregation against the ideal defense.
-- karras: Karras et al.'s P2P FL paper (`p4bench.presets_karras`): CBDS undersampling from the
+- karras: Karras et al.'s P2P FL paper (`p4bench.baselines.karras_preset`): CBDS undersampling from the
   partitioner alone, FedDF vs FedAvg under random-label clients, P2P-FL personal averaging at
   alpha 0.01, Table III printed beside ours as reference values, a plot of accuracy vs N_K;
   every run non-private (the paper uses no DP). A preset may bring its own data settings and
   scale (`Preset.settings`), per-method values (`per_method_for`), lr grids and lines printed
   after the table (`Preset.report`).
-- p4l: P4L (`p4bench.presets_p4l`) on digits: synergy size x IID/non-IID, Byzantine % x the
+- p4l: P4L (`p4bench.plugins.p4l.preset`) on digits: synergy size x IID/non-IID, Byzantine % x the
   paper's four attacks, Paillier vs plaintext on matched seeds; claims R10 (HE within 1 point)
   and R13 (Byzantine % the least influential factor), R1 from the participation curves.
-- pdsl: PDSL (`p4bench.presets_pdsl`, `p4bench.presets_pdsl_report`) on digits at Dirichlet
+- pdsl: PDSL (`p4bench.baselines.pdsl_preset`, `p4bench.baselines.pdsl_preset_report`) on digits at Dirichlet
   mu 0.25: Table I's epsilon x topology (complete/bipartite/ring) x M (10/20) grid, PDSL vs
   DP-CGA, Muffliato and DP-DPSGD at one certified epsilon per cell (the paper's per-round
   epsilon printed beside as reference only); claims: PDSL first in every cell, and for PDSL

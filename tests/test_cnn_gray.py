@@ -8,11 +8,11 @@ import torch
 import torch.nn as nn
 from test_data_loaders import make_cifar10
 
+from p4bench.baselines.karras_models import GrayCNN
 from p4bench.config import RunConfig
 from p4bench.data.base import load_dataset
 from p4bench.data.sources import Cifar10Dataset
 from p4bench.errors import IncompatibleError
-from p4bench.models_karras import GrayCNN
 from p4bench.plugin_manager import default_registry
 from p4bench.runner import run
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from p4bench.baselines.karras_models import GrayCNN
 from p4bench.dropout import hashed_dropout, training
 from p4bench.engine.training import batched_loss_and_grad, reference_loss_and_grad
-from p4bench.models_karras import GrayCNN
 from p4bench.privacy.clipping import clipped_gradient_sum
 
 

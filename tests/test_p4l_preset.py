@@ -15,8 +15,7 @@ from p4bench.claims import ClaimContext
 from p4bench.cli import main
 from p4bench.errors import UsageError
 from p4bench.plugin_manager import default_registry
-from p4bench.presets import PRESETS, describe_presets
-from p4bench.presets_p4l import (
+from p4bench.plugins.p4l.preset import (
     ATTACKED,
     ATTACKS,
     CLASSICAL,
@@ -29,7 +28,8 @@ from p4bench.presets_p4l import (
     he_claim,
     p4l_claims,
 )
-from p4bench.presets_p4l_report import load_curves, loss_drop_claim, p4l_report
+from p4bench.plugins.p4l.preset_report import load_curves, loss_drop_claim, p4l_report
+from p4bench.presets import PRESETS, describe_presets
 from p4bench.reproduce import plan_preset
 
 CTX = ClaimContext("digits", False, ())
@@ -196,7 +196,7 @@ def test_quick_p4l_runs_end_to_end(tmp_path, capsys):
 def test_the_fl_baseline_is_planned_as_the_paper_ran_it_and_r9_can_fail():
     import pandas as pd
 
-    from p4bench.presets_p4l import FL, GRID, fl_claim
+    from p4bench.plugins.p4l.preset import FL, GRID, fl_claim
 
     plan = plan_preset("p4l", quick=True)
     fl = [r.config for r in plan.runs if r.tags["variant"] == FL]

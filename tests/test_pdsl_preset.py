@@ -11,12 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from p4bench.claims import ClaimContext
-from p4bench.cli import main
-from p4bench.equal_privacy import from_config
-from p4bench.plugin_manager import default_registry
-from p4bench.presets import PRESETS, describe_presets
-from p4bench.presets_pdsl import (
+from p4bench.baselines.pdsl_preset import (
     CLIENTS,
     EPSILONS,
     GROUP_BY,
@@ -30,7 +25,12 @@ from p4bench.presets_pdsl import (
     pdsl_first_claim,
     topology_claim,
 )
-from p4bench.presets_pdsl_report import pdsl_report
+from p4bench.baselines.pdsl_preset_report import pdsl_report
+from p4bench.claims import ClaimContext
+from p4bench.cli import main
+from p4bench.equal_privacy import from_config
+from p4bench.plugin_manager import default_registry
+from p4bench.presets import PRESETS, describe_presets
 from p4bench.reproduce import plan_preset, quick_claims
 
 CTX = ClaimContext("digits", False, ())
@@ -181,7 +181,7 @@ def test_muffliato_gossips_several_times_and_the_table_uses_the_global_test_set(
 
 
 def test_the_report_says_q_is_smaller_than_the_papers():
-    from p4bench.presets_pdsl_report import q_line
+    from p4bench.baselines.pdsl_preset_report import q_line
 
     line = q_line("digits")
     assert line.startswith("Q, PDSL's shared validation set: ") and "SMALLER than the paper's 2,000" in line

@@ -5,7 +5,7 @@ The classes are imported when a hook is called, or on first use of a name below
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from p4bench.hookspecs import hookimpl
 from p4bench.lazy import lazy_exports
@@ -36,3 +36,10 @@ def register_defenses() -> list[type[Defense]]:
     from p4bench.plugins.p4.secure import P4Secure
 
     return [P4Secure]
+
+
+@hookimpl
+def register_presets() -> list[Any]:
+    from p4bench.plugins.p4.presets import P4_PRESETS  # imported when `reproduce` asks, not at start-up
+
+    return list(P4_PRESETS)

@@ -5,7 +5,7 @@ The method is imported when the hook is called, or on first use of the name belo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from p4bench.hookspecs import hookimpl
 from p4bench.lazy import lazy_exports
@@ -24,3 +24,10 @@ def register_methods() -> list[type[Method]]:
     from p4bench.plugins.p4l.method import P4L
 
     return [P4L]
+
+
+@hookimpl
+def register_presets() -> list[Any]:
+    from p4bench.plugins.p4l.preset_report import P4L_PRESET  # imported when `reproduce` asks
+
+    return [P4L_PRESET]

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from p4bench.dropout import hashed_dropout
 from p4bench.errors import IncompatibleError
-from p4bench.models import Model, Params, _conv_init, _linear_init
+from p4bench.models import Model, Params, conv_init, linear_init
 
 __all__ = ["GrayCNN"]
 
@@ -42,10 +42,10 @@ class GrayCNN(Model):
 
     def init(self, generator: torch.Generator) -> Params:
         params: Params = {}
-        _conv_init(generator, params, "conv1", self.channels, 16, 3)
-        _conv_init(generator, params, "conv2", 16, 32, 3)
-        _linear_init(generator, params, "fc1", self.flat, 64)
-        _linear_init(generator, params, "fc", 64, self.num_classes)
+        conv_init(generator, params, "conv1", self.channels, 16, 3)
+        conv_init(generator, params, "conv2", 16, 32, 3)
+        linear_init(generator, params, "fc1", self.flat, 64)
+        linear_init(generator, params, "fc", 64, self.num_classes)
         return params
 
     def forward(self, params: Params, x: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from p4bench.claims import ClaimCheck, ClaimContext, _not_checked, _pct
+from p4bench.claims import ClaimCheck, ClaimContext, not_checked, pct
 
 __all__ = ["ATTACKS", "ATTACKED", "CLASSICAL", "FACTORS", "FL", "FRACTIONS", "GROUP_BY", "GRID", "HE", "SIZES", "TUNE_GRID",
            "FactorEffect", "byzantine_claim", "factor_effects", "fl_claim", "he_claim", "p4l_claims", "p4l_per_method",
@@ -171,7 +171,7 @@ class FactorEffect:
         return max(self.levels.values()) - min(self.levels.values()) if len(self.levels) >= 2 else math.nan
 
     def line(self) -> str:
-        levels = ", ".join(f"{k} {_pct(v)}" for k, v in self.levels.items())
+        levels = ", ".join(f"{k} {pct(v)}" for k, v in self.levels.items())
         return f"{self.factor}: {levels}; spread {100 * self.spread:.2f} points ({self.over})"
 
 
@@ -201,7 +201,7 @@ def he_claim(table: Any, points: float = HE_POINTS) -> ClaimCheck:
     `points` of accuracy of each other, on every such pair."""
     claim = f"HE (Paillier) vs plaintext: |accuracy difference| <= {100 * points:g} point on every matched (setting, seed) pair (R10)"
     if CRYPTO not in table.columns:
-        return _not_checked(claim, "no crypto column in the table")
+        return not_checked(claim, "no crypto column in the table")
     others = [c for c in GROUP_BY if c in table.columns and c != CRYPTO]
     pairs: list[tuple[str, float, float]] = []
     for key, group in table.groupby(others, sort=False):
@@ -212,10 +212,10 @@ def he_claim(table: Any, points: float = HE_POINTS) -> ClaimCheck:
                     f"seed {setting['seed']}")
             pairs.append((name, values["paillier"], values["plaintext"]))
     if not pairs:
-        return _not_checked(claim, "needs paillier and plaintext runs of the same setting and seed")
+        return not_checked(claim, "needs paillier and plaintext runs of the same setting and seed")
     gaps = [(name, he, plain, abs(he - plain)) for name, he, plain in pairs]
     worst = max(gaps, key=lambda g: g[3])
-    failures = [f"{n}: paillier {_pct(h)} vs plaintext {_pct(p)} ({100 * d:.2f} points)"
+    failures = [f"{n}: paillier {pct(h)} vs plaintext {pct(p)} ({100 * d:.2f} points)"
                 for n, h, p, d in gaps if d > points + 1e-12]
     detail = (f"{len(pairs)} pairs, largest |difference| {100 * worst[3]:.2f} points ({worst[0]}); "
               "the paper: negligible on CIFAR-10 and Avito, 3-4 points on IMDB")
@@ -229,7 +229,7 @@ def byzantine_claim(effects: Iterable[FactorEffect]) -> ClaimCheck:
     by_name = {e.factor: e for e in effects}
     missing = [f for f in FACTORS if f not in by_name or math.isnan(by_name[f].spread)]
     if missing:
-        return _not_checked(claim, f"needs two levels of every factor; too few for {', '.join(missing)}")
+        return not_checked(claim, f"needs two levels of every factor; too few for {', '.join(missing)}")
     spreads = {f: by_name[f].spread for f in FACTORS}
     others = {f: s for f, s in spreads.items() if f != "Byzantine %"}
     rival = min(others, key=others.__getitem__)
@@ -248,9 +248,9 @@ def fl_claim(table: Any, points: float = FL_POINTS) -> ClaimCheck:
     p4l = [v for k, v in grid.items() if k[:2] == ("powerlaw 3-10", "non-IID")]
     fedavg = [v for k, v in fl.items() if k[1] == "non-IID"]
     if not p4l or not fedavg:
-        return _not_checked(claim, "needs the no-attack power-law non-IID P4L run and the non-IID FL baseline")
+        return not_checked(claim, "needs the no-attack power-law non-IID P4L run and the non-IID FL baseline")
     ours, theirs = sum(p4l) / len(p4l), sum(fedavg) / len(fedavg)
-    detail = f"P4L {_pct(ours)}, FL {_pct(theirs)} ({100 * (ours - theirs):+.1f} points)"
+    detail = f"P4L {pct(ours)}, FL {pct(theirs)} ({100 * (ours - theirs):+.1f} points)"
     return ClaimCheck(claim, "yes" if ours >= theirs - points else "no", detail)
 
 

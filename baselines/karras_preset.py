@@ -37,10 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from p4bench.claims import ClaimCheck, ClaimContext, _means, _not_checked, _pct, _verdict
+from p4bench.claims import ClaimCheck, ClaimContext, means, not_checked, pct, verdict
+from p4bench.presets import Preset
 
-__all__ = ["FRACTIONS", "QUICK_FRACTIONS", "TABLE_III", "cbds_claim", "cbds_undersampling", "karras_claims", "karras_per_method",
-           "karras_report", "karras_settings", "karras_variants", "plot_accuracy_vs_nk", "table_iii_lines"]
+__all__ = ["FRACTIONS", "KARRAS_PRESET", "QUICK_FRACTIONS", "TABLE_III", "cbds_claim", "cbds_undersampling",
+           "karras_claims", "karras_per_method", "karras_report", "karras_settings", "karras_variants",
+           "plot_accuracy_vs_nk", "table_iii_lines"]
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75)  # N_K / K: the paper's 0, 10, 20, 30 noisy clients of 40
 QUICK_FRACTIONS = (0.0, 0.75)  # a smoke run: the ends of the range only (and CBDS alone at alpha 0.01)
@@ -149,7 +151,7 @@ def cbds_claim(runs: int = 100, clients: int = 100, labels: int = 10, alpha: flo
 
 
 def _by_fraction(table: Any, method: str) -> dict[float, float]:
-    return {float(k[0]): v for k, v in _means(table, variant=NOISY, method=method).items()}
+    return {float(k[0]): v for k, v in means(table, variant=NOISY, method=method).items()}
 
 
 def karras_claims(table: Any, ctx: ClaimContext, cbds: ClaimCheck | None = None) -> list[ClaimCheck]:
@@ -159,23 +161,23 @@ def karras_claims(table: Any, ctx: ClaimContext, cbds: ClaimCheck | None = None)
     curves = {m: _by_fraction(table, m) for m in ("fedavg", "feddf")}
     common = sorted(set(curves["fedavg"]) & set(curves["feddf"]))
     if len(common) < 2 or common[0] != 0.0:
-        checks.append(_not_checked(robust, "needs fedavg and feddf runs at N_K = 0 and a larger N_K"
+        checks.append(not_checked(robust, "needs fedavg and feddf runs at N_K = 0 and a larger N_K"
                                    + (f" ({', '.join(ctx.skipped)} not registered)" if ctx.skipped else "")))
     else:
         top = common[-1]
         drops = {m: c[0.0] - c[top] for m, c in curves.items()}
-        detail = ", ".join(f"{m}: {_pct(c[0.0])} -> {_pct(c[top])} (drop {100 * drops[m]:.1f} points)"
+        detail = ", ".join(f"{m}: {pct(c[0.0])} -> {pct(c[top])} (drop {100 * drops[m]:.1f} points)"
                            for m, c in curves.items()) + f"; N_K/K = 0 -> {top:g}"
         checks.append(ClaimCheck(robust, "yes" if drops["feddf"] < drops["fedavg"] else "no", detail))
     imbalance = "FedDF beats FedAvg at alpha = 0.01 (the paper's Figs. 6 and 10; global test set)"
     failures, compared = [], []
     for label in NON_IID:
-        scores = {k[0]: v for k, v in _means(table, variant=label).items()}
+        scores = {k[0]: v for k, v in means(table, variant=label).items()}
         if "feddf" in scores and "fedavg" in scores:
-            compared.append(f"{label}: feddf {_pct(scores['feddf'])}, fedavg {_pct(scores['fedavg'])}")
+            compared.append(f"{label}: feddf {pct(scores['feddf'])}, fedavg {pct(scores['fedavg'])}")
             if not scores["feddf"] > scores["fedavg"]:
                 failures.append(compared[-1])
-    checks.append(_verdict(imbalance, failures, len(compared), "; ".join(compared)))
+    checks.append(verdict(imbalance, failures, len(compared), "; ".join(compared)))
     return checks
 
 
@@ -187,9 +189,9 @@ def table_iii_lines(table: Any, dataset: str) -> list[str]:
     lines = [f"Table III of the paper (greyscale CIFAR-10) beside ours ({dataset}): reference values only, not a "
              "pass/fail check (the paper leaves the protocol behind them unclear)"]
     for variant, method, row, paper in TABLE_III:
-        ours = _means(table, variant=variant, method=method) if table is not None else {}
+        ours = means(table, variant=variant, method=method) if table is not None else {}
         value = next(iter(ours.values()), math.nan)
-        lines.append(f"  {row:<22} paper {100 * paper:.1f}%   ours {_pct(value):>6}   ({variant}, {method})")
+        lines.append(f"  {row:<22} paper {100 * paper:.1f}%   ours {pct(value):>6}   ({variant}, {method})")
     return lines + [f"  ({P2P_ROWS_NOTE})"]
 
 
@@ -229,3 +231,13 @@ def karras_report(table: Any, ctx: ClaimContext, folder: Path, experiment: str) 
         if table is not None else None
     lines.append(f"plot of accuracy vs N_K: {plot}" if plot else "plot of accuracy vs N_K: no noisy-client run finished")
     return lines
+
+
+KARRAS_PRESET = Preset("karras", "Karras et al. (P2P FL on Raspberry Pis): CBDS undersampling, FedDF vs FedAvg under random-label "
+                 "clients and at alpha 0.01, Table III beside ours; global test set; non-private",
+       ("cifar10",), {}, karras_variants, ("variant", "method", "malicious_fraction"), karras_claims,
+       settings=karras_settings, per_method_for=karras_per_method,
+       tune_at={"variant": "noisy clients", "malicious_fraction": 0.0},
+       tune_grid=(1e-4, 5e-4, 1e-3, 5e-3, 0.05, 0.5), quick_tune_grid=(5e-4, 0.05), report=karras_report,
+       baselines="every run is non-private, as in the paper (it uses no DP): no epsilon to equalise",
+       eval_set="global")

@@ -1,4 +1,4 @@
-"""The `p4l` preset's report (`p4bench.presets_p4l`): the factor-effect computation of
+"""The `p4l` preset's report (`p4bench.plugins.p4l.preset`): the factor-effect computation of
 claim (b) printed line by line, the paper's R2 figures as reference values only, claim (c)
 (R1: the test loss drops within the first 5 participations) from the runs'
 `participation_curve.csv`, and two plots: mean accuracy per factor level, and accuracy
@@ -17,10 +17,24 @@ from typing import Any
 
 import yaml
 
-from p4bench.claims import ClaimCheck, ClaimContext, _not_checked, _pct
-from p4bench.presets_p4l import CLASSICAL, SIZES, FactorEffect, factor_effects, partition_level, size_level
+from p4bench.claims import ClaimCheck, ClaimContext, not_checked, pct
+from p4bench.plugins.p4l.preset import (
+    CLASSICAL,
+    GROUP_BY,
+    SIZES,
+    TUNE_GRID,
+    FactorEffect,
+    factor_effects,
+    p4l_claims,
+    p4l_per_method,
+    p4l_settings,
+    p4l_variants,
+    partition_level,
+    size_level,
+)
+from p4bench.presets import Preset
 
-__all__ = ["R2", "load_curves", "loss_drop_claim", "p4l_report", "plot_factor_levels", "plot_participation",
+__all__ = ["P4L_PRESET", "R2", "load_curves", "loss_drop_claim", "p4l_report", "plot_factor_levels", "plot_participation",
            "reference_lines"]
 
 R2 = {"P4L, IID": 0.47, "classical (centralized)": 0.58}  # CIFAR-10, MobileNetV2 head: reference values only
@@ -40,7 +54,7 @@ def reference_lines(table: Any, effects: list[FactorEffect]) -> list[str]:
     lines.append("R2 of the paper (CIFAR-10, IID) beside ours (digits, linear model): reference values only, not "
                  "comparable and not a verdict")
     for row, paper in R2.items():
-        lines.append(f"  {row:<24} paper {100 * paper:.1f}%   ours {_pct(ours[row]):>6}")
+        lines.append(f"  {row:<24} paper {100 * paper:.1f}%   ours {pct(ours[row]):>6}")
     return lines
 
 
@@ -87,7 +101,7 @@ def loss_drop_claim(curves: list[Curve], quick: bool = False, last: int = R1_LAS
         if 1 in loss and last in loss:
             drops.append((int(config.get("seed", 0)), 1 - loss[last] / loss[1]))
     if not drops:
-        return _not_checked(claim, f"needs participation curves reaching r = {last} (participation_curve.csv)")
+        return not_checked(claim, f"needs participation curves reaching r = {last} (participation_curve.csv)")
     detail = (", ".join(f"seed {s}: {100 * d:.1f}%" for s, d in sorted(drops))
               + f" relative drop; the paper: ~{100 * R1_DROP:.0f}% on CIFAR-10 (reference only)")
     status = "yes" if all(d > 0 for _, d in drops) else "no"
@@ -190,3 +204,12 @@ def p4l_report(table: Any, ctx: ClaimContext, folder: Path, experiment: str) -> 
                  "plot of accuracy vs participation count r: skipped (no participation_curve.csv in the runs' folders)")
     return lines
 
+
+P4L_PRESET = Preset("p4l", "Arapakis et al. (P4L): synergy size, IID vs non-IID, Paillier vs plaintext and Byzantine % x "
+              "attack; digits stands in for CIFAR-10/Avito/IMDB (not available offline); no DP",
+       ("digits",), {}, p4l_variants, GROUP_BY, p4l_claims, settings=p4l_settings,
+       per_method_for=p4l_per_method, tune_at={"variant": "synergy size x IID", "partitioner": "iid",
+                                               "options.size_dist": "powerlaw"},
+       tune_grid=TUNE_GRID, report=p4l_report,
+       baselines="every run is non-private, as in the paper (P4L uses secure aggregation, no DP): no epsilon to equalise",
+       eval_set="global")

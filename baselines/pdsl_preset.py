@@ -62,7 +62,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from p4bench.claims import ClaimCheck, ClaimContext, _not_checked, _pct
+from p4bench.claims import ClaimCheck, ClaimContext, not_checked, pct
 
 __all__ = ["CLIENTS", "EPSILONS", "GROUP_BY", "METHODS", "MUFFLIATO_GOSSIP", "PAPER_EPSILONS", "PAPER_Q", "PAPER_NAMES", "QUICK_CLIENTS",
            "QUICK_EPSILONS", "ROUNDS", "SAMPLES", "TABLE_I", "TOPOLOGIES", "TOPOLOGY", "TUNE_AT", "TUNE_GRID",
@@ -177,7 +177,7 @@ def cell_verdicts(cells: Mapping[Cell, Mapping[str, float]]) -> dict[Cell, tuple
         rivals = {m: v for m, v in scores.items() if m != "pdsl"}
         if "pdsl" not in scores or not rivals:
             continue
-        ranking = ", ".join(f"{m} {_pct(v)}" for m, v in sorted(scores.items(), key=lambda kv: -kv[1]))
+        ranking = ", ".join(f"{m} {pct(v)}" for m, v in sorted(scores.items(), key=lambda kv: -kv[1]))
         out[cell] = (scores["pdsl"] > max(rivals.values()), ranking)
     return out
 
@@ -187,7 +187,7 @@ def pdsl_first_claim(cells: Mapping[Cell, Mapping[str, float]], skipped: tuple[s
     claim = "PDSL has the best accuracy in every cell (epsilon x topology x M), above DP-CGA, MUFFLIATO and DP-DPSGD"
     verdicts = cell_verdicts(cells)
     if not verdicts:
-        return _not_checked(claim, "needs PDSL and another method in one cell"
+        return not_checked(claim, "needs PDSL and another method in one cell"
                             + (f" ({', '.join(skipped)} not registered)" if skipped else ""))
     lost = [f"{_cell_name(c)}: {ranking}" for c, (ok, ranking) in verdicts.items() if not ok]
     detail = (f"PDSL first in {len(verdicts) - len(lost)} of {len(verdicts)} cells"
@@ -203,7 +203,7 @@ def topology_verdicts(cells: Mapping[Cell, Mapping[str, float]]) -> dict[tuple[f
         if any(math.isnan(v) for v in pdsl.values()):
             continue
         ok = pdsl["complete"] >= pdsl["bipartite"] > pdsl["ring"]
-        out[(eps, m)] = (ok, ", ".join(f"{t} {_pct(v)}" for t, v in pdsl.items()))
+        out[(eps, m)] = (ok, ", ".join(f"{t} {pct(v)}" for t, v in pdsl.items()))
     return out
 
 
@@ -212,7 +212,7 @@ def topology_claim(cells: Mapping[Cell, Mapping[str, float]]) -> ClaimCheck:
     claim = "PDSL: fully connected >= bipartite > ring at every epsilon x M"
     verdicts = topology_verdicts(cells)
     if not verdicts:
-        return _not_checked(claim, "needs PDSL on the complete, bipartite and ring graphs at one epsilon and M")
+        return not_checked(claim, "needs PDSL on the complete, bipartite and ring graphs at one epsilon and M")
     parts = [f"eps {e:g} M={m}: {figures}{'' if ok else ' (out of order)'}" for (e, m), (ok, figures) in verdicts.items()]
     failed = sum(not ok for ok, _ in verdicts.values())
     return ClaimCheck(claim, "no" if failed else "yes",

@@ -1,4 +1,4 @@
-"""The `pdsl` preset's report (`p4bench.presets_pdsl`): the verdict of claims (1) and (2)
+"""The `pdsl` preset's report (`p4bench.baselines.pdsl_preset`): the verdict of claims (1) and (2)
 per cell (a quick run prints "not tested" with the figures), Table I of the paper beside
 ours as reference values only (another dataset, model and privacy definition: the paper's
 epsilon is per round, ours certified over the run), and a plot of each method's accuracy
@@ -12,22 +12,30 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from p4bench.claims import ClaimContext, _pct
-from p4bench.presets_pdsl import (
+from p4bench.baselines.pdsl_preset import (
     CLIENTS,
+    GROUP_BY,
     METHODS,
     PAPER_NAMES,
     PAPER_Q,
     TABLE_I,
     TOPOLOGIES,
+    TUNE_AT,
+    TUNE_GRID,
     Cell,
     cell_means,
     cell_verdicts,
     paper_epsilon,
+    pdsl_claims,
+    pdsl_per_method,
+    pdsl_settings,
+    pdsl_variants,
     topology_verdicts,
 )
+from p4bench.claims import ClaimContext, pct
+from p4bench.presets import Preset
 
-__all__ = ["pdsl_report", "plot_cells", "table_i_lines", "verdict_lines"]
+__all__ = ["PDSL_PRESET", "pdsl_report", "plot_cells", "table_i_lines", "verdict_lines"]
 
 SHORT = {"complete": "FC", "bipartite": "Bip", "ring": "Ring"}
 
@@ -68,7 +76,7 @@ def table_i_lines(cells: Mapping[Cell, Mapping[str, float]]) -> list[str]:
                 for m in CLIENTS:
                     ours = cells.get((eps, topology, m), {}).get(method, math.nan)
                     ref = TABLE_I.get((paper, method, topology, m), math.nan) if paper is not None else math.nan
-                    entries.append(f"{_pct(ours).rstrip('%'):>6} / {_pct(ref).rstrip('%'):>5}")
+                    entries.append(f"{pct(ours).rstrip('%'):>6} / {pct(ref).rstrip('%'):>5}")
             note = "  (not in the suite)" if method == "dp-net-fleet" else ""
             lines.append(f"    {PAPER_NAMES[method]:<13}{''.join(f'{e:>15}' for e in entries)}{note}")
     if not cells:
@@ -143,3 +151,12 @@ def pdsl_report(table: Any, ctx: ClaimContext, folder: Path, experiment: str) ->
                       f"{experiment}: accuracy per method, topology, epsilon and M (digits, Dirichlet mu 0.25)")
     lines.append(f"plot of accuracy per cell: {plot}" if plot else "plot of accuracy per cell: no run finished")
     return lines
+
+
+PDSL_PRESET = Preset("pdsl", "Wang et al. (PDSL): Table I's grid, epsilon x topology (complete/bipartite/ring) x M (10/20), PDSL vs "
+               "DP-CGA, Muffliato, DP-DPSGD at one certified epsilon; digits at Dirichlet mu 0.25 stands in for MNIST",
+       ("digits",), {}, pdsl_variants, GROUP_BY, pdsl_claims, settings=pdsl_settings,
+       per_method_for=pdsl_per_method, tune_at=TUNE_AT, tune_grid=TUNE_GRID, report=pdsl_report,
+       baselines="every method is private (per-example clipping, Poisson sampling, one accountant) at the "
+                 "cell's certified epsilon over the whole run; the paper's epsilon is per round (reference only)",
+       eval_set="global")
