@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import lru_cache
 from types import ModuleType
 from typing import Any
@@ -13,9 +12,16 @@ import pluggy
 
 from p4bench import hookspecs, topology
 from p4bench.errors import DuplicateNameError, P4BenchError, PluginError, UnknownNameError
+from p4bench.plugin_loading import ENTRY_POINT_GROUP, add_plugin_commands, load_entry_points, one_line
+from p4bench.plugin_types import Entry, PluginManager, PluginProblem, PluginSource, own_version, source_of
+
+__all__ = [  # Entry ... source_of and the loading functions are re-exported: they were defined here
+    "BUILTIN_MODULES", "DISABLE_AUTOLOAD_ENV", "ENTRY_POINT_GROUP", "KINDS", "Entry", "PluginManager", "PluginProblem",
+    "PluginSource", "Registry", "add_plugin_commands", "create_plugin_manager", "default_built", "default_plugin_manager",
+    "default_registry", "load_entry_points", "registry_generation", "reset_default", "source_of",
+]
 
 DISABLE_AUTOLOAD_ENV = "P4BENCH_DISABLE_PLUGIN_AUTOLOAD"
-ENTRY_POINT_GROUP = "p4bench"
 
 # kind -> registration hook; the kind is what users see in `p4bench list` and errors.
 KINDS: dict[str, str] = {
@@ -48,66 +54,6 @@ BUILTIN_MODULES = (
     "p4bench.topology.builtin",
     "p4bench.cli.builtin",  # data, privacy, topology, audit, impact, sweep/tune/compare/reproduce commands
 )
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One registered plugin class and where it came from."""
-
-    name: str
-    kind: str
-    cls: type
-    distribution: str
-    version: str
-
-    @property
-    def description(self) -> str:
-        return str(getattr(self.cls, "description", "") or (self.cls.__doc__ or "").strip().split("\n")[0])
-
-    @property
-    def qualname(self) -> str:
-        return f"{self.cls.__module__}.{self.cls.__qualname__}"
-
-
-@dataclass(frozen=True)
-class PluginProblem:
-    """Why (part of) a third-party plugin is not used; `name` is the plugin name concerned, if any."""
-
-    distribution: str
-    version: str
-    kind: str  # a KINDS key, or "plugin" (loading) / "command" (register_commands)
-    name: str | None
-    message: str
-
-    def line(self) -> str:
-        """One line for users: `plugin <distribution> <version>: <message>`."""
-        return f"plugin {self.distribution} {self.version}: {self.message}"
-
-
-@dataclass(frozen=True)
-class PluginSource:
-    """Where a registered plugin object comes from. `strict` sources (p4bench itself and
-    plugins passed in code) raise on a bad registration; installed ones are reported."""
-
-    distribution: str
-    version: str
-    strict: bool
-
-
-class PluginManager(pluggy.PluginManager):
-    """A pluggy manager that remembers each plugin's distribution and the problems met
-    while loading installed plugins."""
-
-    def __init__(self) -> None:
-        super().__init__("p4bench")
-        self.sources: dict[str, PluginSource] = {}
-        self.problems: list[PluginProblem] = []
-
-
-def source_of(pm: pluggy.PluginManager, plugin_name: str) -> PluginSource:
-    """The source of a registered plugin; p4bench itself where the manager does not know."""
-    sources: dict[str, PluginSource] = getattr(pm, "sources", {})
-    return sources.get(plugin_name) or PluginSource("p4bench", _own_version(), strict=True)
 
 
 class Registry:
@@ -175,7 +121,7 @@ class Registry:
         except Exception as exc:
             if source.strict:
                 raise
-            self._report(source, kind, None, f"{hook_name} raised {_one_line(exc)}")
+            self._report(source, kind, None, f"{hook_name} raised {one_line(exc)}")
             return []
         if returned is None:
             return []  # pluggy's "no result"
@@ -301,78 +247,12 @@ def _kind_bases() -> dict[str, type]:
     }
 
 
-def _one_line(exc: BaseException) -> str:
-    """The exception's type and first line, and where in the plugin it was raised."""
-    import traceback
-
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    line = f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
-    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
-    if frames and "importlib" not in frames[-1].filename:
-        line += f" (at {frames[-1].filename}:{frames[-1].lineno})"
-    return line
-
-
 def _describe(value: Any) -> str:
     if value is None:
         return "None"
     if isinstance(value, type):
         return f"the class {value.__module__}.{value.__qualname__}"
     return f"{type(value).__name__} {value!r:.80}"
-
-
-@lru_cache(maxsize=1)
-def _own_version() -> str:
-    try:
-        return importlib.metadata.version("p4bench")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
-def load_entry_points(pm: PluginManager, group: str = ENTRY_POINT_GROUP) -> None:
-    """Register every installed plugin of `group`, one entry point at a time: one that
-    fails to import or register becomes a problem of `pm` and the others still load."""
-    for ep in importlib.metadata.entry_points(group=group):
-        dist = ep.dist
-        distribution = (dist.metadata["Name"] or ep.module) if dist is not None else ep.module
-        version = dist.version if dist is not None else ""
-        if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
-            pm.problems.append(PluginProblem(distribution, version, "plugin", None,
-                                             f"entry point '{ep.name}' is skipped: a plugin of that name is registered"))
-            continue
-        try:
-            plugin = ep.load()
-            if pm.is_registered(plugin):
-                continue  # a second entry point to the same module
-            name = pm.register(plugin, name=ep.name)
-        except Exception as exc:  # a broken plugin must not take the others down
-            if distribution == "p4bench":
-                raise
-            pm.problems.append(PluginProblem(distribution, version, "plugin", None,
-                                             f"cannot be loaded (entry point '{ep.name} = {ep.value}'): {_one_line(exc)}"))
-            continue
-        if name is not None:
-            pm.sources[name] = PluginSource(distribution, version, strict=distribution == "p4bench")
-
-
-def add_plugin_commands(pm: pluggy.PluginManager, app: Any) -> None:
-    """Call every `register_commands` implementation; an installed plugin's failure
-    becomes a problem of `pm` instead of breaking every command."""
-    for impl in pm.hook.register_commands.get_hookimpls():
-        if impl.hookwrapper or impl.wrapper:
-            continue
-        source = source_of(pm, impl.plugin_name)
-        try:
-            impl.function(**{arg: app for arg in impl.argnames})
-        except Exception as exc:
-            problems = getattr(pm, "problems", None)
-            if source.strict or not isinstance(problems, list):
-                raise
-            problem = PluginProblem(source.distribution, source.version, "command", None,
-                                    f"register_commands raised {_one_line(exc)}")
-            if problem not in problems:  # the app may be built more than once per manager
-                problems.append(problem)
 
 
 def create_plugin_manager(extra_plugins: tuple[Any, ...] = (), autoload: bool | None = None) -> PluginManager:
@@ -383,7 +263,7 @@ def create_plugin_manager(extra_plugins: tuple[Any, ...] = (), autoload: bool | 
     """
     pm = PluginManager()
     pm.add_hookspecs(hookspecs)
-    own = PluginSource("p4bench", _own_version(), strict=True)
+    own = PluginSource("p4bench", own_version(), strict=True)
     for module_name in BUILTIN_MODULES:
         module: ModuleType = __import__(module_name, fromlist=["_"])
         pm.sources[pm.register(module, name=module_name) or module_name] = own

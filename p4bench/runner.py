@@ -34,13 +34,12 @@ from p4bench.features import normalize_federated, normalize_samples, scatter_dat
 from p4bench.options import validate_run_options
 from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.privacy.certification import certify
-from p4bench.privacy.groups import attach_mechanisms
-from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
-from p4bench.privacy.mechanism import DPSettings
+from p4bench.privacy.ledger import PrivacyLedger
 from p4bench.privacy.plan_check import plan_reasons
 from p4bench.privacy.verification import verify_method
 from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
 from p4bench.rng import SEED_MALICIOUS, SEED_PARTITION, harness_rng
+from p4bench.run_privacy import setup_privacy
 from p4bench.run_session import RunSession, mark_interrupted
 from p4bench.run_summary import (  # noqa: F401 - re-exported: they were defined here
     DetectionScore,
@@ -221,7 +220,7 @@ def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform
         )
         if job.defense is not None and job.defense.needs_oracle:
             job.defense.reveal_malicious(malicious_mask)  # the ideal defense: a harness oracle
-        ledger = _setup_privacy(config, registry, method, job, records) if config.private else None
+        ledger = setup_privacy(config, registry, method, job, records) if config.private else None
     info = RunInfo(
         run_id=uuid.uuid4().hex[:12],
         config=config,
@@ -250,47 +249,6 @@ STATE_COPIES = 8
 def state_bytes(num_parameters: int, clients: int) -> int:
     """Bytes of device memory the clients' state needs (for `plan_memory`)."""
     return int(num_parameters) * int(clients) * 4 * STATE_COPIES
-
-
-def _setup_privacy(config: RunConfig, registry: Registry, method: Method, job: Job, records: int) -> PrivacyLedger:
-    """Calibrate sigma (unless given), build the ledger and plug the mechanism into the job;
-    `records`: the data set's training records, N of the default delta."""
-    from p4bench.privacy.accountants import ReleaseSegment
-    from p4bench.privacy.calibration import calibrate_noise, default_delta
-
-    accountant = registry.get("accountant", config.accountant)()
-    reference = registry.get("accountant", "rdp")()
-    pld = registry.get("accountant", "pld")()  # reported next to rdp: tight for both relations
-    neighbouring = config.neighbouring or method.default_neighbouring
-    delta = config.delta if config.delta is not None else default_delta(records)
-    plan = method.privacy_plan()
-    # In P2P (and for an honest-but-curious server) the receiver sees individual
-    # updates, so the noble bound's honest default is the aggregator view.
-    view = str(config.options.get("noble_view", "aggregator"))
-    context = {
-        "local_steps": {p.phase: p.local_steps for p in plan},
-        "client_rate": {p.phase: p.client_rate for p in plan},
-        "clients": config.clients,
-        "view": view,
-    }
-
-    def planned_epsilon(sigma: float, of: Any = accountant) -> float:
-        history = [
-            ReleaseSegment(sigma, p.sample_rate, p.steps, p.local_steps, p.rounds, p.client_rate, config.clients, view)
-            for p in plan
-            if p.steps > 0
-        ]
-        return accounted_epsilon(of, history, delta, neighbouring)
-
-    sigma = config.noise_multiplier
-    if sigma is None:
-        assert config.epsilon is not None  # a private run without a noise multiplier has a target epsilon
-        sigma = calibrate_noise(planned_epsilon, config.epsilon, tolerance=min(0.01, 0.01 * config.epsilon))
-    settings = DPSettings(clip=config.clip, noise_multiplier=float(sigma), neighbouring=neighbouring)
-    ledger = PrivacyLedger(settings, accountant, reference, config.clients, delta, config.epsilon, context, pld=pld)
-    attach_mechanisms(job, settings)
-    job.release_allowed = ledger.allowed
-    return ledger
 
 
 def run(

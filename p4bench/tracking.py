@@ -17,7 +17,6 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlparse
 
@@ -28,12 +27,12 @@ from p4bench.config import RunConfig
 from p4bench.hookspecs import hookimpl
 from p4bench.participation import participation_curve, write_participation_curve
 from p4bench.records import display_round
+from p4bench.run_artifacts import final_metrics, final_tags, plot_accuracy, write_partition_summary
 from p4bench.tracking_ops import EXPERIMENT_KIND_TAG, dataset_spec  # noqa: F401 - EXPERIMENT_KIND_TAG re-exported
 
 log = logging.getLogger(__name__)
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
-GLOBAL_FIGURES = ("accuracy_global_mean", "accuracy_global_min", "accuracy_global_max")
 
 
 def default_tracking_uri(results_dir: str) -> str:
@@ -71,7 +70,6 @@ def run_name(config: RunConfig, defense: str | None) -> str:
     return f"{config.method}-{config.attack or 'none'}-{defense or 'none'}-{config.dataset}-{config.seed}"
 
 
-
 def dataset_input(config: RunConfig, run: Any) -> dict[str, str]:
     """The run's data as an MLflow dataset input (the runs table's Dataset column), in plain
     values: the dataset, how it was partitioned, and its size; the digest names the partition
@@ -88,7 +86,7 @@ def dataset_input(config: RunConfig, run: Any) -> dict[str, str]:
     return dataset_spec(config.dataset, hashlib.sha256(key.encode()).hexdigest()[:8], source, profile)
 
 
-def _flat_params(
+def flat_params(
     config: RunConfig, plugin_options: Mapping[str, Mapping[str, Any]] | None = None, defense: str | None = None,
 ) -> dict[str, str]:
     """The config as MLflow params: fields, `options.<key>` as given, and `option.<key>`
@@ -180,7 +178,7 @@ class Tracker:
             tags["threat.public_data"] = str(run.public_data)
         if self.local_dir is not None:
             tags["results_dir"] = str(self.local_dir.resolve())  # `p4bench run --resume <MLflow run id>` finds it
-        params = _flat_params(config, getattr(run, "plugin_options", None), run.defense)
+        params = flat_params(config, getattr(run, "plugin_options", None), run.defense)
         self._run_reply = self.backend.ask("create run", "start_run", config.experiment, tags,
                                            run_name(config, run.defense), params, dataset_input(config, run))
 
@@ -308,103 +306,3 @@ class Tracker:
             for client, acc in enumerate(outcome.accuracy):
                 role = "evaluation" if run.evaluation[client] else "reported"
                 writer.writerow([client, role, bool(run.malicious[client]), float(acc)])
-
-
-def final_metrics(result: Any) -> dict[str, float]:
-    """The run's final MLflow metrics: accuracy, time, bytes, rounds, method figures, epsilon."""
-    summary = result.summary
-    final = {"final_accuracy_mean": float(summary["accuracy_mean"]), "wall_time_s": float(result.wall_time_s),
-             # `--eval global|both`: the global test set's figures too (compare --metric final_accuracy_global_mean)
-             **{f"final_{k}": float(summary[k]) for k in GLOBAL_FIGURES if k in summary},
-             "bytes_sent_total": float(summary.get("bytes_sent", 0)),
-             "rounds_completed": float(summary.get("rounds_completed", len(result.outcome.reports)))}
-    final.update(method_figures(summary))
-    if summary.get("epsilon") is not None:
-        final.update({k: float(summary[k]) for k in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_rdp_mean",
-                                                      "epsilon_pld") if k in summary})
-    return final
-
-
-def final_tags(summary: Mapping[str, Any]) -> dict[str, str]:
-    """Tags known at the end: the time budget's stop, the certificate after the checks that
-    run after training, and the resolved privacy setting (the config may have left it to
-    the method or the calibration)."""
-    tags = {"stopped_by_time_budget": str(bool(summary.get("stopped_by_time_budget"))).lower()}
-    if summary.get("epsilon_certified") is not None:
-        tags["dp.certified"] = str(bool(summary["epsilon_certified"])).lower()
-        if summary.get("uncertified_reason"):
-            tags["dp.uncertified_reason"] = str(summary["uncertified_reason"])
-    if summary.get("epsilon") is not None:
-        tags.update({f"dp.{key}": str(summary[key]) for key in ("neighbouring", "noise_multiplier", "delta", "accountant", "clip")})
-        if summary.get("epsilon_scope"):  # stopped by the time budget: the rounds the epsilon covers
-            tags["dp.epsilon_scope"] = str(summary["epsilon_scope"])
-    return tags
-
-
-def write_partition_summary(run, folder: Path, table: bool = True, heatmap: bool = True) -> None:
-    """partition.csv (per client: role, sizes, class counts) and a client-by-class heatmap
-    (partition.png); `table` and `heatmap` choose which."""
-    data = run.data
-    classes = data.num_classes
-    counts = np.zeros((data.num_clients, classes), dtype=np.int64)
-    for split in (data.train, data.test):
-        labels, sizes = split.y.cpu().numpy(), split.n.cpu().numpy()  # one copy from the run's device
-        for client in range(data.num_clients):
-            counts[client] += np.bincount(labels[client, : sizes[client]], minlength=classes)
-    if table:
-        with open(folder / "partition.csv", "w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["client", "role", "malicious", "n_train", "n_test", *[f"class_{c}" for c in data.class_names]])
-            for client in range(data.num_clients):
-                role = "evaluation" if run.evaluation[client] else "reported"
-                writer.writerow([client, role, bool(run.malicious[client]), int(data.train.n[client]),
-                                 int(data.test.n[client]), *counts[client].tolist()])
-    if heatmap:
-        from p4bench.data.summary import plot_partition_heatmap
-
-        plot_partition_heatmap(counts, data.class_names, folder / "partition.png",
-                               title=f"{run.config.dataset} / {run.config.partitioner}: samples per client and class")
-
-
-# Run-level figures of the methods (PDSL's rho and Theorem 1 epsilon, P4L's completion rate,
-# a client gate's decisions, ...): logged as final MLflow metrics when numeric.
-METHOD_FIGURE_PREFIXES = ("p4l.", "pdsl.", "cga.", "gate.", "rho", "degree_", "epsilon_theorem1", "min_group")
-
-
-def method_figures(summary: Mapping[str, Any]) -> dict[str, float]:
-    """The numeric summary values named by `METHOD_FIGURE_PREFIXES`."""
-    return {k: float(v) for k, v in summary.items()
-            if k.startswith(METHOD_FIGURE_PREFIXES) and isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def plot_accuracy(metrics_csv: Path, out: Path, title: str) -> None:
-    """Accuracy of the reported clients per round, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-    import pandas as pd
-
-    frame = pd.read_csv(metrics_csv)
-    fig, axis = plt.subplots(figsize=(6, 3.5), dpi=100)
-    # the last phase's rounds are 1..T (as every method's); earlier ones (P4's grouping) count down
-    # to 0, as MLflow shows them (`display_round`; the phases as the rows hold them, all completed)
-    phases = [SimpleNamespace(name=name, rounds=count) for name, count in frame["phase"].value_counts(sort=False).items()]
-    shown = [display_round(phases, phase, int(r)) for phase, r in zip(frame["phase"], frame["round"])]
-    main = frame["phase"] == frame["phase"].iloc[-1] if len(frame) else frame["phase"] == ""
-    earlier = int((~main).sum())
-    axis.plot(shown, frame["accuracy_mean"], marker="o", markersize=3)
-    if earlier:
-        axis.axvline(0.5, color="grey", linewidth=0.8, linestyle=":")
-        axis.annotate(", ".join(dict.fromkeys(frame["phase"][~main])), (0.5, 0.02), fontsize=7, ha="right",
-                      xycoords=("data", "axes fraction"))
-    axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    axis.set_xlabel("round")
-    axis.set_ylabel("mean test accuracy (reported clients)")
-    axis.set_ylim(0, 1)
-    axis.grid(alpha=0.3)
-    axis.set_title(title)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)

@@ -105,7 +105,7 @@ def record_failure(config: RunConfig, tracker: Any, tags: Mapping[str, str], err
         return None
     try:
         from p4bench.results import ensure_experiment, store_client
-        from p4bench.tracking import _flat_params, run_name
+        from p4bench.tracking import flat_params, run_name
 
         client = store_client(tracker.uri)
         run_id = tracker.mlflow_run_id
@@ -117,7 +117,7 @@ def record_failure(config: RunConfig, tracker: Any, tags: Mapping[str, str], err
             run_id = client.create_run(experiment_id, tags={**tags, **base}, run_name=run_name(config, defense)).info.run_id
             from mlflow.entities import Param
 
-            client.log_batch(run_id, params=[Param(k, v) for k, v in _flat_params(config, defense=defense or "none").items()])
+            client.log_batch(run_id, params=[Param(k, v) for k, v in flat_params(config, defense=defense or "none").items()])
         client.set_tag(run_id, "error", (error or "")[:5000])
         client.set_terminated(run_id, "FAILED")
         return run_id

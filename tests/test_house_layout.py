@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPER_WORDS = ("karras", "p4l", "pdsl", "proxyfl", "muffliato")
 LIMIT = 400
 OVER_LIMIT = {  # module: its lines when this list was written; split them, never grow them
-    "p4bench/tracking.py": 410, "p4bench/topology/graphs.py": 425, "p4bench/runner.py": 428,
-    "p4bench/plugin_manager.py": 445, "p4bench/privacy/analysis.py": 465, "p4bench/engine/driver.py": 492,
+    "p4bench/topology/graphs.py": 425,
+    "p4bench/privacy/analysis.py": 465, "p4bench/engine/driver.py": 492,
     "plugins/device/launcher.py": 518, "plugins/device/transport.py": 625, "plugins/p4/method.py": 630,
 }
 

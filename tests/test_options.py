@@ -182,10 +182,10 @@ def test_list_name_describes_one_plugin(capsys):
 
 def test_resolved_options_become_mlflow_params(small_config):
     from p4bench.runner import prepare
-    from p4bench.tracking import _flat_params
+    from p4bench.tracking import flat_params
 
     prepared = prepare(small_config(method="p4", options={"group_size": "2"}), default_registry())
     assert prepared.info.plugin_options["method"]["group_size"] == 2
-    params = _flat_params(prepared.config, prepared.info.plugin_options)
+    params = flat_params(prepared.config, prepared.info.plugin_options)
     assert params["options.group_size"] == '"2"'  # as given
     assert params["option.group_size"] == "2" and params["option.beta"] == "0.5" and params["option.krum_m"] == "none"
