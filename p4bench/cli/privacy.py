@@ -62,11 +62,11 @@ def _segment(
     view: str,
 ) -> ReleaseSegment:
     from p4bench.privacy.accountants import ReleaseSegment
-    from p4bench.privacy.analysis import _count
+    from p4bench.privacy.analysis import check_count
 
     # checked here so that errors name the flags rather than the derived step count
-    _count("--local-steps", local_steps, minimum=1)
-    _count("--rounds", rounds)
+    check_count("--local-steps", local_steps, minimum=1)
+    check_count("--rounds", rounds)
     return ReleaseSegment(
         noise_multiplier=noise_multiplier,
         sample_rate=data_rate,

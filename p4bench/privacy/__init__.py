@@ -1,6 +1,7 @@
 """Differential-privacy accounting: pure analyses, accountant plugins, calibration.
 
-- :mod:`p4bench.privacy.analysis`: stateless epsilon functions (RDP, PRV, Noble et al.);
+- :mod:`p4bench.privacy.analysis`: stateless epsilon functions (RDP, PRV), and
+  :mod:`p4bench.privacy.noble` (Noble et al.'s bound);
 - :mod:`p4bench.privacy.accountants`: the ``accountant`` plugins over a client's
   history of :class:`ReleaseSegment`, and :func:`accounted_epsilon` for a run's
   neighbouring relation;
@@ -29,9 +30,6 @@ if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`): the command line st
         DEFAULT_ORDERS,
         VIEWS,
         PrivacyAccountingError,
-        noble_epsilon,
-        noble_epsilon_floor,
-        noble_privacy_spent,
         prv_epsilon,
         prv_epsilon_history,
         rdp_epsilon,
@@ -40,6 +38,7 @@ if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`): the command line st
     )
     from p4bench.privacy.calibration import calibrate_accountant, calibrate_noise
     from p4bench.privacy.catalog import BUILTIN_ACCOUNTANTS
+    from p4bench.privacy.noble import noble_epsilon, noble_epsilon_floor, noble_privacy_spent
     from p4bench.privacy.pld import PLDAccountant, pld_epsilon
 
 __all__ = [
@@ -76,10 +75,11 @@ __getattr__ = lazy_exports(globals(), {
         "compact_history",
     ),
     "p4bench.privacy.analysis": (
-        "DEFAULT_ORDERS", "VIEWS", "PrivacyAccountingError", "noble_epsilon", "noble_epsilon_floor", "noble_privacy_spent",
-        "prv_epsilon", "prv_epsilon_history", "rdp_epsilon", "rdp_epsilon_history", "rdp_privacy_spent",
+        "DEFAULT_ORDERS", "VIEWS", "PrivacyAccountingError", "prv_epsilon", "prv_epsilon_history", "rdp_epsilon",
+        "rdp_epsilon_history", "rdp_privacy_spent",
     ),
     "p4bench.privacy.calibration": ("calibrate_accountant", "calibrate_noise"),
+    "p4bench.privacy.noble": ("noble_epsilon", "noble_epsilon_floor", "noble_privacy_spent"),
     "p4bench.privacy.catalog": ("BUILTIN_ACCOUNTANTS",),
     "p4bench.privacy.pld": ("PLDAccountant", "pld_epsilon"),
 })

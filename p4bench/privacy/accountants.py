@@ -35,8 +35,8 @@ import numpy as np
 
 from p4bench.errors import ConfigError
 from p4bench.options import Option
-from p4bench.privacy import analysis
-from p4bench.privacy.analysis import VIEWS, _count, _delta, _positive, _rate
+from p4bench.privacy import analysis, noble
+from p4bench.privacy.analysis import VIEWS, check_count, check_delta, check_positive, check_rate
 
 __all__ = [
     "ReleaseSegment",
@@ -80,14 +80,14 @@ class ReleaseSegment:
     view: str = "third-party"
 
     def __post_init__(self) -> None:
-        _positive("noise_multiplier", self.noise_multiplier)
-        _rate("sample_rate", self.sample_rate)
-        _count("steps", self.steps)
-        _count("local_steps", self.local_steps, minimum=1)
+        check_positive("noise_multiplier", self.noise_multiplier)
+        check_rate("sample_rate", self.sample_rate)
+        check_count("steps", self.steps)
+        check_count("local_steps", self.local_steps, minimum=1)
         if self.rounds is not None:
-            _count("rounds", self.rounds)
-        _rate("client_rate", self.client_rate)
-        _count("clients", self.clients, minimum=1)
+            check_count("rounds", self.rounds)
+        check_rate("client_rate", self.client_rate)
+        check_count("clients", self.clients, minimum=1)
         if self.view not in VIEWS:
             raise ConfigError("view", f"must be one of {', '.join(VIEWS)}, got {self.view!r}")
 
@@ -206,7 +206,7 @@ class NobleAccountant(Accountant):
     def _curve(self, history: Sequence[ReleaseSegment], max_order: int, infinite_noise: bool) -> np.ndarray:
         total = np.zeros(max_order + 1)
         for s in history:  # RDP composes order by order across segments
-            total = total + analysis.noble_rdp(
+            total = total + noble.noble_rdp(
                 noise_multiplier=math.inf if infinite_noise else s.noise_multiplier,
                 data_rate=s.sample_rate,
                 local_steps=s.local_steps,
@@ -219,11 +219,11 @@ class NobleAccountant(Accountant):
         return total
 
     def _spent(self, history: Sequence[ReleaseSegment], delta: float, infinite_noise: bool, **context: Any) -> float:
-        delta = _delta(delta)
+        delta = check_delta(delta)
         if not any(s.total_rounds and s.local_steps for s in history):
             return 0.0
         max_order = int(context.get("max_order", analysis.NOBLE_MAX_ORDER))
-        return analysis.mironov_conversion(self._curve(history, max_order, infinite_noise), delta)[0]
+        return noble.mironov_conversion(self._curve(history, max_order, infinite_noise), delta)[0]
 
     def epsilon(self, history: Sequence[ReleaseSegment], delta: float, **context: Any) -> float:
         return self._spent(history, delta, False, **context)

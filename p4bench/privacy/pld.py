@@ -26,7 +26,7 @@ from typing import Any
 
 from p4bench.errors import ConfigError
 from p4bench.privacy.accountants import Accountant, ReleaseSegment, compact_history
-from p4bench.privacy.analysis import History, _delta, _history
+from p4bench.privacy.analysis import History, check_delta, checked_history
 
 __all__ = ["PLDAccountant", "pld_epsilon", "discretization"]
 
@@ -76,8 +76,8 @@ def pld_epsilon(history: History, delta: float, neighbouring: str = "add-remove"
     """
     if neighbouring not in ("add-remove", "replace-one"):
         raise ConfigError("neighbouring", f"must be add-remove or replace-one, got {neighbouring!r}")
-    delta = _delta(delta)
-    segments = tuple((float(s), float(q), int(n)) for s, q, n in _history(history))
+    delta = check_delta(delta)
+    segments = tuple((float(s), float(q), int(n)) for s, q, n in checked_history(history))
     if not segments:
         return 0.0
     return _pld_epsilon(segments, delta, neighbouring, interval or discretization(segments))
