@@ -13,7 +13,7 @@ import pytest
 
 from p4bench.cli import main
 from p4bench.config import RunConfig, resolve_config
-from p4bench.engine import driver
+from p4bench.engine import schedule
 from p4bench.errors import ConfigError
 from p4bench.runner import run
 
@@ -24,7 +24,7 @@ FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_
 def minute_clock(monkeypatch):
     """The budget's clock advances one minute every time it is read."""
     minutes = count()
-    monkeypatch.setattr(driver, "BUDGET_CLOCK", lambda: 60.0 * next(minutes))
+    monkeypatch.setattr(schedule, "BUDGET_CLOCK", lambda: 60.0 * next(minutes))
 
 
 def test_budget_is_validated_and_kept_out_of_old_hashes(tmp_path):

@@ -12,7 +12,7 @@ every runtime" holds by construction.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING
@@ -20,15 +20,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from p4bench.engine.attacking import attacker_knowledge, carries_updates, poison, tamper
 from p4bench.engine.chunking import memory_budget
 from p4bench.engine.evaluation import gate_received, test_metrics
 from p4bench.engine.memory import keep_freed_memory
 from p4bench.engine.messages import Messages, broadcast_receipts
-from p4bench.engine.method import Exchange, LocalUpdate, Method, Phase, Step, StepContext
+from p4bench.engine.method import Exchange, LocalUpdate, Phase, StepContext
 from p4bench.engine.network import Network
 from p4bench.engine.receive_gate import ReceiveGate, Rejections
-from p4bench.engine.state import State, cat_rows, put_rows, take_rows, vectorize
-from p4bench.engine.threats import UPDATE_PREFIX, Aggregator, Attack
+from p4bench.engine.schedule import Block, StopAfter, TimeBudget, never, schedule  # re-exported: defined here before
+from p4bench.engine.state import State, cat_rows, put_rows, take_rows
+from p4bench.engine.threats import Aggregator
 from p4bench.engine.training import accuracy, batched_loss_and_grad, reference_loss_and_grad, shared_accuracy
 from p4bench.models import Params
 from p4bench.records import GLOBAL_ACCURACY, Outcome, RoundReport
@@ -43,60 +45,6 @@ __all__ = ["Block", "ClientGroup", "RoundDriver", "StopAfter", "TimeBudget", "sc
 
 # Independent stream families derived from one run seed.
 STREAM_TRAINING, STREAM_ATTACK = 0, 2
-
-# Asked after every round with `step`, the rounds finished so far over all phases: stop now?
-StopAfter = Callable[[int], bool]
-BUDGET_CLOCK: Callable[[], float] = time.monotonic  # seconds; tests replace it with a fake clock
-
-
-class TimeBudget:
-    """A `StopAfter` that is true once `minutes` of wall-clock time have passed since it
-    was made (the run's `time_budget_min`). The driver asks it after each round, so a run
-    stops after the first round that ends past the budget; that round (`overran_at`, its
-    step) does not count: a run's results are those of the last round that finished within
-    the budget, as the papers count rounds in a time budget (`p4bench.run_summary.
-    within_budget`). The device launcher holds one for its peers (`plugins/device/launcher.py`)."""
-
-    def __init__(self, minutes: float, clock: Callable[[], float] | None = None) -> None:
-        self.minutes = minutes
-        self._clock = clock or BUDGET_CLOCK
-        self.started = self._clock()
-        self.overran_at: int | None = None  # the step of the first round that ended past the budget
-
-    def spent(self) -> bool:
-        return self._clock() - self.started >= 60.0 * self.minutes
-
-    def __call__(self, step: int) -> bool:
-        spent = self.spent()
-        if spent and self.overran_at is None:
-            self.overran_at = step
-        return spent
-
-
-def _never(step: int) -> bool:
-    return False
-
-
-@dataclass(frozen=True)
-class Block:
-    """A stretch of steps the driver runs and reports as one: a phase's setup
-    (`round` = -1) or one round."""
-
-    kind: str  # "setup" | "round"
-    phase: Phase
-    round: int
-    steps: Sequence[Step]
-
-
-def schedule(method: Method) -> Iterator[Block]:
-    """The method's blocks in execution order; every process of a run walks the same
-    sequence (the device launcher collects reports in this order)."""
-    for phase in method.phases():
-        if phase.setup:
-            yield Block("setup", phase, -1, phase.setup)
-        for round_index in range(phase.rounds):
-            yield Block("round", phase, round_index, method.round_steps(phase, round_index))
-
 
 @dataclass
 class ClientGroup:
@@ -176,7 +124,7 @@ class RoundDriver:
                       stop_after: StopAfter | None) -> Outcome:
         if stop_after is None:
             minutes = self.config.time_budget_min
-            stop_after = TimeBudget(minutes) if minutes is not None else _never
+            stop_after = TimeBudget(minutes) if minutes is not None else never
         if self.reports and self._finished_by_method(self.reports[-1]):
             self.position = self.blocks()  # the method's own stopping rule ended the run at the checkpoint
         for index, block in enumerate(schedule(self.method)):
@@ -252,7 +200,7 @@ class RoundDriver:
         if job.attack is not None:
             bad = self._malicious[rows].nonzero().squeeze(1)
             if len(bad):
-                train = replace(train, y=_poison(job.attack, train.y, bad, attack_rng))
+                train = replace(train, y=poison(job.attack, train.y, bad, attack_rng))
         # Each client's private draws (batches, sampled peers, DP noise): secret where the
         # run says so, else reproducible from the seed. The attack stream is the harness's.
         secret = secret_draws(config.noise_source, self.separate_parties)
@@ -315,7 +263,7 @@ class RoundDriver:
                 parts.append(method.server_outgoing(exchange, self.server_state, self._server_context(phase, round_index)))
             outgoing = Messages.concat(parts)
             broadcasts = len(outgoing) > 0 and bool(outgoing.is_broadcast().any())  # the exchange's one read for it
-            if broadcasts and (not self._broadcasts or _carries_updates(outgoing)):  # defenses see one update per receiver
+            if broadcasts and (not self._broadcasts or carries_updates(outgoing)):  # defenses see one update per receiver
                 outgoing, broadcasts = outgoing.expand_broadcasts(self.job.data.num_clients), False
         delivery = self.network.exchange(exchange, phase.name, round_index, outgoing)
         self._account(outgoing, delivery.sent_sizes, delivery.inbox, delivery.inbox_sizes, exchange, round_index, broadcasts)
@@ -400,40 +348,15 @@ class RoundDriver:
         return (messages.src >= 0) & self._malicious[messages.src.clamp_min(0)]
 
     def _knowledge(self, outgoing: list[Messages]) -> list[dict[str, Messages]]:
-        """Per group, what omniscient attackers know besides their own messages: `observed`,
-        the benign update messages of the exchange, and `colluding`, the honest messages
-        of the malicious clients held by other groups."""
-        benign = Messages.concat([m.select(~self._is_malicious(m)) for m in outgoing if _carries_updates(m)])
-        attackers = [m.select(self._is_malicious(m)) if _carries_updates(m) else Messages.empty() for m in outgoing]
-        return [
-            {"observed": benign, "colluding": Messages.concat([a for j, a in enumerate(attackers) if j != i])}
-            for i in range(len(outgoing))
-        ]
+        return attacker_knowledge(outgoing, self._is_malicious)
 
     def _tamper(
         self, exchange: str, group: ClientGroup, messages: Messages, reference: Params | None,
         observed: Messages | None = None, colluding: Messages | None = None,
     ) -> Messages:
-        bad = self._is_malicious(messages)
-        if not bool(bad.any()) or not _carries_updates(messages):
-            return messages  # attacks act on model updates only
-        attack = self.job.attack
-        assert attack is not None
-        index = bad.nonzero().squeeze(1)
-        position = torch.searchsorted(group.rows, messages.src[index])
-        rng = group.attack_rng.take(position)
-        base = vectorize(reference)[position] if reference is not None else None
-        known = {} if observed is None else {"observed": observed, "colluding": colluding if colluding is not None else Messages.empty()}
-        tampered = attack.tamper(exchange, messages.select(index), rng, base, **known)
-        group.attack_rng.put(position, rng)
-        if len(tampered) != len(index):  # the attack sends more (or fewer) messages than the honest clients would
-            if not bool(torch.isin(tampered.src, messages.src[index]).all()):
-                raise ValueError(f"attack '{attack.name}' sent as a client it does not control")
-            return Messages.concat([messages.select(~bad), tampered])
-        payload = {k: v.clone() for k, v in messages.payload.items()}
-        for key, value in tampered.payload.items():
-            payload[key][index] = value.to(payload[key].dtype)
-        return Messages(messages.src, messages.dst, payload)
+        assert self.job.attack is not None  # asked only in attacked runs
+        return tamper(self.job.attack, exchange, group.rows, group.attack_rng, messages, self._is_malicious(messages),
+                      reference, observed, colluding)
 
     # -- evaluation --------------------------------------------------------------------
     def evaluate(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -472,21 +395,3 @@ class RoundDriver:
         stacked = cat_rows([self.method.deployed_params(g.state) for g in self.groups])
         order = self._order()
         return {k: v[order] for k, v in stacked.items()}
-
-
-def _poison(attack: Attack, labels: torch.Tensor, bad: torch.Tensor, attack_rng: ClientRng) -> torch.Tensor:
-    """`labels` (C, n) with the malicious rows `bad` poisoned. Attacks with
-    `random_poisoning` draw from those clients' own attack streams, so a client's labels
-    do not depend on which clients share its group (the same in every runtime)."""
-    poisoned = labels.clone()
-    if attack.random_poisoning:
-        rng = attack_rng.take(bad)
-        poisoned[bad] = attack.poison_labels(labels[bad], rng=rng)  # type: ignore[call-arg]
-        attack_rng.put(bad, rng)
-    else:
-        poisoned[bad] = attack.poison_labels(labels[bad])
-    return poisoned
-
-
-def _carries_updates(messages: Messages) -> bool:
-    return len(messages) > 0 and any(k.startswith(UPDATE_PREFIX) for k in messages.table)  # keys: no gather
