@@ -39,24 +39,23 @@ same code runs batched, per client, over bytes or on devices.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-from functools import lru_cache
 
 import numpy as np
 import torch
 
-from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
-from p4bench.engine.messages import BROADCAST, MODEL_PREFIX, UPDATE_PREFIX, params_layout
+from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method, Phase
+from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, params_layout
 from p4bench.engine.method import PlannedRelease
-from p4bench.engine.state import flatten, strip_prefix, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient, gather_batch, logits_of, noble_local_lr, sample_batches
 from p4bench.errors import ConfigError
 from p4bench.models import LinearSoftmax
 from p4bench.options import Option, resolve_options
+from p4bench.plugins.p4.cotraining_exchange import CotrainingExchanges
 from p4bench.plugins.p4.fused import FusedCotraining, LinearCotraining
-from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, random_groups, symmetric
+from p4bench.plugins.p4.grouping import collaboration_matrix, symmetric
+from p4bench.plugins.p4.grouping_exchange import UNKNOWN, GroupingExchanges
 from p4bench.plugins.p4.losses import distillation_loss
 from p4bench.plugins.p4.span import NOISE_MODES, SpanCotraining, span_fits, span_is_cheaper
 from p4bench.privacy.mechanism import input_statistics
@@ -66,13 +65,11 @@ UPDATE, MODEL = UPDATE_PREFIX, MODEL_PREFIX
 GROUP_SIZE_DEFAULTS = {"cifar10": 8, "femnist": 8, "leaf-femnist": 8, "cifar100": 4}
 FUSED_MODES = ("auto", "span", "buckets", "off")
 TEACHERS = ("none", "last-proxy", "private")
-_PUBLIC_SEED = 13  # stream for the grouping's random pairs, shared by every client
 # The grouping's M x M working set beyond the state, per pair of clients: the shared matrix
 # (float32), its symmetric copy and the matching's (float32 each), masks; allocator slack included
 GROUPING_BYTES_PER_PAIR = 24
 ARTIFACT_MATRIX_CLIENTS = 1000  # above: groups.json without the M x M matrix, and no dissimilarity.png
 # measured 53 B at 1,000-3,000 clients, 154 B at 10,000 (bench/scale.py); the plan takes 128
-UNKNOWN = -1.0  # a distance not (yet) measured, in the state and on the wire (every value sent is finite)
 
 
 def __getattr__(name: str):
@@ -86,31 +83,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _same_as_first(inbox: Messages, key: str, first: torch.Tensor) -> bool:
-    """Whether every message's `key` row equals that of its sender's first message
-    (`first`: inbox position per sender). Messages that carry the very table row of that
-    first message (the simulator's: a sender's share is stored once) are equal without a
-    look; the others are compared in chunks, so no (messages x M) copy is made."""
-    table, rows = inbox.table[key], inbox.table_rows()
-    reference = rows[first[inbox.src]]
-    differ = (reference != rows).nonzero().squeeze(1)
-    chunk = max(1, (1 << 24) // max(table.shape[1], 1))
-    for start in range(0, len(differ), chunk):
-        part = differ[start : start + chunk]
-        if not torch.equal(table[rows[part]], table[reference[part]]):
-            return False
-    return True
-
-
-def _group_labels(groups: list[list[int]], count: int) -> np.ndarray:
-    """(count,) each client's group index, -1 for a client in no group."""
-    label = np.full(count, -1, dtype=np.int64)
-    for index, group in enumerate(groups):
-        label[np.asarray(group, dtype=np.int64)] = index
-    return label
-
-
-class P4(Method):
+class P4(GroupingExchanges, CotrainingExchanges, Method):
     """P4 with its options (``-o key=value``): group_size V, samples H, teacher
     (none | last-proxy | private) and alpha (its weight), beta, grouping (similarity |
     random), proxy (true | false: one shared DP model)."""
@@ -301,243 +274,12 @@ class P4(Method):
         teacher = logits_of(ctx.model, teacher_params, x) if teacher_params is not None else None
         return batch_gradient(ctx, proxy, x, y, mask, train, loss_fn, teacher, input_stats=stats)
 
-    # -- phase 1 messages ---------------------------------------------------------------
+    # -- messages: phase 1 in GroupingExchanges, phase 2 in CotrainingExchanges ----------------
     def outgoing(self, exchange, state, ctx):
         return getattr(self, f"_send_{exchange}")(state, ctx)
 
     def receive(self, exchange, state, inbox, ctx):
         return getattr(self, f"_receive_{exchange}")(state, inbox, ctx)
-
-    def _send_probe(self, state, ctx):
-        """Send the phase-1 proxy to H peers sampled from the client's own stream."""
-        count = len(ctx.rows)
-        others = torch.full((count,), self.num_clients - 1)
-        picks, _ = ctx.rng.subsets(others, torch.full((count,), self.samples), self.samples)
-        peers = picks + (picks >= ctx.rows.unsqueeze(1)).long()  # skip oneself
-        src = ctx.rows.repeat_interleave(self.samples)
-        shared = torch.arange(count).repeat_interleave(self.samples)  # one stored copy per sender
-        return Messages(src, peers.reshape(-1), flatten(state["proxy"], UPDATE), shared)
-
-    def _receive_probe(self, state, inbox, ctx):
-        """Measure L1 dissimilarity between one's own proxy and each received one."""
-        if not len(inbox):  # every sampled peer failed (device runtime)
-            return state
-        position = torch.searchsorted(ctx.rows, inbox.dst)
-        own = vectorize(state["proxy"])
-        theirs = vectorize(strip_prefix(inbox.table, UPDATE))
-        rows = inbox.table_rows()
-        distance = torch.empty(len(inbox))
-        chunk = max(1, (1 << 24) // max(own.shape[1], 1))  # bound each temporary to ~64 MB
-        for start in range(0, len(inbox), chunk):
-            part = slice(start, start + chunk)
-            distance[part] = (own[position[part]] - theirs[rows[part]]).abs().sum(dim=1)
-        known = state["known"].clone()
-        known[position, inbox.src] = distance
-        return {**state, "known": known}
-
-    def _send_share(self, state, ctx):
-        """Every client shares what it measured with every other client: one broadcast
-        (one message per receiver on a real network, one stored message in the simulator)."""
-        # the state's own tensor: it is never changed in place (the probe writes a copy)
-        return Messages(ctx.rows, torch.full_like(ctx.rows, BROADCAST), {"known": state["known"]})
-
-    def _receive_share(self, state, inbox, ctx):
-        rows = ctx.rows.tolist()
-        # grouping runs on the host: each row's group, written back to the state in one copy
-        assigned = np.zeros((len(rows), self.num_clients), dtype=bool)
-        found = np.zeros(len(rows), dtype=bool)
-        seen, label = None, np.zeros(0, dtype=np.int64)
-        for position, matrix in self._assembled_views(state, inbox, ctx):
-            if matrix is not seen:  # usually one matrix for every row: group (and copy to the host) once
-                seen, label = matrix, _group_labels(self._groups(matrix), self.num_clients)
-            own = label[rows[position]]
-            if own >= 0:  # O(M) per row: no search through the groups
-                assigned[position] = label == own
-                found[position] = True
-        members, device = state["members"], state["members"].device
-        members = torch.where(torch.from_numpy(found).to(device).unsqueeze(1), torch.from_numpy(assigned).to(device), members)
-        return {**state, "members": members}
-
-    def _assembled_views(self, state, inbox, ctx):
-        """Yield (row position, dissimilarity matrix) as each client assembles it from
-        its own measurements and what it received. When every client received the same
-        shares from everyone (the usual case), they all see one matrix: build it once."""
-        rows = ctx.rows
-        matrix = self._common_view(state, inbox, rows)
-        if matrix is not None:
-            for position in range(len(rows)):
-                yield position, matrix
-            return
-        if bool(inbox.is_broadcast().any()):  # some clients did not broadcast (or more than once): per receiver
-            inbox = inbox.expand_broadcasts(self.num_clients)
-            inbox = inbox.select(torch.isin(inbox.dst, rows)).sorted()
-        for position, client in enumerate(rows.tolist()):
-            mine = inbox.select(inbox.dst == client)
-            matrix = torch.full((self.num_clients, self.num_clients), UNKNOWN)
-            if len(mine):  # shares of peers that failed stay unknown
-                matrix[mine.src] = mine.value("known")
-            matrix[client] = state["known"][position]
-            yield position, matrix
-
-    def _common_view(self, state, inbox, rows) -> torch.Tensor | None:
-        """The one matrix every held row sees when each received every other client's share
-        once and all shares agree; else None. A held client's row is its own measurements."""
-        wide = inbox.is_broadcast()
-        if bool(wide.all()) and len(inbox) == self.num_clients and \
-                torch.equal(torch.sort(inbox.src).values, torch.arange(self.num_clients, device=inbox.src.device)):
-            if len(rows) == self.num_clients:  # the simulator: every row is held, the state is the matrix
-                return state["known"]
-            matrix = inbox.value("known")[torch.argsort(inbox.src)]
-        else:
-            if len(rows) < 2 or bool(wide.any()):
-                return None
-            received = torch.bincount(torch.searchsorted(rows, inbox.dst), minlength=len(rows)) if len(inbox) else torch.zeros(len(rows))
-            if not bool((received == self.num_clients - 1).all()):
-                return None
-            positions = torch.arange(len(inbox))
-            first = torch.full((self.num_clients,), len(inbox), dtype=torch.long).scatter_reduce(0, inbox.src, positions, reduce="amin")
-            if not (bool((first < len(inbox)).all()) and _same_as_first(inbox, "known", first)):
-                return None
-            matrix = inbox.table["known"][inbox.table_rows()[first]]  # O(M^2): the senders' rows, never one per message
-        matrix[rows] = state["known"]
-        return matrix
-
-    def _groups(self, matrix: torch.Tensor) -> list[list[int]]:
-        host = matrix.cpu().numpy()  # grouping is host-side numpy (one read of an M x M matrix)
-        return _cached_groups(
-            hashlib.sha256(np.ascontiguousarray(host).data).hexdigest(), host, self.group_size,
-            self.config.seed, self.grouping,
-        )
-
-    # -- phase 2 messages ---------------------------------------------------------------
-    def _aggregators(self, state, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-        """(aggregator id (C,), sorted member ids (C, V) padded with -1) for each row.
-        The round-robin turn skips members this row saw fail as aggregator (device
-        runtime): the next member takes over. Without failures: plain round-robin."""
-        sorted_ids = self._sorted_members(state["members"])
-        live_ids = sorted_ids
-        if bool(state["failed"].any()):
-            live_ids = self._sorted_members(state["members"] & ~state["failed"])
-        turn = ctx.round % (live_ids >= 0).sum(dim=1).clamp_min(1)
-        return live_ids.gather(1, turn.unsqueeze(1)).squeeze(1), sorted_ids
-
-    @staticmethod
-    def _sorted_members(members: torch.Tensor) -> torch.Tensor:
-        """(C, largest group) each row's member ids in increasing order, padded with -1
-        (O(C V) memory: never a (C, M) index table)."""
-        rows, ids = members.nonzero(as_tuple=True)  # row-major: each row's ids ascending
-        size = torch.bincount(rows, minlength=len(members))
-        width = max(int(size.max()) if len(rows) else 0, 1)
-        slot = torch.arange(len(rows), device=members.device) - (torch.cumsum(size, 0) - size)[rows]
-        table = torch.full((len(members), width), -1, dtype=torch.long, device=members.device)
-        table[rows, slot] = ids
-        return table
-
-    def _send_announce(self, state, ctx):
-        """The round's aggregator samples floor(l * G) members and tells every member."""
-        aggregator, sorted_ids = self._aggregators(state, ctx)
-        leads = (aggregator == ctx.rows).nonzero().squeeze(1)
-        if len(leads) == 0:
-            return Messages.empty()
-        size = state["members"][leads].sum(dim=1)
-        chosen = torch.clamp(torch.floor(self.config.client_rate * size.double()).long(), min=1)
-        rng = ctx.rng.take(leads)
-        picks, mask = rng.subsets(size, chosen, int(size.max()))
-        ctx.rng.put(leads, rng)
-        selected = torch.zeros(len(leads), int(size.max()), dtype=torch.bool)
-        selected.scatter_(1, picks, mask)
-        dst = sorted_ids[leads, : int(size.max())]
-        real = dst >= 0
-        src = ctx.rows[leads].unsqueeze(1).expand_as(dst)
-        payload = {"selected": selected[real]}
-        if ctx.round == 0:  # the group's starting proxy: the aggregator's (a DP release)
-            lead_of_message = torch.arange(len(leads)).unsqueeze(1).expand_as(dst)[real]
-            payload.update(flatten({k: v[leads][lead_of_message] for k, v in state["group_proxy"].items()}, MODEL))
-        return Messages(src[real], dst[real], payload)
-
-    def _receive_announce(self, state, inbox, ctx):
-        position = torch.searchsorted(ctx.rows, inbox.dst)
-        selected = torch.zeros(len(ctx.rows), dtype=torch.bool)
-        lead = torch.full((len(ctx.rows),), -1, dtype=torch.long)
-        if len(inbox):  # after a fault two aggregators may announce: follow the lowest id
-            first = torch.cat([torch.ones(1, dtype=torch.bool), position[1:] != position[:-1]])
-            selected[position[first]] = inbox.payload["selected"][first].bool()
-            lead[position[first]] = inbox.src[first]
-            if any(k.startswith(MODEL) for k in inbox.payload):
-                state = self._start_from(state, position[first], strip_prefix(inbox.select(first).payload, MODEL))
-        trained = torch.zeros(len(ctx.rows), dtype=torch.bool)
-        failed, missing = state["failed"], (lead < 0).nonzero().squeeze(1)
-        if len(missing) or bool(failed.any()):
-            # Device runtime: a row that heard no announce saw this round's aggregator
-            # fail and skips its turns from now on, until it announces again (rejoin).
-            expected, _ = self._aggregators(state, ctx)
-            failed = failed.clone()
-            failed[position, inbox.src] = False
-            missing = missing[expected[missing] >= 0]
-            failed[missing, expected[missing]] = True
-        return {**state, "selected": selected, "trained": trained, "lead": lead, "failed": failed}
-
-    @staticmethod
-    def _start_from(state, position, model):
-        """Rows `position` set proxy and group proxy to the received group model."""
-        proxy = {k: v.clone() for k, v in state["proxy"].items()}
-        for k in proxy:
-            proxy[k][position] = model[k].to(proxy[k].dtype)
-        return {**state, "proxy": proxy, "group_proxy": {k: v.clone() for k, v in proxy.items()}}
-
-    def _send_upload(self, state, ctx):
-        """Participants send their proxy delta to the round's aggregator (the one that announced)."""
-        senders = state["trained"] & (state["lead"] >= 0)
-        if bool(senders.all()):  # the usual case: one pass, no row copies
-            delta = {k: state["proxy"][k] - state["group_proxy"][k] for k in state["proxy"]}
-        else:
-            delta = {k: state["proxy"][k][senders] - state["group_proxy"][k][senders] for k in state["proxy"]}
-        # no weight travels: the aggregator weights its group's members equally (the paper's
-        # group average), so nothing a sender declares changes its share of the mean
-        return Messages(ctx.rows[senders], state["lead"][senders], flatten(delta, UPDATE))
-
-    def _receive_upload(self, state, inbox, ctx):
-        """Aggregators filter (defense), average and apply eta_g to their group's proxy."""
-        if not len(inbox):
-            return state
-        dst, mean = ctx.aggregator.aggregate_by_destination(inbox, torch.ones(len(inbox), dtype=torch.float64), ctx.round)
-        position = torch.searchsorted(ctx.rows, dst)
-        base = {k: v[position] for k, v in state["group_proxy"].items()}
-        step = unvectorize(mean.to(torch.float32), base)
-        group_proxy = {k: v.clone() for k, v in state["group_proxy"].items()}
-        for k in group_proxy:
-            group_proxy[k][position] = base[k] + self.config.global_lr * step[k]
-        return {**state, "group_proxy": group_proxy}
-
-    def _send_distribute(self, state, ctx):
-        """Aggregators (rows that announced this round) send the new group proxy to every
-        member (themselves included)."""
-        _, sorted_ids = self._aggregators(state, ctx)
-        leads = (state["lead"] == ctx.rows).nonzero().squeeze(1)
-        if len(leads) == 0:
-            return Messages.empty()
-        dst = sorted_ids[leads]
-        real = dst >= 0
-        counts = real.sum(dim=1)
-        model = {k: v[leads] for k, v in state["group_proxy"].items()}
-        src = ctx.rows[leads].repeat_interleave(counts)
-        return Messages(src, dst[real], flatten(model, MODEL), torch.arange(len(leads)).repeat_interleave(counts))
-
-    def _receive_distribute(self, state, inbox, ctx):
-        position = torch.searchsorted(ctx.rows, inbox.dst)
-        # Only the followed aggregator's model counts. Rows that got none (their aggregator
-        # failed: device runtime) fall back to the last group proxy, losing the round's update.
-        keep = inbox.src == state["lead"][position]
-        if not bool(keep.all()):
-            inbox, position = inbox.select(keep), position[keep]
-        got = torch.zeros(len(ctx.rows), dtype=torch.bool)
-        got[position] = True
-        proxy = {k: torch.where(got.view(-1, *[1] * (v.dim() - 1)), v, state["group_proxy"][k]) for k, v in state["proxy"].items()}
-        if len(inbox):
-            model = strip_prefix(inbox.payload, MODEL)
-            for k in proxy:
-                proxy[k][position] = model[k]
-        return {**state, "proxy": proxy, "group_proxy": {k: v.clone() for k, v in proxy.items()}}
 
     def update_reference(self, exchange, state):
         return state["group_proxy"] if exchange == "upload" else None
@@ -607,24 +349,3 @@ def _plot_dissimilarity(values: np.ndarray, sizes: list[int], path) -> None:
     axes.set_title("P4 phase 1: sampled dissimilarities and groups")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-
-
-@lru_cache(maxsize=64)
-def _group_cache(digest: str, group_size: int, seed: int, mode: str) -> tuple[tuple[int, ...], ...]:
-    matrix = _PENDING.pop(digest)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _PUBLIC_SEED]))
-    count = len(matrix)
-    groups = form_groups(matrix, group_size, rng) if mode == "similarity" else random_groups(count, group_size, rng)
-    return tuple(tuple(g) for g in groups)
-
-
-_PENDING: dict[str, np.ndarray] = {}
-
-
-def _cached_groups(digest: str, matrix: np.ndarray, group_size: int, seed: int, mode: str) -> list[list[int]]:
-    """Grouping is a pure function of its inputs; identical inputs are computed once."""
-    _PENDING[digest] = matrix
-    try:
-        return [list(g) for g in _group_cache(digest, group_size, seed, mode)]
-    finally:
-        _PENDING.pop(digest, None)
