@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shlex
@@ -240,12 +241,11 @@ def _overrides(o: dict[str, Any]) -> dict[str, Any]:
     plugin_options = {**({"shards_per_client": o["shards_per_client"]} if o["shards_per_client"] else {}),
                       **parse_key_values(o["option"])}
     plugin_options.update(topology_overrides(o["topology"], o["topology_option"], plugin_options))
-    names = ("method", "attack", "defense", "dataset", "partitioner", "similarity", "clients", "samples_per_client",
-             "rounds", "local_steps", "client_rate", "data_rate", "lr", "global_lr", "malicious_fraction", "epsilon",
-             "delta", "noise_multiplier", "clip", "neighbouring", "accountant", "noise_source", "noise_generator", "feature_norm",
-             "eval_fraction", "eval_set", "features", "model", "runtime", "seed", "device", "experiment", "tracking_uri",
-             "results_dir")
-    values = {name: o[name] for name in names}
+    # a parameter named like a config field is that field (declared once, in RunConfig);
+    # the rest are the flags below, whose names differ from their fields
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    values = {name: value for name, value in o.items() if name in fields and name not in ("options", "no_dp",
+                                                                                          "device_simulation", "hold_out_public")}
     values.update(no_dp=o["no_dp"] or None, device_simulation=o["device_simulation"] or None,
                   hold_out_public=o["hold_out_public"] or None,
                   time_budget_min=o["time_budget"], memory_budget_gb=o["memory_budget"], options=plugin_options or None)
