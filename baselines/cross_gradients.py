@@ -23,7 +23,6 @@ Without DP the gradients are plain batch means (no clipping, no noise).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,11 +37,16 @@ from p4bench.engine.training import fixed_size_batches, gather_batch, poisson_ba
 from p4bench.errors import ConfigError
 from p4bench.models import Params
 from p4bench.privacy.clipping import clipped_gradient_sum
+from p4bench.privacy.concatenated import (  # noqa: F401 - CLIP_MODES ... release_rate re-exported: defined here before
+    CLIP_MODES,
+    noise_scale,
+    noise_std_per_coordinate,
+    release_rate,
+)
 from p4bench.privacy.releases import Releases
 from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
 from p4bench.topology.assumptions import check_pdsl_assumption
 
-CLIP_MODES = ("batch", "per-example")
 # payload keys of the `models` and `gradients` exchanges: update.*, so a malicious neighbour's
 # message attack acts on them (a crafted x_j: `model-probe`; a poisoned cross-gradient)
 MODEL, GRADIENT = UPDATE_PREFIX + "model", UPDATE_PREFIX + "gradient"
@@ -77,11 +81,6 @@ def static_neighbourhoods(values: dict[str, Any], num_clients: int, seed: int, m
     members = torch.from_numpy((weights > 0) | np.eye(num_clients, dtype=bool)).to(device)
     matrix = torch.from_numpy(weights).to(device)
     return Neighbourhoods(weights, members, report, matrix, NeighbourTable.of(members, matrix))
-
-
-def release_rate(clip_mode: str, data_rate: float) -> float:
-    """The sampling rate a round's release is accounted at (planned and recorded)."""
-    return data_rate if clip_mode == "per-example" else 1.0
 
 
 def _repeat_rows(tensor: torch.Tensor, times: int) -> torch.Tensor:
@@ -147,24 +146,14 @@ def _privatise(
     rate = release_rate(clip_mode, ctx.config.data_rate)
     with Releases(ctx.dp, ctx, rate, 1) as releases:
         released = releases.admitted[0]
+        scale = noise_scale(settings, clip_mode, degree)  # of the mechanism's noise std (p4bench.privacy.concatenated)
         if clip_mode == "per-example":
-            scale = degree.sqrt()  # std sqrt(k) * noise_std on the sums
             target = {"g": grads.reshape(grads.shape[0], -1)}
             releases.privatise(target, scale)
             noisy = target["g"].reshape(grads.shape) / expected.clamp_min(1.0).view(-1, 1, 1).float()
         else:
-            factor = 2.0 * settings.clip * settings.noise_multiplier / max(settings.noise_std, 1e-300)
-            scale = degree.sqrt() * factor  # std 2 C sigma sqrt(k) on the clipped means
             target = {"g": grads.reshape(grads.shape[0], -1).clone()}
             releases.privatise(target, scale)
             noisy = target["g"].reshape(grads.shape)
     keep = (present & released.unsqueeze(1)).unsqueeze(2)
     return noisy * keep, released
-
-
-def noise_std_per_coordinate(settings: Any, clip_mode: str, degree: int) -> float:
-    """The std of the noise on one cross-gradient coordinate (reported as PDSL's sigma):
-    per-example mode on the clipped sum, batch mode on the clipped mean."""
-    if clip_mode == "per-example":
-        return math.sqrt(degree) * float(settings.noise_std)
-    return math.sqrt(degree) * 2.0 * float(settings.clip) * float(settings.noise_multiplier)
