@@ -156,6 +156,11 @@ class PrivacyLedger:
     # -- hooks -------------------------------------------------------------------------
     @hookimpl
     def privacy_release(self, run: RunInfo, release: Release) -> None:
+        self.record_release(release)
+
+    def record_release(self, release: Release) -> None:
+        """Count one release of the clients it names (what the hook does; a device peer,
+        which runs no hooks, calls it for its own releases)."""
         key = (release.phase, float(release.sample_rate), float(release.noise_multiplier))
         if key not in self.steps:
             self.keys.append(key)
@@ -164,14 +169,20 @@ class PrivacyLedger:
 
     @hookimpl(tryfirst=True)
     def round_finished(self, run: RunInfo, report: RoundReport) -> None:
-        self.rounds[report.phase] = self.rounds.get(report.phase, 0) + 1
-        self._current_round = report.round + 1
-        reported = run.reported
+        report.metrics.update(self.end_round(report.phase, report.round, run.reported))
+
+    def end_round(self, phase: str, round_index: int, reported: np.ndarray) -> dict[str, float]:
+        """Count a finished round of `phase` (some accountants' budgets depend on the rounds
+        elapsed); the round's epsilon figures over the `reported` clients."""
+        self.rounds[phase] = self.rounds.get(phase, 0) + 1
+        self._current_round = round_index + 1
+        metrics: dict[str, float] = {}
         for label, accountant in self._reported_accountants():
             values = self.epsilons(accountant)[reported] if reported.any() else np.zeros(1)
-            report.metrics[f"{label}_max"] = float(values.max())
-            report.metrics[f"{label}_mean"] = float(values.mean())
-        report.metrics["clients_stopped"] = float(self.stopped.sum())
+            metrics[f"{label}_max"] = float(values.max())
+            metrics[f"{label}_mean"] = float(values.mean())
+        metrics["clients_stopped"] = float(self.stopped.sum())
+        return metrics
 
     def _reported_accountants(self) -> list[tuple[str, Accountant]]:
         pairs = [("epsilon", self.accountant), ("epsilon_rdp", self.reference)]

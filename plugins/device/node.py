@@ -31,7 +31,6 @@ import logging
 import queue
 import secrets
 import time
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,6 +55,7 @@ from p4bench.rng import SERVER_ID
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
     from p4bench.plugin_manager import Registry
+    from p4bench.privacy.ledger import PrivacyLedger
 
 log = logging.getLogger("p4bench.device")
 
@@ -77,7 +77,7 @@ class DeviceNode:
         self.profile = profile  # the device profile applied to this process (recorded in the run)
         self.network = TLSNetwork(me, peers, transport, meter)
         self.releases: list[dict[str, Any]] = []
-        self.ledger: Any = None
+        self.ledger: PrivacyLedger | None = None
         self.driver: RoundDriver | None = None
         # The launcher's time budget: stop after this step (its "finish" message); this
         # peer never reads a clock of its own, so that every peer stops after the same round.
@@ -92,7 +92,7 @@ class DeviceNode:
     def groups(self) -> list[ClientGroup]:
         return self.driver.groups if self.driver is not None else []
 
-    def setup(self, job: Job, ledger: Any = None) -> None:
+    def setup(self, job: Job, ledger: PrivacyLedger | None = None) -> None:
         """Build this peer's client state (or the server's) for `job`."""
         self.job, self.ledger = job, ledger
         job.report_release = self._record_release
@@ -102,7 +102,7 @@ class DeviceNode:
 
     def _record_release(self, release: Any) -> None:
         if self.ledger is not None:  # this peer's own budget decisions need its history
-            self.ledger.privacy_release(run=None, release=release)
+            self.ledger.record_release(release)
         settings = self.job.dp  # the clip is this peer's setting, checked by the launcher against its own
         self.releases.append(
             {"clients": [int(c) for c in release.clients], "sample_rate": float(release.sample_rate),
@@ -158,8 +158,7 @@ class DeviceNode:
                 reported = np.zeros(self.job.data.num_clients, dtype=bool)
                 if not self.is_server:
                     reported[self.me.node] = True
-                self.ledger.round_finished(run=SimpleNamespace(reported=reported),
-                                           report=SimpleNamespace(phase=report.phase, round=report.round, metrics={}))
+                self.ledger.end_round(report.phase, report.round, reported)
             self._poll_control()
 
     @staticmethod
