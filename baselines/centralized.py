@@ -88,11 +88,9 @@ class Centralized(Method):
             return Messages.empty()
         chosen = state["active"]
         count = int(chosen.sum())
-        std = ctx.dp.settings.noise_std if ctx.dp is not None else 0.0
         payload = {
             **flatten({k: v[chosen] for k, v in state["sums"].items()}, GRADIENT),
             "size": state["size"][chosen],
-            "noise_std": torch.full((count,), float(std), dtype=torch.float64),
         }
         return Messages(ctx.rows[chosen], torch.full((count,), SERVER_ID), payload)
 
@@ -120,7 +118,8 @@ class Centralized(Method):
             return state
         total = prefixed_vectors(inbox.payload, GRADIENT).double().sum(dim=0, keepdim=True)
         size = float(inbox.payload["size"].sum())
-        std = float(inbox.payload["noise_std"].max())
+        # the run's noise std, known to the server as to everyone: never one a client sends
+        std = float(ctx.dp_settings.noise_std) if ctx.dp_settings is not None else 0.0
         if size <= 0:
             return state
         if std > 0:

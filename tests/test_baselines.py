@@ -287,3 +287,33 @@ def test_bad_options_are_refused(small_config):
             run(small_config(method=method, options=options), track=False)
     with pytest.raises(IncompatibleError):  # Metropolis-Hastings needs an undirected graph
         run(small_config(method="dp-dsgd", options={"topology": "exponential"}), track=False)
+
+
+def test_the_central_server_adds_the_runs_noise_whatever_the_clients_send(small_config):
+    """The server's noise std is the run's (`ctx.dp_settings`), known to every party: a
+    client that sends a noise std of 0 (a stolen key) cannot switch the noise off."""
+    from types import SimpleNamespace
+
+    from p4bench.baselines.centralized import GRADIENT, Centralized
+    from p4bench.engine.messages import Messages
+    from p4bench.engine.state import flatten
+    from p4bench.models import LinearSoftmax
+    from p4bench.privacy.mechanism import DPSettings
+
+    config = small_config(method="centralized", clip=1.0)
+    method = Centralized(config, LinearSoftmax((4,), 3), num_clients=2)
+    sums = {k: torch.ones(2, *v.shape) for k, v in method.initial_params().items()}
+
+    def server_update(std_sent: float | None, settings: DPSettings | None) -> torch.Tensor:
+        state = method.init_server_state(None)  # a fresh noise stream each time: the same draws
+        payload = {**flatten(sums, GRADIENT), "size": torch.full((2,), 4.0, dtype=torch.float64)}
+        if std_sent is not None:
+            payload["noise_std"] = torch.full((2,), std_sent, dtype=torch.float64)  # what an old or lying client sends
+        inbox = Messages(torch.tensor([0, 1]), torch.full((2,), -1), payload)
+        new = method.server_receive("upload", state, inbox, SimpleNamespace(dp_settings=settings))
+        return torch.cat([v.flatten() for v in new["params"].values()])
+
+    settings = DPSettings(clip=1.0, noise_multiplier=2.0, neighbouring="add-remove")
+    honest = server_update(None, settings)
+    assert torch.equal(server_update(0.0, settings), honest)  # the sent std is not read
+    assert not torch.equal(server_update(None, None), honest)  # and the run's is: without DP, no noise

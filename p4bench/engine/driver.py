@@ -219,7 +219,7 @@ class RoundDriver:
         return StepContext(
             config=job.config, model=job.model, phase=phase, round=round_index, rows=rows, rng=rng,
             loss_and_grad=self._loss_and_grad, aggregator=self.aggregator, num_clients=job.data.num_clients, dp=dp,
-            metrics=self._metrics, train=train, rejections=self.rejections,
+            metrics=self._metrics, train=train, rejections=self.rejections, dp_settings=job.dp,
         )
 
     def _group_context(self, group: ClientGroup, phase: str, round_index: int) -> StepContext:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from p4bench.data.public import PublicData
     from p4bench.engine.threats import Aggregator
     from p4bench.options import Option
-    from p4bench.privacy.mechanism import DPMechanism
+    from p4bench.privacy.mechanism import DPMechanism, DPSettings
 
 
 DEFAULT_EPSILON = 8.0
@@ -92,6 +92,11 @@ class StepContext:
     num_clients: int
     dp: DPMechanism | None = None  # set when the run is private
     metrics: dict[str, float] = field(default_factory=dict)
+    # The run's DP settings (clip, noise multiplier, relation; None without DP): public, the
+    # same in every process, and also in the server's steps, which have no mechanism. A
+    # party that adds noise for others (a central server) reads the std here, never from
+    # what the clients send.
+    dp_settings: DPSettings | None = None
     # The rows' own training records (what `local_update` gets as `train`), also in exchange
     # steps: a client may score what it received on its own data (P4L's accept-if-better).
     train: ClientTensors | None = None
