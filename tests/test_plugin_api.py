@@ -84,7 +84,7 @@ def test_check_plugin_names_the_deprecated_call_in_one_line(installed_oldstyle, 
     assert report["checked"][0].startswith("method 'oldstyle-fedavg': ")
     (problem,) = report["problems"]  # the kit's checks pass; the 0.1 call is the one problem
     assert problem.startswith("deprecated API at ") and "p4bench_oldstyle" in problem and "registry=" in problem
-    problem_lines = [line for line in captured.err.splitlines() if line.startswith("problem: ")]
+    problem_lines = [line for line in captured.out.splitlines() if line.startswith("problem: ")]
     assert problem_lines == [f"problem: {problem}"]
 
 

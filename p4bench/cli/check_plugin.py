@@ -22,7 +22,7 @@ def check_plugin_command(
     for line in report.checked:
         typer.echo(f"  {line}")
     for line in report.problems:
-        typer.echo(f"problem: {line}", err=True)
+        typer.echo(f"problem: {line}")
     verdict = "passes" if report.passed else f"{len(report.problems)} problem(s)"
     typer.echo(f"{report.distribution}: {verdict}")
     if as_json:
