@@ -32,6 +32,19 @@ def no_stop_left_over():
     interrupts.clear_stop()
 
 
+@pytest.fixture(autouse=True)
+def sigint_not_ignored():
+    """These tests are about Ctrl-C, which the commands handle only where SIGINT is not
+    ignored: a test command started in the background (`cmd &` without job control)
+    inherits an ignored SIGINT, and a sweep then rightly keeps no stop request between
+    its runs. Run them as from a terminal, whatever started the test command."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def invoke(args, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)
