@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from p4bench.hookspecs import hookimpl
-from p4bench.lazy import lazy_exports
+from p4bench.lazy import LazyPackage
 
 if TYPE_CHECKING:
     from p4bench.attacks.alie import ALittleIsEnough
@@ -37,28 +37,7 @@ if TYPE_CHECKING:
     from p4bench.attacks.weight_lie import WeightLie
     from p4bench.engine.threats import Attack
 
-__all__ = [
-    "ALittleIsEnough",
-    "ByzantineFlip",
-    "ByzantineRandom",
-    "ByzantineZero",
-    "DuplicateMessages",
-    "Gaussian",
-    "InnerProductManipulation",
-    "KDENoise",
-    "LabelFlip",
-    "LabelFlipPair",
-    "LabelFlipRandomPair",
-    "LabelShuffle",
-    "MinMax",
-    "NanUpdate",
-    "ModelProbe",
-    "RandomLabels",
-    "SignFlip",
-    "WeightLie",
-]
-
-__getattr__ = lazy_exports(globals(), {
+PACKAGE = LazyPackage(globals(), {
     "p4bench.attacks.alie": ("ALittleIsEnough",),
     "p4bench.attacks.byzantine": ("ByzantineFlip", "ByzantineRandom", "ByzantineZero"),
     "p4bench.attacks.duplicate_messages": ("DuplicateMessages",),
@@ -74,30 +53,11 @@ __getattr__ = lazy_exports(globals(), {
     "p4bench.attacks.random_labels": ("RandomLabels",),
     "p4bench.attacks.sign_flip": ("SignFlip",),
     "p4bench.attacks.weight_lie": ("WeightLie",),
-})
+})  # the one list of this package's classes
+__all__ = PACKAGE.names
+__getattr__ = PACKAGE.getattr
 
 
 @hookimpl
 def register_attacks() -> list[type[Attack]]:
-    from p4bench.attacks.alie import ALittleIsEnough
-    from p4bench.attacks.byzantine import ByzantineFlip, ByzantineRandom, ByzantineZero
-    from p4bench.attacks.duplicate_messages import DuplicateMessages
-    from p4bench.attacks.gaussian import Gaussian
-    from p4bench.attacks.ipm import InnerProductManipulation
-    from p4bench.attacks.kde_noise import KDENoise
-    from p4bench.attacks.label_flip import LabelFlip
-    from p4bench.attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
-    from p4bench.attacks.label_shuffle import LabelShuffle
-    from p4bench.attacks.min_max import MinMax
-    from p4bench.attacks.model_probe import ModelProbe
-    from p4bench.attacks.nan_update import NanUpdate
-    from p4bench.attacks.random_labels import RandomLabels
-    from p4bench.attacks.sign_flip import SignFlip
-    from p4bench.attacks.weight_lie import WeightLie
-
-    return [
-        LabelFlip, ByzantineZero, ByzantineRandom, ByzantineFlip,
-        Gaussian, SignFlip, ALittleIsEnough, InnerProductManipulation, MinMax, RandomLabels,
-        LabelFlipPair, LabelFlipRandomPair, LabelShuffle, KDENoise, ModelProbe,
-        NanUpdate, DuplicateMessages, WeightLie,
-    ]
+    return PACKAGE.load()

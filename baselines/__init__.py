@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from p4bench.hookspecs import hookimpl
-from p4bench.lazy import lazy_exports
+from p4bench.lazy import LazyPackage
 
 if TYPE_CHECKING:
     from p4bench.baselines.centralized import Centralized
@@ -24,12 +24,7 @@ if TYPE_CHECKING:
     from p4bench.baselines.scaffold import Scaffold
     from p4bench.engine.method import Method
 
-__all__ = [
-    "Centralized", "DPCGA", "DPDSGD", "DPDSGT", "FedAvg", "FedDF", "LocalTraining", "Muffliato", "P2PFL", "PDSL",
-    "PDSLLocalVal", "ProxyFL", "Scaffold",
-]
-
-__getattr__ = lazy_exports(globals(), {
+PACKAGE = LazyPackage(globals(), {
     "p4bench.baselines.centralized": ("Centralized",),
     "p4bench.baselines.dp_cga": ("DPCGA",),
     "p4bench.baselines.dsgt": ("DPDSGD", "DPDSGT"),
@@ -41,24 +36,14 @@ __getattr__ = lazy_exports(globals(), {
     "p4bench.baselines.pdsl": ("PDSL", "PDSLLocalVal"),
     "p4bench.baselines.proxyfl": ("ProxyFL",),
     "p4bench.baselines.scaffold": ("Scaffold",),
-})
+})  # the one list of this package's classes
+__all__ = PACKAGE.names
+__getattr__ = PACKAGE.getattr
 
 
 @hookimpl
 def register_methods() -> list[type[Method]]:
-    from p4bench.baselines.centralized import Centralized
-    from p4bench.baselines.dp_cga import DPCGA
-    from p4bench.baselines.dsgt import DPDSGD, DPDSGT
-    from p4bench.baselines.fedavg import FedAvg
-    from p4bench.baselines.feddf import FedDF
-    from p4bench.baselines.local import LocalTraining
-    from p4bench.baselines.muffliato import Muffliato
-    from p4bench.baselines.p2p_fl import P2PFL
-    from p4bench.baselines.pdsl import PDSL, PDSLLocalVal
-    from p4bench.baselines.proxyfl import ProxyFL
-    from p4bench.baselines.scaffold import Scaffold
-
-    return [LocalTraining, Centralized, FedAvg, FedDF, Scaffold, ProxyFL, DPDSGT, DPDSGD, P2PFL, Muffliato, PDSL, PDSLLocalVal, DPCGA]
+    return PACKAGE.load()
 
 
 @hookimpl

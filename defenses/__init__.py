@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from p4bench.hookspecs import hookimpl
-from p4bench.lazy import lazy_exports
+from p4bench.lazy import LazyPackage
 
 if TYPE_CHECKING:
     from p4bench.defenses.accept_if_better import AcceptIfBetter
@@ -29,22 +29,7 @@ if TYPE_CHECKING:
     from p4bench.defenses.trimmed_mean import TrimmedMean
     from p4bench.engine.threats import Defense
 
-__all__ = [
-    "AcceptIfBetter",
-    "AnomalyDetection",
-    "Bulyan",
-    "CenteredClipping",
-    "FoolsGold",
-    "GeometricMedian",
-    "IdealDefense",
-    "Krum",
-    "Median",
-    "MultiKrum",
-    "NormClipping",
-    "TrimmedMean",
-]
-
-__getattr__ = lazy_exports(globals(), {
+PACKAGE = LazyPackage(globals(), {
     "p4bench.defenses.accept_if_better": ("AcceptIfBetter",),
     "p4bench.defenses.anomaly": ("AnomalyDetection",),
     "p4bench.defenses.bulyan": ("Bulyan",),
@@ -55,23 +40,11 @@ __getattr__ = lazy_exports(globals(), {
     "p4bench.defenses.krum": ("Krum", "MultiKrum"),
     "p4bench.defenses.median": ("Median",),
     "p4bench.defenses.trimmed_mean": ("TrimmedMean",),
-})
+})  # the one list of this package's classes
+__all__ = PACKAGE.names
+__getattr__ = PACKAGE.getattr
 
 
 @hookimpl
 def register_defenses() -> list[type[Defense]]:
-    from p4bench.defenses.accept_if_better import AcceptIfBetter
-    from p4bench.defenses.anomaly import AnomalyDetection
-    from p4bench.defenses.bulyan import Bulyan
-    from p4bench.defenses.clipping import CenteredClipping, NormClipping
-    from p4bench.defenses.foolsgold import FoolsGold
-    from p4bench.defenses.geometric_median import GeometricMedian
-    from p4bench.defenses.ideal import IdealDefense
-    from p4bench.defenses.krum import Krum, MultiKrum
-    from p4bench.defenses.median import Median
-    from p4bench.defenses.trimmed_mean import TrimmedMean
-
-    return [
-        MultiKrum, Krum, AnomalyDetection, Median, TrimmedMean, GeometricMedian,
-        NormClipping, CenteredClipping, FoolsGold, Bulyan, IdealDefense, AcceptIfBetter,
-    ]
+    return PACKAGE.load()

@@ -23,7 +23,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_exports"]
+__all__ = ["LazyPackage", "lazy_exports"]
 
 
 def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, tuple[str, ...]]) -> Callable[[str], Any]:
@@ -42,3 +42,29 @@ def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, tuple[str, ...
         return value
 
     return __getattr__
+
+
+class LazyPackage:
+    """A plugin package's names declared once: its `__all__` (`names`), its module
+    `__getattr__` (`getattr`) and the classes its registration hook returns (`load`), all
+    from one mapping of module -> names (the `lazy_exports` form)::
+
+        PACKAGE = LazyPackage(globals(), {"p4bench.attacks.gaussian": ("Gaussian",), ...})
+        __all__ = PACKAGE.names
+        __getattr__ = PACKAGE.getattr
+
+        @hookimpl
+        def register_attacks():
+            return PACKAGE.load()  # imported now, in the mapping's order
+
+    Keep the `if TYPE_CHECKING:` imports beside it: type checkers and the import-graph
+    test read those."""
+
+    def __init__(self, namespace: dict[str, Any], exports: Mapping[str, tuple[str, ...]]) -> None:
+        self.names: list[str] = [name for names in exports.values() for name in names]
+        self.getattr = lazy_exports(namespace, exports)
+        self._namespace = namespace
+
+    def load(self) -> list[Any]:
+        """Every exported object, imported now, in declaration order."""
+        return [self._namespace[name] if name in self._namespace else self.getattr(name) for name in self.names]
