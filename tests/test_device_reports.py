@@ -16,7 +16,7 @@ import torch
 from p4bench.cli import main
 from p4bench.config import RunConfig
 from p4bench.engine.method import Phase, PlannedRelease
-from p4bench.plugins.device import launcher
+from p4bench.plugins.device import runtime as device_runtime
 from p4bench.plugins.device.local import LocalPeers
 from p4bench.plugins.device.node import DeviceNode, serve
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
@@ -229,7 +229,7 @@ def test_a_peer_reporting_releases_for_other_clients_is_named_and_the_run_is_not
         self.releases[-1]["clients"] = list(range(self.job.data.num_clients))
 
     monkeypatch.setattr(DeviceNode, "_record_release", tampered)
-    monkeypatch.setattr(launcher, "LocalPeers", _OnePeerHere)
+    monkeypatch.setattr(device_runtime, "LocalPeers", _OnePeerHere)  # where the device runtime starts its peers
     summary, epsilon_row, printed = _device_run(capsys, monkeypatch, str(tmp_path))
     assert summary["epsilon_certified"] is False
     # the only reason: what the configuration alone would certify (the honest test above)

@@ -16,16 +16,18 @@ from p4bench.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from p4bench.engine.runtime import Runtime
-    from p4bench.plugins.device.launcher import DeviceOutcome, DeviceRuntime
+    from p4bench.plugins.device.launcher import DeviceOutcome
+    from p4bench.plugins.device.runtime import DeviceRuntime
 
 __all__ = ["DeviceRuntime", "DeviceOutcome"]
 
-__getattr__ = lazy_exports(globals(), {"p4bench.plugins.device.launcher": ("DeviceOutcome", "DeviceRuntime")})
+__getattr__ = lazy_exports(globals(), {"p4bench.plugins.device.launcher": ("DeviceOutcome",),
+                                       "p4bench.plugins.device.runtime": ("DeviceRuntime",)})
 
 
 @hookimpl
 def register_runtimes() -> list[type[Runtime]]:
-    from p4bench.plugins.device.launcher import DeviceRuntime
+    from p4bench.plugins.device.runtime import DeviceRuntime
 
     return [DeviceRuntime]
 

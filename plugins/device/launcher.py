@@ -24,69 +24,36 @@ import queue
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from safetensors.torch import load as st_load
 
 from p4bench.engine.driver import TimeBudget, schedule
 from p4bench.engine.method import Phase
-from p4bench.engine.runtime import Job, Outcome, RoundReport, Runtime
-from p4bench.engine.state import State, cat_rows, unflatten
-from p4bench.errors import P4BenchError, UsageError
-from p4bench.options import resolve_options
+from p4bench.engine.runtime import Job, RoundReport
+from p4bench.engine.state import State, unflatten
 from p4bench.plugins.device.launcher_link import EVENT_RECONNECTED, LauncherLink, parse_report
 from p4bench.plugins.device.liveness import announced, drop_metrics
 from p4bench.plugins.device.local import LocalPeers, free_ports  # noqa: F401  (re-exported)
+from p4bench.plugins.device.outcome import DeviceError, DeviceOutcome  # re-exported: defined here before
 from p4bench.plugins.device.peers import PeersFile
-from p4bench.plugins.device.protocol import DEVICE_OPTIONS, KIND_STATE, Limits, RejectedFrame
+from p4bench.plugins.device.protocol import KIND_STATE, Limits, RejectedFrame
 from p4bench.plugins.device.report_check import SELF_REPORTED, ReleaseCheck
+from p4bench.plugins.device.report_fields import (  # noqa: F401 - critical_compute_s re-exported
+    add_measure,
+    critical_compute_s,
+    deployed_from_states,
+    finish_summary,
+    measure_of,
+    number,
+    peer_round_metrics,
+)
 
 log = logging.getLogger("p4bench.device")
 
-__all__ = ["DeviceRuntime", "DeviceOutcome", "DeviceError", "LocalPeers", "Launcher"]
-
-
-class DeviceError(P4BenchError):
-    """A device run could not start or lost every peer."""
-
-
-@dataclass
-class DeviceOutcome(Outcome):
-    """An Outcome plus the device measurements (``summary["device"]``) and each
-    collected peer's final state (node id -> state with one row)."""
-
-    device: dict[str, Any] = field(default_factory=dict)
-    peer_states: dict[int, State] = field(default_factory=dict)
-
-
-def _number(value: Any, default: float = 0.0) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) else default
-
-
-def _measure(report: dict[str, Any]) -> dict[str, Any]:
-    """A report's `measure` object ({} when missing or not an object)."""
-    measure = report.get("measure")
-    return measure if isinstance(measure, dict) else {}
-
-
-def critical_compute_s(measures: list[dict[str, Any]]) -> float | None:
-    """The round's period (previous round's end to this one's) were communication free:
-    every exchange waits for all peers' end markers, so each compute segment between two
-    exchanges lasts as long as its slowest peer's; the first segment starts with the work
-    between rounds (evaluation, report). None unless every peer reported the same number of
-    numeric segments."""
-    try:
-        peers = [[float(m["between_rounds_s"]) + float(m["compute_segments"][0]),
-                  *(float(v) for v in m["compute_segments"][1:])] for m in measures]
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    if not peers or len({len(s) for s in peers}) != 1:
-        return None
-    return sum(max(column) for column in zip(*peers))
+__all__ = ["DeviceOutcome", "DeviceError", "LocalPeers", "Launcher"]
 
 
 class Launcher:
@@ -260,7 +227,7 @@ class Launcher:
         finish_after: int | None = None
         for block in schedule(job.method):  # the peers' drivers walk the same blocks
             if block.kind == "setup":
-                total_bytes += sum(int(_number(r.get("bytes_sent"))) for r in self._gather("setup", block.phase, -1).values())
+                total_bytes += sum(int(number(r.get("bytes_sent"))) for r in self._gather("setup", block.phase, -1).values())
                 continue
             report = self._round_report(block.phase, block.round, len(reports) + 1)
             total_bytes += report.bytes_sent
@@ -342,22 +309,9 @@ class Launcher:
         for entry in report.get("absent") or []:
             if isinstance(entry, dict) and len(self.absences) < 1000:
                 self.absences.append({"reporter": peer, "phase": phase, "round": report.get("round"), **entry})
-        measure = _measure(report)
         totals = self.totals[peer].setdefault(phase, {"rounds": 0, "exchanges": {}})
         totals["rounds"] += int(report.get("type") == "round")
-        for key in ("wall_s", "compute_s", "comm_s", "eval_s", "cpu_s", "wire_bytes_sent", "wire_bytes_received"):
-            totals[key] = totals.get(key, 0) + _number(measure.get(key))
-        totals["peak_rss_mb"] = max(totals.get("peak_rss_mb", 0.0), _number(measure.get("peak_rss_mb")))
-        watts = measure.get("power_w")
-        if isinstance(watts, (int, float)) and not isinstance(watts, bool):
-            totals["energy_j"] = totals.get("energy_j", 0.0) + watts * _number(measure.get("wall_s"))
-            totals["metered_s"] = totals.get("metered_s", 0.0) + _number(measure.get("wall_s"))
-            totals["power_w"] = totals["energy_j"] / max(totals["metered_s"], 1e-12)  # time-weighted mean
-        for name, figures in (measure.get("exchanges") or {}).items():
-            if isinstance(figures, dict):
-                entry = totals["exchanges"].setdefault(str(name), {})
-                for key, value in figures.items():
-                    entry[key] = entry.get(key, 0) + _number(value)
+        add_measure(totals, measure_of(report))
 
     def _round_report(self, phase: Phase, round_index: int, step: int) -> RoundReport:
         got = self._gather("round", phase, round_index)
@@ -372,40 +326,31 @@ class Launcher:
                 if isinstance(report.get("accuracy"), (int, float)):
                     self.accuracy[node] = float(report["accuracy"])
                 for name, value in (report.get("extra") or {}).items():
-                    self.extra.setdefault(str(name), np.full(count, np.nan))[node] = _number(value, np.nan)
-                sent[node] = int(_number(report.get("node_bytes_sent")))
-                received[node] = int(_number(report.get("node_bytes_received")))
+                    self.extra.setdefault(str(name), np.full(count, np.nan))[node] = number(value, np.nan)
+                sent[node] = int(number(report.get("node_bytes_sent")))
+                received[node] = int(number(report.get("node_bytes_received")))
             losses += [float(x) for x in report.get("losses") or [] if isinstance(x, (int, float))]
             counters = report.get("metrics")
             for key, value in (counters.items() if isinstance(counters, dict) else ()):
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and not str(key).startswith("device."):
                     metrics[str(key)] = metrics.get(str(key), 0.0) + float(value)  # ratios: Method.derived_metrics
-            measure = _measure(report)
-            seconds = max(seconds, _number(measure.get("wall_s")))  # steps only, evaluation excluded
+            measure = measure_of(report)
+            seconds = max(seconds, number(measure.get("wall_s")))  # steps only, evaluation excluded
             absent += len(report.get("absent") or [])
-            for key in ("wall_s", "compute_s", "comm_s", "cpu_s", "between_rounds_s", "peak_rss_mb", "wire_bytes_sent",
-                        "wire_bytes_received", "power_w"):
-                if isinstance(measure.get(key), (int, float)):
-                    metrics[f"device.{peer}.{key}"] = float(measure[key])
-            for name, figures in (measure.get("exchanges") or {}).items():  # transfer times next to a link's capacity
-                if isinstance(figures, dict):
-                    prefix = f"device.{peer}.exchange.{name}"
-                    metrics[f"{prefix}.comm_s"] = max(_number(figures.get("wall_s")) - _number(figures.get("compute_s")), 0.0)
-                    metrics[f"{prefix}.wire_bytes_sent"] = _number(figures.get("wire_bytes_sent"))
-                    metrics[f"{prefix}.messages_sent"] = _number(figures.get("messages_sent"))
+            metrics.update(peer_round_metrics(peer, measure))
         walls = [metrics[k] for k in metrics if k.endswith(".wall_s")]
         computes = [metrics[k] for k in metrics if k.endswith(".compute_s")]
         if walls:
             metrics["device.wall_s_max"] = max(walls)
             metrics["device.compute_s_max"] = max(computes)
-        critical = critical_compute_s([_measure(report) for report in got.values()])
+        critical = critical_compute_s([measure_of(report) for report in got.values()])
         if critical is not None:
             metrics["device.critical_compute_s"] = critical
         metrics["device.absences"] = float(absent)
         return RoundReport(
             phase=phase.name, round=round_index, step=step, accuracy=self.accuracy.copy(),
             train_loss=float(np.mean(losses)) if losses else float("nan"), seconds=seconds,
-            bytes_sent=sum(int(_number(r.get("bytes_sent"))) for r in got.values()), metrics=metrics,
+            bytes_sent=sum(int(number(r.get("bytes_sent"))) for r in got.values()), metrics=metrics,
             client_bytes_sent=sent, client_bytes_received=received,
             extra_accuracy={k: v.copy() for k, v in self.extra.items()},
         )
@@ -419,7 +364,7 @@ class Launcher:
             if spec.node >= 0 and isinstance(final.get("accuracy"), (int, float)):
                 self.accuracy[spec.node] = float(final["accuracy"])
                 for name, value in (final.get("extra") or {}).items():
-                    self.extra.setdefault(str(name), np.full(count, np.nan))[spec.node] = _number(value, np.nan)
+                    self.extra.setdefault(str(name), np.full(count, np.nan))[spec.node] = number(value, np.nan)
             if blob is not None and spec.node >= 0:
                 try:
                     states[spec.node] = unflatten(st_load(blob), sep="/")  # parameter names contain dots
@@ -431,20 +376,7 @@ class Launcher:
                 "transport": final.get("transport"), "error": self.errors.get(spec.id),
                 "profile": final.get("profile"), "link": final.get("link"),
             }
-        template = method.initial_params()
-        params = {k: torch.full((count, *v.shape), float("nan"), dtype=v.dtype) for k, v in template.items()}
-        for node, state in states.items():
-            try:
-                for key, value in method.deployed_params(state).items():
-                    params[key][node] = value[0]
-            except Exception as exc:  # noqa: BLE001
-                log.warning("state of node %d does not hold deployable parameters: %r", node, exc)
-        final_state = None
-        if len(states) == count:
-            try:
-                final_state = cat_rows([states[i] for i in range(count)])
-            except Exception as exc:  # noqa: BLE001
-                log.warning("peer states cannot be stacked: %r", exc)
+        params, final_state = deployed_from_states(method, states, count)
         device = {
             "local_peers": self.local, "peers": peers, "dropped": self.dropped, "absences": self.absences,
             "launcher_rejected": self.link.rejects.snapshot(), "limits": self.limits.to_dict(),
@@ -452,67 +384,6 @@ class Launcher:
             "releases": self.figures.finish(), "self_reported": list(SELF_REPORTED),
         }
         if self.finish:
-            stopped = {p: self.finals[p][0].get("stopped_after_step") for p in sorted(self.finals)}
-            consistent = set(stopped.values()) == {self.finish["after_step"]}
-            if not consistent:
-                log.warning("time budget: the peers stopped after steps %s, not all after %d", stopped, self.finish["after_step"])
-            device["finish"] = {**self.finish, "stopped_after_step": stopped, "consistent": consistent}
+            device["finish"] = finish_summary(self.finish, {p: final for p, (final, _) in self.finals.items()})
         return DeviceOutcome(self.accuracy.copy(), {k: v.copy() for k, v in self.extra.items()}, reports, params,
                              total_bytes, final_state, device=device, peer_states=states)
-
-
-class DeviceRuntime(Runtime):
-    """One process per client (and the server), messages over mutually authenticated
-    TLS: Raspberry Pis listed in a peers file, or `--local-peers N` on 127.0.0.1."""
-
-    name = "device"
-    description = "one process per client over TLS sockets (Raspberry Pis, or --local-peers N on 127.0.0.1)"
-    separate_parties = True  # each peer's noise and batches come from its own secret source
-    options = DEVICE_OPTIONS
-
-    def execute(self, job: Job, on_round: Callable[[RoundReport], None]) -> Outcome:
-        values = resolve_options(self.options, job.config.options)
-        config, options = job.config, {k: v for k, v in values.items() if v is not None}
-        limits = Limits.from_options(options)
-        uses_server = job.method.capabilities.uses_server
-        link, profile = _link_and_profile(options)
-        local = options.get("device_local_peers")
-        if local is not None:
-            if isinstance(local, bool) or not isinstance(local, int) or local < 1:
-                raise UsageError(f"--local-peers must be an integer >= 1, got {local!r}")
-            if local != config.clients:
-                raise UsageError(f"--local-peers {local} must equal --clients {config.clients} (one client per peer)")
-            power = options.get("device_power_command")
-            with LocalPeers(local, uses_server, power=str(power) if power else None,
-                            power_interval=float(options.get("device_power_interval_s", 1.0)),
-                            keep=bool(options.get("device_keep_logs", False)), device_profile=profile) as cluster:
-                return Launcher(cluster.peers, cluster.tls_dir, limits, check=cluster.check, local=True,
-                                on_connected=cluster.forget_keys, link=link, profile=profile).run(job, on_round)
-        peers_path, tls_dir = options.get("device_peers"), options.get("device_tls_dir")
-        if not peers_path or not tls_dir:
-            raise UsageError("the device runtime needs --local-peers N, or a peers file and TLS folder "
-                             "(`p4bench device launch --peers peers.yaml --tls-dir DIR ...`)")
-        peers = PeersFile.load(str(peers_path))
-        if peers.num_clients != config.clients:
-            raise UsageError(f"{peers_path} lists {peers.num_clients} clients but the run has --clients {config.clients}")
-        if uses_server and peers.server is None:
-            raise UsageError(f"method '{config.method}' uses a server: add a peer with role: server to {peers_path}")
-        if not uses_server and peers.server is not None:
-            raise UsageError(f"method '{config.method}' uses no server: remove the server peer from {peers_path}")
-        if profile:
-            raise UsageError("--option device_profile applies to --local-peers; start each device's peer with "
-                             "`p4bench device serve --device-profile NAME` instead")
-        return Launcher(peers, str(tls_dir), limits, link=link).run(job, on_round)
-
-
-def _link_and_profile(options: dict[str, Any]) -> tuple[str | None, str | None]:
-    """The run's link and device profile options, checked before any peer starts."""
-    from p4bench.plugins.device.link import parse_link
-    from p4bench.plugins.device.profile import DEVICE_PROFILES
-
-    link, profile = options.get("device_link"), options.get("device_profile")
-    if link:
-        parse_link(str(link))
-    if profile and str(profile) not in DEVICE_PROFILES:
-        raise UsageError(f"unknown device profile {profile!r}; valid: {', '.join(sorted(DEVICE_PROFILES))}")
-    return (str(link) if link else None), (str(profile) if profile else None)
