@@ -12,7 +12,9 @@ root="$PWD"
 venv="$(cd "${P4BENCH_VENV:-.venv}" && pwd)"
 status=0
 "$venv/bin/ruff" check --output-format concise . || status=1
-tree="$root/build/mypy"
+# P4BENCH_MYPY_TREE / P4BENCH_MYPY_CACHE let two checks run side by side without sharing files.
+tree="${P4BENCH_MYPY_TREE:-$root/build/mypy}"
+cache="${P4BENCH_MYPY_CACHE:-$root/.mypy_cache}"
 rm -rf "$tree"
 mkdir -p "$tree/p4bench"
 for f in p4bench/*; do
@@ -33,5 +35,5 @@ while read -r sub folder; do
   sed_args+=(-e "s#^p4bench/$sub/#$folder/#")
 done <<< "$mapped"
 cd "$tree"
-"$venv/bin/mypy" --config-file "$root/pyproject.toml" --cache-dir "$root/.mypy_cache" -p p4bench "$@" | sed "${sed_args[@]}" || status=1
+"$venv/bin/mypy" --config-file "$root/pyproject.toml" --cache-dir "$cache" -p p4bench "$@" | sed "${sed_args[@]}" || status=1
 exit $status
