@@ -11,11 +11,16 @@ Omniscient: see `p4bench.attacks._honest` for what the attackers know.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.attacks._honest import honest_pools, send, update_dtype
-from p4bench.engine import Attack
+from p4bench.engine import Attack, Messages
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.rng import ClientRng
 
 
 def alie_z(total: torch.Tensor, malicious: torch.Tensor) -> torch.Tensor:
@@ -23,7 +28,8 @@ def alie_z(total: torch.Tensor, malicious: torch.Tensor) -> torch.Tensor:
     n = total.double()
     supporters = (torch.floor(n / 2 + 1) - malicious.double()).clamp_min(1)
     quantile = ((n - supporters) / n).clamp(1e-6, 1 - 1e-6)
-    return torch.special.ndtri(quantile)
+    z: torch.Tensor = torch.special.ndtri(quantile)  # torch.special is untyped: Any
+    return z
 
 
 class ALittleIsEnough(Attack):
@@ -37,7 +43,10 @@ class ALittleIsEnough(Attack):
     )
     omniscient = True
 
-    def tamper(self, exchange, messages, rng, reference=None, observed=None, colluding=None):
+    def tamper(
+        self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None,
+        observed: Messages | None = None, colluding: Messages | None = None,
+    ) -> Messages:
         pools = honest_pools(messages, observed, colluding)
         fixed = self.option_values["alie_z"]
         z = (

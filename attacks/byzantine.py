@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from p4bench.engine.threats import ModelReplacementAttack
+from p4bench.rng import ClientRng
 
 
 class ByzantineZero(ModelReplacementAttack):
@@ -18,7 +19,7 @@ class ByzantineZero(ModelReplacementAttack):
     name = "byzantine-zero"
     description = "malicious clients send an all-zero model"
 
-    def replace(self, honest_model, global_model, rng):
+    def replace(self, honest_model: torch.Tensor, global_model: torch.Tensor, rng: ClientRng) -> torch.Tensor:
         return torch.zeros_like(honest_model)
 
 
@@ -28,7 +29,7 @@ class ByzantineRandom(ModelReplacementAttack):
     name = "byzantine-random"
     description = "malicious clients send a model of i.i.d. Uniform[-1, 1) values"
 
-    def replace(self, honest_model, global_model, rng):
+    def replace(self, honest_model: torch.Tensor, global_model: torch.Tensor, rng: ClientRng) -> torch.Tensor:
         return (rng.uniform(honest_model.shape[1]) * 2 - 1).to(honest_model.dtype)
 
 
@@ -38,5 +39,5 @@ class ByzantineFlip(ModelReplacementAttack):
     name = "byzantine-flip"
     description = "malicious clients send w_g + (w_g - w_l), their model reflected through the global one"
 
-    def replace(self, honest_model, global_model, rng):
+    def replace(self, honest_model: torch.Tensor, global_model: torch.Tensor, rng: ClientRng) -> torch.Tensor:
         return 2 * global_model - honest_model

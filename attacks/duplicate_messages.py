@@ -10,11 +10,17 @@ default 1; 0 sends the honest update repeated). The receive gate keeps the first
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.attacks._honest import honest_vectors, send
-from p4bench.engine import Attack
+from p4bench.engine import Attack, Messages
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.rng import ClientRng
 
 
 class DuplicateMessages(Attack):
@@ -27,12 +33,12 @@ class DuplicateMessages(Attack):
         Option("duplicate_scale", float, 1.0, "s: the copies carry -s times the update (0: the honest update)"),
     )
 
-    def __init__(self, config, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
         self.copies = int(self.option_values["duplicate_copies"])
         self.scale = float(self.option_values["duplicate_scale"])
 
-    def tamper(self, exchange, messages, rng, reference=None):
+    def tamper(self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None) -> Messages:
         flipped = honest_vectors(messages) if self.scale == 0 else -self.scale * honest_vectors(messages)
         tampered = send(messages, flipped.to(honest_vectors(messages).dtype))
         repeat = torch.arange(len(messages)).repeat_interleave(self.copies)

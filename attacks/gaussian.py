@@ -8,9 +8,17 @@ models), drawn from its own attack stream. Options `gaussian_mean` (0) and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
+
 from p4bench.attacks._honest import honest_vectors, send
-from p4bench.engine import Attack
+from p4bench.engine import Attack, Messages
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.rng import ClientRng
 
 
 class Gaussian(Attack):
@@ -23,11 +31,12 @@ class Gaussian(Attack):
         Option("gaussian_std", float, 1.0, "standard deviation of the noise sent per coordinate", low=0),
     )
 
-    def __init__(self, config, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
-        self.mean, self.std = self.option_values["gaussian_mean"], self.option_values["gaussian_std"]
+        self.mean: float = self.option_values["gaussian_mean"]
+        self.std: float = self.option_values["gaussian_std"]
 
-    def tamper(self, exchange, messages, rng, reference=None):
+    def tamper(self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None) -> Messages:
         honest = honest_vectors(messages)
         noise = rng.normal(honest.shape[1]) * self.std + self.mean
         return send(messages, noise.to(honest.dtype))

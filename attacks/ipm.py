@@ -10,9 +10,17 @@ the attack; large values such as 100 target the median). Omniscient: see
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
+
 from p4bench.attacks._honest import honest_pools, send, update_dtype
-from p4bench.engine import Attack
+from p4bench.engine import Attack, Messages
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.rng import ClientRng
 
 
 class InnerProductManipulation(Attack):
@@ -26,11 +34,14 @@ class InnerProductManipulation(Attack):
     )
     omniscient = True
 
-    def __init__(self, config, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
-        self.epsilon = self.option_values["ipm_epsilon"]
+        self.epsilon: float = self.option_values["ipm_epsilon"]
 
-    def tamper(self, exchange, messages, rng, reference=None, observed=None, colluding=None):
+    def tamper(
+        self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None,
+        observed: Messages | None = None, colluding: Messages | None = None,
+    ) -> Messages:
         pools = honest_pools(messages, observed, colluding)
         dtype = update_dtype(messages)
         return send(messages, (-self.epsilon * pools.mean()[pools.row]).to(dtype))

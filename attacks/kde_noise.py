@@ -34,7 +34,7 @@ row of the attack streams, so a client's noise is the same in every runtime.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -43,13 +43,17 @@ from p4bench.engine.messages import update_keys
 from p4bench.options import Option
 from p4bench.rng import ClientRng
 
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+
 
 def scott_bandwidth(weights: torch.Tensor) -> torch.Tensor:
     """(n,) bandwidth of each row of `weights` (n, m): scipy's default, m^(-1/5) * std (ddof=1)."""
     m = weights.shape[1]
     if m < 2:  # no spread to estimate: the one weight is kept
         return weights.new_zeros(weights.shape[0])
-    return weights.std(dim=1, correction=1) * m ** -0.2
+    factor: float = m ** -0.2  # typeshed types a power with a negative exponent as Any
+    return weights.std(dim=1, correction=1) * factor
 
 
 def kde_resample(weights: torch.Tensor, rng: ClientRng) -> torch.Tensor:
@@ -76,7 +80,7 @@ class KDENoise(Attack):
                choices=("layer", "tensor")),
     )
 
-    def __init__(self, config: Any, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
         self.layers: int = self.option_values["kde_layers"]
         self.by_layer = self.option_values["kde_unit"] == "layer"

@@ -11,13 +11,16 @@ always "before grouping"); option `attack_timing` does not apply to it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from p4bench.engine import Attack
 from p4bench.errors import ConfigError
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 _FIELD = "options.label_map"
 
@@ -63,7 +66,7 @@ class LabelFlip(Attack):
                "or a list of L targets; default: c -> L-1-c"),
     )
 
-    def __init__(self, config, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
         self.mapping = label_mapping(self.option_values["label_map"], num_classes)
 

@@ -16,7 +16,7 @@ entries outside [0, L) are padding and are left as they are.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from p4bench.engine import Attack
 from p4bench.errors import ConfigError, IncompatibleError
 from p4bench.options import Option
 from p4bench.rng import ClientRng
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 _FIELD = "options.flip_pair"
 
@@ -56,7 +59,7 @@ class LabelFlipPair(Attack):
                "default the paper's CIFAR-10 airplane <-> dog; binary tasks: [0, 1]"),
     )
 
-    def __init__(self, config: Any, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
         self.pair = class_pair(self.option_values["flip_pair"], num_classes)
 
@@ -76,7 +79,7 @@ class LabelFlipRandomPair(Attack):
     description = "data poisoning: each malicious client swaps the labels of its own random class pair"
     random_poisoning = True
 
-    def __init__(self, config: Any, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
         if num_classes < 2:
             raise IncompatibleError(f"attack '{self.name}' needs at least two classes, the data has {num_classes}")

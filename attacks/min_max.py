@@ -12,11 +12,17 @@ see `p4bench.attacks._honest` for what the attackers know.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.attacks._honest import HonestPools, honest_pools, send, update_dtype
-from p4bench.engine import Attack
+from p4bench.engine import Attack, Messages
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.rng import ClientRng
 
 DIRECTIONS = ("std", "unit-vec", "sign")
 _TOLERANCE = 1e-5
@@ -31,7 +37,8 @@ def min_max_gamma(pools: HonestPools, direction: torch.Tensor, start: float, tol
 
     def fits(gamma: torch.Tensor) -> torch.Tensor:
         crafted = mean - gamma.unsqueeze(1) * direction
-        distance = (honest - crafted.unsqueeze(1)).norm(dim=2).masked_fill(~pools.mask, 0.0)
+        # annotated: Tensor.norm is untyped
+        distance: torch.Tensor = (honest - crafted.unsqueeze(1)).norm(dim=2).masked_fill(~pools.mask, 0.0)
         return distance.amax(dim=1) <= threshold
 
     rows = mean.shape[0]
@@ -60,9 +67,10 @@ class MinMax(Attack):
     )
     omniscient = True
 
-    def __init__(self, config, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
-        self.direction, self.start = self.option_values["minmax_direction"], self.option_values["minmax_gamma"]
+        self.direction: str = self.option_values["minmax_direction"]
+        self.start: float = self.option_values["minmax_gamma"]
 
     def perturbation(self, pools: HonestPools) -> torch.Tensor:
         """(D, P) the direction p of each pool."""
@@ -71,9 +79,13 @@ class MinMax(Attack):
             return pools.std()
         if self.direction == "sign":
             return torch.sign(mean)
-        return mean / mean.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        norm: torch.Tensor = mean.norm(dim=1, keepdim=True)  # Tensor.norm is untyped
+        return mean / norm.clamp_min(1e-12)
 
-    def tamper(self, exchange, messages, rng, reference=None, observed=None, colluding=None):
+    def tamper(
+        self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None,
+        observed: Messages | None = None, colluding: Messages | None = None,
+    ) -> Messages:
         pools = honest_pools(messages, observed, colluding)
         direction = self.perturbation(pools)
         gamma = min_max_gamma(pools, direction, self.start)

@@ -9,9 +9,17 @@ replaced (1.0: all; a smaller share hides the payload among finite values).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
+
 from p4bench.attacks._honest import honest_vectors, send
-from p4bench.engine import Attack
+from p4bench.engine import Attack, Messages
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.rng import ClientRng
 
 VALUES = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 
@@ -27,12 +35,12 @@ class NanUpdate(Attack):
                high=1.0, low_open=True),
     )
 
-    def __init__(self, config, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
         self.value = VALUES[self.option_values["nan_value"]]
         self.fraction = float(self.option_values["nan_fraction"])
 
-    def tamper(self, exchange, messages, rng, reference=None):
+    def tamper(self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None) -> Messages:
         vectors = honest_vectors(messages).clone()
         count = max(1, int(round(self.fraction * vectors.shape[1])))
         vectors[:, :count] = self.value

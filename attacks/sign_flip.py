@@ -9,9 +9,17 @@ the robustness literature): each malicious client sends -s * its own honest upda
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
+
 from p4bench.attacks._honest import honest_pools, honest_vectors, send
-from p4bench.engine import Attack
+from p4bench.engine import Attack, Messages
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.rng import ClientRng
 
 SOURCES = ("own", "mean")
 
@@ -28,11 +36,15 @@ class SignFlip(Attack):
     )
     omniscient = True
 
-    def __init__(self, config, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
-        self.scale, self.source = self.option_values["sign_flip_scale"], self.option_values["sign_flip_source"]
+        self.scale: float = self.option_values["sign_flip_scale"]
+        self.source: str = self.option_values["sign_flip_source"]
 
-    def tamper(self, exchange, messages, rng, reference=None, observed=None, colluding=None):
+    def tamper(
+        self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None,
+        observed: Messages | None = None, colluding: Messages | None = None,
+    ) -> Messages:
         honest = honest_vectors(messages)
         if self.source == "own":
             return send(messages, -self.scale * honest)

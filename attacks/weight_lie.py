@@ -12,12 +12,18 @@ weight members equally) are sent unchanged: there is nothing to lie about.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.engine import Attack, Messages
 from p4bench.engine.receive_gate import WEIGHT_KEY
 from p4bench.errors import ConfigError
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.rng import ClientRng
 
 
 class WeightLie(Attack):
@@ -29,7 +35,7 @@ class WeightLie(Attack):
         Option("lied_weight", str, "nan", "the weight declared: nan, inf, -inf or a number such as 1e6"),
     )
 
-    def __init__(self, config, num_classes: int) -> None:
+    def __init__(self, config: RunConfig, num_classes: int) -> None:
         super().__init__(config, num_classes)
         try:
             self.lie = float(self.option_values["lied_weight"])  # a string: NaN is not a valid option number
@@ -37,7 +43,7 @@ class WeightLie(Attack):
             raise ConfigError("options.lied_weight", f"must be nan, inf, -inf or a number, got "
                               f"{self.option_values['lied_weight']!r}") from None
 
-    def tamper(self, exchange, messages, rng, reference=None):
+    def tamper(self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None) -> Messages:
         if WEIGHT_KEY not in messages.payload:
             return messages
         payload = dict(messages.payload)

@@ -21,12 +21,18 @@ FedML's global model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.defenses._common import PairMemory, ReceiverMemory, receivers_or_default
 from p4bench.defenses.krum import ASSUMED_FRACTION, assumed_byzantine, krum_scores, lowest
 from p4bench.engine import Defense
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 VARIANTS = ("paper", "fedml")
 
@@ -64,32 +70,34 @@ class AnomalyDetection(Defense):
     )
     uses_identities = True
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         values = self.option_values
-        self.variant = values["anomaly_variant"]
-        self.factor = values["anomaly_lambda"] if values["anomaly_lambda"] is not None else (
+        self.variant: str = values["anomaly_variant"]
+        self.factor: float = values["anomaly_lambda"] if values["anomaly_lambda"] is not None else (
             3.0 if self.variant == "paper" else 0.5)
-        self.cosine_bound = values["cosine_bound"]
+        self.cosine_bound: float = values["cosine_bound"]
         self.references = ReceiverMemory()  # FedML variant: running reference per receiver
         self.accepted = PairMemory()  # FedML variant: last accepted update per (receiver, sender)
 
-    def select(self, updates, weights, mask, **identities):
+    def select(self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor) -> torch.Tensor:
         if self.variant == "paper":
             return self._paper(updates, mask)
         return self._fedml(updates, mask, *receivers_or_default(identities, mask))
 
-    def _seed_reference(self, updates, mask, share) -> torch.Tensor:
+    def _seed_reference(
+        self, updates: torch.Tensor, mask: torch.Tensor, share: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         n = mask.sum(dim=1)
         scores = krum_scores(updates, mask, assumed_byzantine(self.config, n))
         return masked_mean(updates, lowest(scores, share(n).clamp_min(1)) & mask)
 
-    def _paper(self, updates, mask):
+    def _paper(self, updates: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         reference = self._seed_reference(updates, mask, lambda n: n - assumed_byzantine(self.config, n))
         distance = (updates.double() - reference.unsqueeze(1)).norm(dim=2).masked_fill(~mask, 0.0)
         return mask & ~outliers(distance, mask, self.factor, ddof=0)
 
-    def _fedml(self, updates, mask, receivers, senders):
+    def _fedml(self, updates: torch.Tensor, mask: torch.Tensor, receivers: torch.Tensor, senders: torch.Tensor) -> torch.Tensor:
         stored, known = self.references.gather(receivers, updates.shape[2], torch.float64)
         seeded = self._seed_reference(updates, mask, lambda n: torch.ceil(n / 2).long() - 1)
         reference = torch.where(known.unsqueeze(1), stored, seeded)
@@ -104,7 +112,10 @@ class AnomalyDetection(Defense):
             self.references.put(receivers[rows], masked_mean(updates, kept)[rows])
         return kept
 
-    def _flagged(self, updates, mask, receivers, senders, reference, known):
+    def _flagged(
+        self, updates: torch.Tensor, mask: torch.Tensor, receivers: torch.Tensor, senders: torch.Tensor,
+        reference: torch.Tensor, known: torch.Tensor,
+    ) -> torch.Tensor:
         """(B, n): every update at a receiver's first aggregation, later those whose cosine
         with the sender's last accepted update or with the reference is below the bound."""
         last, has_last = self.accepted.gather(receivers, senders, updates.double())

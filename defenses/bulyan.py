@@ -11,14 +11,19 @@ Bulyan is the plain mean). The updates left out in step 1 count as dropped.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.defenses._common import gather_rank, sorted_coordinates
 from p4bench.defenses.krum import ASSUMED_FRACTION, assumed_byzantine, krum_scores_from, squared_distances
 from p4bench.engine import Defense
 
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
-def bulyan_f(config, n: torch.Tensor) -> torch.Tensor:
+
+def bulyan_f(config: RunConfig, n: torch.Tensor) -> torch.Tensor:
     """(B,) the f Bulyan can tolerate: the assumed share, capped by n >= 4f + 3."""
     return torch.minimum(assumed_byzantine(config, n), ((n - 3) // 4).clamp_min(0))
 
@@ -53,7 +58,9 @@ class Bulyan(Defense):
     description = "Bulyan: iterated Krum selects n-2f updates, then a per-coordinate trimmed mean around the median"
     options = (ASSUMED_FRACTION,)
 
-    def aggregate(self, updates, weights, mask, **identities):
+    def aggregate(
+        self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = mask.sum(dim=1)
         f = bulyan_f(self.config, n)
         theta = (n - 2 * f).clamp_min(1)

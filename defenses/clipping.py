@@ -16,6 +16,8 @@ Neither drops an update as such.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.defenses._common import ReceiverMemory, receivers_or_default
@@ -23,6 +25,9 @@ from p4bench.defenses.median import coordinate_median
 from p4bench.engine import Defense
 from p4bench.engine.threats import weighted_mean
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 
 def clip_rows(vectors: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
@@ -40,11 +45,13 @@ class NormClipping(Defense):
                       "updates each receiver gets", low=0, low_open=True),)
     filters = False
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        self.bound = self.option_values["norm_bound"]
+        self.bound: float | None = self.option_values["norm_bound"]
 
-    def aggregate(self, updates, weights, mask, **identities):
+    def aggregate(
+        self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = updates.double()
         if self.bound is None:
             norms = x.norm(dim=2).unsqueeze(-1)
@@ -67,12 +74,15 @@ class CenteredClipping(Defense):
     filters = False
     uses_identities = True
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        self.tau, self.iterations = self.option_values["cclip_tau"], self.option_values["cclip_iterations"]
+        self.tau: float = self.option_values["cclip_tau"]
+        self.iterations: int = self.option_values["cclip_iterations"]
         self.previous = ReceiverMemory()
 
-    def aggregate(self, updates, weights, mask, **identities):
+    def aggregate(
+        self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         receivers, _ = receivers_or_default(identities, mask)
         x = updates.double()
         v, _ = self.previous.gather(receivers, x.shape[2], torch.float64)

@@ -13,12 +13,17 @@ importance weighting of output-layer features is not applied).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.defenses._common import PairMemory, receivers_or_default
 from p4bench.engine import Defense
 from p4bench.engine.threats import weighted_mean
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 
 def foolsgold_weights(histories: torch.Tensor, mask: torch.Tensor, kappa: float = 1.0) -> torch.Tensor:
@@ -51,12 +56,14 @@ class FoolsGold(Defense):
     options = (Option("foolsgold_kappa", float, 1.0, "kappa, the confidence of the logit weighting", low=0, low_open=True),)
     uses_identities = True
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        self.kappa = self.option_values["foolsgold_kappa"]
+        self.kappa: float = self.option_values["foolsgold_kappa"]
         self.histories = PairMemory()
 
-    def aggregate(self, updates, weights, mask, **identities):
+    def aggregate(
+        self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         receivers, senders = receivers_or_default(identities, mask)
         past, _ = self.histories.gather(receivers, senders, updates.double())
         histories = past + updates.double() * mask.unsqueeze(-1)

@@ -11,10 +11,15 @@ Drops no update as such.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.engine import Defense
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 
 def weiszfeld(
@@ -48,11 +53,15 @@ class GeometricMedian(Defense):
     )
     filters = False
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         values = self.option_values
-        self.iterations, self.nu, self.tolerance = values["geomed_iterations"], values["geomed_nu"], values["geomed_tolerance"]
+        self.iterations: int = values["geomed_iterations"]
+        self.nu: float = values["geomed_nu"]
+        self.tolerance: float = values["geomed_tolerance"]
 
-    def aggregate(self, updates, weights, mask, **identities):
+    def aggregate(
+        self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         z = weiszfeld(updates, weights, mask, self.iterations, self.nu, self.tolerance)
         return z.to(updates.dtype), mask.clone()

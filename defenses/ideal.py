@@ -8,9 +8,14 @@ weights. Without an attack it keeps everything.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.engine import Defense
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 
 class IdealDefense(Defense):
@@ -21,14 +26,14 @@ class IdealDefense(Defense):
     uses_identities = True
     needs_oracle = True
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.malicious: torch.Tensor | None = None
 
     def reveal_malicious(self, malicious: torch.Tensor) -> None:
         self.malicious = malicious.bool().clone()
 
-    def select(self, updates, weights, mask, **identities):
+    def select(self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor) -> torch.Tensor:
         senders = identities.get("senders")
         if self.malicious is None or senders is None:
             raise RuntimeError("the ideal defense needs the harness to reveal the malicious clients and the senders")

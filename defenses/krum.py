@@ -8,12 +8,15 @@ floor(assumed_fraction * n), option `assumed_fraction` (default 0.3).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from p4bench.engine import Defense
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 ASSUMED_FRACTION = Option("assumed_fraction", float, 0.3, "share f/n of Byzantine updates the defender plans for "
                           "(the paper's share of malicious clients)", low=0, high=0.5, high_open=True)
@@ -50,12 +53,13 @@ def krum_scores(updates: torch.Tensor, mask: torch.Tensor, f: torch.Tensor) -> t
     return krum_scores_from(squared_distances(updates), mask, f)
 
 
-def assumed_fraction(config) -> float:
+def assumed_fraction(config: RunConfig) -> float:
     """Option `assumed_fraction` (default 0.3, the paper's share of malicious clients)."""
-    return ASSUMED_FRACTION.resolve(config.options.get("assumed_fraction"), "options.assumed_fraction")
+    fraction: float = ASSUMED_FRACTION.resolve(config.options.get("assumed_fraction"), "options.assumed_fraction")
+    return fraction
 
 
-def assumed_byzantine(config, n: torch.Tensor) -> torch.Tensor:
+def assumed_byzantine(config: RunConfig, n: torch.Tensor) -> torch.Tensor:
     """(B,) f = floor(assumed_fraction * n): Byzantine updates the defender plans for."""
     return torch.floor(assumed_fraction(config) * n.double()).long()
 
@@ -73,16 +77,16 @@ class MultiKrum(Defense):
     description = "m-Krum: average the m updates closest to their n-f-2 nearest neighbours"
     options: ClassVar[tuple[Option, ...]] = (ASSUMED_FRACTION, Option("krum_m", int, None, "m, the updates kept; default: n - f", low=1))
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        self.m = self.option_values.get("krum_m")  # Krum declares no krum_m
+        self.m: int | None = self.option_values.get("krum_m")  # Krum declares no krum_m
 
     def keep_count(self, n: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         if self.m is None:
             return (n - f).clamp_min(1)
         return torch.minimum(torch.full_like(n, self.m), n)
 
-    def select(self, updates, weights, mask, **identities):
+    def select(self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor) -> torch.Tensor:
         n = mask.sum(dim=1)
         f = assumed_byzantine(self.config, n)
         return lowest(krum_scores(updates, mask, f), self.keep_count(n, f)) & mask
@@ -95,7 +99,7 @@ class Krum(MultiKrum):
     description = "Krum: keep the one update closest to its n-f-2 nearest neighbours"
     options = (ASSUMED_FRACTION,)
 
-    def keep_count(self, n, f):
+    def keep_count(self, n: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(n)
 
 

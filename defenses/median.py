@@ -28,5 +28,7 @@ class Median(Defense):
     description = "coordinate-wise median of the received updates (mean of the middle two when even)"
     filters = False
 
-    def aggregate(self, updates, weights, mask, **identities):
+    def aggregate(
+        self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return coordinate_median(updates, mask).to(updates.dtype), mask.clone()

@@ -10,12 +10,17 @@ Unweighted. Drops no update as such.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.defenses._common import sorted_coordinates
 from p4bench.defenses.krum import ASSUMED_FRACTION
 from p4bench.engine import Defense
 from p4bench.options import Option
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 
 def trimmed_mean(updates: torch.Tensor, mask: torch.Tensor, trim: torch.Tensor) -> torch.Tensor:
@@ -40,11 +45,13 @@ class TrimmedMean(Defense):
     )
     filters = False
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         given = self.option_values["trim_fraction"]
-        self.fraction = given if given is not None else self.option_values["assumed_fraction"]
+        self.fraction: float = given if given is not None else self.option_values["assumed_fraction"]
 
-    def aggregate(self, updates, weights, mask, **identities):
+    def aggregate(
+        self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         trim = torch.floor(self.fraction * mask.sum(1).double()).long()
         return trimmed_mean(updates, mask, trim).to(updates.dtype), mask.clone()
