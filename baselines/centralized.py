@@ -25,16 +25,23 @@ harness reports); so are malicious clients' poisoned labels under a label-flip a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.baselines.common import draw_batch, prefixed_vectors, replicate, unpack
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method
 from p4bench.engine.messages import MODEL_PREFIX
-from p4bench.engine.method import PlannedRelease
-from p4bench.engine.state import flatten, unvectorize, vectorize
+from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
+from p4bench.engine.state import State, flatten, unvectorize, vectorize
+from p4bench.models import Params
 from p4bench.privacy.mechanism import NoiseStreams, clipped_gradient_sum
 from p4bench.privacy.releases import Releases, add_central_noise
 from p4bench.rng import SERVER_ID
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
 
 MODEL, GRADIENT = MODEL_PREFIX, "gradient."
 
@@ -46,16 +53,16 @@ class Centralized(Method):
     description = "centralized (DP-)SGD on the pooled training data of all clients (trusted server)"
     capabilities = Capabilities(uses_server=True, personalized=False)
 
-    def privacy_plan(self):
+    def privacy_plan(self) -> list[PlannedRelease]:
         c = self.config
         steps = c.local_steps * c.rounds  # every record is eligible at every server step
         return [PlannedRelease("train", c.data_rate, steps, c.local_steps, c.rounds, 1.0)]
 
-    def round_steps(self, phase, round_index):
+    def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
         return (LocalUpdate(), Exchange("upload"), Exchange("broadcast")) * self.config.local_steps
 
     # -- clients -------------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         count = len(ctx.rows)
         params = replicate(self.initial_params(), count)
         return {
@@ -65,7 +72,7 @@ class Centralized(Method):
             "active": torch.zeros(count, dtype=torch.bool),
         }
 
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         params = state["params"]
         x, y, mask = draw_batch(ctx, train)
         if ctx.dp is None:
@@ -83,7 +90,7 @@ class Centralized(Method):
         loss = (losses * mask).sum(1).double() / mask.sum(1).clamp_min(1)
         return {**state, "sums": sums, "size": size, "active": active}, loss
 
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         if exchange != "upload":
             return Messages.empty()
         chosen = state["active"]
@@ -94,7 +101,7 @@ class Centralized(Method):
         }
         return Messages(ctx.rows[chosen], torch.full((count,), SERVER_ID), payload)
 
-    def receive(self, exchange, state, inbox, ctx):
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange != "broadcast" or not len(inbox):
             return state
         position = torch.searchsorted(ctx.rows, inbox.dst)
@@ -104,16 +111,17 @@ class Centralized(Method):
             params[k][position] = model[k]
         return {**state, "params": params, "active": torch.zeros_like(state["active"])}
 
-    def deployed_params(self, state):
-        return state["params"]
+    def deployed_params(self, state: State) -> Params:
+        params: Params = state["params"]
+        return params
 
     # -- server ------------------------------------------------------------------------------
-    def init_server_state(self, ctx):
+    def init_server_state(self, ctx: StepContext) -> State:
         secure = self.config.noise_source == "secure"
         self._noise = NoiseStreams(self.config.seed, [SERVER_ID], secure=secure)  # the server's own stream
         return {"params": {k: v.unsqueeze(0) for k, v in self.initial_params().items()}}
 
-    def server_receive(self, exchange, state, inbox, ctx):
+    def server_receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange != "upload" or not len(inbox):
             return state
         total = prefixed_vectors(inbox.payload, GRADIENT).double().sum(dim=0, keepdim=True)
@@ -127,7 +135,7 @@ class Centralized(Method):
         params = vectorize(state["params"]).double() - self.config.lr * total / size
         return {**state, "params": unvectorize(params.float(), state["params"])}
 
-    def server_outgoing(self, exchange, state, ctx):
+    def server_outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         if exchange != "broadcast":
             return Messages.empty()
         count = self.num_clients

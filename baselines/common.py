@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,6 +19,11 @@ from p4bench.engine.state import unvectorize
 from p4bench.engine.training import gather_batch, noble_local_lr, sample_batches  # noble_local_lr: re-exported
 from p4bench.errors import ConfigError
 from p4bench.models import Params
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
+    from p4bench.engine.method import StepContext
+    from p4bench.engine.training import TrainingContext
 
 _TOPOLOGY_SEED = 17  # stream of random graphs: public, a function of the run seed only
 _DENSE_LIMIT = 1 << 18  # receivers x messages up to which an inbox is summed by one matmul
@@ -34,7 +39,7 @@ def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
 
 
-def draw_batch(ctx, train) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def draw_batch(ctx: TrainingContext, train: ClientTensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x, y, mask) of one batch per row: Poisson sampling at rate s when the run is
     private (what the DP analysis assumes), else round(s * n_i) samples without replacement."""
     index, mask = sample_batches(ctx, train)
@@ -175,7 +180,7 @@ __all__ = [
 ]
 
 
-def mix_through_aggregator(own: torch.Tensor, inbox, weights: torch.Tensor, ctx) -> torch.Tensor:
+def mix_through_aggregator(own: torch.Tensor, inbox: Messages, weights: torch.Tensor, ctx: StepContext) -> torch.Tensor:
     """(C, P): each row's W-weighted mean of the models it received (its own included),
     through the run's defense when there is one; rows that received nothing keep `own`."""
     if ctx.aggregator.defense is None:  # plain weighted mean, no padding per receiver

@@ -50,7 +50,8 @@ them (the tracker is mixed as is).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -68,13 +69,17 @@ from p4bench.baselines.common import (
     weighted_inbox_sum,
 )
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
-from p4bench.engine.messages import UPDATE_PREFIX
-from p4bench.engine.method import PlannedRelease
-from p4bench.engine.state import flatten, unvectorize, vectorize
+from p4bench.engine.messages import UPDATE_PREFIX, Messages
+from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
+from p4bench.engine.state import State, flatten, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient
 from p4bench.errors import ConfigError
+from p4bench.models import Params
 from p4bench.options import Option, resolve_options, topology_options
 from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
 
 SYNCHRONOUS, SEQUENTIAL = "synchronous", "sequential"
 MIXINGS = ("metropolis", "uniform")
@@ -166,24 +171,24 @@ class _Consensus(Method):
         fraction = min(iteration, self.total_iterations - 1) / (self.total_iterations - 1)
         return float(self.config.lr * (self.lr_final / self.config.lr) ** fraction)
 
-    def privacy_plan(self):
+    def privacy_plan(self) -> list[PlannedRelease]:
         c = self.config
         return [PlannedRelease("train", c.data_rate, self.total_iterations, self.iterations, c.rounds, 1.0)]
 
     # -- schedule --------------------------------------------------------------------
-    def round_steps(self, phase, round_index):
+    def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
         if self.parallel:  # D-PSGD: the gradient at x^t, then the gossip of x^t
             return (LocalUpdate(), Exchange("gossip")) * self.iterations
-        one = (Exchange("gossip"), LocalUpdate())
+        one: tuple[Step, ...] = (Exchange("gossip"), LocalUpdate())
         if self.tracking and self.order == SEQUENTIAL:
             one = one + (Exchange("track"),)
         return one * self.iterations
 
     # -- state -------------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         count = len(ctx.rows)
         params = replicate(self.initial_params(), count)
-        state = {"params": params, "iteration": torch.zeros(count, dtype=torch.int64)}
+        state: State = {"params": params, "iteration": torch.zeros(count, dtype=torch.int64)}
         if self.parallel:  # D-PSGD: a_t g_i(x_i^t), computed before the gossip, applied after it
             state["pending"] = {k: torch.zeros_like(v) for k, v in params.items()}
         if self.tracking:
@@ -191,25 +196,26 @@ class _Consensus(Method):
             state.update(tracker=zeros, previous=dict(zeros), correction=dict(zeros))
         return state
 
-    def deployed_params(self, state):
-        return state["params"]
+    def deployed_params(self, state: State) -> Params:
+        params: Params = state["params"]
+        return params
 
     @staticmethod
-    def _iteration(state) -> int:
+    def _iteration(state: State) -> int:
         return int(state["iteration"][0]) if len(state["iteration"]) else 0
 
-    def _mixing(self, exchange: str, state) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _mixing(self, exchange: str, state: State) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The matrices of the iteration an exchange belongs to: a combine-then-adapt gossip
         opens iteration t; a D-PSGD gossip and DSGT's "track" follow the LocalUpdate that
         already counted iteration t."""
         return self.matrices(self._iteration_of(exchange, state))
 
-    def _iteration_of(self, exchange: str, state) -> int:
+    def _iteration_of(self, exchange: str, state: State) -> int:
         t = self._iteration(state)
         return t if exchange == "gossip" and not self.parallel else t - 1
 
     # -- messages ------------------------------------------------------------------------
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         gossip, track = self.edges(self._iteration_of(exchange, state))
         if exchange == "gossip":
             payload = flatten(state["params"], UPDATE)
@@ -218,7 +224,7 @@ class _Consensus(Method):
             return send_along(ctx.rows, gossip, payload)
         return send_along(ctx.rows, track, flatten(state["correction"], CORRECTION))  # "track"
 
-    def receive(self, exchange, state, inbox, ctx):
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         t = self._iteration(state)
         a, b, c = self._mixing(exchange, state)
         if exchange == "track":
@@ -243,7 +249,7 @@ class _Consensus(Method):
         return {**state, "params": unvectorize(x, state["params"]), "tracker": unvectorize(y, state["tracker"])}
 
     # -- local computation ----------------------------------------------------------------
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         t = self._iteration(state)
         x, y, mask = draw_batch(ctx, train)
         grads, loss, done = batch_gradient(ctx, state["params"], x, y, mask, train)

@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from p4bench.baselines.common import per_row
 from p4bench.engine.training import batch_gradient, gather_batch, sample_batches
 from p4bench.models import Params
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
+    from p4bench.engine.training import TrainingContext
 
 __all__ = ["ADAM_BETAS", "ADAM_EPS", "AdamMoments", "LocalSchedule", "adam_step", "local_train", "steps_per_epoch"]
 
@@ -81,7 +86,7 @@ def adam_step(params: Params, grads: Params, moments: AdamMoments, lr: float | t
     return new_params, AdamMoments(m, v, t)
 
 
-def local_train(ctx, params: Params, train, schedule: LocalSchedule) -> tuple[Params, torch.Tensor]:
+def local_train(ctx: TrainingContext, params: Params, train: ClientTensors, schedule: LocalSchedule) -> tuple[Params, torch.Tensor]:
     """`schedule.steps` steps of every row from `params` (Adam moments start at zero: the
     clients start every round from the global model); returns the parameters and each
     row's mean loss over the steps it took. Batches as `sample_batches` draws them

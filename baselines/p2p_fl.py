@@ -60,8 +60,9 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -70,12 +71,15 @@ from p4bench.baselines.local_optim import LocalSchedule, local_train, steps_per_
 from p4bench.baselines.p2p_policies import POLICIES, exact_scores, policy_weights, private_scores, validation_split
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method
 from p4bench.engine.messages import UPDATE_PREFIX
-from p4bench.engine.method import PlannedRelease
+from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
 from p4bench.engine.state import State, unvectorize, vectorize
 from p4bench.engine.training import accuracy, local_sgd
 from p4bench.models import Params
 from p4bench.options import Option, resolve_options
 from p4bench.rng import SERVER_ID
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
 
 EXCHANGES = ("relay", "mesh")
 MODEL = UPDATE_PREFIX + "params"  # the flattened model a message carries (what attacks replace)
@@ -128,7 +132,7 @@ class P2PFL(Method):
             shares_individual_updates=True, has_aggregator=True, personalized=True, uses_server=relay)
 
     # -- schedule and privacy -----------------------------------------------------------------
-    def round_steps(self, phase, round_index):
+    def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
         if round_index == 0:
             return (LocalUpdate(),)  # Algorithm 3: W_set = None in the first round
         exchanges = ("upload", "relay") if self.exchange == "relay" else ("share",)
@@ -150,7 +154,7 @@ class P2PFL(Method):
 
 
     # -- clients ---------------------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         count, size = len(ctx.rows), vectorize(replicate(self.initial_params(), 1)).shape[1]
         return {
             "params": replicate(self.initial_params(), count),
@@ -163,7 +167,7 @@ class P2PFL(Method):
             "history": torch.full((count, self.config.rounds, 2), math.nan, dtype=torch.float64),
         }
 
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         fit, validation = validation_split(train, state["split_key"], self.val_fraction)
         params, weights = state["params"], state["weights"]
         if state["inbox"].shape[1]:
@@ -182,11 +186,11 @@ class P2PFL(Method):
             "received": state["received"].new_zeros(len(ctx.rows), 0),  # fresh: free the round's models
         }, loss
 
-    def _validation_accuracy(self, params: Params, validation) -> torch.Tensor:
+    def _validation_accuracy(self, params: Params, validation: ClientTensors) -> torch.Tensor:
         value = accuracy(self.model, params, validation.x, validation.y, validation.n)
         return torch.where(validation.n > 0, value.double(), math.nan)
 
-    def _personal_average(self, state: State, validation, ctx) -> tuple[Params, torch.Tensor]:
+    def _personal_average(self, state: State, validation: ClientTensors, ctx: StepContext) -> tuple[Params, torch.Tensor]:
         """LocalAverage_i for every row: score the candidates (the received models and the
         own one, in client order), weight them by policy, combine through the aggregator."""
         count, own = len(ctx.rows), ctx.rows
@@ -203,7 +207,8 @@ class P2PFL(Method):
         averaged[torch.searchsorted(ctx.rows, dst)] = mean.to(averaged.dtype)
         return unvectorize(averaged, state["params"]), weights
 
-    def _scores(self, candidates: Params, validation, present: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    def _scores(self, candidates: Params, validation: ClientTensors, present: torch.Tensor,
+                ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         """(accuracy, loss) (C, K) float64 of every candidate on the row's V_i: exact without
         DP, one DP release with it (NaN where the budget refused it); none for uniform."""
         shape = present.shape
@@ -216,7 +221,7 @@ class P2PFL(Method):
         scores = torch.where(released.unsqueeze(1), scores, math.nan)  # refused: uniform weights
         return (torch.full(shape, math.nan, dtype=torch.float64), scores) if use_loss else (scores, scores)
 
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         if exchange == "upload":
             return Messages(ctx.rows, torch.full((len(ctx.rows),), SERVER_ID), {MODEL: vectorize(state["params"])})
         if exchange != "share":
@@ -225,7 +230,7 @@ class P2PFL(Method):
         sender, receiver = others.nonzero(as_tuple=True)
         return Messages(ctx.rows[sender], receiver, {MODEL: vectorize(state["params"])}, rows=sender)
 
-    def receive(self, exchange, state, inbox, ctx):
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange not in ("share", "relay") or not len(inbox):
             return state
         # relay: every message comes from the coordinator, which names the model's origin
@@ -242,10 +247,11 @@ class P2PFL(Method):
         received[rows, ctx.rows] = True
         return {**state, "inbox": grid, "received": received}
 
-    def deployed_params(self, state):
-        return state["params"]
+    def deployed_params(self, state: State) -> Params:
+        params: Params = state["params"]
+        return params
 
-    def client_accuracies(self, state):
+    def client_accuracies(self, state: State) -> dict[str, torch.Tensor]:
         return {"prefit_val": state["prefit_val"], "postfit_val": state["postfit_val"]}
 
     def write_artifacts(self, state: State, folder: Path) -> list[Path]:
@@ -262,11 +268,11 @@ class P2PFL(Method):
         return [validation, mixing]
 
     # -- the relay coordinator --------------------------------------------------------------------
-    def init_server_state(self, ctx):
+    def init_server_state(self, ctx: StepContext) -> State:
         size = vectorize(replicate(self.initial_params(), 1)).shape[1]
         return {"models": torch.zeros(1, self.num_clients, size), "present": torch.zeros(1, self.num_clients, dtype=torch.bool)}
 
-    def server_receive(self, exchange, state, inbox, ctx):
+    def server_receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange != "upload" or not len(inbox):
             return state
         valid = (inbox.src >= 0) & (inbox.src < self.num_clients)
@@ -275,11 +281,11 @@ class P2PFL(Method):
         present[0, inbox.src[valid]] = True
         return {"models": models, "present": present}
 
-    def server_messages_per_pair(self, exchange, phase, round_index):
+    def server_messages_per_pair(self, exchange: str, phase: str, round_index: int) -> int:
         """The relay forwards every client's model to every client: one message per origin."""
         return self.num_clients if exchange == "relay" else 1
 
-    def server_outgoing(self, exchange, state, ctx):
+    def server_outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         if exchange != "relay":
             return Messages.empty()
         origins = state["present"][0].nonzero().squeeze(1)

@@ -33,6 +33,9 @@ proxy_update (average | replace), topology (default exponential), topology_optio
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.baselines.common import (
@@ -46,19 +49,23 @@ from p4bench.baselines.common import (
     weighted_inbox_sum,
 )
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
-from p4bench.engine.messages import UPDATE_PREFIX
-from p4bench.engine.method import PlannedRelease
-from p4bench.engine.state import flatten, unvectorize, vectorize
-from p4bench.engine.training import batch_gradient, distillation_loss, logits_of
+from p4bench.engine.messages import UPDATE_PREFIX, Messages
+from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
+from p4bench.engine.state import State, flatten, unvectorize, vectorize
+from p4bench.engine.training import PerExampleLoss, batch_gradient, distillation_loss, logits_of
+from p4bench.models import Model, Params
 from p4bench.options import Option, resolve_options, topology_options
 from p4bench.topology import uniform_averaging
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
 
 UPDATE = UPDATE_PREFIX
 PROXY_UPDATES = ("average", "replace")
 TEACHERS = ("none", "last-proxy", "private")
 
 
-def mutual_learning_loss(weight: float):
+def mutual_learning_loss(weight: float) -> PerExampleLoss:
     """Per-example (1 - w) CE(logits, y) + w KL(softmax(peer) || softmax(logits)), the
     peer's logits arriving as the auxiliary input (deep mutual learning, as in P4)."""
     return distillation_loss(weight)
@@ -87,7 +94,7 @@ class ProxyFL(Method):
         self.loss = mutual_learning_loss(self.weight)
         self.proxy_loss = mutual_learning_loss(self.weight if self.teacher != "none" else 0.0)
 
-    def uncertified_steps(self):
+    def uncertified_steps(self) -> list[str]:
         if self.teacher == "private" and self.weight > 0:
             return [
                 "ProxyFL teacher=private (the paper's): the DP proxy distils from the non-DP private model trained "
@@ -95,26 +102,27 @@ class ProxyFL(Method):
             ]
         return []
 
-    def privacy_plan(self):
+    def privacy_plan(self) -> list[PlannedRelease]:
         c = self.config  # every client trains its proxy in every round (no client sampling)
         return [PlannedRelease("train", c.data_rate, c.local_steps * c.rounds, c.local_steps, c.rounds, 1.0)]
 
-    def round_steps(self, phase, round_index):
+    def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
         return (LocalUpdate(), Exchange("push"))
 
     # -- state ---------------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         init = replicate(self.initial_params(), len(ctx.rows))
         return {"private": init, "proxy": {k: v.clone() for k, v in init.items()}}
 
-    def deployed_params(self, state):
-        return state["private"]
+    def deployed_params(self, state: State) -> Params:
+        private: Params = state["private"]
+        return private
 
-    def extra_models(self, state):
+    def extra_models(self, state: State) -> dict[str, Params]:
         return {"proxy": state["proxy"]}
 
     # -- local computation ---------------------------------------------------------------
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         private, proxy = state["private"], state["proxy"]
         released = proxy  # the proxy as mixed after the last exchange: a DP output
         total, taken = torch.zeros(len(ctx.rows), dtype=torch.float64), torch.zeros(len(ctx.rows))
@@ -129,7 +137,7 @@ class ProxyFL(Method):
             total, taken = total + loss * done, taken + done
         return {**state, "private": private, "proxy": proxy}, total / taken.clamp_min(1)
 
-    def teacher_logits(self, model, private_logits, released, x):
+    def teacher_logits(self, model: Model, private_logits: torch.Tensor, released: Params, x: torch.Tensor) -> torch.Tensor | None:
         """The logits the proxy distils from on batch `x` (None: CE only): the private
         model's (`teacher=private`), the last released proxy's, or none."""
         if self.teacher == "none":
@@ -146,11 +154,11 @@ class ProxyFL(Method):
         receives = torch.from_numpy(adjacency.T.astype("float64"))  # receives[i, j]: i hears j
         return (receives / receives.sum(dim=1, keepdim=True).clamp_min(1.0)).to(device)
 
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         """Only the proxy is sent (to the round's out-neighbours, and to oneself when averaging)."""
         return send_along(ctx.rows, self.mixing(ctx.round) != 0, flatten(state["proxy"], UPDATE))
 
-    def receive(self, exchange, state, inbox, ctx):
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         weights = self.mixing(ctx.round)[inbox.dst, inbox.src]
         mixed = weighted_inbox_sum(ctx.rows, inbox, prefixed_vectors(inbox.payload, UPDATE), weights)
         own = vectorize(state["proxy"])
