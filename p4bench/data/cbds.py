@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from p4bench.data.base import Partitioner, PartitionReport
 from p4bench.errors import DataError
 from p4bench.options import Option, resolve_options
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 __all__ = ["CBDSMatrix", "CBDSPartitioner", "cbds_counts", "cbds_matrix", "imbalance"]
 
@@ -87,7 +91,8 @@ def cbds_matrix(clients: int, labels: int, alpha: float, rng: np.random.Generato
         """(C, len(cols)) change of u if client i swapped the labels of pair cols[k]."""
         gap_first, gap_second = target - sums[first[cols]], target - sums[second[cols]]
         moved = matrix[:, second[cols]] - matrix[:, first[cols]]  # s_j1 += moved, s_j2 -= moved
-        return np.abs(gap_first - moved) + np.abs(gap_second + moved) - (np.abs(gap_first) + np.abs(gap_second))
+        changed: np.ndarray = np.abs(gap_first - moved) + np.abs(gap_second + moved) - (np.abs(gap_first) + np.abs(gap_second))
+        return changed
 
     delta = change(np.arange(pairs))
     best_row = delta.argmin(axis=0)
@@ -136,7 +141,7 @@ def cbds_counts(shares: np.ndarray, pool: int, size: int | None = None) -> np.nd
         raise DataError(f"cbds partitioner: at most {largest} samples per client fit, {size} were asked for")
     asked, size = size is not None, largest if size is None else size
     quotas = shares * (pool * size / row_total)[:, None]
-    counts = np.floor(quotas).astype(np.int64)  # a column's floors sum to at most its quotas' sum <= pool
+    counts: np.ndarray = np.floor(quotas).astype(np.int64)  # a column's floors sum to at most its quotas' sum <= pool
     counts += _round_up(quotas - counts, size - counts.sum(axis=1), pool - counts.sum(axis=0))
     reached = int(counts.sum(axis=1).min())
     if reached < size and asked:
@@ -198,7 +203,10 @@ class CBDSPartitioner(Partitioner):
                low=0, low_open=True),
     )
 
-    def partition(self, labels, num_classes, num_clients, samples_per_client, rng, config):
+    def partition(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
+        rng: np.random.Generator, config: RunConfig,
+    ) -> list[np.ndarray]:
         alpha = resolve_options(self.options, config.options)["cbds_alpha"]
         labels = np.asarray(labels)
         available = np.bincount(labels, minlength=num_classes)[:num_classes]

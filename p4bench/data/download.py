@@ -20,6 +20,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
@@ -152,10 +153,22 @@ def download_dataset(
     return target
 
 
-def _dataset_instance(name: str):
+class _Downloadable(Protocol):
+    """What download_dataset needs of a dataset: its files live in one folder."""
+
+    def location(self, data_dir: Path) -> Path: ...
+
+    def is_present(self, data_dir: Path) -> bool: ...
+
+
+def _dataset_instance(name: str) -> _Downloadable:
     from p4bench.data.sources import Cifar10Dataset, Cifar100Dataset, EmnistBalancedDataset, MnistDataset
 
-    classes = {c.name: c for c in (Cifar10Dataset, Cifar100Dataset, EmnistBalancedDataset, MnistDataset)}
+    # spelled out: a comprehension would join the classes to Dataset, whose location may be None
+    classes: dict[str, type[_Downloadable]] = {
+        Cifar10Dataset.name: Cifar10Dataset, Cifar100Dataset.name: Cifar100Dataset,
+        EmnistBalancedDataset.name: EmnistBalancedDataset, MnistDataset.name: MnistDataset,
+    }
     return classes[name]()
 
 

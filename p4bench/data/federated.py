@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -12,11 +14,13 @@ from p4bench.data.base import ArrayDataset
 
 _NORMS, _GRAM, _BASIS, _PARENT = "_squared_norms", "_gram", "_basis", "_parent"  # caches outside the frozen fields
 _MAX_COUNT = "_max_count"  # max(n), read once
+_Derived = TypeVar("_Derived")  # what a per-dataset cache holds (`ClientTensors._derived`)
 
 
 def squared_norms(x: torch.Tensor) -> torch.Tensor:
     """(C, n) squared L2 norms of flattened inputs (C, n, ...), without a full-size temporary."""
-    return torch.linalg.vector_norm(x.flatten(start_dim=2), dim=2).square_()
+    norms: torch.Tensor = torch.linalg.vector_norm(x.flatten(start_dim=2), dim=2)  # torch.linalg is untyped
+    return norms.square_()
 
 
 def gram_matrices(x: torch.Tensor) -> torch.Tensor:
@@ -81,25 +85,32 @@ class ClientTensors:
         (per-example clipping of linear models needs them at every DP step)."""
         if _NORMS not in self.__dict__:  # frozen dataclass: cache outside the fields
             self.__dict__[_NORMS] = squared_norms(self.x).to(self.n.device)  # streamed samples: on the host, moved once
-        return self.__dict__[_NORMS]
+        norms: torch.Tensor = self.__dict__[_NORMS]
+        return norms
 
     def gram(self) -> torch.Tensor:
         """(C, n_max, n_max) inner products of every client's flattened samples, computed
         once per dataset: a subset taken with `rows` (the clients of one round) reads
         its parent's, so partial participation does not recompute it every round."""
-        return self._derived(_GRAM, gram_matrices, lambda gram, index, width: gram[index, :width, :width])
+        # annotated: Tensor indexing is untyped, so the selector's result (hence the call's) is Any
+        matrices: torch.Tensor = self._derived(_GRAM, gram_matrices, lambda gram, index, width: gram[index, :width, :width])
+        return matrices
 
     def orthonormal_basis(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(Q^T (C, m, d), R (C, m, n_max)) with X = R^T Q^T per client (`orthonormal_bases`),
         computed once per dataset and shared with row subsets like `gram`."""
-        return self._derived(_BASIS, orthonormal_bases, lambda basis, index, width: (basis[0][index], basis[1][index, :, :width]))
+        basis: tuple[torch.Tensor, torch.Tensor] = self._derived(  # annotated: as in `gram`
+            _BASIS, orthonormal_bases, lambda basis, index, width: (basis[0][index], basis[1][index, :, :width]))
+        return basis
 
     def has_orthonormal_basis(self) -> bool:
         """Whether `orthonormal_basis` is already computed (here or on the parent)."""
         parent = self.__dict__.get(_PARENT)
         return _BASIS in self.__dict__ or (parent is not None and parent[0].has_orthonormal_basis())
 
-    def _derived(self, name: str, compute, select):
+    def _derived(
+        self, name: str, compute: Callable[[torch.Tensor], _Derived], select: Callable[[_Derived, torch.Tensor, int], _Derived]
+    ) -> _Derived:
         """A per-dataset cache: computed from x, or selected from the parent's cache."""
         if name not in self.__dict__:
             parent = self.__dict__.get(_PARENT)
@@ -110,7 +121,8 @@ class ClientTensors:
                 value = source._derived(name, compute, select)
                 whole = width == source.x.shape[1] and torch.equal(index, torch.arange(len(source.n)))
                 self.__dict__[name] = value if whole else select(value, index, width)  # all rows: no copy
-        return self.__dict__[name]
+        cached: _Derived = self.__dict__[name]
+        return cached
 
     @property
     def mask(self) -> torch.Tensor:

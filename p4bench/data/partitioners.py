@@ -3,6 +3,8 @@ plus the P4 paper's dataset presets."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from p4bench.config import RunConfig
@@ -17,7 +19,10 @@ class IIDPartitioner(Partitioner):
     name = "iid"
     description = "uniform random split, same size for every client"
 
-    def partition(self, labels, num_classes, num_clients, samples_per_client, rng, config):
+    def partition(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
+        rng: np.random.Generator, config: RunConfig,
+    ) -> list[np.ndarray]:
         total = len(labels)
         size = samples_per_client if samples_per_client is not None else total // num_clients
         if size < 2 or size * num_clients > total:
@@ -39,7 +44,10 @@ class AlphaPartitioner(Partitioner):
     name = "alpha"
     description = "gamma% IID samples, the rest from one dominant class per client (--similarity gamma)"
 
-    def partition(self, labels, num_classes, num_clients, samples_per_client, rng, config: RunConfig):
+    def partition(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
+        rng: np.random.Generator, config: RunConfig,
+    ) -> list[np.ndarray]:
         gamma = config.similarity
         pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
         available = np.array([len(p) for p in pools])
@@ -75,7 +83,7 @@ class AlphaPartitioner(Partitioner):
         return clients
 
 
-def _largest_feasible(fits, upper: int) -> int:
+def _largest_feasible(fits: Callable[[int], bool], upper: int) -> int:
     """Largest size in [0, upper] with fits(size), assuming feasibility is monotone."""
     low, high = 0, upper
     while low < high:
@@ -122,7 +130,10 @@ class ShardsPartitioner(Partitioner):
                "must agree)", low=1),
     )
 
-    def partition(self, labels, num_classes, num_clients, samples_per_client, rng, config):
+    def partition(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
+        rng: np.random.Generator, config: RunConfig,
+    ) -> list[np.ndarray]:
         values = resolve_options(self.options, config.options)
         per_client = values["shards_per_client"]
         if per_client > num_classes:
@@ -213,7 +224,10 @@ class DirichletPartitioner(Partitioner):
         Option("dirichlet_retries", int, 100, "redraws per client before a size counts as infeasible", low=1),
     )
 
-    def partition(self, labels, num_classes, num_clients, samples_per_client, rng, config):
+    def partition(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
+        rng: np.random.Generator, config: RunConfig,
+    ) -> list[np.ndarray]:
         values = resolve_options(self.options, config.options)
         alpha, retries = values["dirichlet_alpha"], values["dirichlet_retries"]
         available = np.bincount(labels, minlength=num_classes)[:num_classes]
@@ -277,7 +291,10 @@ class NaturalPartitioner(Partitioner):
     description = "one client per writer / generated client (datasets with writer ids: leaf-femnist, synthetic)"
     needs_writers = True
 
-    def partition(self, labels, num_classes, num_clients, samples_per_client, rng, config, writers=None):
+    def partition(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
+        rng: np.random.Generator, config: RunConfig, writers: np.ndarray | None = None,
+    ) -> list[np.ndarray]:
         if writers is None:
             raise DataError(
                 "natural partitioner needs writer ids; use a dataset that has them (leaf-femnist, synthetic)"

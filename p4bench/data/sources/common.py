@@ -85,7 +85,7 @@ class _ArrayUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def load_array_pickle(path: Path) -> dict:
+def load_array_pickle(path: Path) -> dict[bytes | str, Any]:
     """A pickled dict of arrays/lists (Python 2 CIFAR batches: keys come back as bytes)."""
     try:
         with path.open("rb") as handle:
@@ -97,7 +97,7 @@ def load_array_pickle(path: Path) -> dict:
     return data
 
 
-def key(data: dict, name: str, path: Path) -> Any:
+def key(data: dict[bytes | str, Any], name: str, path: Path) -> Any:
     """data[b'name'] (or data['name']) with a clear error when absent."""
     for candidate in (name.encode(), name):
         if candidate in data:
