@@ -3,7 +3,7 @@ one target epsilon (15, under the suite's default accountant, as `reproduce`) an
 neighbouring relation (add-remove) for every private
 run, lr tuned per method on the evaluation clients only, then 3 seeds.
 
-Equal privacy (as `p4bench reproduce heterogeneity`, see p4bench/equal_privacy.py): every
+Equal privacy (as `p4bench reproduce heterogeneity`, see p4bench/studies/equal_privacy.py): every
 private run uses `--neighbouring` (add-remove by default; P4's own default is replace-one,
 and the same epsilon under another relation is another guarantee) and must have a
 certified epsilon; otherwise the script refuses (exit 2, naming the runs) unless
@@ -37,7 +37,7 @@ from concurrent.futures import ProcessPoolExecutor
 METHODS = ("p4", "local", "centralized", "fedavg", "scaffold", "proxyfl", "dp-dsgt", "dp-dsgd")
 PERSONALIZED = {"p4", "local", "proxyfl"}
 BASELINES = ("local", "centralized")  # non-private unless --private-baselines
-TUNE_GRID = [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]  # p4bench.reproduce.TUNE_GRID
+TUNE_GRID = [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]  # p4bench.studies.reproduce.TUNE_GRID
 
 
 def _init_worker() -> None:
@@ -60,7 +60,7 @@ def method_options(method: str, common: dict, private_baselines: bool) -> dict:
 def one_run(method: str, lr: float, seed: int, common: dict) -> dict:
     """Summary of one run: reported and evaluation-client accuracies, privacy, bytes, time."""
     from p4bench.config import RunConfig
-    from p4bench.runner import run
+    from p4bench.run.runner import run
 
     result = run(RunConfig(method=method, lr=lr, seed=seed, **common), track=False)
     accuracy, info, summary = result.outcome.accuracy, result.info, result.summary
@@ -79,7 +79,7 @@ def one_run(method: str, lr: float, seed: int, common: dict) -> dict:
 
 def privacy_check(rows: dict, allow_mixed: bool):
     """The equal-privacy rule over every run (UsageError naming the runs unless allowed)."""
-    from p4bench.equal_privacy import check_privacy, from_summary
+    from p4bench.studies.equal_privacy import check_privacy, from_summary
 
     statuses = [from_summary(r, f"{m} lr={r['lr']:g} seed={r['seed']}") for m, runs in rows.items() for r in runs]
     return check_privacy(statuses, allow_mixed=allow_mixed, what="bench/compare_digits.py")
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
         tuned = {m: {str(lr): round(tuning[(m, lr)].result()["evaluation"], 4) for lr in args.grid} for m in args.methods}
         tuning_rows = {m: [tuning[(m, lr)].result() for lr in args.grid] for m in args.methods}
     total = time.perf_counter() - started
-    from p4bench.equal_privacy import UnequalPrivacyError
+    from p4bench.studies.equal_privacy import UnequalPrivacyError
 
     try:
         verdict = privacy_check({m: rows[m] + tuning_rows[m] for m in args.methods}, args.allow_mixed_privacy)

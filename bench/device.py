@@ -82,7 +82,7 @@ from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
 from p4bench.plugins.device.link import LinkProfile, compare_transfers, parse_link
 from p4bench.plugins.device.profile import DEVICE_PROFILES
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 PAPER = {  # Raspberry Pi 4B, Python 3.11, PyTorch 2.1, linear model, CIFAR-10 (reference p4.md section 9)
     "phase1_message_bytes": 622.82e3, "phase2_total_bytes": 1246.57e3, "phase1_pair_s": 0.04,

@@ -34,7 +34,7 @@ os.environ.setdefault("P4BENCH_VERIFY", "0")
 from test_device_faults import Flood  # noqa: E402  (the same flood the fault test uses)
 
 from p4bench.config import RunConfig  # noqa: E402
-from p4bench.runner import run  # noqa: E402
+from p4bench.run.runner import run  # noqa: E402
 
 
 def timed(config: RunConfig, observers: list) -> tuple[float, dict]:

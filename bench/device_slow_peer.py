@@ -46,7 +46,7 @@ from test_device_faults import WITHHOLDER, _device_config  # noqa: E402  (the te
 
 from p4bench.hookspecs import hookimpl  # noqa: E402
 from p4bench.plugins.device.launcher import LocalPeers  # noqa: E402
-from p4bench.runner import run  # noqa: E402
+from p4bench.run.runner import run  # noqa: E402
 
 # peer "3" writes every end marker's header at once and its body DELAY s later
 TRICKLER = r"""

@@ -106,7 +106,7 @@ def synthetic_data(clients: int, train: int, test: int, device: torch.device, se
 
         data = FederatedData(split(train), split(test), torch.zeros(clients, dtype=torch.bool), CLASSES, features,
                              tuple(map(str, range(CLASSES))), tuple())
-    return data.to(device)  # the runner's placement (p4bench.runner.prepare): here already there
+    return data.to(device)  # the runner's placement (p4bench.run.runner.prepare): here already there
 
 
 def fresh(data: FederatedData) -> FederatedData:

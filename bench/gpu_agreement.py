@@ -22,7 +22,7 @@ from gpu import cli_device  # bench/gpu.py, beside this script
 
 from p4bench.config import RunConfig
 from p4bench.devices import describe_device
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 CASES = {
     "p4": dict(method="p4", clients=8),

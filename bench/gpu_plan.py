@@ -26,7 +26,7 @@ from p4bench.engine.chunking import dp_step_bytes, plan_work
 from p4bench.errors import UsageError
 from p4bench.models import LinearSoftmax, ScatterCNN
 from p4bench.plugins.p4.method import GROUPING_BYTES_PER_PAIR
-from p4bench.runner import state_bytes
+from p4bench.run.runner import state_bytes
 
 CARD = 78 << 30  # the H100's usable memory the issue names
 CONFIGS = (  # (method, model, clients, train, test, features)

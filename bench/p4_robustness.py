@@ -13,7 +13,7 @@ import json
 import numpy as np
 
 from p4bench.config import RunConfig
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 SETTINGS = {
     "no attack": dict(attack=None),

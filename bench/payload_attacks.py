@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from p4bench.config import RunConfig
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 ATTACKS = (None, "nan-update", "duplicate-messages", "weight-lie")
 DEFENSES = {"fedavg": "m-krum", "p4": "p4-secure"}

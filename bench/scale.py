@@ -37,7 +37,7 @@ def point(method: str, clients: int) -> dict:
 
     torch.set_num_threads(1)
     from p4bench.config import RunConfig
-    from p4bench.runner import run
+    from p4bench.run.runner import run
 
     options: dict = {"group_size": 8} if method == "p4" else {}
     if method == "pdsl":  # twice the records generated: the public pool Q comes out of them first

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from p4bench.moved import forward_moved
+
 __all__ = ["ClaimCheck", "ClaimContext", "means", "not_checked", "pct", "verdict"]
 
 
@@ -31,7 +33,7 @@ class ClaimContext:
 
 def means(table, **where: Any) -> dict[tuple, float]:
     """{remaining key values: mean} of the rows matching `where` (values compared as text);
-    the `privacy` mark column (p4bench.equal_privacy) is not a key."""
+    the `privacy` mark column (p4bench.studies.equal_privacy) is not a key."""
     rows = table
     for key, value in where.items():
         rows = rows[rows[key].astype(str) == str(value)]
@@ -52,3 +54,9 @@ def verdict(claim: str, failures: list[str], checked: int, passed_detail: str) -
     if not checked:
         return not_checked(claim, "no results to compare")
     return ClaimCheck(claim, "no" if failures else "yes", "; ".join(failures) if failures else passed_detail)
+
+
+# P4's claim checks moved beside its methods in 0.2 (a paper's claims are its plugin's)
+__getattr__ = forward_moved(__name__, {name: "p4bench.plugins.p4.claims" for name in (
+    "ABLATIONS", "ATTACKS", "PAPER_TOLERANCE", "POINTS", "ablation_claims", "defense_claims",
+    "heterogeneity_claims", "malicious_claims", "privacy_claims")})

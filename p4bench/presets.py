@@ -6,7 +6,7 @@ P4's five in `p4bench.plugins.p4.presets`, Karras et al.'s in
 
 This module holds the `Preset` record, the data settings presets share
 (`shared/reference/p4.md` section 8; digits is the offline fallback) and the registry.
-How presets run, are tuned and checked is `p4bench.reproduce`'s business (see its
+How presets run, are tuned and checked is `p4bench.studies.reproduce`'s business (see its
 docstring for the equal-privacy rules every preset follows: one relation, `RELATION`;
 non-private local and centralized).
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from p4bench.claims import ClaimCheck, ClaimContext
+from p4bench.moved import forward_moved
 
 __all__ = [
     "DATASETS", "FULL", "NON_PRIVATE", "PRESETS", "Preset", "QUICK", "QUICK_DIGITS", "RELATION",
@@ -149,3 +150,7 @@ PRESETS: Mapping[str, Preset] = _Presets()
 def describe_presets() -> list[tuple[str, str, str]]:
     """(name, paper datasets, summary) of every preset, for help texts."""
     return [(p.name, ", ".join(p.datasets), p.summary) for p in PRESETS.values()]
+
+
+# P4's preset settings moved beside its methods in 0.2
+__getattr__ = forward_moved(__name__, {"DEFENSES": "p4bench.plugins.p4.presets", "EPSILONS": "p4bench.plugins.p4.presets"})

@@ -27,7 +27,7 @@ from p4bench.config import RunConfig
 from p4bench.hookspecs import hookimpl
 from p4bench.participation import participation_curve, write_participation_curve
 from p4bench.records import display_round
-from p4bench.run_artifacts import final_metrics, final_tags, plot_accuracy, write_partition_summary
+from p4bench.run.artifacts import final_metrics, final_tags, plot_accuracy, write_partition_summary
 from p4bench.tracking_ops import EXPERIMENT_KIND_TAG, dataset_spec  # noqa: F401 - EXPERIMENT_KIND_TAG re-exported
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class Tracker:
     def __init__(self, config: RunConfig, tags: Mapping[str, str] | None = None, resume: Any = None,
                  placement: Mapping[str, str] | None = None) -> None:
         self.config = config
-        self.resume = resume  # p4bench.checkpoint.Checkpoint
+        self.resume = resume  # p4bench.run.checkpoint.Checkpoint
         self.extra_tags = {str(k): str(v) for k, v in (tags or {}).items()}  # e.g. a sweep's name
         self.placement = dict(placement or {})  # where it runs (a Ray node): logged, not kept in checkpoints
         self.uri = config.tracking_uri or default_tracking_uri(config.results_dir)

@@ -50,7 +50,7 @@ def settle_attempts(uri: str, config: RunConfig, tags: Mapping[str, str], keep: 
     if not sweep:
         return None
     try:
-        from p4bench.results import store_client
+        from p4bench.studies.results import store_client
 
         client = store_client(uri)
         experiment = client.get_experiment_by_name(config.experiment)
@@ -72,7 +72,7 @@ def settle_attempts(uri: str, config: RunConfig, tags: Mapping[str, str], keep: 
 
 
 def run_row(run: Any) -> dict[str, Any]:
-    """An mlflow Run as a row of `p4bench.results.load_runs` (tags, `params.*`, `metrics.*`)."""
+    """An mlflow Run as a row of `p4bench.studies.results.load_runs` (tags, `params.*`, `metrics.*`)."""
     row: dict[str, Any] = {"run_id": run.info.run_id, "status": run.info.status, "start_time": run.info.start_time}
     row.update({k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")})
     row.update({f"params.{k}": v for k, v in run.data.params.items()})
@@ -83,7 +83,7 @@ def run_row(run: Any) -> dict[str, Any]:
 def finished_summary(config: RunConfig, row: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:
     """What a sweep keeps of a run finished earlier (a row of the store): its summary (run id,
     accuracy, privacy) and its evaluation clients' final accuracy."""
-    from p4bench.equal_privacy import from_row
+    from p4bench.studies.equal_privacy import from_row
 
     def metric(name: str) -> float | None:
         value = row.get(f"metrics.{name}")
@@ -104,7 +104,7 @@ def record_failure(config: RunConfig, tracker: Any, tags: Mapping[str, str], err
     if tracker is None:
         return None
     try:
-        from p4bench.results import ensure_experiment, store_client
+        from p4bench.studies.results import ensure_experiment, store_client
         from p4bench.tracking import flat_params, run_name
 
         client = store_client(tracker.uri)

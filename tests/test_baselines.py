@@ -17,7 +17,7 @@ from p4bench.errors import ConfigError, IncompatibleError
 from p4bench.hookspecs import hookimpl
 from p4bench.models import LinearSoftmax
 from p4bench.plugin_manager import Registry, create_plugin_manager
-from p4bench.runner import prepare, run
+from p4bench.run.runner import prepare, run
 from p4bench.topology import exponential_shift
 
 BASELINES = ("local", "centralized", "fedavg", "scaffold", "proxyfl", "dp-dsgt", "dp-dsgd")

@@ -12,7 +12,7 @@ from p4bench.cli import main
 from p4bench.config import RunConfig
 from p4bench.engine import DEFAULT_EPSILON
 from p4bench.privacy.certification import certify
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 def invoke(args, capsys):

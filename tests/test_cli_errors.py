@@ -1,7 +1,7 @@
 """The command line's exception boundary (`p4bench.cli.main`): a failure the user caused is
 one line on stderr and exit 2, a bug shows its traceback and asks to be reported (exit 1),
 an unhandled Ctrl-C is one line and exit 130; the up-front path checks
-(`p4bench.preflight`); `--version`; the smoke-run label of `reproduce --quick`."""
+(`p4bench.run.preflight`); `--version`; the smoke-run label of `reproduce --quick`."""
 
 from __future__ import annotations
 
@@ -97,12 +97,12 @@ def test_bad_yaml_in_a_config_file_or_an_option_is_one_line(capsys, tmp_path):
 
 def _compare_failing_with(monkeypatch, exc: BaseException) -> None:
     """`compare` whose store access raises `exc`, from a frame that names the store's URI."""
-    import p4bench.compare
+    import p4bench.studies.compare
 
     def compare_experiment(uri, *args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(p4bench.compare, "compare_experiment", compare_experiment)
+    monkeypatch.setattr(p4bench.studies.compare, "compare_experiment", compare_experiment)
 
 
 def test_a_locked_store_is_one_line_naming_it(capsys, monkeypatch, results_dir):
@@ -152,7 +152,7 @@ def test_an_unhandled_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
     code, _, err = invoke(["topology", "show", "ring", "--clients", "4"], capsys)
     assert code == 130 and err.strip() == "interrupted"
 
-    class Stopped(KeyboardInterrupt):  # a stop that knows where its results are (p4bench.interrupts.RunInterrupted)
+    class Stopped(KeyboardInterrupt):  # a stop that knows where its results are (p4bench.run.interrupts.RunInterrupted)
         pass
 
     def stopped(*args, **kwargs):
@@ -193,7 +193,7 @@ def test_which_failures_are_the_users():
 
 def test_check_run_paths(tmp_path, monkeypatch):
     from p4bench.config import RunConfig
-    from p4bench.preflight import check_output_file, check_run_paths
+    from p4bench.run.preflight import check_output_file, check_run_paths
 
     (tmp_path / "afile").write_text("")
     with pytest.raises(UsageError, match="afile is a file, not a folder"):
@@ -230,7 +230,7 @@ def test_the_tracking_schemes_are_mlflows(monkeypatch, tmp_path):
     from mlflow.store.db.db_types import DATABASE_ENGINES
     from mlflow.tracking._tracking_service.utils import _tracking_store_registry
 
-    from p4bench.preflight import TRACKING_SCHEMES, check_tracking_uri
+    from p4bench.run.preflight import TRACKING_SCHEMES, check_tracking_uri
 
     assert set(TRACKING_SCHEMES) == set(_tracking_store_registry._registry) | set(DATABASE_ENGINES)
     check_tracking_uri("postgresql+psycopg2://user@127.0.0.1/db")  # a database with its driver: left to MLflow
@@ -280,11 +280,11 @@ def test_help_lists_version_and_completion(capsys):
 
 
 def test_reproduce_quick_says_its_claims_are_not_tested(capsys, monkeypatch):
-    import p4bench.reproduce
-    from p4bench.backends import RunRecord
+    import p4bench.studies.reproduce
     from p4bench.claims import ClaimCheck
     from p4bench.config import RunConfig
-    from p4bench.sweep import PlannedRun, SweepReport
+    from p4bench.studies.backends import RunRecord
+    from p4bench.studies.sweep import PlannedRun, SweepReport
 
     planned = [PlannedRun(RunConfig(rounds=3, seed=0), {})]
     sweep = SweepReport("reproduce-x-digits-quick", "sqlite:///x.db", planned, [RunRecord("h", "finished", {})])
@@ -292,7 +292,7 @@ def test_reproduce_quick_says_its_claims_are_not_tested(capsys, monkeypatch):
               ClaimCheck("partitioner claim", "no", "computed", training=False)]
     report = SimpleNamespace(quick=True, dataset="digits", tuning=None, tuned_lr={}, sweep=sweep, comparison=None, beside=None,
                              extras=[], privacy=[], claims=checks)
-    monkeypatch.setattr(p4bench.reproduce, "reproduce", lambda *args, **kwargs: report)
+    monkeypatch.setattr(p4bench.studies.reproduce, "reproduce", lambda *args, **kwargs: report)
     code, out, _ = invoke(["reproduce", "privacy", "--quick"], capsys)
     assert code == 0
     lines = out.splitlines()

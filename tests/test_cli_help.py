@@ -28,10 +28,10 @@ def test_an_interrupted_run_does_not_advance_the_sweep_bar(monkeypatch):
     """A sweep stopped by Ctrl-C: its runs come back "interrupted" and the bar says 0 of 2 done."""
     from types import SimpleNamespace
 
-    import p4bench.sweep
+    import p4bench.studies.sweep
     from p4bench.cli.studies import RunsProgress
 
-    monkeypatch.setattr(p4bench.sweep, "describe_run", lambda planned, keys: "run")
+    monkeypatch.setattr(p4bench.studies.sweep, "describe_run", lambda planned, keys: "run")
     progress = RunsProgress("sweep")
     progress.start(total=2, skipped=0)
     try:

@@ -14,7 +14,7 @@ from p4bench.data.base import load_dataset
 from p4bench.data.sources import Cifar10Dataset
 from p4bench.errors import IncompatibleError
 from p4bench.plugin_manager import default_registry
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 def test_table_i_has_406922_parameters_and_matches_torch_layers():

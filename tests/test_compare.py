@@ -11,8 +11,8 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from p4bench.cli import main
-from p4bench.compare import compare_experiment, default_group_by, format_table, plot_comparison
 from p4bench.errors import UsageError
+from p4bench.studies.compare import compare_experiment, default_group_by, format_table, plot_comparison
 
 # (method, similarity, seed, final accuracy); each run also logs a 3-round curve ending there
 RUNS = [
@@ -111,7 +111,7 @@ def test_cli_table_and_plot(store, tmp_path, capsys):
 def test_numbers_sort_numerically_and_before_text():
     import pandas as pd
 
-    from p4bench.compare import aggregate
+    from p4bench.studies.compare import aggregate
 
     runs = pd.DataFrame({"params.epsilon": ["15.0", "none", "3.0", "3.0"],
                          "metrics.final_accuracy_mean": [0.7, 0.5, 0.6, 0.4]})

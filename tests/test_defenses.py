@@ -22,7 +22,7 @@ from p4bench.errors import ConfigError, IncompatibleError
 from p4bench.hookspecs import hookimpl
 from p4bench.plugin_manager import create_plugin_manager, default_registry
 from p4bench.plugins.p4.secure import P4Secure
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 def cfg(**options) -> RunConfig:

@@ -16,7 +16,7 @@ from p4bench.engine.screen import finite_rows, first_per_sender, screen
 from p4bench.engine.threats import Aggregator, Attack, Defense, update_vectors, weighted_mean, with_update_vectors
 from p4bench.hookspecs import hookimpl
 from p4bench.plugin_manager import Registry, create_plugin_manager
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 SIZE, SPREAD, HONEST, COPIES = 6, 1.0, 12, 10
 MU = torch.full((SIZE,), 0.2, dtype=torch.float64)

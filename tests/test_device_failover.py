@@ -10,7 +10,7 @@ import torch
 from p4bench.engine.network import BytesNetwork, Delivery
 from p4bench.engine.runtime import BytesRuntime
 from p4bench.plugin_manager import Registry, create_plugin_manager
-from p4bench.runner import prepare
+from p4bench.run.runner import prepare
 
 CUT, FROM_ROUND = 2, 1  # client 2 is cut off from co-training round 1 on
 
@@ -77,7 +77,7 @@ def test_next_member_takes_over_a_lost_aggregator(small_config):
 
 
 def test_fault_free_runs_never_mark_failures(small_config):
-    from p4bench.runner import run
+    from p4bench.run.runner import run
 
     result = run(small_config(method="p4", clients=6, rounds=3, local_steps=1, options={"group_size": 3}), track=False)
     state = result.outcome.final_state

@@ -16,7 +16,7 @@ import numpy as np
 from p4bench.config import RunConfig
 from p4bench.hookspecs import hookimpl
 from p4bench.plugins.device.launcher import LocalPeers
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}
 SEEDED = {"noise_source": "seeded", "device_simulation": True}  # results equal the simulator's

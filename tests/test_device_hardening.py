@@ -84,8 +84,9 @@ def _state(transport: PeerTransport) -> dict:
     """The transport's buffers and connections, read on its loop."""
 
     async def read():
-        return {"buffered": {k: v for k, v in transport._buffered.items() if v}, "batches": len(transport._batches),
-                "inbound": {k: len(v) for k, v in transport._gate.inbound.items()}, "connections": transport._gate.count}
+        inbound = transport.inbound
+        return {"buffered": {k: v for k, v in inbound.buffered.items() if v}, "batches": len(inbound.batches),
+                "inbound": {k: len(v) for k, v in inbound.gate.inbound.items()}, "connections": inbound.gate.count}
 
     return transport._thread.call(read(), timeout=10)
 
@@ -474,17 +475,17 @@ def test_the_launcher_reconnects_during_start_up_and_not_after(tmp_path):
         try:
             link.reconnect_within(30)
             link.connect_all(20)
-            assert _until(lambda: a._launcher is not None)
+            assert _until(lambda: a.inbound.launcher is not None)
 
             async def cut() -> None:  # as a flood's eviction did: the peer ends a connection the launcher holds
-                a._launcher.abort()
+                a.inbound.launcher.abort()
 
             a._thread.call(cut(), timeout=10)
             assert link.events.get(timeout=20) == ("a", EVENT_RECONNECTED, b"")
             assert link.reconnects["a"] == 1 and link.send("a", {"type": "hello"})
             assert _until(lambda: not a.control.empty()) and a.control.get(timeout=5)["type"] in ("launcher-closed", "hello")
             link.reconnect_within(None)  # the run started: a closed connection is the peer's drop
-            assert _until(lambda: a._launcher is not None)
+            assert _until(lambda: a.inbound.launcher is not None)
             a._thread.call(cut(), timeout=10)
             assert link.events.get(timeout=20) == ("a", None, b"")
         finally:
@@ -497,7 +498,7 @@ def test_round_reports_queued_without_waiting_reach_the_launcher_in_order(tmp_pa
         link = LauncherLink(peers, tmp_path, Limits())
         try:
             link.connect_all(20)
-            assert _until(lambda: a._launcher is not None)
+            assert _until(lambda: a.inbound.launcher is not None)
             for index in range(30):  # a round's report: queued, the next round goes on at once
                 a.report_later({"type": "round", "round": index})
             assert a.report({"type": "final"})  # a waited-for report leaves after every queued one

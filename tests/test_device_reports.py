@@ -22,7 +22,7 @@ from p4bench.plugins.device.node import DeviceNode, serve
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.report_check import ReleaseCheck, mismatch_reasons
 from p4bench.privacy.mechanism import DPSettings
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 FAST = ["--option", "device_exchange_timeout_s=30", "--option", "device_round_timeout_s=120",
         "--option", "device_startup_timeout_s=180"]

@@ -23,7 +23,7 @@ from p4bench.hookspecs import hookimpl
 from p4bench.plugins.device.launcher import LocalPeers
 from p4bench.plugins.device.protocol import KIND_CONTROL, KIND_END, KIND_MESSAGE, KIND_REPORT, dump_json, pack
 from p4bench.plugins.device.tls import init_tls_dir
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}
 
@@ -92,7 +92,7 @@ def test_a_non_private_device_run_draws_the_simulators_numbers(capsys, shared_re
         assert abs(device["accuracy_per_client"][client] - accuracy) <= 1e-6
     # a private device run still draws secret randomness
     from p4bench.plugin_manager import Registry, create_plugin_manager
-    from p4bench.runner import resolve_run_config
+    from p4bench.run.runner import resolve_run_config
 
     registry = Registry(create_plugin_manager())
     private = resolve_run_config(RunConfig(method="p2p-fl", runtime="device", epsilon=8.0), registry)

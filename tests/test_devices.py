@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from p4bench import interrupts
-from p4bench.checkpoint import CHECKPOINT_FILE, load
 from p4bench.cli import main
 from p4bench.config import RunConfig
 from p4bench.devices import MemoryPlan, device_scope, plan_memory, resolve_device
 from p4bench.errors import UsageError
 from p4bench.rng import ClientRng, node_keys
-from p4bench.runner import run
+from p4bench.run import interrupts
+from p4bench.run.checkpoint import CHECKPOINT_FILE, load
+from p4bench.run.runner import run
 from p4bench.testing.emulated_device import EmulatedTensor, emulation, host_reads, reset_host_reads
 from p4bench.testing.runs import StopAfterStep
 
@@ -116,7 +116,7 @@ def test_runs_on_an_accelerator_equal_the_cpu_run(name, results_dir):
 def test_streamed_client_data_gives_the_resident_result(method, results_dir, monkeypatch):
     """Data kept in host memory (as when it does not fit on the GPU) and moved batch by
     batch, evaluated in chunks of clients: the same numbers as the CPU run."""
-    import p4bench.runner as runner
+    import p4bench.run.runner as runner
 
     config = small(results_dir, method=method, clients=8, epsilon=8.0)
     placed = {}

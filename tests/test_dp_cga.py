@@ -14,7 +14,7 @@ from scipy.optimize import nnls
 from p4bench import hookimpl
 from p4bench.baselines.dp_cga import cone_projection, segments_of, solve_cone_qp
 from p4bench.privacy.accountants import RDPAccountant, ReleaseSegment, accounted_epsilon
-from p4bench.runner import run
+from p4bench.run.runner import run
 from p4bench.testing import check_method
 
 EXACT = {"iterations": 20_000, "tolerance": 1e-12}

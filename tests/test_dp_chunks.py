@@ -119,7 +119,7 @@ def test_p4_counts_its_grouping_in_the_plan():
 
 
 def test_a_run_in_small_chunks_ends_as_one_in_a_single_chunk():
-    from p4bench.runner import run
+    from p4bench.run.runner import run
 
     config = RunConfig(method="dp-dsgd", model="cnn", clients=4, rounds=2, seed=2, eval_fraction=0.0)
     whole = run(config, track=False).outcome

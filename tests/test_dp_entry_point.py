@@ -15,7 +15,7 @@ from p4bench.audit import AuditedMechanism, CanaryBank, run_audit
 from p4bench.privacy.mechanism import DPMechanism, DPSettings
 from p4bench.privacy.noise import NoiseStreams
 from p4bench.privacy.releases import Releases, current_releases
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 class LedgerSpy:

@@ -16,7 +16,7 @@ from p4bench.errors import ConfigError
 from p4bench.hookspecs import hookimpl
 from p4bench.models import LinearSoftmax
 from p4bench.plugin_manager import create_plugin_manager
-from p4bench.runner import run
+from p4bench.run.runner import run
 from p4bench.testing import check_method
 
 D_PSGD = {"order": "d-psgd"}

@@ -8,7 +8,7 @@ import torch
 from p4bench.engine import MessageFormatError, Messages, decode, encode
 from p4bench.engine.training import batched_loss_and_grad, reference_loss_and_grad
 from p4bench.models import LinearSoftmax
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 def _final(config):

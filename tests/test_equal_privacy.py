@@ -8,18 +8,18 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-import p4bench.runner
-from p4bench.backends import Backend, RunRecord
+import p4bench.run.runner
 from p4bench.claims import ClaimCheck
 from p4bench.cli import main
-from p4bench.compare import compare_experiment
 from p4bench.config import RunConfig
-from p4bench.equal_privacy import RunPrivacy, UnequalPrivacyError, check_privacy, from_config, from_row, settle_relation
 from p4bench.errors import UsageError
-from p4bench.impact import compute_impact
-from p4bench.reproduce import PRESETS, TUNE_GRID, apply_tuned_lr, plan_lr_tuning, plan_preset, quick_claims, reproduce
-from p4bench.sweep import expand, parse_sweep, run_sweep
-from p4bench.tune import TuneSpec, run_tuning
+from p4bench.studies.backends import Backend, RunRecord
+from p4bench.studies.compare import compare_experiment
+from p4bench.studies.equal_privacy import RunPrivacy, UnequalPrivacyError, check_privacy, from_config, from_row, settle_relation
+from p4bench.studies.impact import compute_impact
+from p4bench.studies.reproduce import PRESETS, TUNE_GRID, apply_tuned_lr, plan_lr_tuning, plan_preset, quick_claims, reproduce
+from p4bench.studies.sweep import expand, parse_sweep, run_sweep
+from p4bench.studies.tune import TuneSpec, run_tuning
 
 TINY = {"dataset": "digits", "clients": 8, "rounds": 2, "local_steps": 2}
 
@@ -32,7 +32,7 @@ def invoke(args, capsys):
 
 
 def no_training(monkeypatch):
-    monkeypatch.setattr(p4bench.runner, "run", lambda *a, **k: pytest.fail("nothing may train"))
+    monkeypatch.setattr(p4bench.run.runner, "run", lambda *a, **k: pytest.fail("nothing may train"))
 
 
 # -- the rule ---------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def test_rule_refuses_mixed_relations_and_uncertified_runs_naming_them():
 
 
 def test_rule_refuses_private_runs_under_different_deltas_or_accountants():
-    from p4bench.equal_privacy import from_summary
+    from p4bench.studies.equal_privacy import from_summary
 
     def summary(method, delta, accountant="pld"):
         return {"method": method, "seed": 0, "private": True, "epsilon_certified": True, "neighbouring": "add-remove",
@@ -83,7 +83,7 @@ def test_rule_refuses_private_runs_under_different_deltas_or_accountants():
 def test_the_default_delta_is_far_below_one_over_n_and_one_per_data_set(tmp_path):
     """delta = 1/(10 N), N the data set's training records: the same for FedDF (which sets
     public records aside) as for FedAvg, and below 1/(10 N') for the records the clients hold."""
-    from p4bench.runner import run
+    from p4bench.run.runner import run
 
     summaries = [run(RunConfig(method=m, clients=4, rounds=1, local_steps=1, epsilon=8.0, results_dir=str(tmp_path)),
                      track=False).summary for m in ("fedavg", "feddf")]

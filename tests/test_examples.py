@@ -44,8 +44,8 @@ def test_run_yaml_is_a_run_config_and_runs(capsys, results_dir):
 
 def test_grid_yaml_expands_to_six_runs_at_equal_privacy_and_a_cell_runs(capsys, results_dir):
     from p4bench.plugin_manager import default_registry
-    from p4bench.runner import run
-    from p4bench.sweep import expand, load_sweep
+    from p4bench.run.runner import run
+    from p4bench.studies.sweep import expand, load_sweep
 
     spec = load_sweep(EXAMPLES / "grid.yaml")
     assert spec.name == "grid"  # the README's `p4bench compare --experiment grid` reads it

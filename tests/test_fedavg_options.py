@@ -8,7 +8,7 @@ import torch
 from p4bench.baselines.fedavg import select_clients
 from p4bench.errors import UsageError
 from p4bench.rng import ClientRng, node_keys
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 def test_power_law_client_sampling_favours_high_ids_and_refuses_dp(small_config):

@@ -15,7 +15,7 @@ from p4bench.config import RunConfig, load_config_file
 from p4bench.errors import DataError
 from p4bench.models import LinearSoftmax
 from p4bench.plugin_manager import Registry, create_plugin_manager
-from p4bench.runner import prepare, run
+from p4bench.run.runner import prepare, run
 
 FAST = {"distill_steps": 20, "distill_eval_every": 5}  # a few server steps: tests stay quick
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from p4bench.cli import main
 from p4bench.config import RunConfig
 from p4bench.data.global_test import hold_out_global_test
 from p4bench.plugin_manager import Registry, create_plugin_manager
-from p4bench.runner import prepare, run
+from p4bench.run.runner import prepare, run
 
 
 def _rows(x: np.ndarray) -> set[bytes]:

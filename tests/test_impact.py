@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from p4bench.cli import main
-from p4bench.impact import compute_impact, pair_runs
-from p4bench.runner import run
+from p4bench.run.runner import run
+from p4bench.studies.impact import compute_impact, pair_runs
 
 ATTACK = "byzantine-random"
 
@@ -119,7 +119,7 @@ def test_pairing_rules():
 
 
 def test_impact_panels_are_titled_by_what_varies_never_unset():
-    from p4bench.impact import panel_title
+    from p4bench.studies.impact import panel_title
 
     assert panel_title(["dataset", "method"], ("digits", "fedavg")) == "dataset digits / method fedavg"
     assert panel_title(["method", "options.malicious_k"], ("p4", "<unset>")) == "method p4"

@@ -13,9 +13,9 @@ import pytest
 from p4bench.baselines.karras_preset import FRACTIONS, cbds_claim, karras_claims, karras_report, table_iii_lines
 from p4bench.claims import ClaimContext
 from p4bench.cli import main
-from p4bench.equal_privacy import from_config
 from p4bench.plugin_manager import default_registry
-from p4bench.reproduce import plan_preset, quick_claims
+from p4bench.studies.equal_privacy import from_config
+from p4bench.studies.reproduce import plan_preset, quick_claims
 
 NEEDED = (("method", "p2p-fl"), ("method", "feddf"), ("attack", "random-labels"), ("partitioner", "cbds"),
           ("model", "cnn-gray"))

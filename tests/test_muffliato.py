@@ -10,7 +10,7 @@ import torch
 
 from p4bench.baselines.muffliato import chebyshev_weights
 from p4bench.errors import ConfigError
-from p4bench.runner import run
+from p4bench.run.runner import run
 from p4bench.testing import check_method
 from p4bench.topology import RingGraph, metropolis_hastings, spectral_gap
 

@@ -34,9 +34,9 @@ def invoke(args, capsys):
 @pytest.fixture
 def no_data(monkeypatch):
     """Fail the test if a run gets as far as loading its dataset."""
-    import p4bench.runner
+    import p4bench.run.runner
 
-    monkeypatch.setattr(p4bench.runner, "load_dataset", lambda *a, **k: pytest.fail("options must fail before data"))
+    monkeypatch.setattr(p4bench.run.runner, "load_dataset", lambda *a, **k: pytest.fail("options must fail before data"))
 
 
 # -- resolve_options ---------------------------------------------------------------------
@@ -135,9 +135,9 @@ def test_an_option_of_another_method_exits_2(capsys, no_data, results_dir):
 
 
 def test_a_sweep_with_a_bad_value_fails_before_its_first_run(tmp_path, capsys, monkeypatch):
-    import p4bench.runner
+    import p4bench.run.runner
 
-    monkeypatch.setattr(p4bench.runner, "run", lambda *a, **k: pytest.fail("no run may start"))
+    monkeypatch.setattr(p4bench.run.runner, "run", lambda *a, **k: pytest.fail("no run may start"))
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text("name: bad-option\nbase: {method: p4, clients: 4, rounds: 1}\n"
                      "axes: {options.group_size: [2, abc]}\n")
@@ -181,7 +181,7 @@ def test_list_name_describes_one_plugin(capsys):
 
 
 def test_resolved_options_become_mlflow_params(small_config):
-    from p4bench.runner import prepare
+    from p4bench.run.runner import prepare
     from p4bench.tracking import flat_params
 
     prepared = prepare(small_config(method="p4", options={"group_size": "2"}), default_registry())

@@ -17,7 +17,7 @@ from p4bench.data import ClientTensors
 from p4bench.engine.messages import Messages, encode
 from p4bench.privacy.accountants import RDPAccountant, ReleaseSegment, accounted_epsilon
 from p4bench.rng import SERVER_ID, node_keys
-from p4bench.runner import run
+from p4bench.run.runner import run
 from p4bench.testing import check_method
 
 FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, pair_up, random_groups
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 def test_mutual_best_pairs_first_then_greedy_then_random():

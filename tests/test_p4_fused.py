@@ -10,7 +10,7 @@ from p4bench.engine.training import distillation_loss
 from p4bench.plugins.p4 import fused
 from p4bench.plugins.p4.fused import mutual_distillation_gradients, size_buckets
 from p4bench.plugins.p4.span import span_is_cheaper
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 @pytest.mark.parametrize("alpha, beta", [(0.5, 0.5), (0.0, 1.0), (0.3, 0.0)])

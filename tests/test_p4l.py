@@ -12,7 +12,7 @@ from p4bench.errors import ConfigError, IncompatibleError
 from p4bench.plugins.p4l.chain_crypto import ChainCrypto
 from p4bench.plugins.p4l.peer import FINAL_PREFIX, Peer
 from p4bench.plugins.p4l.plan import PlanSettings, SynergyPlan, law_weights, round_plan
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 SMALL_KEYS = {"key_bits": 512}  # real Paillier, small modulus: test speed only
 FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}

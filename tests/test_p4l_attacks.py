@@ -15,7 +15,7 @@ from p4bench.engine import Messages
 from p4bench.errors import ConfigError
 from p4bench.plugin_manager import Registry, create_plugin_manager, default_registry
 from p4bench.rng import ClientRng, node_keys
-from p4bench.runner import prepare, run
+from p4bench.run.runner import prepare, run
 from p4bench.testing import check_attack
 
 NAMES = ("label-flip-pair", "label-flip-random-pair", "label-shuffle", "kde-noise")

@@ -30,7 +30,7 @@ from p4bench.plugins.p4l.preset import (
 )
 from p4bench.plugins.p4l.preset_report import load_curves, loss_drop_claim, p4l_report
 from p4bench.presets import PRESETS, describe_presets
-from p4bench.reproduce import plan_preset
+from p4bench.studies.reproduce import plan_preset
 
 CTX = ClaimContext("digits", False, ())
 NEEDED = (("method", "p4l"), *(("attack", a) for a in ATTACKS), ("partitioner", "shards"))

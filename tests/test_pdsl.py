@@ -16,7 +16,7 @@ from p4bench.errors import ConfigError
 from p4bench.models import LinearSoftmax
 from p4bench.privacy.accountants import RDPAccountant, ReleaseSegment, accounted_epsilon
 from p4bench.rng import client_rng
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}
 

@@ -15,7 +15,7 @@ from p4bench.attacks.model_probe import ModelProbe
 from p4bench.audit.inversion import inversion_experiment, probe_gradient, reconstruct_class_means
 from p4bench.engine.messages import Messages
 from p4bench.rng import ClientRng, node_keys
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 MODEL, GRADIENT = "update.model", "update.gradient"
 

@@ -28,10 +28,10 @@ from p4bench.baselines.pdsl_preset import (
 from p4bench.baselines.pdsl_preset_report import pdsl_report
 from p4bench.claims import ClaimContext
 from p4bench.cli import main
-from p4bench.equal_privacy import from_config
 from p4bench.plugin_manager import default_registry
 from p4bench.presets import PRESETS, describe_presets
-from p4bench.reproduce import plan_preset, quick_claims
+from p4bench.studies.equal_privacy import from_config
+from p4bench.studies.reproduce import plan_preset, quick_claims
 
 CTX = ClaimContext("digits", False, ())
 NEEDED = (*(("method", m) for m in METHODS), ("partitioner", "dirichlet"), *(("topology", t) for t in TOPOLOGIES))

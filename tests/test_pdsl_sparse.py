@@ -16,7 +16,7 @@ from p4bench.baselines.neighbour_table import NeighbourTable
 from p4bench.config import RunConfig
 from p4bench.engine.state import vectorize
 from p4bench.privacy.post_processing import run_check
-from p4bench.runner import run
+from p4bench.run.runner import run
 from p4bench.topology import metropolis_hastings
 
 

@@ -18,7 +18,7 @@ from p4bench.errors import DuplicateNameError, UnknownNameError
 from p4bench.models import LinearSoftmax
 from p4bench.plugin_manager import KINDS, Registry, create_plugin_manager
 from p4bench.privacy.accountants import Accountant
-from p4bench.runner import run
+from p4bench.run.runner import run
 from p4bench.topology.graphs import Topology
 
 

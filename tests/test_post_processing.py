@@ -16,7 +16,7 @@ from p4bench.engine.state import flatten
 from p4bench.engine.training import batch_gradient, distillation_loss, logits_of
 from p4bench.privacy.post_processing import check_post_processing, replaced_records, run_check
 from p4bench.privacy.tape import ReleaseTape, ReplayDiverged
-from p4bench.runner import run
+from p4bench.run.runner import run
 from p4bench.testing.runs import resolve_plugin
 
 BUILT_IN_PRIVATE = ("centralized", "dp-cga", "dp-dsgd", "dp-dsgt", "fedavg", "feddf", "local", "muffliato", "p2p-fl",

@@ -15,7 +15,7 @@ from p4bench.privacy import get_accountant
 from p4bench.privacy.accountants import RDPAccountant, ReleaseSegment
 from p4bench.privacy.ledger import accounted_epsilon
 from p4bench.privacy.mechanism import DPMechanism, DPSettings, NoiseStreams, clipped_gradient_sum
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 def _mechanism(rows, std_sigma=2.0, clip=0.5, neighbouring="add-remove", seed=0):

@@ -14,7 +14,7 @@ from p4bench.cli import main
 from p4bench.config import RunConfig
 from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.rng import ClientRng, node_keys
-from p4bench.runner import prepare
+from p4bench.run.runner import prepare
 from p4bench.testing import check_attack
 
 

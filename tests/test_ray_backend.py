@@ -8,8 +8,8 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install '
 
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from p4bench.backends import RayBackend, RunTask, execute_task  # noqa: E402
-from p4bench.sweep import parse_sweep, run_sweep  # noqa: E402
+from p4bench.studies.backends import RayBackend, RunTask, execute_task  # noqa: E402
+from p4bench.studies.sweep import parse_sweep, run_sweep  # noqa: E402
 
 
 @pytest.fixture(scope="module")

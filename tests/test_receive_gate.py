@@ -11,7 +11,7 @@ from p4bench.cli.run import rejections_line
 from p4bench.config import RunConfig
 from p4bench.engine import Messages
 from p4bench.engine.receive_gate import ReceiveGate, Rejections, rejection_counts
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 class _Declared:

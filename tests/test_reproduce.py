@@ -8,7 +8,7 @@ import pytest
 from p4bench.cli import main
 from p4bench.errors import UnknownNameError, UsageError
 from p4bench.plugin_manager import default_registry
-from p4bench.reproduce import PRESETS, ClaimContext, plan_preset, shard_variant
+from p4bench.studies.reproduce import PRESETS, ClaimContext, plan_preset, shard_variant
 
 CTX = ClaimContext("digits", True, ())
 
@@ -77,7 +77,7 @@ def test_every_preset_plans_valid_runs_on_every_paper_dataset(name):
 
 @pytest.mark.parametrize("dataset", ["cifar10", "cifar100", "femnist", "digits"])
 def test_shard_settings_divide_evenly(dataset):
-    from p4bench.reproduce import DATASETS
+    from p4bench.studies.reproduce import DATASETS
 
     classes = DATASETS[dataset]["classes"]
     for n in (2, 4, 8):

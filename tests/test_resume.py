@@ -15,13 +15,13 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from p4bench import interrupts
-from p4bench.checkpoint import CHECKPOINT_FILE, load
 from p4bench.cli import main
 from p4bench.config import RunConfig
-from p4bench.interrupts import RunInterrupted
-from p4bench.runner import run
-from p4bench.sweep import SweepInterrupted, parse_sweep, run_sweep
+from p4bench.run import interrupts
+from p4bench.run.checkpoint import CHECKPOINT_FILE, load
+from p4bench.run.interrupts import RunInterrupted
+from p4bench.run.runner import run
+from p4bench.studies.sweep import SweepInterrupted, parse_sweep, run_sweep
 from p4bench.testing.runs import StopAfterStep
 
 
@@ -111,12 +111,12 @@ def test_first_ctrl_c_in_the_cli_says_where_the_results_are_and_how_to_resume(tm
 
 
 def test_interrupt_during_start_up_is_one_line(tmp_path, capsys, monkeypatch):
-    import p4bench.runner
+    import p4bench.run.runner
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(p4bench.runner, "prepare", interrupted)
+    monkeypatch.setattr(p4bench.run.runner, "prepare", interrupted)
     code, out, err = invoke(["run", "--method", "local", "--results-dir", str(tmp_path)], capsys)
     assert code == 130 and err.strip() == "interrupted during start-up; nothing was trained"
 
@@ -179,8 +179,8 @@ def test_sweep_interrupted_resumes_its_run_and_a_finished_sweep_exits_normally(t
 
 
 def _sweep_stopping_at(spec, runs: str, step: int):
-    from p4bench.backends import LocalBackend
     from p4bench.plugin_manager import create_plugin_manager
+    from p4bench.studies.backends import LocalBackend
 
     pm = create_plugin_manager(extra_plugins=(StopAfterStep(step),), autoload=False)
     return run_sweep(spec, LocalBackend(plugin_manager=pm), results_dir=runs)

@@ -9,11 +9,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from p4bench.backends import RunTask, execute_task
 from p4bench.cli.run import ProgressDisplay, _rounds_text
 from p4bench.cli.summary_table import print_summary
 from p4bench.config import RunConfig
-from p4bench.runner import run
+from p4bench.run.runner import run
+from p4bench.studies.backends import RunTask, execute_task
 from p4bench.tracking import run_name
 
 
@@ -86,7 +86,7 @@ def test_the_accuracy_plot_shows_the_rounds_mlflow_shows(tmp_path, monkeypatch):
     """accuracy.png's x values are `display_round`'s: P4's grouping at 0, co-training 1..T."""
     import matplotlib.axes
 
-    from p4bench.run_artifacts import plot_accuracy
+    from p4bench.run.artifacts import plot_accuracy
 
     (tmp_path / "metrics.csv").write_text("step,phase,round,accuracy_mean,train_loss,seconds,bytes_sent\n"
                                           "1,grouping,0,0.1,1,0.1,1\n2,cotraining,0,0.3,1,0.1,1\n3,cotraining,1,0.4,1,0.1,1\n")

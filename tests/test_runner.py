@@ -7,7 +7,7 @@ import pytest
 
 from p4bench.config import RunConfig
 from p4bench.errors import DataError, IncompatibleError, UnknownNameError
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 def test_fedavg_on_iid_digits_reaches_90_percent(results_dir):

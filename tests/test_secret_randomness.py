@@ -22,7 +22,7 @@ from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.plugins.device.node import DeviceNode, peer_config
 from p4bench.privacy.noise import NoiseStreams
 from p4bench.rng import SecretRng, client_rng
-from p4bench.runner import prepare, run
+from p4bench.run.runner import prepare, run
 
 IDS = [0, 1, 2, 3]
 FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}

@@ -9,10 +9,10 @@ import math
 import pytest
 from mlflow.tracking import MlflowClient
 
-from p4bench.backends import LocalBackend, RunTask, execute_task
 from p4bench.cli import main
 from p4bench.errors import ConfigError, UnknownNameError, UsageError
-from p4bench.sweep import expand, load_sweep, parse_sweep, run_sweep
+from p4bench.studies.backends import LocalBackend, RunTask, execute_task
+from p4bench.studies.sweep import expand, load_sweep, parse_sweep, run_sweep
 
 TINY = {"dataset": "digits", "clients": 8, "rounds": 2, "local_steps": 2}
 
@@ -88,9 +88,9 @@ def test_bad_sweep_files_are_usage_errors(tmp_path):
 
 
 def test_unknown_plugin_name_fails_before_any_run(results_dir, monkeypatch):
-    import p4bench.runner
+    import p4bench.run.runner
 
-    monkeypatch.setattr(p4bench.runner, "run", lambda *a, **k: pytest.fail("no run may start"))
+    monkeypatch.setattr(p4bench.run.runner, "run", lambda *a, **k: pytest.fail("no run may start"))
     spec = parse_sweep({"name": "typo", "base": TINY, "axes": {"method": ["fedavg", "fedavgg"]}})
     with pytest.raises(UnknownNameError, match="unknown method 'fedavgg'.*fedavg"):
         run_sweep(spec, results_dir=results_dir, track=False)
@@ -173,9 +173,9 @@ def test_compare_prints_four_groups_with_mean_std_and_n(finished_sweep, capsys):
 
 
 def test_running_the_sweep_again_trains_nothing(finished_sweep, capsys, monkeypatch):
-    import p4bench.runner
+    import p4bench.run.runner
 
-    monkeypatch.setattr(p4bench.runner, "run", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(p4bench.run.runner, "run", lambda *a, **k: pytest.fail("a finished run was trained again"))
     path, results = finished_sweep
     code, out, err = invoke(["sweep", str(path), "--results-dir", results, "--json"], capsys)
     assert code == 0, err

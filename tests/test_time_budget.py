@@ -15,7 +15,7 @@ from p4bench.cli import main
 from p4bench.config import RunConfig, resolve_config
 from p4bench.engine import schedule
 from p4bench.errors import ConfigError
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from p4bench.runner import run
+from p4bench.run.runner import run
 
 
 def test_mlflow_run_holds_params_metrics_tags_and_artifacts(small_config, tmp_path):

@@ -4,9 +4,9 @@ attempt that finished is not trained again. The two-node version is tests/test_r
 
 from __future__ import annotations
 
-from p4bench.backends import RunTask, execute_task
 from p4bench.config import RunConfig
-from p4bench.results import ensure_experiment, store_client, tracking_uri_for
+from p4bench.studies.backends import RunTask, execute_task
+from p4bench.studies.results import ensure_experiment, store_client, tracking_uri_for
 from p4bench.tracking_attempts import PLANNED_RUN_TAG, SUPERSEDED_TAG, planned_run_key
 
 

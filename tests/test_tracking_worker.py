@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from p4bench import tracking_worker
-from p4bench.runner import run
+from p4bench.run.runner import run
 from p4bench.tracking_worker import WorkerBackend, serve
 
 

@@ -11,12 +11,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import p4bench.engine.driver
-import p4bench.runner
-from p4bench.backends import RunTask, execute_task
+import p4bench.run.runner
 from p4bench.cli import main
 from p4bench.errors import UsageError
-from p4bench.sweep import load_sweep
-from p4bench.tune import TuneSpec, parse_tune, plan_tuning, run_tuning
+from p4bench.studies.backends import RunTask, execute_task
+from p4bench.studies.sweep import load_sweep
+from p4bench.studies.tune import TuneSpec, parse_tune, plan_tuning, run_tuning
 
 TINY = {"dataset": "digits", "clients": 8, "rounds": 2, "local_steps": 2, "seed": 0}
 SENTINEL = 12345.0
@@ -26,7 +26,7 @@ def _corrupting(which: str):
     """A build_federated_data that overwrites the test split of the `which` clients
     ("reported": every non-evaluation client, "evaluation": the others) with a sentinel
     and shifted labels."""
-    original = p4bench.runner.build_federated_data
+    original = p4bench.run.runner.build_federated_data
 
     def build(dataset, partition, eval_fraction, rng):
         data = original(dataset, partition, eval_fraction, rng)
@@ -41,7 +41,7 @@ def _corrupting(which: str):
 def test_tuning_runs_never_evaluate_on_reported_clients_test_data(small_config, monkeypatch):
     """The reported clients' test samples are replaced by a sentinel; in a tuning run no
     evaluation ever sees it (their splits are withheld), in an ordinary run it does."""
-    monkeypatch.setattr(p4bench.runner, "build_federated_data", _corrupting("reported"))
+    monkeypatch.setattr(p4bench.run.runner, "build_federated_data", _corrupting("reported"))
     seen: list[torch.Tensor] = []
     original = p4bench.engine.driver.accuracy
 
@@ -73,9 +73,9 @@ def test_selection_depends_on_evaluation_clients_only(monkeypatch, tmp_path):
 
     clean, best = scores()
     assert all(0 <= s <= 1 for s in clean) and best == {"lr": [0.05, 0.5, 2.0][int(np.argmax(clean))]}
-    monkeypatch.setattr(p4bench.runner, "build_federated_data", _corrupting("reported"))
+    monkeypatch.setattr(p4bench.run.runner, "build_federated_data", _corrupting("reported"))
     assert scores() == (clean, best)  # reported clients' test data cannot move the selection
-    monkeypatch.setattr(p4bench.runner, "build_federated_data", _corrupting("evaluation"))
+    monkeypatch.setattr(p4bench.run.runner, "build_federated_data", _corrupting("evaluation"))
     assert scores()[0] != clean  # while the evaluation clients' test data does
 
 
@@ -118,7 +118,7 @@ def test_cli_picks_a_learning_rate_for_fedavg_and_p4_and_resumes(tmp_path, capsy
     (tmp_path / "sweep.yaml").write_text("name: s\ninclude: tuned.yaml\naxes: {method: [fedavg, p4]}\n")
     assert load_sweep(tmp_path / "sweep.yaml").per_method == document["tuned"]
     # tuning again trains nothing and chooses the same from the stored evaluation accuracies
-    monkeypatch.setattr(p4bench.runner, "run", lambda *a, **k: pytest.fail("a finished tuning run was trained again"))
+    monkeypatch.setattr(p4bench.run.runner, "run", lambda *a, **k: pytest.fail("a finished tuning run was trained again"))
     output.unlink()
     with pytest.raises(SystemExit) as info:
         main(args)
@@ -131,9 +131,9 @@ def test_tuning_runs_report_no_figures_of_withheld_clients_per_round():
     every round's per-client values too, so no participation curve of zeros is written."""
     from types import SimpleNamespace
 
-    from p4bench.backends import WithheldTests
     from p4bench.participation import participation_curve
     from p4bench.records import RoundReport
+    from p4bench.studies.backends import WithheldTests
 
     withheld = WithheldTests()
     withheld.withheld = np.array([True, True, False])

@@ -16,12 +16,12 @@ from p4bench.cli import main
 from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 from p4bench.plugin_manager import default_registry
-from p4bench.reproduce import PRESETS, plan_lr_tuning, plan_preset, reproduce
-from p4bench.runner import prepare
-from p4bench.sweep import PlannedRun
-from p4bench.tune import TuneSpec, parse_tune, plan_tuning, run_tuning, write_tuned
-from p4bench.tune_federation import check_tuning_federation, tuning_config, tuning_note
-from p4bench.tune_scope import lr_summary, lr_table, partition_key, partition_shape, plan_lr_groups, scope_note
+from p4bench.run.runner import prepare
+from p4bench.studies.reproduce import PRESETS, plan_lr_tuning, plan_preset, reproduce
+from p4bench.studies.sweep import PlannedRun
+from p4bench.studies.tune import TuneSpec, parse_tune, plan_tuning, run_tuning, write_tuned
+from p4bench.studies.tune_federation import check_tuning_federation, tuning_config, tuning_note
+from p4bench.studies.tune_scope import lr_summary, lr_table, partition_key, partition_shape, plan_lr_groups, scope_note
 
 TINY = {"dataset": "digits", "clients": 10, "rounds": 1, "local_steps": 1, "seed": 3}
 
@@ -202,10 +202,10 @@ def test_reproduce_says_which_scope(no_data, tmp_path):
 
 
 def test_reproduce_prints_the_lr_of_every_partition_where_they_differ(no_data, tmp_path, capsys, monkeypatch):
-    import p4bench.backends
+    import p4bench.studies.backends
 
     best = lambda c: 0.1 if c.partitioner == "alpha" else 1.0  # noqa: E731 - lr best on its partition
-    monkeypatch.setattr(p4bench.backends, "make_backend",
+    monkeypatch.setattr(p4bench.studies.backends, "make_backend",
                         lambda *a, **k: FakeBackend(score=lambda c: 1.0 - abs(c.lr - best(c))))
     with pytest.raises(SystemExit) as info:
         main(["reproduce", "heterogeneity", "--quick", "--only", "method=local", "--results-dir", str(tmp_path)])

@@ -71,7 +71,7 @@ def run_audit(
     defaults to the last run's results folder when tracked, else no plot.
     """
     from p4bench.plugin_manager import Registry, create_plugin_manager
-    from p4bench.runner import resolve_run_config, run
+    from p4bench.run.runner import resolve_run_config, run
 
     started = time.perf_counter()
     check_audit_inputs(runs, canaries_per_client, confidence)

@@ -84,7 +84,7 @@ def run_method_audit(
     """
     from p4bench.models import LinearSoftmax
     from p4bench.plugin_manager import Registry, create_plugin_manager
-    from p4bench.runner import resolve_run_config, run
+    from p4bench.run.runner import resolve_run_config, run
 
     started = time.perf_counter()
     plugin_manager = plugin_manager or create_plugin_manager()

@@ -1,5 +1,5 @@
 """`p4bench impact`: attack impact and ideal-defense gap per method, attack and defense,
-from an experiment's MLflow runs (an adapter over `p4bench.impact`)."""
+from an experiment's MLflow runs (an adapter over `p4bench.studies.impact`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from p4bench.impact import DEFAULT_METRIC, compute_impact, format_table, plot_impact
+from p4bench.studies.impact import DEFAULT_METRIC, compute_impact, format_table, plot_impact
 
 __all__ = ["impact_command", "register"]
 

@@ -20,7 +20,7 @@ from p4bench.cli.summary_table import _rounds_text, print_summary, rejections_li
 from p4bench.config import RunConfig, parse_key_values, resolve_config
 from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
-from p4bench.interrupts import RunInterrupted, graceful_interrupts
+from p4bench.run.interrupts import RunInterrupted, graceful_interrupts
 
 
 class ProgressDisplay:
@@ -193,7 +193,7 @@ def _stopped_at_once(display: ProgressDisplay, results_dir: str | None) -> str:
     """The line for a run stopped at once (a second Ctrl-C, or one during start-up)."""
     if display.run_id is None:
         return "interrupted during start-up; nothing was trained"
-    from p4bench.checkpoint import find_run_folder, load
+    from p4bench.run.checkpoint import find_run_folder, load
 
     folder = find_run_folder(display.run_id, results_dir or RunConfig.results_dir)
     if folder is not None and load(folder) is not None:
@@ -215,7 +215,7 @@ def _run(options: dict[str, Any], display: ProgressDisplay, as_json: bool) -> No
 
 def _run_or_resume(options: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
     from p4bench.plugin_manager import default_plugin_manager
-    from p4bench.runner import run
+    from p4bench.run.runner import run
 
     o = dict(options)
     if o["resume"] is not None:
@@ -289,10 +289,10 @@ def _report(summary: dict[str, Any], as_json: bool) -> None:
 
 def _resume(o: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
     """`--resume`: continue an interrupted run from its checkpoint, in its folder and MLflow run."""
-    from p4bench.checkpoint import FORMAT, find_run_folder, load
     from p4bench.plugin_manager import default_plugin_manager
-    from p4bench.results import tracking_uri_for
-    from p4bench.runner import run
+    from p4bench.run.checkpoint import FORMAT, find_run_folder, load
+    from p4bench.run.runner import run
+    from p4bench.studies.results import tracking_uri_for
 
     given = sorted(k for k in _overrides(o) if k not in ("results_dir", "tracking_uri", "device"))
     if given or o["config"] is not None or o["local_peers"] is not None:

@@ -55,7 +55,7 @@ class RunsProgress:
         self.task = self.bar.add_task(self.title, total=total - skipped, last="")
 
     def advance(self, record, planned) -> None:
-        from p4bench.sweep import describe_run
+        from p4bench.studies.sweep import describe_run
 
         self.failed += record.status == "failed"
         acc = record.summary.get("accuracy_mean") if record.summary else None
@@ -74,7 +74,7 @@ class RunsProgress:
 def _check_study_paths(results_dir: str | None, tracking_uri: str | None, base: Mapping[str, Any] | None = None) -> None:
     """Before any run: the results folder and the tracking store's folder (as the study will
     derive them from the options, else the base's keys) can be created and written."""
-    from p4bench.preflight import check_paths
+    from p4bench.run.preflight import check_paths
 
     base = base or {}
     check_paths(results_dir or base.get("results_dir") or base.get("results-dir"),
@@ -83,7 +83,7 @@ def _check_study_paths(results_dir: str | None, tracking_uri: str | None, base: 
 
 def _sets(pairs: list[str], device: str | None = None) -> dict[str, Any]:
     """The `--set` pairs (and `--device`, checked against this machine before any run)."""
-    from p4bench.sweep import option_key
+    from p4bench.studies.sweep import option_key
 
     values = parse_key_values(pairs, "--set")
     for key in values:
@@ -112,8 +112,8 @@ def sweep_command(
 ) -> None:
     """Run every combination of a sweep file into one MLflow experiment; finished runs are skipped.
     Private runs share one neighbouring relation (the sweep's, else add-remove)."""
-    from p4bench.backends import make_backend
-    from p4bench.sweep import describe_run, load_sweep, run_sweep
+    from p4bench.studies.backends import make_backend
+    from p4bench.studies.sweep import describe_run, load_sweep, run_sweep
 
     spec = load_sweep(file)
     spec = spec.with_base(**_sets(set_, device))
@@ -139,9 +139,9 @@ def _dry_run(spec, results_dir: str | None, tracking_uri: str | None, allow_mixe
     from p4bench.config import RunConfig
     from p4bench.options import validate_planned
     from p4bench.plugin_manager import default_registry
-    from p4bench.results import finished_runs, tracking_uri_for
-    from p4bench.sweep import describe_run, expand
-    from p4bench.sweep_privacy import study_privacy
+    from p4bench.studies.results import finished_runs, tracking_uri_for
+    from p4bench.studies.sweep import describe_run, expand
+    from p4bench.studies.sweep_privacy import study_privacy
 
     folder = results_dir or spec.base.get("results_dir") or RunConfig.results_dir
     uri = tracking_uri_for(tracking_uri or spec.base.get("tracking_uri"), folder)
@@ -177,10 +177,10 @@ def tune_command(
 ) -> None:
     """Grid-search each method's hyperparameters on the evaluation clients only; write the best.
     Candidates share one neighbouring relation and must be certified (else exit 2)."""
-    from p4bench.backends import make_backend
-    from p4bench.preflight import check_output_file
-    from p4bench.tune import TuneSpec, load_tune, parse_grid_options, parse_tune, run_tuning, write_tuned
-    from p4bench.tune_federation import check_tune_on
+    from p4bench.run.preflight import check_output_file
+    from p4bench.studies.backends import make_backend
+    from p4bench.studies.tune import TuneSpec, load_tune, parse_grid_options, parse_tune, run_tuning, write_tuned
+    from p4bench.studies.tune_federation import check_tune_on
 
     extra = parse_grid_options(grid)
     if file is None:
@@ -221,7 +221,7 @@ _EVAL_WORDS = {"global": "accuracy on the global test set (held out before parti
 
 
 def _print_comparison(comparison, fmt: str, privacy_note: bool = True) -> None:
-    from p4bench.compare import format_table
+    from p4bench.studies.compare import format_table
 
     verdict = comparison.privacy if privacy_note else None
     if verdict is not None and verdict.warning:
@@ -255,10 +255,10 @@ def compare_command(
 ) -> None:
     """Aggregate an experiment's runs over seeds (mean, std, n) per group, print and plot.
     Private runs must share one neighbouring relation and be certified (else exit 2)."""
-    from p4bench.compare import compare_experiment, plot_comparison
     from p4bench.config import RunConfig
-    from p4bench.preflight import check_plot_path
-    from p4bench.results import tracking_uri_for
+    from p4bench.run.preflight import check_plot_path
+    from p4bench.studies.compare import compare_experiment, plot_comparison
+    from p4bench.studies.results import tracking_uri_for
 
     if fmt not in ("table", "markdown", "csv"):
         raise UsageError(f"unknown format '{fmt}'; choose table, markdown or csv")
@@ -296,12 +296,12 @@ def reproduce_command(
     """Rebuild one of the paper's experiments and state whether each of its claims holds.
     lr is tuned per method and partition on its evaluation clients alone first; every private run shares one
     neighbouring relation and target epsilon, and must be certified (else exit 2)."""
-    from p4bench.backends import make_backend
     from p4bench.cli.tuning_view import print_reproduce_tuning
-    from p4bench.compare import plot_comparison
-    from p4bench.preflight import check_plot_path
-    from p4bench.reproduce import claim_note, reproduce, smoke_note
-    from p4bench.tune import parse_grid_options
+    from p4bench.run.preflight import check_plot_path
+    from p4bench.studies.backends import make_backend
+    from p4bench.studies.compare import plot_comparison
+    from p4bench.studies.reproduce import claim_note, reproduce, smoke_note
+    from p4bench.studies.tune import parse_grid_options
 
     if fmt not in ("table", "markdown", "csv"):
         raise UsageError(f"unknown format '{fmt}'; choose table, markdown or csv")

@@ -15,7 +15,7 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 def _print_sweep_summary(report, console: Console = out) -> None:
-    from p4bench.sweep import describe_run
+    from p4bench.studies.sweep import describe_run
 
     table = Table(title=f"sweep '{report.name}'", show_header=False)
     table.add_column("", style="bold")

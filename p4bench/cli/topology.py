@@ -27,7 +27,7 @@ def show_command(
 
     from p4bench.config import parse_key_values
     from p4bench.plugin_manager import default_registry
-    from p4bench.preflight import check_plot_path
+    from p4bench.run.preflight import check_plot_path
     from p4bench.topology import get_topology
     from p4bench.topology.summary import draw, summarize
 

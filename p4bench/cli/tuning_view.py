@@ -15,7 +15,7 @@ def print_tuning(result, over: str, notes: bool = True) -> None:
     `privacy` column where the candidates' privacy marks differ; with `notes`, the lines
     saying which federation tuning used (what that means for privacy) and the tuning runs'
     own privacy."""
-    from p4bench.tune_federation import tuning_lines
+    from p4bench.studies.tune_federation import tuning_lines
 
     verdict = result.privacy
     if verdict is not None and verdict.warning:
@@ -39,7 +39,7 @@ def print_tuning(result, over: str, notes: bool = True) -> None:
 def print_reproduce_tuning(report) -> None:
     """reproduce's tuning: every point's score per tuned method (preset scope), or the lr
     every partition's runs used where it differs (partition scope); the lrs per method."""
-    from p4bench.tune_scope import PARTITION, lr_summary, lr_table
+    from p4bench.studies.tune_scope import PARTITION, lr_summary, lr_table
 
     plan = getattr(report, "tuning_plan", None)
     if report.tuning is not None:

@@ -94,7 +94,7 @@ class RoundDriver:
         self.server_state: State = (
             self.method.init_server_state(self._context(server_rows, self.server_rng, "init", -1)) if self.holds_server else {}
         )
-        # Progress through the schedule, written back by a checkpoint (p4bench.checkpoint) to resume
+        # Progress through the schedule, written back by a checkpoint (p4bench.run.checkpoint) to resume
         self.position = 0  # blocks of `schedule(method)` completed
         self.reports: list[RoundReport] = []  # every round's report so far
         self.total_bytes = 0
@@ -109,10 +109,10 @@ class RoundDriver:
         `stop_after(step)` may end the run: the final evaluation is then that of the last
         completed round. By default it is the config's time budget, counted from here;
         a device peer passes the launcher's decision instead (`plugins/device/node.py`),
-        the runner adds the stop request of a Ctrl-C (`p4bench.interrupts`).
+        the runner adds the stop request of a Ctrl-C (`p4bench.run.interrupts`).
 
         The run starts at block `position` with `reports` so far: both are zero unless a
-        checkpoint was restored into this driver (`p4bench.checkpoint.restore`)."""
+        checkpoint was restored into this driver (`p4bench.run.checkpoint.restore`)."""
         keep_freed_memory()  # large per-step temporaries: reuse freed memory instead of faulting it in again
         gb = self.config.memory_budget_gb
         budget = self.job.memory_budget if self.job.memory_budget is not None else (

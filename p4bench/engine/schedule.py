@@ -21,7 +21,7 @@ class TimeBudget:
     was made (the run's `time_budget_min`). The driver asks it after each round, so a run
     stops after the first round that ends past the budget; that round (`overran_at`, its
     step) does not count: a run's results are those of the last round that finished within
-    the budget, as the papers count rounds in a time budget (`p4bench.run_summary.
+    the budget, as the papers count rounds in a time budget (`p4bench.run.summary.
     within_budget`). The device launcher holds one for its peers (`plugins/device/launcher.py`)."""
 
     def __init__(self, minutes: float, clock: Callable[[], float] | None = None) -> None:

@@ -157,7 +157,7 @@ def generic_path(config: RunConfig) -> tuple[RunConfig, list[str]]:
 def check_post_processing(config: RunConfig, run: Callable[..., Any], plugin_manager: Any = None,
                           prepare: Callable[[Any], None] | None = None) -> PostProcessingResult:
     """Run the check on `config` as given (see `check_config` for the small federation
-    the runner uses), with `run` the runner's `p4bench.runner.run` (passed in: the
+    the runner uses), with `run` the runner's `p4bench.run.runner.run` (passed in: the
     runner calls this module). `prepare` adjusts each of the two prepared runs (tests)."""
     from p4bench.plugin_manager import create_plugin_manager
 

@@ -1,6 +1,6 @@
 """A private run's privacy set-up: the noise multiplier calibrated to the target epsilon
 over the method's privacy plan (unless given), the ledger that accounts every release, and
-the DP mechanism plugged into the job (`p4bench.runner.prepare` calls it)."""
+the DP mechanism plugged into the job (`p4bench.run.runner.prepare` calls it)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,6 @@ import numpy as np
 import pluggy
 import torch
 
-from p4bench import interrupts
-from p4bench.checkpoint import Checkpoint
 from p4bench.config import RunConfig
 from p4bench.data import FederatedData, build_federated_data
 from p4bench.data.base import load_dataset, run_partitioner
@@ -39,9 +37,11 @@ from p4bench.privacy.plan_check import plan_reasons
 from p4bench.privacy.verification import verify_method
 from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
 from p4bench.rng import SEED_MALICIOUS, SEED_PARTITION, harness_rng
-from p4bench.run_privacy import setup_privacy
-from p4bench.run_session import RunSession, mark_interrupted
-from p4bench.run_summary import (  # noqa: F401 - re-exported: they were defined here
+from p4bench.run import interrupts
+from p4bench.run.checkpoint import Checkpoint
+from p4bench.run.privacy import setup_privacy
+from p4bench.run.session import RunSession, mark_interrupted
+from p4bench.run.summary import (  # noqa: F401 - re-exported: they were defined here
     DetectionScore,
     budget_fields,
     early_stop_epsilon_note,
@@ -270,8 +270,8 @@ def run(
     once per plugin version, cached).
 
     A tracked run is checkpointed into its local folder after its rounds
-    (`p4bench.checkpoint`); `resume` continues such a run (same config, same folder, same
-    MLflow run). A stop request (the first Ctrl-C under `p4bench.interrupts`, or
+    (`p4bench.run.checkpoint`); `resume` continues such a run (same config, same folder, same
+    MLflow run). A stop request (the first Ctrl-C under `p4bench.run.interrupts`, or
     `request_stop()`) ends the run after the current round with a checkpoint: the MLflow
     run is marked KILLED and `RunInterrupted` raised. Any other KeyboardInterrupt also
     marks the MLflow run KILLED before it propagates.
@@ -374,11 +374,11 @@ def check_resumable(config: RunConfig, registry: Registry) -> None:
 
 def _preflight(config: RunConfig) -> None:
     """Unwritable results folders and tracking stores fail before any training
-    (`p4bench.preflight`, where installed)."""
+    (`p4bench.run.preflight`, where installed)."""
     import importlib
 
     try:
-        check = importlib.import_module("p4bench.preflight").check_run_paths
+        check = importlib.import_module("p4bench.run.preflight").check_run_paths
     except (ImportError, AttributeError):
         return
     check(config)

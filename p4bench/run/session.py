@@ -1,4 +1,4 @@
-"""What `p4bench.runner.run` keeps while a run trains, besides the observation hooks:
+"""What `p4bench.run.runner.run` keeps while a run trains, besides the observation hooks:
 the harness's per-round metrics, the stop rule (time budget, stop request), checkpoints,
 and what a resumed run carries over from its checkpoint."""
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from p4bench import interrupts
-from p4bench.checkpoint import Checkpoint, RunCheckpointer, decode_into, restore
-from p4bench.checkpoint import remove as remove_checkpoint
 from p4bench.config import RunConfig
 from p4bench.records import RoundReport, RunInfo, extra_metric_name
-from p4bench.run_summary import DetectionScore, reported_mean
+from p4bench.run import interrupts
+from p4bench.run.checkpoint import Checkpoint, RunCheckpointer, decode_into, restore
+from p4bench.run.checkpoint import remove as remove_checkpoint
+from p4bench.run.summary import DetectionScore, reported_mean
 
 __all__ = ["RunSession", "mark_interrupted"]
 
@@ -34,7 +34,7 @@ class RunSession:
     rule (time budget, stop request), checkpoints, and what a resumed run carries over."""
 
     def __init__(self, prepared: Any, requested: RunConfig, resume: Checkpoint | None, tracker: Any) -> None:
-        # prepared: a p4bench.runner.PreparedRun (not imported: runner imports this module)
+        # prepared: a p4bench.run.runner.PreparedRun (not imported: runner imports this module)
         from p4bench.engine.driver import TimeBudget
         from p4bench.engine.runtime import GroupedRuntime
         from p4bench.version import __version__

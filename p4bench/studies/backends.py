@@ -24,7 +24,7 @@ from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
 from p4bench.participation import COUNT_PREFIX
-from p4bench.results import TUNING_TAG
+from p4bench.studies.results import TUNING_TAG
 
 __all__ = ["RunTask", "RunRecord", "execute_task", "execute_on_ray_node", "Backend", "LocalBackend", "RayBackend",
            "make_backend"]
@@ -36,7 +36,7 @@ OnDone = Callable[[int, "RunRecord"], None]
 class RunTask:
     """One run to execute: its config (as plain values, so it pickles), extra MLflow tags,
     and whether it is a tuning run (test splits of all but the benign evaluation clients
-    are withheld before round one; see p4bench.tune)."""
+    are withheld before round one; see p4bench.studies.tune)."""
 
     config: Mapping[str, Any]
     tags: Mapping[str, str] = field(default_factory=dict)
@@ -78,7 +78,7 @@ class RoundRecorder:
         self.rounds: list[dict[str, float]] = []
         self.selection: np.ndarray | None = None
         if resume is not None:  # a resumed run: the rounds before its checkpoint, from the reports saved there
-            from p4bench.checkpoint import unpack_report
+            from p4bench.run.checkpoint import unpack_report
 
             for report in map(unpack_report, resume.state()["reports"]):
                 self.rounds.append({"step": report.step, **{k: float(report.metrics.get(k, math.nan))
@@ -154,9 +154,9 @@ def _plugin_manager(autoload: bool | None):
 def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
     """Run one task and return its record; never raises for a failing run. A run with a
     checkpoint (interrupted in an earlier sweep) goes on from it; a run stopped by Ctrl-C
-    (`p4bench.interrupts`) is recorded as interrupted, with its checkpoint."""
-    from p4bench import interrupts, runner
-    from p4bench.checkpoint import find_for_config
+    (`p4bench.run.interrupts`) is recorded as interrupted, with its checkpoint."""
+    from p4bench.run import interrupts, runner
+    from p4bench.run.checkpoint import find_for_config
     from p4bench.tracking import Tracker, default_tracking_uri
     from p4bench.tracking_attempts import (
         PLANNED_RUN_TAG,
@@ -202,7 +202,7 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
                            seconds=time.perf_counter() - started, tags=tags)
         record.mlflow_run_id = record_failure(config, tracker, tags, record.error)
         if checkpoint is not None:  # the next sweep starts this run afresh rather than fail on the same checkpoint
-            from p4bench.checkpoint import remove
+            from p4bench.run.checkpoint import remove
 
             remove(checkpoint.folder)
         return record
@@ -275,7 +275,7 @@ class LocalBackend(Backend):
         import multiprocessing
         from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
 
-        from p4bench.interrupts import stop_requested
+        from p4bench.run.interrupts import stop_requested
 
         threads = max(1, (os.cpu_count() or 1) // self.jobs)
         with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"),
@@ -298,7 +298,7 @@ class LocalBackend(Backend):
 def _init_worker(threads: int) -> None:
     import torch
 
-    from p4bench.interrupts import install_in_worker
+    from p4bench.run.interrupts import install_in_worker
 
     torch.set_num_threads(threads)  # several workers share the machine's cores
     install_in_worker()  # the terminal's Ctrl-C reaches workers too: finish the round, checkpoint
@@ -321,7 +321,7 @@ def _lost(task: RunTask, exc: BaseException) -> RunRecord:
 
 
 class RayBackend(Backend):
-    """One Ray task per run on a cluster (`address`, see `p4bench.ray_cluster`), or on a
+    """One Ray task per run on a cluster (`address`, see `p4bench.studies.ray_cluster`), or on a
     local Ray instance; a Ray instance that is already initialised in this process is reused.
 
     A task whose worker process or node dies is run again by Ray, up to `retries` times, on
@@ -342,7 +342,7 @@ class RayBackend(Backend):
             import ray
         except ImportError:
             raise UsageError("the ray backend needs Ray: pip install 'p4bench[ray]'") from None
-        from p4bench.ray_cluster import connect
+        from p4bench.studies.ray_cluster import connect
 
         started_here = not ray.is_initialized()
         if started_here:
@@ -365,7 +365,7 @@ class RayBackend(Backend):
 
 def execute_on_ray_node(task: RunTask) -> RunRecord:
     """`execute_task` inside a Ray worker, tagging the run with the node it runs on."""
-    from p4bench.ray_cluster import NODE_TAG, node_id
+    from p4bench.studies.ray_cluster import NODE_TAG, node_id
 
     node = node_id()
     return execute_task(replace(task, placement={**task.placement, NODE_TAG: node}) if node else task)
@@ -384,7 +384,7 @@ def make_backend(name: str, jobs: int = 1, address: str | None = None) -> Backen
             raise UsageError("--address is only used with --backend ray")
         return LocalBackend(jobs)
     if name == "ray":
-        from p4bench.ray_cluster import check_reachable
+        from p4bench.studies.ray_cluster import check_reachable
 
         check_reachable(address)  # before any planning or tuning: one line and exit 2
         return RayBackend(address)

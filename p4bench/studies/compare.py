@@ -6,7 +6,7 @@ aggregated over what is left, normally seeds: mean, sample standard deviation an
 Keys are tags (method, attack, defense, dataset, variant, ...) or run options
 (`similarity`, `epsilon`, `options.group_size`, ...).
 
-Equal privacy (`p4bench.equal_privacy`): private runs under different neighbouring relations,
+Equal privacy (`p4bench.studies.equal_privacy`): private runs under different neighbouring relations,
 or with an uncertified epsilon, are refused (UsageError naming them) unless
 `allow_mixed_privacy`; whenever the runs do not all carry the same privacy mark (e.g. private
 methods next to non-private local training) a `privacy` group column marks each row.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p4bench.equal_privacy import COLUMN as PRIVACY_COLUMN
 from p4bench.errors import UsageError
+from p4bench.studies.equal_privacy import COLUMN as PRIVACY_COLUMN
 
 __all__ = ["Comparison", "compare_experiment", "aggregate", "default_group_by", "format_table", "plot_comparison",
            "DEFAULT_METRIC"]
@@ -40,7 +40,7 @@ class Comparison:
     table: Any  # pandas DataFrame: group keys, mean, std, n
     group_by: list[str]
     metric: str
-    privacy: Any = None  # p4bench.equal_privacy.PrivacyCheck of the compared runs
+    privacy: Any = None  # p4bench.studies.equal_privacy.PrivacyCheck of the compared runs
 
 
 def dedupe(runs):
@@ -108,7 +108,7 @@ def mark_privacy(runs, keys: list[str], *, allow_mixed: bool = False, what: str 
     """Apply the equal-privacy rule to the runs of a table (UsageError unless it holds or
     `allow_mixed`); where the runs carry different marks, add the `privacy` column to the
     runs and to the group keys. Returns (runs, keys, check)."""
-    from p4bench.equal_privacy import check_privacy, from_row
+    from p4bench.studies.equal_privacy import check_privacy, from_row
 
     verdict = check_privacy([from_row(row) for row in runs.to_dict("records")], allow_mixed=allow_mixed, what=what)
     if verdict.needs_column or PRIVACY_COLUMN in keys:
@@ -122,7 +122,7 @@ def compare_experiment(uri: str, experiment: str, group_by: Sequence[str] | None
                        metric: str = DEFAULT_METRIC, config_hashes: Sequence[str] | None = None,
                        allow_mixed_privacy: bool = False) -> Comparison:
     """Read the experiment's finished runs, check they compare at equal privacy, aggregate."""
-    from p4bench.results import load_runs
+    from p4bench.studies.results import load_runs
 
     runs = dedupe(load_runs(uri, experiment))
     if config_hashes is not None and not runs.empty:
@@ -183,7 +183,7 @@ def plot_comparison(comparison: Comparison, out: str | Path, curve_metric: str =
     import matplotlib.ticker
     import pandas as pd
 
-    from p4bench.results import metric_history
+    from p4bench.studies.results import metric_history
 
     runs, keys = comparison.runs, comparison.group_by
     labels = runs.apply(lambda r: group_label({k: str(r[column_for(runs, k)]) if pd.notna(r[column_for(runs, k)])

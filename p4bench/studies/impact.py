@@ -17,7 +17,7 @@ unattacked side is that metric as logged (no per-client matching). Runs are iden
 tags (method, attack, defense, dataset, seed) and parameters; when the same config was
 run twice, the latest finished run counts. Seeds are paired first, then averaged.
 
-Equal privacy (`p4bench.equal_privacy`): the experiment's private runs must share one
+Equal privacy (`p4bench.studies.equal_privacy`): the experiment's private runs must share one
 neighbouring relation and be certified, else the table is refused (UsageError naming the runs)
 unless `allow_mixed_privacy` (`--allow-mixed-privacy`), which adds a `privacy` column.
 """
@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from p4bench.equal_privacy import COLUMN as PRIVACY
 from p4bench.errors import UsageError
+from p4bench.studies.equal_privacy import COLUMN as PRIVACY
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -247,7 +247,7 @@ def group_columns_of(table: pd.DataFrame) -> list[str]:
 def check_privacy_of(runs: pd.DataFrame, experiment: str, allow_mixed: bool = False):
     """The equal-privacy rule on the runs (UsageError naming them unless it holds or
     `allow_mixed`); where their marks differ, a `privacy` column is added. (runs, check)."""
-    from p4bench.equal_privacy import check_privacy, from_row
+    from p4bench.studies.equal_privacy import check_privacy, from_row
 
     verdict = check_privacy([from_row(row, params="param.") for row in runs.to_dict("records")],
                             allow_mixed=allow_mixed, what=f"experiment '{experiment}'")

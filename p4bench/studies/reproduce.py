@@ -41,12 +41,12 @@ Equal privacy and tuning (the paper's protocol):
   the table is refused (exit 2, naming the runs) if any private run is uncertified or under
   another relation, unless `allow_mixed_privacy`. The output states which methods are private.
 - The local step size `lr` of every method is tuned on the evaluation clients alone before
-  the runs (`p4bench.tune`, `p4bench.tune_federation`: a federation of the tuning run's
+  the runs (`p4bench.studies.tune`, `p4bench.studies.tune_federation`: a federation of the tuning run's
   evaluation clients, disjoint from its reported clients; `tune_on="federation"`,
   `--tune-on federation`, tunes on the whole federation instead, reported clients'
   training records included, and says so): grid `TUNE_GRID` (`QUICK_TUNE_GRID` with
   `quick`) with the preset's rounds (fewer with `tune_rounds`). By default
-  (`tune_scope="partition"`, `p4bench.tune_scope`) lr is tuned apart for every partition
+  (`tune_scope="partition"`, `p4bench.studies.tune_scope`) lr is tuned apart for every partition
   among the runs (level x seed) and method (and feature set), on that partition's
   evaluation clients, and each run uses the lr of its own partition: no reported client's
   record enters the tuning of its run's lr. `tune_scope="preset"` tunes once per method at
@@ -79,7 +79,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p4bench.claims import ClaimCheck, ClaimContext
-from p4bench.equal_privacy import UnequalPrivacyError
 from p4bench.errors import UnknownNameError, UsageError
 from p4bench.presets import (  # the presets are part of this command's API (re-exported)
     DATASETS,
@@ -90,8 +89,9 @@ from p4bench.presets import (  # the presets are part of this command's API (re-
     data_settings,
     shard_variant,
 )
-from p4bench.sweep import PlannedRun, SweepReport, SweepSpec, expand, option_key, run_sweep, unknown_names
-from p4bench.tune_scope import DEFAULT_TUNE_SCOPE, matches, plan_lr_groups, tuning_keys
+from p4bench.studies.equal_privacy import UnequalPrivacyError
+from p4bench.studies.sweep import PlannedRun, SweepReport, SweepSpec, expand, option_key, run_sweep, unknown_names
+from p4bench.studies.tune_scope import DEFAULT_TUNE_SCOPE, matches, plan_lr_groups, tuning_keys
 
 __all__ = ["DATASETS", "PRESETS", "Preset", "PresetPlan", "ClaimCheck", "ReproduceReport", "plan_preset", "reproduce", "shard_variant"]
 
@@ -110,13 +110,13 @@ class ReproduceReport:
     experiment: str
     notices: list[str]
     sweep: SweepReport
-    comparison: Any  # p4bench.compare.Comparison, or None when nothing finished
+    comparison: Any  # p4bench.studies.compare.Comparison, or None when nothing finished
     claims: list[ClaimCheck]
-    tuning: Any = None  # p4bench.tune.TuneResult, or None when lr was not tuned
+    tuning: Any = None  # p4bench.studies.tune.TuneResult, or None when lr was not tuned
     tuned_lr: dict[str, float] = field(default_factory=dict)  # tuning group (key, or "key @ partition") -> lr used
     privacy: list[str] = field(default_factory=list)  # lines stating who is private, under which relation
     extras: list[str] = field(default_factory=list)  # the preset's own lines (reference values, plots written)
-    tuning_plan: Any = None  # p4bench.tune_scope.LrTuningPlan: which runs each tuning served
+    tuning_plan: Any = None  # p4bench.studies.tune_scope.LrTuningPlan: which runs each tuning served
     beside: Any = None  # the same runs on the other accuracy (`Preset.beside_metric`), printed beside
 
 
@@ -204,7 +204,7 @@ def plan_lr_tuning(preset: Preset, runs: Sequence[PlannedRun], experiment: str, 
                    rounds: int | None = None, tune_on: str = "evaluation-clients",
                    scope: str = DEFAULT_TUNE_SCOPE) -> list[tuple[str, PlannedRun]]:
     """(group, tuning run) for every lr of `grid` and every tuning group (`scope`,
-    `p4bench.tune_scope.plan_lr_groups`) of the runs, at the preset's `tune_at`."""
+    `p4bench.studies.tune_scope.plan_lr_groups`) of the runs, at the preset's `tune_at`."""
     return plan_lr_groups(preset.tune_at, runs, experiment, grid, rounds, tune_on, scope).planned
 
 
@@ -250,19 +250,19 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
               tune_progress: Any = None, allow_mixed_privacy: bool = False,
               tune_on: str = "evaluation-clients", tune_scope: str = DEFAULT_TUNE_SCOPE) -> ReproduceReport:
     """Tune lr per method on the evaluation clients (alone, or with `tune_on="federation"`
-    in the whole federation), per partition (`tune_scope`, `p4bench.tune_scope`), run a
+    in the whole federation), per partition (`tune_scope`, `p4bench.studies.tune_scope`), run a
     preset (resuming finished runs), aggregate it from MLflow at equal privacy and check
     the claims."""
     from pathlib import Path
 
-    from p4bench.compare import compare_experiment
     from p4bench.config import RunConfig
     from p4bench.options import validate_planned
     from p4bench.plugin_manager import default_registry
-    from p4bench.results import tracking_uri_for
-    from p4bench.sweep import describe_run
-    from p4bench.tune_federation import check_tune_on, tuning_lines
-    from p4bench.tune_scope import check_tune_scope
+    from p4bench.studies.compare import compare_experiment
+    from p4bench.studies.results import tracking_uri_for
+    from p4bench.studies.sweep import describe_run
+    from p4bench.studies.tune_federation import check_tune_on, tuning_lines
+    from p4bench.studies.tune_scope import check_tune_scope
 
     check_tune_on(tune_on)
     check_tune_scope(tune_scope)
@@ -323,10 +323,10 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
 def _tune_lr(preset: Preset, spec: SweepSpec, plan: Any, grid: Sequence[float], backend: Any, base_dir: str, uri: str,
              rounds: int | None, progress: Any, allow_mixed: bool, say: Callable[[str], None],
              notices: list[str]) -> tuple[Any, dict[str, float]]:
-    """Run the tuning runs of `plan` (a `p4bench.tune_scope.LrTuningPlan`, p4bench.tune);
+    """Run the tuning runs of `plan` (a `p4bench.studies.tune_scope.LrTuningPlan`, p4bench.studies.tune);
     (TuneResult, tuning group -> chosen lr)."""
-    from p4bench.tune import TuneSpec, tune_planned
-    from p4bench.tune_scope import PARTITION, partition_shape, scope_note
+    from p4bench.studies.tune import TuneSpec, tune_planned
+    from p4bench.studies.tune_scope import PARTITION, partition_shape, scope_note
 
     experiment = f"{spec.name}-tune"
     keys = list(dict.fromkeys(group.key for group in plan.groups))
@@ -359,7 +359,7 @@ def _tune_lr(preset: Preset, spec: SweepSpec, plan: Any, grid: Sequence[float], 
 
 def _privacy_lines(preset: Preset, spec: SweepSpec, comparison: Any, runs: Sequence[PlannedRun]) -> list[str]:
     """Who is private, under which relation, epsilon and delta; which baselines are not."""
-    from p4bench.tune_federation import deltas_text
+    from p4bench.studies.tune_federation import deltas_text
 
     lines = []
     verdict = getattr(comparison, "privacy", None)

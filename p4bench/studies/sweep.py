@@ -22,7 +22,7 @@ Precedence for each run: defaults < base < included tuned values < per_method < 
 variant. For `defense`, `none` means no defense and a null (`~`) the method's default.
 A variant's `label` becomes the run's `variant` tag (not part of its config).
 
-Equal privacy (`p4bench.equal_privacy`): the study uses one neighbouring relation for all its
+Equal privacy (`p4bench.studies.equal_privacy`): the study uses one neighbouring relation for all its
 private runs. A private run that names none gets the one the sweep names, or add-remove when
 the sweep names none (said in the output); runs naming different relations are refused before
 anything trains unless `allow_mixed_privacy` (`--allow-mixed-privacy`).
@@ -46,13 +46,13 @@ from typing import Any, Protocol
 
 import yaml
 
-from p4bench.backends import Backend, LocalBackend, RunRecord, RunTask
 from p4bench.config import RunConfig
 from p4bench.errors import ConfigError, UsageError
-from p4bench.interrupts import graceful_interrupts, say
 from p4bench.options import validate_planned
-from p4bench.sweep_plan import LABEL, PlannedRun, SweepSpec, apply_option, describe_run, option_key  # re-exported
-from p4bench.sweep_privacy import study_privacy, uncertified_notice
+from p4bench.run.interrupts import graceful_interrupts, say
+from p4bench.studies.backends import Backend, LocalBackend, RunRecord, RunTask
+from p4bench.studies.sweep_plan import LABEL, PlannedRun, SweepSpec, apply_option, describe_run, option_key  # re-exported
+from p4bench.studies.sweep_privacy import study_privacy, uncertified_notice
 
 __all__ = [
     "SweepSpec", "PlannedRun", "SweepReport", "SweepInterrupted", "load_sweep", "parse_sweep", "expand", "run_sweep",
@@ -140,9 +140,9 @@ def expand(spec: SweepSpec, overrides: Mapping[str, Any] | None = None, registry
 
     `overrides` (results_dir, tracking_uri, ...) apply to every run after everything else.
     Private runs that name no neighbouring relation get the study's one
-    (`p4bench.equal_privacy.settle_relation`).
+    (`p4bench.studies.equal_privacy.settle_relation`).
     """
-    from p4bench.equal_privacy import settle_relation
+    from p4bench.studies.equal_privacy import settle_relation
 
     combos: list[tuple[RunConfig, dict[str, str]]] = []
     for variant in spec.variants or ({},):
@@ -276,7 +276,7 @@ def run_sweep(
     incompatible and not run.
     """
     from p4bench.plugin_manager import DISABLE_AUTOLOAD_ENV, default_registry
-    from p4bench.results import ensure_experiment, finished_runs, tracking_uri_for
+    from p4bench.studies.results import ensure_experiment, finished_runs, tracking_uri_for
 
     registry = registry or default_registry()
     backend = backend or LocalBackend()

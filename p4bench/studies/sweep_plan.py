@@ -1,7 +1,7 @@
 """What a sweep plans: its parsed spec, the runs it expands to, and their option keys.
 
-Below `p4bench.sweep` (which parses, expands and runs sweeps) and
-`p4bench.sweep_privacy` (a sweep's privacy checks), which both read these.
+Below `p4bench.studies.sweep` (which parses, expands and runs sweeps) and
+`p4bench.studies.sweep_privacy` (a sweep's privacy checks), which both read these.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def apply_option(values: dict[str, Any], key: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """A parsed sweep file (the format is in `p4bench.sweep`'s docstring)."""
+    """A parsed sweep file (the format is in `p4bench.studies.sweep`'s docstring)."""
 
     name: str
     base: Mapping[str, Any] = field(default_factory=dict)

@@ -1,17 +1,17 @@
 """A sweep's privacy checks: one neighbouring relation for its private runs, settled
 before anything trains, and a notice naming finished runs whose epsilon is uncertified
-(the rules are `p4bench.equal_privacy`'s)."""
+(the rules are `p4bench.studies.equal_privacy`'s)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from p4bench.equal_privacy import check_privacy, from_config, from_summary
-from p4bench.sweep_plan import PlannedRun, SweepSpec, describe_run
+from p4bench.studies.equal_privacy import check_privacy, from_config, from_summary
+from p4bench.studies.sweep_plan import PlannedRun, SweepSpec, describe_run
 
 if TYPE_CHECKING:
-    from p4bench.backends import RunRecord
+    from p4bench.studies.backends import RunRecord
 
 __all__ = ["names_relation", "record_privacy", "study_privacy", "uncertified_notice"]
 

@@ -9,7 +9,7 @@ every tuning seed, and the point with the best score is kept, where
                    evaluation clients (metric `accuracy_evaluation_mean`).
 
 Ties go to the earlier point in grid order. Which federation a tuning run trains on
-(`tune_on`, `--tune-on`; `p4bench.tune_federation`):
+(`tune_on`, `--tune-on`; `p4bench.studies.tune_federation`):
 
 - `evaluation-clients` (default): the evaluation clients alone of a reported run with that
   seed (same partition, same splits, same evaluation clients; `clients` becomes their
@@ -24,7 +24,7 @@ Ties go to the earlier point in grid order. Which federation a tuning run trains
 
 In both modes, before round one the test split of every client that is not a benign
 evaluation client is *withheld* (emptied in the run's data, see
-`p4bench.backends.WithheldTests`), so no model is ever evaluated on a reported client's
+`p4bench.studies.backends.WithheldTests`), so no model is ever evaluated on a reported client's
 test data; their accuracies in tuning runs are NaN, not numbers. The tuned file, the
 printed tables and every tuning run's MLflow tags (`tune_on`, `tune_federation`) say which
 mode was used. (Accounting tuning on reported clients with the Renyi-DP tuning theorem of
@@ -41,7 +41,7 @@ A tuning file::
       fedavg:
       p4: {local_steps: [1, 5]}
 
-Equal privacy (`p4bench.equal_privacy`): the candidates' private runs share one neighbouring
+Equal privacy (`p4bench.studies.equal_privacy`): the candidates' private runs share one neighbouring
 relation (the one the tuning base names, else add-remove for the whole study) and must be
 certified; otherwise tuning refuses (UsageError naming the runs) unless `allow_mixed_privacy`,
 and then each point's privacy is shown.
@@ -61,11 +61,11 @@ from typing import Any
 
 import yaml
 
-from p4bench.backends import Backend
 from p4bench.config import RunConfig
 from p4bench.errors import UsageError
-from p4bench.sweep import PlannedRun, ProgressSink, SweepReport, SweepSpec, expand, option_key, run_sweep
-from p4bench.tune_federation import DEFAULT_TUNE_ON, check_tune_on, tuning_config, tuning_note, tuning_tags
+from p4bench.studies.backends import Backend
+from p4bench.studies.sweep import PlannedRun, ProgressSink, SweepReport, SweepSpec, expand, option_key, run_sweep
+from p4bench.studies.tune_federation import DEFAULT_TUNE_ON, check_tune_on, tuning_config, tuning_note, tuning_tags
 
 __all__ = ["TuneSpec", "TuneResult", "PointScore", "load_tune", "parse_tune", "plan_tuning", "run_tuning",
            "write_tuned", "SELECTION_METRIC"]
@@ -81,7 +81,7 @@ class TuneSpec:
     grids: Mapping[str, Mapping[str, tuple[Any, ...]]]  # method -> option -> values
     seeds: tuple[int, ...] = (0,)
     shared: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # the file's `grid`, for other methods
-    tune_on: str = DEFAULT_TUNE_ON  # evaluation-clients | federation (p4bench.tune_federation)
+    tune_on: str = DEFAULT_TUNE_ON  # evaluation-clients | federation (p4bench.studies.tune_federation)
 
 
 @dataclass
@@ -89,7 +89,7 @@ class PointScore:
     values: dict[str, Any]
     scores: list[float] = field(default_factory=list)  # one per seed that finished
     failed: int = 0
-    marks: list[str] = field(default_factory=list)  # privacy marks of its runs (see p4bench.equal_privacy)
+    marks: list[str] = field(default_factory=list)  # privacy marks of its runs (see p4bench.studies.equal_privacy)
 
     @property
     def privacy(self) -> str:
@@ -110,7 +110,7 @@ class TuneResult:
     points: dict[str, list[PointScore]]  # method -> points in grid order
     best: dict[str, dict[str, Any]]  # method -> chosen values
     report: SweepReport
-    privacy: Any = None  # p4bench.equal_privacy.PrivacyCheck of the tuning runs
+    privacy: Any = None  # p4bench.studies.equal_privacy.PrivacyCheck of the tuning runs
     scope: str = ""  # how tuning was kept out of the reported clients' privacy (or not): one line
 
 
@@ -191,7 +191,7 @@ def plan_tuning(spec: TuneSpec, overrides: Mapping[str, Any] | None = None) -> l
 
 def tuning_run(run: PlannedRun, tune_on: str) -> PlannedRun:
     """The tuning run for a reported `run`: on its evaluation clients alone, or on its whole
-    federation (`p4bench.tune_federation.tuning_config`), tagged with the mode. Refuses
+    federation (`p4bench.studies.tune_federation.tuning_config`), tagged with the mode. Refuses
     (UsageError) a federation without evaluation clients."""
     config = run.config
     if int(round(config.eval_fraction * config.clients)) < 1:
@@ -212,7 +212,7 @@ def run_tuning(
     allow_mixed_privacy: bool = False,
 ) -> TuneResult:
     """Run every tuning run (resuming finished ones) and choose each method's best point."""
-    from p4bench.results import tracking_uri_for
+    from p4bench.studies.results import tracking_uri_for
 
     base_dir = str(Path(results_dir or spec.base.get("results_dir") or RunConfig.results_dir).resolve())
     uri = tracking_uri_for(tracking_uri or spec.base.get("tracking_uri"), base_dir)
@@ -237,9 +237,9 @@ def tune_planned(
     into the experiment `spec.name`; score every point on the evaluation clients and keep
     each key's best. Refuses (UsageError, naming the runs) candidates under unequal privacy
     unless `allow_mixed_privacy`."""
-    from p4bench.equal_privacy import check_privacy
-    from p4bench.sweep_privacy import record_privacy
-    from p4bench.tune_federation import check_tuning_federation
+    from p4bench.studies.equal_privacy import check_privacy
+    from p4bench.studies.sweep_privacy import record_privacy
+    from p4bench.studies.tune_federation import check_tuning_federation
 
     check_tuning_federation([run.config for _, run in planned])  # too few evaluation clients: before any training
     sweep = SweepSpec(spec.name, spec.base)

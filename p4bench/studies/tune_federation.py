@@ -12,7 +12,7 @@ Two modes (`tune_on`, `--tune-on`):
   evaluation clients: methods, groups, gossip graphs and malicious fractions are built
   for that federation (an attack's malicious fraction is drawn among them).
 - `federation`: the whole federation trains in tuning runs (only the reported clients'
-  test splits are withheld, `p4bench.backends.WithheldTests`); the reported clients'
+  test splits are withheld, `p4bench.studies.backends.WithheldTests`); the reported clients'
   training records take part, so the tuned values are not covered by the privacy
   accounting of the reported runs.
 
@@ -119,7 +119,7 @@ def tuning_privacy_line(privacy: Any) -> str | None:
 
 def tuning_lines(result: Any) -> list[str]:
     """For a report: how tuning was kept out of the reported clients' privacy (or not), and
-    the tuning runs' own privacy; `result` a `p4bench.tune.TuneResult`, or None (no tuning)."""
+    the tuning runs' own privacy; `result` a `p4bench.studies.tune.TuneResult`, or None (no tuning)."""
     if result is None:
         return []
     own = tuning_privacy_line(result.privacy)
@@ -133,7 +133,7 @@ def check_tuning_federation(configs: Sequence[RunConfig], registry: Any = None) 
     set up once per distinct method and options, before any tuning run trains."""
     from p4bench.errors import ConfigError, IncompatibleError
     from p4bench.plugin_manager import default_registry
-    from p4bench.runner import prepare
+    from p4bench.run.runner import prepare
 
     registry = registry or default_registry()
     seen: set[str] = set()

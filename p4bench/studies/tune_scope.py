@@ -1,7 +1,7 @@
 """Which reported runs one lr tuning serves in `p4bench reproduce` (`tune_scope`, `--tune-scope`).
 
 A tuning run trains on the evaluation clients alone of a reported run's federation (same
-seed, so the same partition; `p4bench.tune_federation`). Whether that keeps the tuned lr out
+seed, so the same partition; `p4bench.studies.tune_federation`). Whether that keeps the tuned lr out
 of *every* reported run's privacy depends on which runs the lr is then used for:
 
 - `partition` (the default): lr is tuned apart for every distinct *partition* among the
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p4bench.errors import UsageError
-from p4bench.sweep import PlannedRun, option_key
+from p4bench.studies.sweep import PlannedRun, option_key
 
 __all__ = ["TUNE_SCOPES", "DEFAULT_TUNE_SCOPE", "check_tune_scope", "matches", "tuning_key", "tuning_keys", "partition_key",
            "TuningGroup", "LrTuningPlan", "plan_lr_groups", "partition_shape", "scope_note", "lr_summary", "lr_table"]
@@ -37,7 +37,7 @@ PARTITION = "partition"
 PRESET = "preset"
 TUNE_SCOPES = (PARTITION, PRESET)
 DEFAULT_TUNE_SCOPE = PARTITION
-# RunConfig fields that decide which client holds which record (`p4bench.runner.prepare`:
+# RunConfig fields that decide which client holds which record (`p4bench.run.runner.prepare`:
 # load_dataset, public_data, run_partitioner, build_federated_data); options apart
 _PARTITION_FIELDS = ("dataset", "partitioner", "similarity", "clients", "samples_per_client", "eval_fraction",
                      "features", "seed", "federation_clients")
@@ -160,9 +160,9 @@ def plan_lr_groups(tune_at: Mapping[str, Any], runs: Sequence[PlannedRun], exper
     """Group the reported `runs` (`scope`), choose each group's run to tune at (the first
     that matches `tune_at`, else its first) and plan its tuning runs: every lr of `grid`,
     `rounds` if given, into `experiment`, on the federation `tune_on` names
-    (`p4bench.tune.tuning_run`). In `preset` scope every run of a key is in one group,
+    (`p4bench.studies.tune.tuning_run`). In `preset` scope every run of a key is in one group,
     tuned with the runs' first seed."""
-    from p4bench.tune import tuning_run
+    from p4bench.studies.tune import tuning_run
 
     check_tune_scope(scope)
     keys = tuning_keys(runs)
@@ -210,8 +210,8 @@ def partition_shape(plan: LrTuningPlan) -> str:
 def scope_note(plan: LrTuningPlan, what: str = "lr") -> str | None:
     """The line saying which reported runs each tuning served and what that means for their
     privacy, in `partition` scope on the evaluation clients (None otherwise: the
-    `p4bench.tune_federation.tuning_note` line says it)."""
-    from p4bench.tune_federation import EVALUATION_CLIENTS
+    `p4bench.studies.tune_federation.tuning_note` line says it)."""
+    from p4bench.studies.tune_federation import EVALUATION_CLIENTS
 
     if plan.scope != PARTITION or plan.tune_on != EVALUATION_CLIENTS:
         return None

@@ -166,7 +166,7 @@ def _attempt(run: Any, runtime: str, problems: list[str]) -> Any:
 def _check_post_processing(report: ConformanceReport, dp_config: Any, pm: Any) -> None:
     """Every message must be post-processing of the DP releases (`p4bench.privacy.post_processing`)."""
     from p4bench.privacy.post_processing import check_post_processing, generic_path
-    from p4bench.runner import run
+    from p4bench.run.runner import run
 
     if dp_config is None:
         report.skip("post-processing", "the config opts out of DP (no_dp)")

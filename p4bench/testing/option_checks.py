@@ -84,7 +84,7 @@ def check_options(report: ConformanceReport, cls: type, config: Any, pm: Any, ki
         report.skip("options", "this p4bench has no p4bench.options")
         return
     from p4bench.plugin_manager import Registry
-    from p4bench.runner import prepare
+    from p4bench.run.runner import prepare
 
     declared = declared_options(cls)
     if not declared:

@@ -1,0 +1,59 @@
+"""Moved modules and names keep their old import paths for one minor version, each with a
+`PluginDeprecationWarning` that names the importing line and the new home."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from p4bench.errors import PluginDeprecationWarning
+from p4bench.moved import MOVED_MODULES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_MODULES))
+def test_an_old_module_path_is_the_new_module_with_a_warning_at_the_importing_line(old):
+    new = importlib.import_module(MOVED_MODULES[old])
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is new  # the module itself, not a copy: patching either name patches both
+    [warning] = [w for w in caught if issubclass(w.category, PluginDeprecationWarning)]
+    assert f"{old} is deprecated" in str(warning.message) and MOVED_MODULES[old] in str(warning.message)
+
+
+def test_the_warning_names_the_plugin_line_that_imported_the_old_path(tmp_path):
+    plugin = tmp_path / "oldimports.py"
+    plugin.write_text("import warnings\nwarnings.simplefilter('always')\n\nfrom p4bench.runner import prepare\n"
+                      "from p4bench import tune\n")
+    done = subprocess.run([sys.executable, str(plugin)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "PluginDeprecationWarning" in line]
+    assert [line.split(": PluginDeprecationWarning")[0] for line in lines] == [f"{plugin}:4", f"{plugin}:5"]
+    assert "import it from p4bench.run.runner" in lines[0] and "import it from p4bench.studies.tune" in lines[1]
+
+
+def test_no_moved_module_is_left_behind_and_every_new_home_exists():
+    for old, new in MOVED_MODULES.items():
+        assert not (ROOT / "p4bench" / f"{old.rpartition('.')[2]}.py").exists(), old
+        assert importlib.util.find_spec(new) is not None, new
+
+
+def test_names_that_left_a_module_are_forwarded_with_a_warning_and_others_still_fail():
+    from p4bench import claims, presets
+    from p4bench.plugins.p4 import claims as p4_claims
+    from p4bench.plugins.p4 import presets as p4_presets
+
+    with pytest.warns(PluginDeprecationWarning, match="p4bench.claims.privacy_claims is deprecated"):
+        assert claims.privacy_claims is p4_claims.privacy_claims
+    with pytest.warns(PluginDeprecationWarning, match="import it from p4bench.plugins.p4.presets"):
+        assert presets.EPSILONS == p4_presets.EPSILONS
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        claims.no_such_name  # noqa: B018
