@@ -36,20 +36,26 @@ step is one ledger release whatever the optimiser (`p4bench.baselines.local_opti
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from p4bench.baselines.common import power_law_weights, prefixed_vectors
 from p4bench.baselines.local_optim import LocalSchedule, local_train, steps_per_epoch
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
-from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, params_layout
-from p4bench.engine.method import PlannedRelease
-from p4bench.engine.state import flatten, unvectorize
+from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, PayloadLayout, params_layout
+from p4bench.engine.method import PlannedRelease, Step, StepContext
+from p4bench.engine.state import State, flatten, unvectorize
 from p4bench.engine.training import local_sgd, noble_local_lr
 from p4bench.errors import UsageError
+from p4bench.models import Params
 from p4bench.options import Option, resolve_options
-from p4bench.rng import SERVER_ID
+from p4bench.rng import SERVER_ID, ClientRng
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.data import ClientTensors
 
 MODEL, UPDATE = MODEL_PREFIX, UPDATE_PREFIX
 
@@ -72,7 +78,7 @@ WEIGHTING = Option("weighting", str, None, "aggregation weights: records (n_i, d
                    "record under add-remove)", choices=("records", "uniform"))
 
 
-def select_clients(count: int, chosen: int, sampling: str, rng) -> torch.Tensor:
+def select_clients(count: int, chosen: int, sampling: str, rng: ClientRng) -> torch.Tensor:
     """(count,) bool: the `chosen` clients of a round, drawn from the server's stream `rng`:
     uniformly without replacement, or (`powerlaw`) without replacement with the weights of
     `power_law_weights` (Efraimidis-Spirakis: the largest log(u) / w)."""
@@ -112,23 +118,23 @@ class FedAvg(Method):
             raise UsageError("fedavg -o client_sampling=powerlaw is for non-private runs (P4L's FL baseline): the "
                              "accountant amplifies by uniform client sampling at client_rate, which a power law is not")
 
-    def uncertified_steps(self):
+    def uncertified_steps(self) -> list[str]:
         return weighting_uncertified(self.config, self.weighting, self.default_neighbouring)
 
-    def privacy_plan(self):
+    def privacy_plan(self) -> list[PlannedRelease]:
         c = self.config  # the base plan with K = self.local_steps (`epochs` may set it)
         participations = math.ceil(c.client_rate * c.rounds)
         return [PlannedRelease("train", c.data_rate, self.local_steps * participations, self.local_steps, c.rounds,
                                c.client_rate)]
 
-    def phases(self):
+    def phases(self) -> list[Phase]:
         return [Phase("train", self.config.rounds, setup=(Exchange("broadcast"),))]
 
-    def round_steps(self, phase, round_index):
+    def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
         return (LocalUpdate(), Exchange("upload"), Exchange("broadcast"))
 
     # -- clients -------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         count = len(ctx.rows)
         params = {k: v.expand(count, *v.shape).clone() for k, v in self.initial_params().items()}
         return {
@@ -138,10 +144,11 @@ class FedAvg(Method):
             "num_train": train.n.clone(),
         }
 
-    def participants(self, state, ctx):
-        return state["selected"]
+    def participants(self, state: State, ctx: StepContext) -> torch.Tensor:
+        selected: torch.Tensor = state["selected"]
+        return selected
 
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         schedule = self.schedule
         if schedule.optimizer == "sgd" and schedule.decay == 1.0:  # the original path (fused DP-SGD when private)
             params, loss = local_sgd(ctx, state["global"], train, schedule.steps, self.local_lr)
@@ -149,7 +156,7 @@ class FedAvg(Method):
             params, loss = local_train(ctx, state["global"], train, schedule)
         return {**state, "params": params}, loss
 
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         if exchange != "upload":
             return Messages.empty()
         chosen = state["selected"]
@@ -158,7 +165,7 @@ class FedAvg(Method):
         count = int(chosen.sum())
         return Messages(ctx.rows[chosen], torch.full((count,), SERVER_ID), payload)
 
-    def receive(self, exchange, state, inbox, ctx):
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange != "broadcast" or not len(inbox):
             return state
         position = torch.searchsorted(ctx.rows, inbox.dst)
@@ -170,13 +177,15 @@ class FedAvg(Method):
         selected[position] = inbox.payload["selected"].bool()
         return {**state, "global": params, "params": {k: v.clone() for k, v in params.items()}, "selected": selected}
 
-    def deployed_params(self, state):
-        return state["global"]
+    def deployed_params(self, state: State) -> Params:
+        params: Params = state["global"]
+        return params
 
-    def update_reference(self, exchange, state):
-        return state["global"] if exchange == "upload" else None
+    def update_reference(self, exchange: str, state: State) -> Params | None:
+        reference: Params = state["global"]
+        return reference if exchange == "upload" else None
 
-    def message_layout(self, exchange, phase, round_index):
+    def message_layout(self, exchange: str, phase: str, round_index: int) -> PayloadLayout | None:
         """Declared: the server only receives `upload`, clients only receive `broadcast`."""
         if type(self).outgoing is not FedAvg.outgoing or type(self).server_outgoing is not FedAvg.server_outgoing:
             return None  # a subclass that sends other payloads (SCAFFOLD's controls) declares its own
@@ -188,11 +197,11 @@ class FedAvg(Method):
         return None
 
     # -- server --------------------------------------------------------------------
-    def init_server_state(self, ctx):
+    def init_server_state(self, ctx: StepContext) -> State:
         return {"params": {k: v.unsqueeze(0) for k, v in self.initial_params().items()},
                 "declared": torch.full((self.num_clients,), float("nan"), dtype=torch.float64)}
 
-    def server_outgoing(self, exchange, state, ctx):
+    def server_outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         if exchange != "broadcast":
             return Messages.empty()
         count = self.num_clients
@@ -202,7 +211,7 @@ class FedAvg(Method):
         payload = {**flatten(model, MODEL), "selected": selected}
         return Messages(torch.full((count,), SERVER_ID), torch.arange(count), payload)
 
-    def server_receive(self, exchange, state, inbox, ctx):
+    def server_receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange != "upload" or not len(inbox):
             return state
         inbox, weights, state = self.admitted_uploads(state, inbox, ctx)
@@ -213,7 +222,7 @@ class FedAvg(Method):
         params = {k: state["params"][k] + self.config.global_lr * step[k] for k in state["params"]}
         return {**state, "params": params}
 
-    def admitted_uploads(self, state, inbox, ctx):
+    def admitted_uploads(self, state: State, inbox: Messages, ctx: StepContext) -> tuple[Messages, torch.Tensor, State]:
         """(uploads kept, their aggregation weights, server state): each sender's weight is
         the one it declared in its first upload (`records`) or 1 (`uniform`); uploads whose
         weight differs from the declared one are rejected, naming the sender."""
@@ -232,13 +241,13 @@ class FedAvg(Method):
         return inbox, weights, {**state, "declared": declared}
 
 
-def resolve_weighting(config) -> str:
+def resolve_weighting(config: RunConfig) -> str:
     """Option `weighting`, its default by privacy (module docstring)."""
     given = WEIGHTING.resolve((config.options or {}).get("weighting"), "options.weighting")
     return str(given) if given is not None else ("uniform" if config.private else "records")
 
 
-def weighting_uncertified(config, weighting: str, default_neighbouring: str) -> list[str]:
+def weighting_uncertified(config: RunConfig, weighting: str, default_neighbouring: str) -> list[str]:
     """Why record-count weights break a private run's epsilon, if they do."""
     relation = config.neighbouring or default_neighbouring
     if config.private and weighting == "records" and relation == "add-remove":

@@ -48,8 +48,10 @@ from p4bench.baselines.common import prefixed_vectors
 from p4bench.baselines.fedavg import UPDATE, FedAvg
 from p4bench.baselines.local_optim import AdamMoments, adam_step
 from p4bench.data.public import PUBLIC_DATA_OPTIONS
-from p4bench.engine.state import unvectorize, vectorize
-from p4bench.engine.training import batched_loss_and_grad
+from p4bench.engine.messages import Messages
+from p4bench.engine.method import StepContext
+from p4bench.engine.state import State, unvectorize, vectorize
+from p4bench.engine.training import PerExampleLoss, batched_loss_and_grad
 from p4bench.errors import UsageError
 from p4bench.models import Model, Params
 from p4bench.options import Option, resolve_options
@@ -60,7 +62,7 @@ _DISTILL_STREAM = 19  # public stream of the server's U_train batches (baselines
 _CHUNK = 1024  # U_val inputs per forward pass
 
 
-def ensemble_kl(temperature: float):
+def ensemble_kl(temperature: float) -> PerExampleLoss:
     """Per-example T^2 KL(softmax(teacher / T) || softmax(student / T)); the teachers' mean
     logits come as the auxiliary input (`p4bench.engine.training.PerExampleLoss`)."""
 
@@ -102,7 +104,7 @@ class FedDF(FedAvg):
         self.temperature = float(values["distill_temperature"])
         self.init = str(values["distill_init"])  # average: FedAvg's new global model (global_lr applies)
 
-    def server_receive(self, exchange, state, inbox, ctx):
+    def server_receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange != "upload" or not len(inbox):
             return state
         if self.public_data is None:

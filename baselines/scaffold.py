@@ -26,23 +26,30 @@ authors collect c_i over the first round(4/l) rounds as clients are sampled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.baselines.common import draw_batch, per_row, unpack
 from p4bench.baselines.fedavg import LR_SCALING, WEIGHTING, FedAvg, declared_weights
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Phase
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
-from p4bench.engine.method import PlannedRelease
-from p4bench.engine.state import flatten
+from p4bench.engine.method import PlannedRelease, Step, StepContext
+from p4bench.engine.state import State, flatten
 from p4bench.engine.training import batch_gradient
+from p4bench.models import Params
 from p4bench.options import Option, resolve_options
 from p4bench.rng import SERVER_ID
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
 
 MODEL, UPDATE, CONTROL = MODEL_PREFIX, UPDATE_PREFIX, "control."
 WARMUP, TRAIN = "warmup", "train"
 
 
-def _zeros_like(params):
+def _zeros_like(params: Params) -> Params:
     return {k: torch.zeros_like(v) for k, v in params.items()}
 
 
@@ -66,18 +73,18 @@ class Scaffold(FedAvg):
         self.warm_start, self.control_update = values["warm_start"], values["control_update"]
 
     # -- schedule ----------------------------------------------------------------------
-    def phases(self):
+    def phases(self) -> list[Phase]:
         train = Phase(TRAIN, self.config.rounds, setup=(Exchange("broadcast"),))
         if not self.warm_start:
             return [train]
         return [Phase(WARMUP, 1, setup=(Exchange("broadcast"),)), Phase(TRAIN, self.config.rounds)]
 
-    def round_steps(self, phase, round_index):
+    def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
         if phase.name == WARMUP:
             return (LocalUpdate(), Exchange("controls"), Exchange("broadcast"))
         return (LocalUpdate(), Exchange("upload"), Exchange("broadcast"))
 
-    def privacy_plan(self):
+    def privacy_plan(self) -> list[PlannedRelease]:
         plan = list(super().privacy_plan())
         if self.warm_start:
             k = self.config.local_steps
@@ -85,7 +92,7 @@ class Scaffold(FedAvg):
         return plan
 
     # -- clients -------------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         state = super().init_client_state(train, ctx)
         zeros = _zeros_like(state["global"])
         return {
@@ -93,12 +100,12 @@ class Scaffold(FedAvg):
             "trained": torch.zeros(len(ctx.rows), dtype=torch.bool),
         }
 
-    def participants(self, state, ctx):
+    def participants(self, state: State, ctx: StepContext) -> torch.Tensor:
         if ctx.phase == WARMUP:
             return torch.ones(len(ctx.rows), dtype=torch.bool)
-        return state["selected"]
+        return super().participants(state, ctx)
 
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         if ctx.phase == WARMUP:
             return self._warm_controls(state, train, ctx)
         x, c, c_i = state["global"], state["server_control"], state["control"]
@@ -112,7 +119,7 @@ class Scaffold(FedAvg):
         factor = self.config.data_rate if (self.control_update == "noble-code" and ctx.dp is None) else 1.0
         trained = taken > 0
         scale = factor / (taken.clamp_min(1) * self.local_lr)
-        new_control = {}
+        new_control: Params = {}
         for k in y:
             candidate = c_i[k] - c[k] - (y[k] - x[k]) * per_row(scale, y[k])
             new_control[k] = torch.where(per_row(trained, y[k]).bool(), candidate, c_i[k])
@@ -120,7 +127,7 @@ class Scaffold(FedAvg):
         state = {**state, "params": y, "control": new_control, "control_delta": delta, "trained": trained}
         return state, total / taken.clamp_min(1)
 
-    def _warm_controls(self, state, train, ctx):
+    def _warm_controls(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         """c_i <- mean of K (DP-)gradients at the initial model (released to the server)."""
         x = state["global"]
         total = _zeros_like(x)
@@ -133,7 +140,7 @@ class Scaffold(FedAvg):
         control = {k: v / per_row(taken.clamp_min(1), v) for k, v in total.items()}
         return {**state, "control": control, "trained": taken > 0}, loss_sum / taken.clamp_min(1)
 
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         if exchange == "controls":
             chosen = state["trained"]
             payload = flatten({k: v[chosen] for k, v in state["control"].items()}, CONTROL)
@@ -149,7 +156,7 @@ class Scaffold(FedAvg):
         }
         return Messages(ctx.rows[chosen], torch.full((int(chosen.sum()),), SERVER_ID), payload)
 
-    def receive(self, exchange, state, inbox, ctx):
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange != "broadcast" or not len(inbox):
             return state
         state = super().receive(exchange, state, inbox, ctx)
@@ -161,18 +168,18 @@ class Scaffold(FedAvg):
         return {**state, "server_control": server_control}
 
     # -- server ----------------------------------------------------------------------------
-    def init_server_state(self, ctx):
+    def init_server_state(self, ctx: StepContext) -> State:
         state = super().init_server_state(ctx)
         return {**state, "control": _zeros_like(state["params"])}
 
-    def server_outgoing(self, exchange, state, ctx):
+    def server_outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         messages = super().server_outgoing(exchange, state, ctx)
         if not len(messages):
             return messages
         control = {k: v.expand(len(messages), *v.shape[1:]) for k, v in state["control"].items()}
         return Messages(messages.src, messages.dst, {**messages.payload, **flatten(control, CONTROL)})
 
-    def server_receive(self, exchange, state, inbox, ctx):
+    def server_receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if not len(inbox):
             return state
         if exchange == "controls":  # warm start: c = (1/M) sum_i c_i
