@@ -18,7 +18,7 @@ are independent, so (client, canary) pairs are independent trials.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,17 @@ import torch
 from p4bench.audit.stats import release_scores
 from p4bench.errors import IncompatibleError
 from p4bench.privacy.mechanism import DPMechanism
+
+if TYPE_CHECKING:
+    from p4bench.models import Params
+    from p4bench.privacy.releases import ReleaseContext
+
+    # It stands in for the mechanism it wraps (`Job.wrap_mechanism` returns a DPMechanism),
+    # so type checkers see a subclass; at run time it is a plain forwarder, since inherited
+    # attributes (`decided_on_host`, ...) would shadow `__getattr__`'s forwarding.
+    _Mechanism = DPMechanism
+else:
+    _Mechanism = object
 
 __all__ = ["AuditedMechanism", "CanaryBank", "DEFAULT_MAX_CANARIES"]
 
@@ -122,7 +133,7 @@ def _flat(params: dict[str, torch.Tensor], keys: tuple[str, ...]) -> torch.Tenso
     return torch.cat([params[k].reshape(len(params[k]), -1).to(torch.float32) for k in keys], dim=1)
 
 
-class AuditedMechanism:
+class AuditedMechanism(_Mechanism):
     """A DP mechanism with canaries: every `release` (and so `step`, `sgd`,
     `batch_gradient`) carries them; everything else is forwarded to the inner one.
 
@@ -131,7 +142,7 @@ class AuditedMechanism:
     outside `release` (fused paths) are recorded in `bank.bypassed`.
     """
 
-    def __init__(self, inner: Any, bank: CanaryBank) -> None:
+    def __init__(self, inner: DPMechanism, bank: CanaryBank) -> None:
         self.inner = inner
         self.bank = bank
 
@@ -149,7 +160,9 @@ class AuditedMechanism:
         return type(base) if isinstance(base, DPMechanism) else DPMechanism
 
     # -- the observed path -------------------------------------------------------------
-    def release(self, ctx, sums, sample_rate: float, expected_batch: torch.Tensor):
+    def release(
+        self, ctx: ReleaseContext, sums: Params, sample_rate: float, expected_batch: torch.Tensor
+    ) -> tuple[Params, torch.Tensor]:
         settings = self.inner.settings
         clean = {k: v.detach().clone() for k, v in sums.items()}
         keys = self.bank.insert(ctx.rows, sums, sample_rate, settings.clip, settings.neighbouring)
@@ -161,30 +174,35 @@ class AuditedMechanism:
         self.bank.observe(ctx.rows, observation, released.to(torch.bool), sample_rate, settings.clip / std, std, settings.neighbouring)
         return noisy, released
 
-    def step(self, ctx, params, x, y, mask, sample_rate, expected_batch, *args, **kwargs):
+    def step(
+        self, ctx: Any, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, sample_rate: float,
+        expected_batch: torch.Tensor, *args: Any, **kwargs: Any,
+    ) -> tuple[Params, torch.Tensor, torch.Tensor]:
         return self._template().step(self, ctx, params, x, y, mask, sample_rate, expected_batch, *args, **kwargs)
 
-    def sgd(self, ctx, params, train, steps: int, lr: float, sample_rate: float | None = None):
+    def sgd(
+        self, ctx: Any, params: Params, train: Any, steps: int, lr: float, sample_rate: float | None = None
+    ) -> tuple[Params, torch.Tensor]:
         # the inner class's sgd with this wrapper as `self` (duck-typed), so its releases come through `release`
-        return self._template().sgd(self, ctx, params, train, steps, lr, sample_rate)  # type: ignore[arg-type]
+        return self._template().sgd(self, ctx, params, train, steps, lr, sample_rate)
 
     # -- noise outside `release`: forwarded, but the audit cannot see these releases ---
     def _bypass(self, name: str) -> None:
         if name not in self.bank.bypassed:
             self.bank.bypassed.append(name)
 
-    def gradient(self, *args, **kwargs):
+    def gradient(self, *args: Any, **kwargs: Any) -> tuple[Params, torch.Tensor]:
         self._bypass("gradient")
         return self.inner.gradient(*args, **kwargs)
 
-    def add_noise(self, *args, **kwargs):
+    def add_noise(self, *args: Any, **kwargs: Any) -> Params:
         self._bypass("add_noise")
         return self.inner.add_noise(*args, **kwargs)
 
-    def add_scaled_noise(self, *args, **kwargs):
+    def add_scaled_noise(self, *args: Any, **kwargs: Any) -> None:
         self._bypass("add_scaled_noise")
-        return self.inner.add_scaled_noise(*args, **kwargs)
+        self.inner.add_scaled_noise(*args, **kwargs)
 
-    def draw_noise(self, *args, **kwargs):
+    def draw_noise(self, *args: Any, **kwargs: Any) -> None:
         self._bypass("draw_noise")
-        return self.inner.draw_noise(*args, **kwargs)
+        self.inner.draw_noise(*args, **kwargs)

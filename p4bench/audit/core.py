@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pluggy
@@ -23,6 +23,12 @@ from p4bench.audit.stats import empirical_epsilon
 from p4bench.config import RunConfig
 from p4bench.errors import IncompatibleError, UsageError
 from p4bench.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from p4bench.privacy.ledger import PrivacyLedger
+    from p4bench.privacy.mechanism import DPMechanism
+    from p4bench.records import RoundReport, RunInfo
+    from p4bench.run.runner import PreparedRun
 
 __all__ = ["AuditResult", "audit_config", "check_audit_inputs", "finish_audit", "run_audit"]
 
@@ -56,7 +62,7 @@ def run_audit(
     runs: int = 1,
     canaries_per_client: int | None = None,
     confidence: float = 0.95,
-    wrap_mechanism: Callable[[Any], Any] | None = None,
+    wrap_mechanism: Callable[[DPMechanism], DPMechanism] | None = None,
     observers: Sequence[object] = (),
     plugin_manager: pluggy.PluginManager | None = None,
     track: bool = True,
@@ -82,11 +88,11 @@ def run_audit(
         run_config = config.replace(seed=config.seed + index)
         state: dict[str, Any] = {}
 
-        def on_prepared(prepared, state=state, seed=run_config.seed) -> None:
+        def on_prepared(prepared: PreparedRun, state: dict[str, Any] = state, seed: int = run_config.seed) -> None:
             bank = CanaryBank(prepared.job.data.num_clients, canaries_per_client, seed)
             existing = prepared.job.wrap_mechanism
 
-            def wrap(mechanism):
+            def wrap(mechanism: DPMechanism) -> DPMechanism:
                 if wrap_mechanism is not None:
                     mechanism = wrap_mechanism(mechanism)
                 if existing is not None:
@@ -151,12 +157,12 @@ class _FirstRoundCheck:
         self.method, self.state = method, state
 
     @hookimpl
-    def round_finished(self, run, report) -> None:
+    def round_finished(self, run: RunInfo, report: RoundReport) -> None:
         if report.step == 1 and self.state.get("bank") is not None:
             _check_observed(self.method, self.state["bank"], self.state["ledger"], final=False)
 
 
-def _check_observed(method: str, bank: CanaryBank, ledger, final: bool = True) -> None:
+def _check_observed(method: str, bank: CanaryBank, ledger: PrivacyLedger, final: bool = True) -> None:
     """Refuse when the ledger counted releases the canaries never went through (and, at
     the end of a run, when there were none at all)."""
     counted = np.zeros(bank.num_clients, dtype=np.int64)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pluggy
@@ -40,6 +40,12 @@ from p4bench.config import RunConfig
 from p4bench.engine.method import Method
 from p4bench.engine.network import ObservedNetwork
 from p4bench.errors import IncompatibleError, UsageError
+
+if TYPE_CHECKING:
+    from p4bench.data.federated import FederatedData
+    from p4bench.data.public import PublicData
+    from p4bench.privacy.mechanism import DPMechanism
+    from p4bench.run.runner import PreparedRun
 
 __all__ = ["DEFAULT_RECORD_CANARIES", "OBSERVERS", "method_scope", "run_method_audit"]
 
@@ -69,7 +75,7 @@ def run_method_audit(
     canaries_per_client: int | None = None,
     confidence: float = 0.95,
     observer: str = "messages",
-    wrap_mechanism: Callable[[Any], Any] | None = None,
+    wrap_mechanism: Callable[[DPMechanism], DPMechanism] | None = None,
     observers: Sequence[object] = (),
     plugin_manager: pluggy.PluginManager | None = None,
     track: bool = True,
@@ -103,12 +109,14 @@ def run_method_audit(
         run_config = config.replace(seed=config.seed + index)
         state: dict[str, Any] = {}
 
-        def transform(data, public, state=state, seed=run_config.seed):
+        def transform(
+            data: FederatedData, public: PublicData | None, state: dict[str, Any] = state, seed: int = run_config.seed
+        ) -> tuple[FederatedData, PublicData | None]:
             canaries = RecordCanaries(data.num_clients, per_client, data.num_classes, seed, config.clip, neighbouring)
             state["canaries"] = canaries
             return canaries.transform(data, public)
 
-        def on_prepared(prepared, state=state) -> None:
+        def on_prepared(prepared: PreparedRun, state: dict[str, Any] = state) -> None:
             canaries: RecordCanaries = state["canaries"]
             params = prepared.job.method.initial_params()
             if sorted(params) != ["bias", "weight"]:

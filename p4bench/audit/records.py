@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from p4bench.data.federated import ClientTensors, FederatedData
+from p4bench.data.public import PublicData
 from p4bench.errors import IncompatibleError
 
 __all__ = ["RecordCanaries", "MARKER_SCALE"]
@@ -65,7 +66,7 @@ class RecordCanaries:
         """D, the marker columns appended to every record."""
         return self.num_clients * self.per_client
 
-    def transform(self, data: FederatedData, public):
+    def transform(self, data: FederatedData, public: PublicData | None) -> tuple[FederatedData, PublicData | None]:
         """`runner.prepare`'s data transform: markers appended to every record, the canary
         (or its replacement) and its probe appended to the client's training records."""
         if data.num_clients != self.num_clients or data.num_classes != self.num_classes:
@@ -125,7 +126,7 @@ def _widened(tensors: ClientTensors, width: int) -> ClientTensors:
     return ClientTensors(x, tensors.y, tensors.n)
 
 
-def _widened_public(public, width: int):
+def _widened_public(public: PublicData, width: int) -> PublicData:
     load = public.load
 
     def widened() -> np.ndarray:

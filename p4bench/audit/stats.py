@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from scipy.stats import beta
 
@@ -40,7 +41,7 @@ def release_scores(x: torch.Tensor, sample_rate: float, mu: float, neighbouring:
     return score
 
 
-def clopper_pearson(successes, trials, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+def clopper_pearson(successes: npt.ArrayLike, trials: npt.ArrayLike, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """One-sided Clopper-Pearson bounds on a binomial proportion: each of (lower, upper)
     holds with probability >= 1 - alpha on its own. Vectorised; n = 0 gives (0, 1)."""
     k = np.asarray(successes, dtype=np.float64)
@@ -51,7 +52,7 @@ def clopper_pearson(successes, trials, alpha: float) -> tuple[np.ndarray, np.nda
     return np.nan_to_num(lower, nan=0.0), np.nan_to_num(upper, nan=1.0)
 
 
-def epsilon_from_rates(tpr_lower, fpr_upper, delta: float) -> np.ndarray:
+def epsilon_from_rates(tpr_lower: npt.ArrayLike, fpr_upper: npt.ArrayLike, delta: float) -> np.ndarray:
     """max(0, log((TPR_lo - delta) / FPR_hi)); 0 where TPR_lo <= delta."""
     tpr = np.asarray(tpr_lower, dtype=np.float64) - delta
     fpr = np.asarray(fpr_upper, dtype=np.float64)
@@ -133,7 +134,7 @@ def _oriented(scores: np.ndarray, labels: np.ndarray, direction: str) -> tuple[n
 
 
 def empirical_epsilon(
-    scores, included, *, delta: float, confidence: float = 0.95, seed: int = 0
+    scores: npt.ArrayLike, included: npt.ArrayLike, *, delta: float, confidence: float = 0.95, seed: int = 0
 ) -> AuditBound:
     """A (confidence)-level lower bound on epsilon from independent trials.
 
