@@ -11,15 +11,17 @@ from collections.abc import Callable
 
 import torch
 
+from p4bench.data import ClientTensors
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.models import Model, Params
 
 MERGES = ("best", "mean")
-Scorer = Callable[[Model, Params, object], tuple[torch.Tensor, torch.Tensor]]
+# (accuracy, mean loss), each (C, K), of K candidates per row on the rows' validation splits
+Scorer = Callable[[Model, Params, ClientTensors], tuple[torch.Tensor, torch.Tensor]]
 
 
 def merge_candidates(
-    model: Model, params: Params, averages: list[list[torch.Tensor]], validation: object, scorer: Scorer,
+    model: Model, params: Params, averages: list[list[torch.Tensor]], validation: ClientTensors, scorer: Scorer,
     *, gate: bool, rule: str,
 ) -> tuple[Params, torch.Tensor, torch.Tensor]:
     """(new params, accepted (C,), refused (C,)): each row's model after this round's

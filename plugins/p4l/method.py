@@ -46,12 +46,14 @@ import torch
 
 from p4bench.baselines.common import replicate
 from p4bench.baselines.p2p_policies import exact_scores, validation_split
+from p4bench.data import ClientTensors
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method
 from p4bench.engine.messages import UPDATE_PREFIX
-from p4bench.engine.method import Phase
-from p4bench.engine.state import vectorize
+from p4bench.engine.method import Phase, Step, StepContext
+from p4bench.engine.state import State, vectorize
 from p4bench.engine.training import local_sgd
 from p4bench.errors import ConfigError
+from p4bench.models import Params
 from p4bench.options import Option, resolve_options
 from p4bench.plugins.p4l.chain_crypto import BACKEND_NAMES, KEY_BITS, ChainCrypto
 from p4bench.plugins.p4l.merge import MERGES, merge_candidates
@@ -140,7 +142,7 @@ class P4L(Method):
     def phases(self) -> list[Phase]:
         return [Phase("train", self.config.rounds, setup=(Exchange("keys"),))]
 
-    def round_steps(self, phase, round_index):
+    def round_steps(self, phase: Phase, round_index: int) -> tuple[Step, ...]:
         ticks = [Exchange(f"{kind}{t}") for t in range(self.settings.ticks) for kind in ("hop", "ack")]
         return (LocalUpdate(), Exchange("contribute"), *ticks, Exchange("aggregate"))
 
@@ -164,7 +166,7 @@ class P4L(Method):
         return bool(np.mean(counts >= int(self.values["mrt"])) >= float(self.values["mrr"]))
 
     # -- clients -------------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         count = len(ctx.rows)
         with _host():
             for node in ctx.rows.tolist():
@@ -177,17 +179,17 @@ class P4L(Method):
             PARTICIPATIONS: torch.zeros(count, dtype=torch.float64),
         }
 
-    def _splits(self, train, state):
+    def _splits(self, train: ClientTensors, state: State) -> tuple[ClientTensors, ClientTensors]:
         if self.val_fraction == 0:
             return train, train
         return validation_split(train, state["split_key"], self.val_fraction)
 
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         fit, _ = self._splits(train, state)
         params, loss = local_sgd(ctx, state["params"], fit, self.steps, self.config.lr)
         return {**state, "params": params}, loss
 
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         rows = ctx.rows
         if exchange == "keys":
             table = {"vk": torch.stack([torch.frombuffer(bytearray(self.peers[n].signing.public_bytes), dtype=torch.uint8)
@@ -214,7 +216,7 @@ class P4L(Method):
             return _pack(aggregates, rows.device, share=True)
         return Messages.empty()
 
-    def receive(self, exchange, state, inbox, ctx):
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange == "keys":
             keys = inbox.value("vk").cpu() if len(inbox) else ()
             for src, dst, vk in zip(inbox.src.tolist(), inbox.dst.tolist(), keys):
@@ -243,7 +245,7 @@ class P4L(Method):
             return self._aggregate(state, inbox, ctx)
         return state
 
-    def _contribute(self, state, inbox, ctx):
+    def _contribute(self, state: State, inbox: Messages, ctx: StepContext) -> State:
         keys = sorted(k for k in inbox.payload if k.startswith(UPDATE_PREFIX)) if len(inbox) else []
         contribution = vectorize(state["params"]).double()
         if keys:
@@ -257,7 +259,7 @@ class P4L(Method):
                 self.peers[node].new_round(plans, host[i])
         return {**state, "contribution": contribution}
 
-    def _aggregate(self, state, inbox, ctx):
+    def _aggregate(self, state: State, inbox: Messages, ctx: StepContext) -> State:
         rows = ctx.rows.tolist()
         averages: list[list[torch.Tensor]] = [[] for _ in rows]
         completed: list[set[int]] = [set() for _ in rows]
@@ -281,13 +283,14 @@ class P4L(Method):
         counts = torch.tensor([float(len(d)) for d in completed], dtype=torch.float64)
         return {**state, "params": params, PARTICIPATIONS: state[PARTICIPATIONS] + counts}
 
-    def deployed_params(self, state):
-        return state["params"]
+    def deployed_params(self, state: State) -> Params:
+        params: Params = state["params"]
+        return params
 
-    def client_accuracies(self, state):
+    def client_accuracies(self, state: State) -> dict[str, torch.Tensor]:
         return {PARTICIPATIONS: state[PARTICIPATIONS]}
 
-    def write_artifacts(self, state, folder: Path) -> list[Path]:
+    def write_artifacts(self, state: State, folder: Path) -> list[Path]:
         """`p4l_synergies.csv`: every synergy the peers of this process initiated and its
         outcome (the simulator holds all peers; a device launcher holds none)."""
         log = sorted((row for peer in self.peers.values() for row in peer.log), key=lambda r: int(str(r["synergy"])))
