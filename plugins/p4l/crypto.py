@@ -28,6 +28,7 @@ from typing import Any, Generic, Literal, TypeVar
 import gmpy2  # type: ignore[import-untyped]
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from phe import paillier  # type: ignore[import-untyped]
 
 __all__ = [
@@ -337,7 +338,7 @@ class PaillierBackend(CryptoBackend[list[int]]):
         return paillier.PaillierPublicKey(n)
 
 
-class PlaintextBackend(CryptoBackend[np.ndarray]):
+class PlaintextBackend(CryptoBackend[NDArray[np.float64]]):
     """The same chain with no encryption: "ciphertexts" are the exact float64 running sum (fast sweeps,
     and the unquantized side of the reference's HE-vs-plaintext comparison R10). No privacy."""
 
@@ -349,34 +350,34 @@ class PlaintextBackend(CryptoBackend[np.ndarray]):
     def slots(self, public: Any) -> int:
         return 1
 
-    def encrypt(self, public: Any, values: np.ndarray) -> np.ndarray:
+    def encrypt(self, public: Any, values: np.ndarray) -> NDArray[np.float64]:
         out = np.array(values, dtype=np.float64)
         if out.ndim != 1 or not np.all(np.isfinite(out)):
             raise ValueError("expected a finite 1-D vector")
         return out
 
-    def add(self, public: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def add(self, public: Any, a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
         if a.shape != b.shape:
             raise ValueError(f"cannot add shapes {a.shape} and {b.shape}")
         return a + b
 
-    def decrypt(self, private: Any, ciphertexts: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    def decrypt(self, private: Any, ciphertexts: NDArray[np.float64], count: int) -> tuple[np.ndarray, NDArray[np.float64]]:
         return ciphertexts[:count].copy(), ciphertexts.copy()
 
-    def decode(self, public: Any, plaintexts: np.ndarray, count: int) -> np.ndarray:
+    def decode(self, public: Any, plaintexts: NDArray[np.float64], count: int) -> np.ndarray:
         return np.asarray(plaintexts[:count], dtype=np.float64)
 
-    def decryption_proof(self, private: Any, ciphertexts: np.ndarray) -> np.ndarray:
+    def decryption_proof(self, private: Any, ciphertexts: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.empty(0)  # nothing to prove: the "ciphertext" is the sum itself
 
-    def verify_decryption(self, public: Any, ciphertexts: np.ndarray, plaintexts: np.ndarray, proof: np.ndarray,
-                          mode: Literal["batch", "full"] = "batch") -> bool:
+    def verify_decryption(self, public: Any, ciphertexts: NDArray[np.float64], plaintexts: NDArray[np.float64],
+                          proof: NDArray[np.float64], mode: Literal["batch", "full"] = "batch") -> bool:
         return proof.size == 0 and bool(np.array_equal(ciphertexts, plaintexts))
 
-    def to_tensor(self, public: Any, values: np.ndarray, kind: Kind) -> torch.Tensor:
+    def to_tensor(self, public: Any, values: NDArray[np.float64], kind: Kind) -> torch.Tensor:
         return torch.from_numpy(np.array(values, dtype=np.float64))
 
-    def from_tensor(self, public: Any, tensor: torch.Tensor, kind: Kind) -> np.ndarray:
+    def from_tensor(self, public: Any, tensor: torch.Tensor, kind: Kind) -> NDArray[np.float64]:
         if tensor.dtype != torch.float64 or tensor.ndim != 1:
             raise ValueError(f"{kind}: expected a 1-D float64 tensor")
         return tensor.numpy().copy()
