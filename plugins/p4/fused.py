@@ -21,12 +21,17 @@ sizes, noise): this module does the model math only.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from p4bench.engine.training import Workspace, gather_batch, sample_batches
 from p4bench.models import Params
 from p4bench.privacy.releases import Releases
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
+    from p4bench.engine.method import StepContext
 
 BUCKET = 8  # rows of padding a bucket's GEMM may carry at most
 
@@ -80,7 +85,8 @@ class LinearCotraining:
         self.alpha, self.beta, self.lr, self.data_rate = alpha, beta, lr, data_rate
         self.workspace = Workspace()
 
-    def run(self, proxy: Params, private: Params, train, ctx, steps: int) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
+    def run(self, proxy: Params, private: Params, train: ClientTensors, ctx: StepContext,
+            steps: int) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
         """(proxy, private, summed proxy loss (C,) over taken steps, steps taken (C,)).
 
         A row whose DP step is refused (budget spent) keeps both models from then on:
@@ -92,7 +98,8 @@ class LinearCotraining:
 class FusedCotraining(LinearCotraining):
     """The bucketed path: each step batched over clients grouped by realised batch size."""
 
-    def run(self, proxy: Params, private: Params, train, ctx, steps: int) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
+    def run(self, proxy: Params, private: Params, train: ClientTensors, ctx: StepContext,
+            steps: int) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
         classes = proxy["weight"].shape[1]
         # Both models stacked, rows kept in the order of the current step's buckets.
         weight = torch.cat([proxy["weight"], private["weight"]], dim=1)
@@ -112,7 +119,7 @@ class FusedCotraining(LinearCotraining):
             taken[order] += done
         where = _positions(holds)
         weight, bias = weight[where], bias[where]  # back to the rows' own order
-        split = {"weight": weight.split(classes, dim=1), "bias": bias.split(classes, dim=1)}
+        split = {"weight": torch.split(weight, classes, dim=1), "bias": torch.split(bias, classes, dim=1)}
         return ({k: v[0] for k, v in split.items()}, {k: v[1] for k, v in split.items()}, total, taken)
 
     def _arrange(self, weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -121,7 +128,9 @@ class FusedCotraining(LinearCotraining):
         name = names[1] if self.workspace.holds(names[0], weight) else names[0]
         return torch.index_select(weight, 0, rows, out=self.workspace.get(name, tuple(weight.shape)))
 
-    def _step(self, weight, bias, classes, order, index, mask, buckets, train, norms, expected, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, weight: torch.Tensor, bias: torch.Tensor, classes: int, order: torch.Tensor, index: torch.Tensor,
+              mask: torch.Tensor, buckets: list[tuple[int, int, int]], train: ClientTensors, norms: torch.Tensor,
+              expected: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of every row, applied in place to `weight`/`bias` (rows in `order`).
         Returns (proxy loss (C,), done (C,) float), both in `order`."""
         if ctx.dp is None:
@@ -137,7 +146,9 @@ class FusedCotraining(LinearCotraining):
             releases.add_scaled_noise({"weight": weight[:, :classes], "bias": bias[:, :classes]}, -proxy_lr)
         return losses, done.float()
 
-    def _buckets(self, weight, bias, order, index, mask, buckets, train, norms, releases, proxy_lr, done) -> torch.Tensor:
+    def _buckets(self, weight: torch.Tensor, bias: torch.Tensor, order: torch.Tensor, index: torch.Tensor, mask: torch.Tensor,
+                 buckets: list[tuple[int, int, int]], train: ClientTensors, norms: torch.Tensor, releases: Releases | None,
+                 proxy_lr: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """Every bucket's step of both models (`_bucket`); returns the proxy losses (C,) in `order`."""
         losses = torch.empty(len(order), dtype=torch.float64)
         for start, end, width in buckets:
@@ -149,7 +160,9 @@ class FusedCotraining(LinearCotraining):
             )
         return losses
 
-    def _bucket(self, weight, bias, rows, index, mask, train, norms, releases, proxy_lr, private_lr) -> torch.Tensor:
+    def _bucket(self, weight: torch.Tensor, bias: torch.Tensor, rows: torch.Tensor, index: torch.Tensor, mask: torch.Tensor,
+                train: ClientTensors, norms: torch.Tensor, releases: Releases | None, proxy_lr: torch.Tensor,
+                private_lr: torch.Tensor) -> torch.Tensor:
         """One SGD step of both models of one bucket of clients, in place; returns their proxy losses."""
         x = gather_batch(train.x, index, self.workspace, clients=rows).flatten(start_dim=2)  # (B, b, d)
         y = gather_batch(train.y, index, clients=rows)

@@ -25,6 +25,8 @@ before the computation (the ledger decides on no data), their noise drawn up fro
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from p4bench.data import ClientTensors
@@ -34,6 +36,9 @@ from p4bench.models import Params
 from p4bench.plugins.p4.fused import LinearCotraining, mutual_distillation_gradients
 from p4bench.privacy.releases import Releases
 from p4bench.privacy.span import NOISE_MODES, SpanNoise
+
+if TYPE_CHECKING:
+    from p4bench.engine.method import StepContext
 
 __all__ = ["NOISE_MODES", "SpanCotraining", "span_fits", "span_is_cheaper"]
 
@@ -73,14 +78,16 @@ class SpanCotraining(LinearCotraining):
         super().__init__(alpha, beta, lr, data_rate)
         self.noise = noise
 
-    def run(self, proxy: Params, private: Params, train, ctx, steps: int) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
+    def run(self, proxy: Params, private: Params, train: ClientTensors, ctx: StepContext,
+            steps: int) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
         if ctx.dp is None:
             return self._round(proxy, private, train, ctx, steps, None, torch.ones(steps, len(ctx.rows)))
         with Releases(ctx.dp, ctx, self.data_rate, steps) as releases:
             noise = SpanNoise(releases, self.noise, self.lr, self.data_rate * train.n.double(), proxy["weight"].shape[1], steps)
             return self._round(proxy, private, train, ctx, steps, noise, releases.admitted.float())
 
-    def _round(self, proxy, private, train, ctx, steps, noise: SpanNoise | None, done: torch.Tensor):
+    def _round(self, proxy: Params, private: Params, train: ClientTensors, ctx: StepContext, steps: int,
+               noise: SpanNoise | None, done: torch.Tensor) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
         """The round with `noise` (None: not private); `done` (K, C): 1 where a step is taken."""
         count, classes, dim = proxy["weight"].shape
         proxy_lr = self.lr * done if noise is None else noise.step_sizes
@@ -120,7 +127,9 @@ class SpanCotraining(LinearCotraining):
             taken,
         )
 
-    def _steps(self, initial, gram, seen, bias, noise, proxy_lr, done, train, ctx, steps):
+    def _steps(self, initial: torch.Tensor, gram: torch.Tensor, seen: torch.Tensor | None, bias: torch.Tensor,
+               noise: SpanNoise | None, proxy_lr: torch.Tensor, done: torch.Tensor, train: ClientTensors, ctx: StepContext,
+               steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The K steps in n-space from the initial logits W_0 X^T (C, 2L, n), the Gram
         matrices (C, n, n) and the noise's projections N_k X^T (C, (K-1) L, n). Updates
         `bias` in place; returns (A_K (C, 2L, n), summed proxy loss (C,), steps taken (C,))."""
@@ -149,6 +158,7 @@ class SpanCotraining(LinearCotraining):
             coefficients += step.transpose(1, 2)
             bias -= step.sum(dim=1)
             if noise is not None:
+                assert seen is not None  # projected with the noise
                 noise.step(k, seen, noise_logits, bias[:, :classes])
             total += (losses * chosen).sum(dim=1).double() / batch.squeeze(1).double() * done[k]
             taken += done[k]
