@@ -7,13 +7,18 @@ sends the new group proxy to every member (`distribute`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from p4bench.engine import Messages
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
-from p4bench.engine.state import flatten, strip_prefix, unvectorize
+from p4bench.engine.state import State, flatten, strip_prefix, unvectorize
+from p4bench.models import Params
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.engine.method import StepContext
 
 __all__ = ["CotrainingExchanges"]
 
@@ -24,9 +29,9 @@ class CotrainingExchanges:
     """The `announce`, `upload` and `distribute` exchanges of P4's co-training phase. Uses
     the method's `config` (client_rate, global_lr)."""
 
-    config: Any
+    config: RunConfig
 
-    def _aggregators(self, state, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    def _aggregators(self, state: State, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         """(aggregator id (C,), sorted member ids (C, V) padded with -1) for each row.
         The round-robin turn skips members this row saw fail as aggregator (device
         runtime): the next member takes over. Without failures: plain round-robin."""
@@ -49,7 +54,7 @@ class CotrainingExchanges:
         table[rows, slot] = ids
         return table
 
-    def _send_announce(self, state, ctx):
+    def _send_announce(self, state: State, ctx: StepContext) -> Messages:
         """The round's aggregator samples floor(l * G) members and tells every member."""
         aggregator, sorted_ids = self._aggregators(state, ctx)
         leads = (aggregator == ctx.rows).nonzero().squeeze(1)
@@ -71,7 +76,7 @@ class CotrainingExchanges:
             payload.update(flatten({k: v[leads][lead_of_message] for k, v in state["group_proxy"].items()}, MODEL))
         return Messages(src[real], dst[real], payload)
 
-    def _receive_announce(self, state, inbox, ctx):
+    def _receive_announce(self, state: State, inbox: Messages, ctx: StepContext) -> State:
         position = torch.searchsorted(ctx.rows, inbox.dst)
         selected = torch.zeros(len(ctx.rows), dtype=torch.bool)
         lead = torch.full((len(ctx.rows),), -1, dtype=torch.long)
@@ -94,14 +99,14 @@ class CotrainingExchanges:
         return {**state, "selected": selected, "trained": trained, "lead": lead, "failed": failed}
 
     @staticmethod
-    def _start_from(state, position, model):
+    def _start_from(state: State, position: torch.Tensor, model: Params) -> State:
         """Rows `position` set proxy and group proxy to the received group model."""
         proxy = {k: v.clone() for k, v in state["proxy"].items()}
         for k in proxy:
             proxy[k][position] = model[k].to(proxy[k].dtype)
         return {**state, "proxy": proxy, "group_proxy": {k: v.clone() for k, v in proxy.items()}}
 
-    def _send_upload(self, state, ctx):
+    def _send_upload(self, state: State, ctx: StepContext) -> Messages:
         """Participants send their proxy delta to the round's aggregator (the one that announced)."""
         senders = state["trained"] & (state["lead"] >= 0)
         if bool(senders.all()):  # the usual case: one pass, no row copies
@@ -112,7 +117,7 @@ class CotrainingExchanges:
         # group average), so nothing a sender declares changes its share of the mean
         return Messages(ctx.rows[senders], state["lead"][senders], flatten(delta, UPDATE))
 
-    def _receive_upload(self, state, inbox, ctx):
+    def _receive_upload(self, state: State, inbox: Messages, ctx: StepContext) -> State:
         """Aggregators filter (defense), average and apply eta_g to their group's proxy."""
         if not len(inbox):
             return state
@@ -125,7 +130,7 @@ class CotrainingExchanges:
             group_proxy[k][position] = base[k] + self.config.global_lr * step[k]
         return {**state, "group_proxy": group_proxy}
 
-    def _send_distribute(self, state, ctx):
+    def _send_distribute(self, state: State, ctx: StepContext) -> Messages:
         """Aggregators (rows that announced this round) send the new group proxy to every
         member (themselves included)."""
         _, sorted_ids = self._aggregators(state, ctx)
@@ -139,7 +144,7 @@ class CotrainingExchanges:
         src = ctx.rows[leads].repeat_interleave(counts)
         return Messages(src, dst[real], flatten(model, MODEL), torch.arange(len(leads)).repeat_interleave(counts))
 
-    def _receive_distribute(self, state, inbox, ctx):
+    def _receive_distribute(self, state: State, inbox: Messages, ctx: StepContext) -> State:
         position = torch.searchsorted(ctx.rows, inbox.dst)
         # Only the followed aggregator's model counts. Rows that got none (their aggregator
         # failed: device runtime) fall back to the last group proxy, losing the round's update.

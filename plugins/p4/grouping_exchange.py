@@ -9,15 +9,20 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from p4bench.engine import Messages
 from p4bench.engine.messages import BROADCAST, UPDATE_PREFIX
-from p4bench.engine.state import flatten, strip_prefix, vectorize
+from p4bench.engine.state import State, flatten, strip_prefix, vectorize
 from p4bench.plugins.p4.grouping import form_groups, random_groups
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.engine.method import StepContext
 
 __all__ = ["UNKNOWN", "GroupingExchanges", "group_labels"]
 
@@ -35,9 +40,9 @@ class GroupingExchanges:
     samples: int
     group_size: int
     grouping: str
-    config: Any
+    config: RunConfig
 
-    def _send_probe(self, state, ctx):
+    def _send_probe(self, state: State, ctx: StepContext) -> Messages:
         """Send the phase-1 proxy to H peers sampled from the client's own stream."""
         count = len(ctx.rows)
         others = torch.full((count,), self.num_clients - 1)
@@ -47,7 +52,7 @@ class GroupingExchanges:
         shared = torch.arange(count).repeat_interleave(self.samples)  # one stored copy per sender
         return Messages(src, peers.reshape(-1), flatten(state["proxy"], UPDATE), shared)
 
-    def _receive_probe(self, state, inbox, ctx):
+    def _receive_probe(self, state: State, inbox: Messages, ctx: StepContext) -> State:
         """Measure L1 dissimilarity between one's own proxy and each received one."""
         if not len(inbox):  # every sampled peer failed (device runtime)
             return state
@@ -64,13 +69,13 @@ class GroupingExchanges:
         known[position, inbox.src] = distance
         return {**state, "known": known}
 
-    def _send_share(self, state, ctx):
+    def _send_share(self, state: State, ctx: StepContext) -> Messages:
         """Every client shares what it measured with every other client: one broadcast
         (one message per receiver on a real network, one stored message in the simulator)."""
         # the state's own tensor: it is never changed in place (the probe writes a copy)
         return Messages(ctx.rows, torch.full_like(ctx.rows, BROADCAST), {"known": state["known"]})
 
-    def _receive_share(self, state, inbox, ctx):
+    def _receive_share(self, state: State, inbox: Messages, ctx: StepContext) -> State:
         rows = ctx.rows.tolist()
         # grouping runs on the host: each row's group, written back to the state in one copy
         assigned = np.zeros((len(rows), self.num_clients), dtype=bool)
@@ -87,7 +92,7 @@ class GroupingExchanges:
         members = torch.where(torch.from_numpy(found).to(device).unsqueeze(1), torch.from_numpy(assigned).to(device), members)
         return {**state, "members": members}
 
-    def _assembled_views(self, state, inbox, ctx) -> Iterator[tuple[int, torch.Tensor]]:
+    def _assembled_views(self, state: State, inbox: Messages, ctx: StepContext) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (row position, dissimilarity matrix) as each client assembles it from
         its own measurements and what it received. When every client received the same
         shares from everyone (the usual case), they all see one matrix: build it once."""
@@ -108,14 +113,15 @@ class GroupingExchanges:
             matrix[client] = state["known"][position]
             yield position, matrix
 
-    def _common_view(self, state, inbox, rows) -> torch.Tensor | None:
+    def _common_view(self, state: State, inbox: Messages, rows: torch.Tensor) -> torch.Tensor | None:
         """The one matrix every held row sees when each received every other client's share
         once and all shares agree; else None. A held client's row is its own measurements."""
         wide = inbox.is_broadcast()
         if bool(wide.all()) and len(inbox) == self.num_clients and \
                 torch.equal(torch.sort(inbox.src).values, torch.arange(self.num_clients, device=inbox.src.device)):
             if len(rows) == self.num_clients:  # the simulator: every row is held, the state is the matrix
-                return state["known"]
+                known: torch.Tensor = state["known"]
+                return known
             matrix = inbox.value("known")[torch.argsort(inbox.src)]
         else:
             if len(rows) < 2 or bool(wide.any()):
@@ -155,7 +161,7 @@ def same_as_first(inbox: Messages, key: str, first: torch.Tensor) -> bool:
     return True
 
 
-def group_labels(groups: list[list[int]], count: int) -> np.ndarray:
+def group_labels(groups: list[list[int]], count: int) -> NDArray[np.int64]:
     """(count,) each client's group index, -1 for a client in no group."""
     label = np.full(count, -1, dtype=np.int64)
     for index, group in enumerate(groups):

@@ -41,16 +41,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import numpy as np
 import torch
 
-from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method, Phase
-from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, params_layout
-from p4bench.engine.method import PlannedRelease
+from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
+from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, PayloadLayout, params_layout
+from p4bench.engine.method import PlannedRelease, Step, StepContext
+from p4bench.engine.state import State
 from p4bench.engine.training import batch_gradient, gather_batch, logits_of, noble_local_lr, sample_batches
 from p4bench.errors import ConfigError
-from p4bench.models import LinearSoftmax
+from p4bench.models import LinearSoftmax, Params
 from p4bench.options import Option, resolve_options
 from p4bench.plugins.p4.cotraining_exchange import CotrainingExchanges
 from p4bench.plugins.p4.fused import FusedCotraining, LinearCotraining
@@ -59,6 +63,9 @@ from p4bench.plugins.p4.grouping_exchange import UNKNOWN, GroupingExchanges
 from p4bench.plugins.p4.losses import distillation_loss
 from p4bench.plugins.p4.span import NOISE_MODES, SpanCotraining, span_fits, span_is_cheaper
 from p4bench.privacy.mechanism import input_statistics
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
 
 GROUPING, COTRAINING = "grouping", "cotraining"
 UPDATE, MODEL = UPDATE_PREFIX, MODEL_PREFIX
@@ -72,7 +79,7 @@ ARTIFACT_MATRIX_CLIENTS = 1000  # above: groups.json without the M x M matrix, a
 # measured 53 B at 1,000-3,000 clients, 154 B at 10,000 (bench/scale.py); the plan takes 128
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> float:
     """`UNKNOWN_SENT`, the old name of `UNKNOWN` (renamed after 0.1.0), with a warning."""
     if name == "UNKNOWN_SENT":
         import warnings
@@ -81,6 +88,16 @@ def __getattr__(name: str):
                       "the state)", DeprecationWarning, stacklevel=2)
         return UNKNOWN
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class GroupsRecord(TypedDict):
+    """groups.json, as `P4.write_artifacts` writes it."""
+
+    grouping: str
+    target_size: int
+    groups: list[list[int]]
+    sizes: list[int]
+    collaboration_matrix: NotRequired[list[list[int]]]  # up to ARTIFACT_MATRIX_CLIENTS clients
 
 
 class P4(GroupingExchanges, CotrainingExchanges, Method):
@@ -118,14 +135,16 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
         default_size = min(GROUP_SIZE_DEFAULTS.get(config.dataset, 4), config.clients)  # small runs: one group
         self.group_size = values["group_size"] if values["group_size"] is not None else default_size
         self.samples = values["samples"] if values["samples"] is not None else min(35, config.clients - 1)
-        self.teacher = values["teacher"]
+        self.teacher: str = values["teacher"]
         if self.teacher == "none" and (values["alpha"] or 0.0) > 0:
             raise ConfigError("options.alpha", "weights the proxy's teacher: set -o teacher=last-proxy|private (default none: alpha = 0)")
-        self.alpha = (values["alpha"] if values["alpha"] is not None else 0.5) if self.teacher != "none" else 0.0
-        self.beta, self.grouping, self.use_proxy = values["beta"], values["grouping"], values["proxy"]
+        self.alpha: float = (values["alpha"] if values["alpha"] is not None else 0.5) if self.teacher != "none" else 0.0
+        self.beta: float = values["beta"]
+        self.use_proxy: bool = values["proxy"]
+        self.grouping = values["grouping"]
         # linear models: a fused step (same math, fewer passes), auto-chosen by FLOPs unless forced
-        self.fused = {"true": "auto", "false": "off"}.get(values["fused"], values["fused"])
-        self.span_noise = values["span_noise"]
+        self.fused: str = {"true": "auto", "false": "off"}.get(values["fused"], values["fused"])
+        self.span_noise: str = values["span_noise"]
         # ranges that depend on the run
         if not 1 <= self.group_size <= config.clients:
             raise ConfigError("options.group_size", f"must be in [1, {config.clients}], got {self.group_size}")
@@ -139,7 +158,7 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
         self._buckets = FusedCotraining(self.alpha, self.beta, self.local_lr, config.data_rate)
         self._span = SpanCotraining(self.alpha, self.beta, self.local_lr, config.data_rate, self.span_noise)
 
-    def uncertified_steps(self):
+    def uncertified_steps(self) -> list[str]:
         if self.teacher == "private" and self.use_proxy and self.alpha > 0:
             return [
                 "P4 teacher=private (the paper's): the DP proxy distils from the non-DP private model trained "
@@ -148,15 +167,15 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
         return []
 
     # -- schedule ---------------------------------------------------------------------
-    def phases(self):
+    def phases(self) -> list[Phase]:
         return [Phase(GROUPING, 1), Phase(COTRAINING, self.config.rounds)]
 
-    def round_steps(self, phase, round_index):
+    def round_steps(self, phase: Phase, round_index: int) -> tuple[Step, ...]:
         if phase.name == GROUPING:
             return (LocalUpdate(), Exchange("probe"), Exchange("share"))
         return (Exchange("announce"), LocalUpdate(), Exchange("upload"), Exchange("distribute"))
 
-    def privacy_plan(self):
+    def privacy_plan(self) -> list[PlannedRelease]:
         c = self.config
         rounds = math.ceil(c.client_rate * c.rounds)
         return [
@@ -165,7 +184,7 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
         ]
 
     # -- state ------------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         count = len(ctx.rows)
         init = {k: v.expand(count, *v.shape).clone() for k, v in self.initial_params().items()}
         return {
@@ -183,34 +202,38 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
             "lead": torch.full((count,), -1, dtype=torch.long),
         }
 
-    def deployed_params(self, state):
-        return state["private"] if self.use_proxy else state["proxy"]
+    def deployed_params(self, state: State) -> Params:
+        params: Params = state["private"] if self.use_proxy else state["proxy"]
+        return params
 
-    def extra_models(self, state):
+    def extra_models(self, state: State) -> dict[str, Params]:
         return {"proxy": state["proxy"]} if self.use_proxy else {}
 
-    def participants(self, state, ctx):
+    def participants(self, state: State, ctx: StepContext) -> torch.Tensor:
         if ctx.phase == GROUPING:
             return torch.ones(len(ctx.rows), dtype=torch.bool)
-        return state["selected"] & ~state["stopped"]
+        selected: torch.Tensor = state["selected"] & ~state["stopped"]
+        return selected
 
     # -- local computation -----------------------------------------------------------
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         if ctx.phase == GROUPING:
             return self._proxy_epoch(state, train, ctx)
         return self._cotrain(state, train, ctx)
 
-    def _proxy_epoch(self, state, train, ctx):
+    def _proxy_epoch(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         """Phase 1: one local epoch of (DP) training of the proxy alone."""
-        proxy, total, taken = state["proxy"], torch.zeros(len(ctx.rows), dtype=torch.float64), torch.zeros(len(ctx.rows))
+        proxy: Params = state["proxy"]
+        total, taken = torch.zeros(len(ctx.rows), dtype=torch.float64), torch.zeros(len(ctx.rows))
         for _ in range(self.epoch_steps):
             grads, loss, done = self._proxy_gradient(proxy, train, ctx, teacher_params=None)
             proxy = {k: proxy[k] - self.local_lr * grads[k] for k in proxy}
             total, taken = total + loss * done, taken + done
         return {**state, "proxy": proxy, "group_proxy": proxy}, total / taken.clamp_min(1)
 
-    def _cotrain(self, state, train, ctx):
-        proxy, private = state["proxy"], state["private"]
+    def _cotrain(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
+        proxy: Params = state["proxy"]
+        private: Params = state["private"]
         total, taken = torch.zeros(len(ctx.rows), dtype=torch.float64), torch.zeros(len(ctx.rows))
         stopped = state["stopped"].clone()
         if self.fused != "off" and self.use_proxy and self.teacher != "last-proxy" and type(ctx.model) is LinearSoftmax:
@@ -237,13 +260,13 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
             total, taken = total + loss * done, taken + done
         return self._cotrained(state, proxy, private, stopped, total, taken)
 
-    def _teacher(self, state, private):
+    def _teacher(self, state: State, private: Params) -> Params | None:
         """The parameters whose outputs the proxy distils from (None: CE only)."""
         if not self.use_proxy or self.alpha == 0:
             return None
         return state["group_proxy"] if self.teacher == "last-proxy" else private
 
-    def _fused_step(self, train, ctx) -> LinearCotraining:
+    def _fused_step(self, train: ClientTensors, ctx: StepContext) -> LinearCotraining:
         """The span path when forced or when it needs fewer FLOPs, else the bucketed one.
         Samples streamed from host memory (`ClientTensors.to(stream=True)`) take the
         bucketed path: the span path reads every sample each round (or a basis as large)."""
@@ -256,17 +279,21 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
         return self._span if self.fused == "span" else self._buckets
 
     @staticmethod
-    def _cotrained(state, proxy, private, stopped, total, taken):
+    def _cotrained(state: State, proxy: Params, private: Params, stopped: torch.Tensor, total: torch.Tensor,
+                   taken: torch.Tensor) -> tuple[State, torch.Tensor]:
         trained = taken > 0
         return {**state, "proxy": proxy, "private": private, "trained": trained, "stopped": stopped}, total / taken.clamp_min(1)
 
-    def _proxy_gradient(self, proxy, train, ctx, teacher_params):
+    def _proxy_gradient(self, proxy: Params, train: ClientTensors, ctx: StepContext,
+                        teacher_params: Params | None) -> tuple[Params, torch.Tensor, torch.Tensor]:
         index, mask = sample_batches(ctx, train)
         x, y = gather_batch(train.x, index), gather_batch(train.y, index)
         stats = input_statistics(ctx.model, train) if ctx.dp is not None else None
         return self._proxy_step(proxy, x, y, mask, train, ctx, teacher_params, None if stats is None else gather_batch(stats, index))
 
-    def _proxy_step(self, proxy, x, y, mask, train, ctx, teacher_params, stats=None):
+    def _proxy_step(self, proxy: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, train: ClientTensors,
+                    ctx: StepContext, teacher_params: Params | None,
+                    stats: torch.Tensor | None = None) -> tuple[Params, torch.Tensor, torch.Tensor]:
         """Gradient of the proxy's loss: DP when the run is private. Returns
         (grads, loss (C,), done (C,) float: 1 where the step was taken). `stats`: the
         batch's `input_statistics` (precomputed per dataset)."""
@@ -275,28 +302,30 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
         return batch_gradient(ctx, proxy, x, y, mask, train, loss_fn, teacher, input_stats=stats)
 
     # -- messages: phase 1 in GroupingExchanges, phase 2 in CotrainingExchanges ----------------
-    def outgoing(self, exchange, state, ctx):
-        return getattr(self, f"_send_{exchange}")(state, ctx)
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
+        send: Callable[[State, StepContext], Messages] = getattr(self, f"_send_{exchange}")
+        return send(state, ctx)
 
-    def receive(self, exchange, state, inbox, ctx):
-        return getattr(self, f"_receive_{exchange}")(state, inbox, ctx)
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
+        handle: Callable[[State, Messages, StepContext], State] = getattr(self, f"_receive_{exchange}")
+        return handle(state, inbox, ctx)
 
-    def update_reference(self, exchange, state):
+    def update_reference(self, exchange: str, state: State) -> Params | None:
         return state["group_proxy"] if exchange == "upload" else None
 
-    def working_bytes(self, num_clients):
+    def working_bytes(self, num_clients: int) -> int:
         """The grouping's M x M matrices (GROUPING_BYTES_PER_PAIR per pair of clients); its
         share exchange is one broadcast per client, not one message per pair."""
         return num_clients * num_clients * GROUPING_BYTES_PER_PAIR
 
-    def payload_bounds(self, exchange, phase, round_index):
+    def payload_bounds(self, exchange: str, phase: str, round_index: int) -> dict[str, tuple[float, float]]:
         """Shared distances are L1 distances (>= 0), or -1 where unknown."""
         return {"known": (UNKNOWN, float("inf"))} if exchange == "share" else {}
 
-    def message_layout(self, exchange, phase, round_index):
+    def message_layout(self, exchange: str, phase: str, round_index: int) -> PayloadLayout | None:
         """Declared, since members receive `distribute` (and `announce`) without sending in it."""
         proxy = self.initial_params()
-        layouts = {
+        layouts: dict[str, Callable[[], PayloadLayout]] = {
             "probe": lambda: params_layout(proxy, UPDATE),
             "share": lambda: {"known": (torch.float32, (self.num_clients,))},
             "announce": lambda: {"selected": (torch.bool, ()), **(params_layout(proxy, MODEL) if round_index == 0 else {})},
@@ -306,19 +335,19 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
         return layouts[exchange]() if exchange in layouts else None
 
     # -- reporting ------------------------------------------------------------------------
-    def groups_of(self, state) -> list[list[int]]:
+    def groups_of(self, state: State) -> list[list[int]]:
         """Distinct groups as seen by the clients (for artifacts and tests)."""
         seen = {tuple(row.nonzero().squeeze(1).tolist()) for row in state["members"]}
         return sorted(list(g) for g in seen if g)
 
-    def write_artifacts(self, state, folder):
+    def write_artifacts(self, state: State, folder: Path) -> list[Path]:
         """groups.json (groups, sizes and, up to ARTIFACT_MATRIX_CLIENTS clients, the
         collaboration matrix) and, up to that size, dissimilarity.png (the sampled L1
         dissimilarities, clients ordered by group): an M x M matrix as JSON or pixels is
         GBs at the paper's 2,080 clients and beyond, and the groups say the same."""
         groups = self.groups_of(state)
         small = self.num_clients <= ARTIFACT_MATRIX_CLIENTS
-        record = {"grouping": self.grouping, "target_size": self.group_size, "groups": groups,
+        record: GroupsRecord = {"grouping": self.grouping, "target_size": self.group_size, "groups": groups,
                   "sizes": [len(g) for g in groups]}
         if small:
             record["collaboration_matrix"] = collaboration_matrix(groups, self.num_clients).tolist()
@@ -331,7 +360,7 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
         return [folder / "groups.json", folder / "dissimilarity.png"]
 
 
-def _plot_dissimilarity(values: np.ndarray, sizes: list[int], path) -> None:
+def _plot_dissimilarity(values: np.ndarray, sizes: list[int], path: Path) -> None:
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
