@@ -15,9 +15,11 @@ __all__ = ["ATTACKS", "ABLATIONS", "POINTS", "PAPER_TOLERANCE", "heterogeneity_c
 
 ATTACKS = ("label-flip", "byzantine-zero", "byzantine-random", "byzantine-flip")
 POINTS = 0.10  # "an accuracy drop below 10% indicates good defense performance"
+# A check's `table` is a pandas DataFrame (group keys, mean, std, n); pandas ships no types.
+Table = Any
 
 
-def heterogeneity_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
+def heterogeneity_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
     """Keys (variant, method): P4 is best at every level, beats local, and the CIFAR-10 headline."""
     checks = []
     levels = list(dict.fromkeys(table["variant"]))
@@ -51,7 +53,7 @@ def heterogeneity_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
     return checks
 
 
-def privacy_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
+def privacy_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
     """Keys (variant, epsilon): P4 (HC) beats both local baselines at every budget; more budget never hurts."""
     p4 = {float(k[0]): v for k, v in means(table, variant="p4 (HC)").items()}
     local = {label: next(iter(means(table, variant=label).values()), math.nan) for label in ("local", "local (HC)")}
@@ -74,7 +76,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {"p4 -grouping": {"options.grouping": "ra
              "p4 -proxy": {"options.proxy": False}}
 
 
-def ablation_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
+def ablation_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
     """Keys (variant, epsilon): full P4 beats each ablation; ablations fall below local (HC) in most cells
     (read as: more than half of the variant/budget cells)."""
     full = {k[0]: v for k, v in means(table, variant="p4").items()}
@@ -97,7 +99,7 @@ def ablation_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
     return checks
 
 
-def defense_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
+def defense_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
     """Keys (attack, defense): attack impact of p4-secure under 10 points; RQ2's best defense per attack.
 
     Attack impact here is a difference of group means (no-attack runs over all reported
@@ -140,7 +142,7 @@ def defense_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
 PAPER_TOLERANCE = {"label-flip": 0.5, "byzantine-zero": 0.3, "byzantine-random": 0.4, "byzantine-flip": 0.3}
 
 
-def malicious_claims(table, ctx: ClaimContext) -> list[ClaimCheck]:
+def malicious_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
     """Keys (attack, malicious_fraction, defense): gap to the ideal defense under 10 points up to 30%, and
     the tolerated fraction per attack that the paper reports."""
     gaps: dict[str, dict[float, float]] = {}

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
+
 from p4bench.defenses.anomaly import AnomalyDetection
 from p4bench.defenses.krum import MultiKrum
 from p4bench.engine import Defense
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 
 class P4Secure(Defense):
@@ -19,11 +26,11 @@ class P4Secure(Defense):
     options = tuple({o.name: o for o in AnomalyDetection.options + MultiKrum.options}.values())
     uses_identities = True
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.anomaly = AnomalyDetection(config)
         self.krum = MultiKrum(config)
 
-    def select(self, updates, weights, mask, **identities):
+    def select(self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor) -> torch.Tensor:
         survivors = self.anomaly.select(updates, weights, mask, **identities)
         return self.krum.select(updates, weights, survivors) & survivors
