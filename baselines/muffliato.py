@@ -36,7 +36,8 @@ defense acts on every gossip step.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -52,12 +53,16 @@ from p4bench.baselines.common import (
 )
 from p4bench.baselines.dsgt import MIXINGS, mixing_matrix
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
-from p4bench.engine.messages import UPDATE_PREFIX
-from p4bench.engine.method import PlannedRelease
-from p4bench.engine.state import flatten, unvectorize, vectorize
+from p4bench.engine.messages import UPDATE_PREFIX, Messages
+from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
+from p4bench.engine.state import State, flatten, unvectorize, vectorize
 from p4bench.engine.training import batch_gradient
 from p4bench.errors import ConfigError
+from p4bench.models import Params
 from p4bench.options import Option, resolve_options, topology_options
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
 from p4bench.topology import is_connected, is_symmetric, spectral_gap
 
 UPDATE = UPDATE_PREFIX
@@ -131,7 +136,7 @@ class Muffliato(Method):
             self._cache[key] = (matrix, omega, Edges.of(matrix != 0))
         return self._cache[key]
 
-    def privacy_plan(self):
+    def privacy_plan(self) -> list[PlannedRelease]:
         c = self.config  # every node takes one DP step per iteration, every round
         return [PlannedRelease("train", c.data_rate, c.rounds * self.iterations, self.iterations, c.rounds, 1.0)]
 
@@ -142,32 +147,33 @@ class Muffliato(Method):
                 "amplification": "none claimed (local DP accounting); Muffliato's pairwise network-DP bound is not used"}
 
     # -- schedule --------------------------------------------------------------------------
-    def round_steps(self, phase, round_index):
+    def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
         return ((LocalUpdate(),) + (Exchange("gossip"),) * self.gossip_steps) * self.iterations
 
     # -- state -------------------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         count = len(ctx.rows)
         params = replicate(self.initial_params(), count)
-        state = {"params": params, "iteration": torch.zeros(count, dtype=torch.int64),
+        state: State = {"params": params, "iteration": torch.zeros(count, dtype=torch.int64),
                  "hop": torch.zeros(count, dtype=torch.int64)}
         if self.chebyshev:
             state["previous"] = {k: v.clone() for k, v in params.items()}  # x^{k-1} of the recursion
         return state
 
-    def deployed_params(self, state):
-        return state["params"]
+    def deployed_params(self, state: State) -> Params:
+        params: Params = state["params"]
+        return params
 
     @staticmethod
-    def _counter(state, name: str) -> int:
+    def _counter(state: State, name: str) -> int:
         return int(state[name][0]) if len(state[name]) else 0
 
     # -- messages ----------------------------------------------------------------------------
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         _, _, edges = self._mixing(self._counter(state, "iteration") - 1)
         return send_along(ctx.rows, edges, flatten(state["params"], UPDATE))
 
-    def receive(self, exchange, state, inbox, ctx):
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         weights, omega = self.gossip(self._counter(state, "iteration") - 1)
         hop = self._counter(state, "hop")
         own = vectorize(state["params"])
@@ -180,7 +186,7 @@ class Muffliato(Method):
         return {**state, "params": unvectorize(new, state["params"]), "previous": state["params"]}
 
     # -- local computation ---------------------------------------------------------------------
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         x, y, mask = draw_batch(ctx, train)
         grads, loss, done = batch_gradient(ctx, state["params"], x, y, mask, train)
         rate = self.config.lr  # a node whose budget refused the step (done = 0) stays put
