@@ -24,7 +24,7 @@ Without DP the gradients are plain batch means (no clipping, no noise).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,15 +37,16 @@ from p4bench.engine.training import fixed_size_batches, gather_batch, poisson_ba
 from p4bench.errors import ConfigError
 from p4bench.models import Params
 from p4bench.privacy.clipping import clipped_gradient_sum
-from p4bench.privacy.concatenated import (  # noqa: F401 - CLIP_MODES ... release_rate re-exported: defined here before
-    CLIP_MODES,
-    noise_scale,
-    noise_std_per_coordinate,
-    release_rate,
-)
+from p4bench.privacy.concatenated import CLIP_MODES as CLIP_MODES  # re-exported (the three): defined here before
+from p4bench.privacy.concatenated import noise_scale
+from p4bench.privacy.concatenated import noise_std_per_coordinate as noise_std_per_coordinate
+from p4bench.privacy.concatenated import release_rate as release_rate
 from p4bench.privacy.releases import Releases
 from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
 from p4bench.topology.assumptions import check_pdsl_assumption
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
 
 # payload keys of the `models` and `gradients` exchanges: update.*, so a malicious neighbour's
 # message attack acts on them (a crafted x_j: `model-probe`; a poisoned cross-gradient)
@@ -89,13 +90,15 @@ def _repeat_rows(tensor: torch.Tensor, times: int) -> torch.Tensor:
 
 
 def cross_gradients(
-    ctx: Any, models: torch.Tensor, like: Params, present: torch.Tensor, train: Any, clip_mode: str,
+    ctx: Any, models: torch.Tensor, like: Params, present: torch.Tensor, train: ClientTensors, clip_mode: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grads (C, K, P) float32, mean loss (C,) float64, released (C,) bool).
 
     `models` (C, K, P) flat parameters (slot j of row i: x_j as i received it), `like` a
     parameter dict with a leading axis (shapes for `unvectorize`). Absent slots give zero
-    gradients; rows the budget refuses give zero gradients and `released` False."""
+    gradients; rows the budget refuses give zero gradients and `released` False. `ctx` is
+    a `StepContext` or any object with its dp, rng, config, model and loss_and_grad (the
+    audit's probe, `p4bench.audit.inversion`, passes a namespace)."""
     count, slots, size = models.shape
     private = ctx.dp is not None
     # only the present slots are computed (at most the largest degree per row, not M):

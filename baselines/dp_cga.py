@@ -34,24 +34,25 @@ post-processing of released values and of models that are themselves post-proces
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from p4bench.baselines.common import replicate
-from p4bench.baselines.cross_gradients import (
-    CLIP_MODES,
-    MODEL,
-    cross_gradients,
-    release_rate,
-    static_neighbourhoods,
-)
+from p4bench.baselines.cross_gradients import MODEL, cross_gradients, static_neighbourhoods
 from p4bench.baselines.neighbour_exchange import gossip_mix, neighbour_grid, neighbour_messages, received_gradients
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
-from p4bench.engine.method import PlannedRelease
-from p4bench.engine.state import unvectorize, vectorize
+from p4bench.engine.messages import Messages
+from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
+from p4bench.engine.state import State, unvectorize, vectorize
+from p4bench.models import Params
 from p4bench.options import Option, resolve_options, topology_options
+from p4bench.privacy.concatenated import CLIP_MODES, release_rate
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
 
 ANCHORS = ("self", "mean")
 ORDERS = ("cta", "atc")
@@ -79,7 +80,7 @@ def solve_cone_qp(
     gram = gram.double() * keep_slot.unsqueeze(1) * keep_slot.unsqueeze(2)
     shift = margin * keep_slot
     linear = linear.double() * keep_slot + torch.bmm(gram, shift.unsqueeze(-1)).squeeze(-1)
-    lipschitz = torch.linalg.eigvalsh(gram)[:, -1].clamp_min(1e-300).unsqueeze(1)
+    lipschitz: torch.Tensor = torch.linalg.eigvalsh(gram)[:, -1].clamp_min(1e-300).unsqueeze(1)
 
     def gradient(mu: torch.Tensor) -> torch.Tensor:
         return torch.bmm(gram, mu.unsqueeze(-1)).squeeze(-1) + linear
@@ -185,8 +186,8 @@ class DPCGA(Method):
         self.clip_mode = str(values["clip_mode"])
 
     # -- schedule and privacy ----------------------------------------------------------------
-    def round_steps(self, phase, round_index):
-        steps = (Exchange("models"), LocalUpdate(), Exchange("gradients"))
+    def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
+        steps: tuple[Step, ...] = (Exchange("models"), LocalUpdate(), Exchange("gradients"))
         return steps + (Exchange("gossip"),) if self.values["order"] == "atc" else steps
 
     def privacy_plan(self) -> list[PlannedRelease]:
@@ -199,7 +200,7 @@ class DPCGA(Method):
                 "receivers_per_release": int(m["degree_max"]), "clip_mode": self.clip_mode}
 
     # -- clients ------------------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         count = len(ctx.rows)
         params = replicate(self.initial_params(), count)
         size = vectorize(params).shape[1]
@@ -207,17 +208,17 @@ class DPCGA(Method):
         return {"params": params, "momentum": torch.zeros(count, size), "models": zeros, "cross": zeros.clone(),
                 "x_hat": torch.zeros(count, size)}
 
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         present = self.table.real[ctx.rows]
         models = state["models"].clone()
         models[torch.arange(len(ctx.rows)), self.table.own[ctx.rows]] = vectorize(state["params"])  # x_i itself
         grads, loss, _ = cross_gradients(ctx, models, state["params"], present, train, self.clip_mode)
         return {**state, "models": models, "cross": grads}, loss
 
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         return neighbour_messages(exchange, state, ctx.rows, self.table, {"x": state["x_hat"]})
 
-    def receive(self, exchange, state, inbox, ctx):
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange == "models":
             size = state["momentum"].shape[1]
             return {**state, "models": neighbour_grid(inbox, ctx.rows, MODEL, size, self.table)}
@@ -228,7 +229,7 @@ class DPCGA(Method):
             return {**state, "params": unvectorize(mixed["x"].to(state["x_hat"].dtype), state["params"])}
         return state
 
-    def _step(self, state: dict[str, Any], received: torch.Tensor, ctx: Any) -> dict[str, Any]:
+    def _step(self, state: State, received: torch.Tensor, ctx: StepContext) -> State:
         """QP aggregation, momentum, then the new model (cta) or x_hat for the gossip (atc)."""
         rows, count = ctx.rows, len(ctx.rows)
         mine, own = torch.arange(count), self.table.own[ctx.rows]
@@ -270,5 +271,6 @@ class DPCGA(Method):
         return {"cga.conflict_fraction": totals.get("cga.conflicts", 0.0) / qps,
                 "cga.unconverged_fraction": totals.get("cga.unconverged", 0.0) / qps}
 
-    def deployed_params(self, state):
-        return state["params"]
+    def deployed_params(self, state: State) -> Params:
+        params: Params = state["params"]
+        return params

@@ -32,29 +32,30 @@ from __future__ import annotations
 import csv
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from p4bench.baselines.common import replicate
-from p4bench.baselines.cross_gradients import (
-    CLIP_MODES,
-    MODEL,
-    cross_gradients,
-    noise_std_per_coordinate,
-    release_rate,
-    static_neighbourhoods,
-)
+from p4bench.baselines.cross_gradients import MODEL, cross_gradients, static_neighbourhoods
 from p4bench.baselines.neighbour_exchange import gossip_mix, neighbour_grid, neighbour_messages, received_gradients
 from p4bench.baselines.p2p_policies import validation_split
 from p4bench.baselines.shapley import coalition_values, exact_shapley, minmax_shares, monte_carlo_shapley
 from p4bench.data.public import PUBLIC_DATA_OPTIONS
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
-from p4bench.engine.method import PlannedRelease
-from p4bench.engine.state import unvectorize, vectorize
+from p4bench.engine.messages import Messages
+from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
+from p4bench.engine.state import State, unvectorize, vectorize
 from p4bench.errors import ConfigError
+from p4bench.models import Params
 from p4bench.options import Option, resolve_options, topology_options
+from p4bench.privacy.concatenated import CLIP_MODES, noise_std_per_coordinate, release_rate
+
+if TYPE_CHECKING:
+    from p4bench.data import ClientTensors
+    from p4bench.privacy.mechanism import DPSettings
 
 SHAPLEY = ("mc", "exact")
 
@@ -98,10 +99,10 @@ class PDSL(Method):
             raise ConfigError("options.shapley", f"exact Shapley over {largest} players needs 2^{largest} coalitions "
                               "per agent and round; use mc (options.R) or a sparser topology")
         self.log: list[tuple[int, int, int, float, float]] = []  # (round, agent, neighbour, phi, pi)
-        self.dp_settings: Any = None
+        self.dp_settings: DPSettings | None = None  # the run's, seen in local_update (for Theorem 1)
 
     # -- schedule and privacy ----------------------------------------------------------------
-    def round_steps(self, phase, round_index):
+    def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
         return (Exchange("models"), LocalUpdate(), Exchange("gradients"), Exchange("gossip"))
 
     def privacy_plan(self) -> list[PlannedRelease]:
@@ -120,12 +121,12 @@ class PDSL(Method):
                                "receivers_per_release": int(m["degree_max"]), "clip_mode": self.clip_mode,
                                "validation_set": q}
         if self.dp_settings is not None:
-            out.update(self._theorem1())
+            out.update(self._theorem1(self.dp_settings))
         return out
 
-    def _theorem1(self) -> dict[str, Any]:
+    def _theorem1(self, settings: DPSettings) -> dict[str, Any]:
         """The paper's per-round epsilon for the noise actually used (reproduction only)."""
-        settings, floor = self.dp_settings, float(self.values["phi_floor"])
+        floor = float(self.values["phi_floor"])
         delta = float(self.config.delta) if self.config.delta is not None else 1e-5
         w = self.weights
         omega_min = float(w[w > 0].min())
@@ -140,7 +141,7 @@ class PDSL(Method):
                                  f"min-max scaling makes phi_min 0 and the bound infinite: clamped to {floor:g}"}
 
     # -- clients ------------------------------------------------------------------------------
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         count = len(ctx.rows)
         params = replicate(self.initial_params(), count)
         size = vectorize(params).shape[1]
@@ -151,7 +152,7 @@ class PDSL(Method):
     def _present(self, rows: torch.Tensor) -> torch.Tensor:
         return self.table.real[rows]
 
-    def local_update(self, state, train, ctx):
+    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
         if ctx.dp is not None:
             self.dp_settings = ctx.dp.settings
         present = self._present(ctx.rows)
@@ -160,11 +161,11 @@ class PDSL(Method):
         grads, loss, _ = cross_gradients(ctx, models, state["params"], present, self._training(train, state), self.clip_mode)
         return {**state, "cross": grads}, loss
 
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         gossip = {"u": state["u_hat"], "x": state["x_hat"]}
         return neighbour_messages(exchange, state, ctx.rows, self.table, gossip)
 
-    def receive(self, exchange, state, inbox, ctx):
+    def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange == "models":
             size = state["momentum"].shape[1]
             return {**state, "models": neighbour_grid(inbox, ctx.rows, MODEL, size, self.table)}
@@ -175,7 +176,7 @@ class PDSL(Method):
             return {**state, "momentum": mixed["u"].float(), "params": unvectorize(mixed["x"].float(), state["params"])}
         return state
 
-    def _shapley_step(self, state, received: torch.Tensor, ctx) -> dict[str, Any]:
+    def _shapley_step(self, state: State, received: torch.Tensor, ctx: StepContext) -> State:
         started = time.perf_counter()
         rows, present = ctx.rows, self._present(ctx.rows)
         lr, x = float(self.config.lr), vectorize(state["params"])
@@ -199,7 +200,7 @@ class PDSL(Method):
         self._record(ctx, phi, pi, present, fallback, time.perf_counter() - started)
         return {**state, "u_hat": u_hat, "x_hat": x_hat}
 
-    def _validation(self, ctx, state) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _validation(self, ctx: StepContext, state: State) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Q shared by every agent: (inputs, labels, None)."""
         if not hasattr(self, "_q"):
             assert self.public_data is not None, "the runner sets the labeled public pool (needs_public_labels)"
@@ -208,11 +209,11 @@ class PDSL(Method):
             self._q = (inputs[:size], labels[:size])  # the pool is a public random draw already
         return (*self._q, None)
 
-    def _training(self, train, state):
+    def _training(self, train: ClientTensors, state: State) -> ClientTensors:
         """The records the cross-gradients are computed on (all of them here)."""
         return train
 
-    def _record(self, ctx, phi: torch.Tensor, pi: torch.Tensor, present: torch.Tensor, fallback: torch.Tensor,
+    def _record(self, ctx: StepContext, phi: torch.Tensor, pi: torch.Tensor, present: torch.Tensor, fallback: torch.Tensor,
                 seconds: float) -> None:
         real = torch.where(present, phi, torch.nan)
         spread = (real.nan_to_num(-torch.inf).max(1).values - real.nan_to_num(torch.inf).min(1).values)
@@ -230,10 +231,11 @@ class PDSL(Method):
         agents = totals.get("pdsl.agents", 0.0)
         return {"pdsl.phi_spread_mean": totals.get("pdsl.phi_spread_sum", 0.0) / agents} if agents else {}
 
-    def deployed_params(self, state):
-        return state["params"]
+    def deployed_params(self, state: State) -> Params:
+        params: Params = state["params"]
+        return params
 
-    def write_artifacts(self, state, folder: Path) -> list[Path]:
+    def write_artifacts(self, state: State, folder: Path) -> list[Path]:
         if not self.log:
             return []
         path = folder / "pdsl_shapley.csv"
@@ -259,20 +261,20 @@ class PDSLLocalVal(PDSL):
                low=0, high=1, low_open=True, high_open=True),
     )
 
-    def init_client_state(self, train, ctx):
+    def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         return {**super().init_client_state(train, ctx), "split_key": ctx.rng.bits(2)}
 
     def uncertified_steps(self) -> list[str]:
         return ["pdsl-local-val: the Shapley weights read each agent's own validation records Q_i outside the "
                 "ledger (not a DP release), and they shape the released model"]
 
-    def _split(self, train, state):
+    def _split(self, train: ClientTensors, state: State) -> tuple[ClientTensors, ClientTensors]:
         return validation_split(train, state["split_key"], float(self.values["val_fraction"]))
 
-    def _training(self, train, state):
+    def _training(self, train: ClientTensors, state: State) -> ClientTensors:
         return self._split(train, state)[0]
 
-    def _validation(self, ctx, state):
+    def _validation(self, ctx: StepContext, state: State) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         assert ctx.train is not None, "the driver passes the rows' records to every step"
         held_out = self._split(ctx.train, state)[1]
         return held_out.x, held_out.y, held_out.n
