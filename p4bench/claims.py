@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p4bench.moved import forward_moved
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["ClaimCheck", "ClaimContext", "means", "not_checked", "pct", "verdict"]
 
@@ -31,7 +34,7 @@ class ClaimContext:
     skipped: tuple[str, ...]  # "kind 'name'" of unregistered plugins
 
 
-def means(table, **where: Any) -> dict[tuple, float]:
+def means(table: pd.DataFrame, **where: Any) -> dict[tuple[Any, ...], float]:
     """{remaining key values: mean} of the rows matching `where` (values compared as text);
     the `privacy` mark column (p4bench.studies.equal_privacy) is not a key."""
     rows = table

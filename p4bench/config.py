@@ -22,7 +22,7 @@ __all__ = ["RunConfig", "resolve_config", "load_config_file"]
 def _meta(
     help: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
     choices: tuple[str, ...] | None = None, high_open: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     return {"help": help, "low": low, "high": high, "low_open": low_open, "high_open": high_open, "choices": choices}
 
 
@@ -192,7 +192,7 @@ class RunConfig:
 FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
 
 
-def _check(f: dataclasses.Field, value: Any) -> Any:
+def _check(f: dataclasses.Field[Any], value: Any) -> Any:
     optional = "None" in str(f.type)
     if value is None:
         if optional:

@@ -6,6 +6,7 @@ import errno as _errno
 import sys as _sys
 from collections.abc import Iterable
 from pathlib import Path as _Path
+from types import FrameType as _FrameType
 from types import TracebackType as _TracebackType
 
 
@@ -288,8 +289,8 @@ def _with_yaml_flattened(exc: P4BenchError) -> str:
 # -- where in the traceback ------------------------------------------------------------
 
 
-def _frames(tb: _TracebackType | None) -> list:
-    frames = []
+def _frames(tb: _TracebackType | None) -> list[_FrameType]:
+    frames: list[_FrameType] = []
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next

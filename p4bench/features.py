@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ import torch
 from p4bench.data.base import ArrayDataset
 from p4bench.data.federated import ClientTensors, FederatedData
 from p4bench.errors import IncompatibleError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 __all__ = [
     "SCATTER_J",
@@ -59,7 +62,8 @@ def _scattering(height: int, width: int, J: int, L: int, device: str) -> torch.n
     # (removed in SciPy 1.17); the 2-D torch frontend module has no such import.
     from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
 
-    return ScatteringTorch2D(J=J, shape=(height, width), L=L).to(device)
+    scattering: torch.nn.Module = ScatteringTorch2D(J=J, shape=(height, width), L=L).to(device)  # kymatio: untyped
+    return scattering
 
 
 def _default_device() -> str:
@@ -95,7 +99,7 @@ def scatter_transform(
     return out
 
 
-def _progress(enabled: bool):
+def _progress(enabled: bool) -> Progress:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -139,7 +143,7 @@ class FeatureCache:
             meta = json.loads(meta_path.read_text())
             if meta.get("content_hash") != source_hash or meta.get("params") != _jsonable(params):
                 return None
-            array = np.load(array_path, allow_pickle=False)
+            array: np.ndarray = np.load(array_path, allow_pickle=False)
             if list(array.shape) != meta.get("shape") or array.dtype.str != meta.get("dtype"):
                 return None
             if content_hash(array) != meta.get("output_hash"):

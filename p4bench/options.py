@@ -46,7 +46,7 @@ class Option:
     type: type
     default: Any
     help: str
-    choices: tuple | None = None
+    choices: tuple[Any, ...] | None = None
     low: float | None = None
     high: float | None = None
     low_open: bool = False

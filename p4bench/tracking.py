@@ -26,7 +26,7 @@ import yaml
 from p4bench.config import RunConfig
 from p4bench.hookspecs import hookimpl
 from p4bench.participation import participation_curve, write_participation_curve
-from p4bench.records import display_round
+from p4bench.records import RoundReport, RunInfo, RunResult, display_round
 from p4bench.run.artifacts import final_metrics, final_tags, plot_accuracy, write_partition_summary
 from p4bench.tracking_ops import EXPERIMENT_KIND_TAG, dataset_spec  # noqa: F401 - EXPERIMENT_KIND_TAG re-exported
 
@@ -150,7 +150,7 @@ class Tracker:
         self.backend = take(self.uri) or LocalBackend(self.uri)
         return True
 
-    def _start_mlflow(self, run) -> None:
+    def _start_mlflow(self, run: RunInfo) -> None:
         if not self._open_backend():
             return
         from p4bench.version import __version__
@@ -202,7 +202,7 @@ class Tracker:
             with open(metrics, "w", newline="") as handle:
                 csv.writer(handle).writerows(kept)
 
-    def run_interrupted(self, run) -> None:
+    def run_interrupted(self, run: RunInfo) -> None:
         """Called by the runner (not a hook of the spec) when a run stops before its end
         (Ctrl-C): the MLflow run becomes KILLED; the local folder keeps the checkpoint."""
         if self._tracking():
@@ -212,7 +212,7 @@ class Tracker:
 
     # -- observation hooks ------------------------------------------------------------
     @hookimpl
-    def run_started(self, run) -> None:
+    def run_started(self, run: RunInfo) -> None:
         if self.resume is not None:
             self._resume_local()
             self._reopen_mlflow(self.resume.meta.get("mlflow_run_id"))
@@ -239,7 +239,7 @@ class Tracker:
             self.backend.call(action, "log_metrics", rows)
 
     @hookimpl
-    def round_finished(self, run, report) -> None:
+    def round_finished(self, run: RunInfo, report: RoundReport) -> None:
         mean = report.metrics.get("accuracy_mean", float("nan"))
         assert self.local_dir is not None  # set by run_started
         with open(self.local_dir / "metrics.csv", "a", newline="") as handle:
@@ -256,7 +256,7 @@ class Tracker:
         self._log_metrics("log metrics", [(k, float(v), stamp, step) for k, v in values.items() if np.isfinite(v)])
 
     @hookimpl
-    def run_finished(self, run, result) -> None:
+    def run_finished(self, run: RunInfo, result: RunResult) -> None:
         folder = self.local_dir
         assert folder is not None  # set by run_started
         if run.data is not None:
@@ -298,7 +298,7 @@ class Tracker:
         (folder / "summary.json").write_text(json.dumps({**summary, **run.tracking}, indent=2))
 
     @staticmethod
-    def _write_clients(run, result, path: Path) -> None:
+    def _write_clients(run: RunInfo, result: RunResult, path: Path) -> None:
         outcome = result.outcome
         with open(path, "w", newline="") as handle:
             writer = csv.writer(handle)

@@ -120,7 +120,7 @@ def record_failure(config: RunConfig, tracker: Any, tags: Mapping[str, str], err
             client.log_batch(run_id, params=[Param(k, v) for k, v in flat_params(config, defense=defense or "none").items()])
         client.set_tag(run_id, "error", (error or "")[:5000])
         client.set_terminated(run_id, "FAILED")
-        return run_id
+        return str(run_id)
     except Exception:  # noqa: BLE001 - the failure is still in the sweep's summary
         return None
 

@@ -59,7 +59,7 @@ def _usable(template: Path) -> bool:
             runs = db.execute("SELECT count(*) FROM runs").fetchone()[0]
     except sqlite3.Error:
         return False
-    return revisions == 1 and experiments == 0 and runs == 0
+    return bool(revisions == 1 and experiments == 0 and runs == 0)
 
 
 def _make_template(template: Path) -> bool:
@@ -71,7 +71,7 @@ def _make_template(template: Path) -> bool:
     template.parent.mkdir(parents=True, exist_ok=True)
     scratch = template.with_name(f".{template.name}.{os.getpid()}.tmp")
     try:
-        store = SqlAlchemyStore(f"{_PREFIX}{scratch}", str(template.parent / "artifacts"))
+        store = SqlAlchemyStore(f"{_PREFIX}{scratch}", str(template.parent / "artifacts"))  # type: ignore[no-untyped-call]  # mlflow: untyped
         store.engine.dispose()
         with contextlib.closing(sqlite3.connect(scratch)) as db:
             db.execute("DELETE FROM experiment_tags WHERE experiment_id = 0")

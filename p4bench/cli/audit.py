@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from p4bench.cli.run import json_default
 from p4bench.config import parse_key_values, resolve_config
 from p4bench.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from p4bench.records import RoundReport, RunInfo
 
 DEFAULT_EXPERIMENT = "p4bench-audit"  # canary-laden runs stay out of the benchmark's experiments
 
@@ -33,17 +37,17 @@ DEFAULT_EXPERIMENT = "p4bench-audit"  # canary-laden runs stay out of the benchm
 class RoundProgress:
     """Observer plugin: one bar over every round of every run of the audit."""
 
-    def __init__(self, progress: Progress, task, runs: int) -> None:
+    def __init__(self, progress: Progress, task: TaskID, runs: int) -> None:
         self.progress, self.task, self.runs = progress, task, runs
         self.index = 0
 
     @hookimpl
-    def run_started(self, run) -> None:
+    def run_started(self, run: RunInfo) -> None:
         self.index += 1
         self.progress.update(self.task, total=run.total_rounds * self.runs, description=f"audit run {self.index}/{self.runs}")
 
     @hookimpl
-    def round_finished(self, run, report) -> None:
+    def round_finished(self, run: RunInfo, report: RoundReport) -> None:
         self.progress.update(self.task, advance=1)
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 __all__ = ["warn_plugin_problems", "warn_listed_problems"]
 
 err_console = Console(stderr=True)
-_warned: weakref.WeakSet = weakref.WeakSet()  # registries whose problems were printed
+_warned: weakref.WeakSet[Any] = weakref.WeakSet()  # registries whose problems were printed
 _listings_warned: set[tuple[str, int]] = set()  # (plugin fingerprint, registry generation) already warned
 
 

@@ -7,7 +7,7 @@ import json
 import math
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -22,6 +22,9 @@ from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
 from p4bench.run.interrupts import RunInterrupted, graceful_interrupts
 
+if TYPE_CHECKING:
+    from p4bench.records import RoundReport, RunInfo, RunResult
+
 
 class ProgressDisplay:
     """Observer plugin: a rich progress bar over the rounds of a run (those of the method's
@@ -35,7 +38,7 @@ class ProgressDisplay:
         self.run_id: str | None = None
 
     @hookimpl
-    def run_started(self, run) -> None:
+    def run_started(self, run: RunInfo) -> None:
         self.run_id = run.run_id
         last = run.phases[-1] if run.phases else None
         self.main = last.name if last is not None else ""
@@ -58,7 +61,7 @@ class ProgressDisplay:
         self.task = self.progress.add_task(description, total=total, completed=self.completed, acc="-")
 
     @hookimpl
-    def round_finished(self, run, report) -> None:
+    def round_finished(self, run: RunInfo, report: RoundReport) -> None:
         mean = report.metrics.get("accuracy_mean", float("nan"))
         assert self.progress is not None  # created by run_started
         main = report.phase == self.main
@@ -66,7 +69,7 @@ class ProgressDisplay:
                              description=f"{self.method} rounds" if main else f"{self.method} {report.phase}")
 
     @hookimpl
-    def run_finished(self, run, result) -> None:
+    def run_finished(self, run: RunInfo, result: RunResult) -> None:
         self.stop()
 
     def stop(self) -> None:

@@ -6,7 +6,7 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -16,6 +16,11 @@ from rich.table import Table
 from p4bench.cli.study_output import _num, _print_sweep_summary, err, out
 from p4bench.config import parse_key_values
 from p4bench.errors import UsageError
+
+if TYPE_CHECKING:
+    from p4bench.studies.backends import RunRecord
+    from p4bench.studies.compare import Comparison
+    from p4bench.studies.sweep_plan import PlannedRun, SweepSpec
 
 _JOBS = typer.Option(1, "--jobs", "-j", help="worker processes for the local backend")
 _BACKEND = typer.Option("local", "--backend", help="where runs execute: local | ray")
@@ -54,7 +59,7 @@ class RunsProgress:
         self.bar.start()
         self.task = self.bar.add_task(self.title, total=total - skipped, last="")
 
-    def advance(self, record, planned) -> None:
+    def advance(self, record: RunRecord, planned: PlannedRun) -> None:
         from p4bench.studies.sweep import describe_run
 
         self.failed += record.status == "failed"
@@ -134,7 +139,7 @@ def sweep_command(
         raise typer.Exit(1)
 
 
-def _dry_run(spec, results_dir: str | None, tracking_uri: str | None, allow_mixed_privacy: bool = False) -> None:
+def _dry_run(spec: SweepSpec, results_dir: str | None, tracking_uri: str | None, allow_mixed_privacy: bool = False) -> None:
     """List the planned runs, marking those a sweep would skip; creates no store."""
     from p4bench.config import RunConfig
     from p4bench.options import validate_planned
@@ -220,7 +225,7 @@ _EVAL_WORDS = {"global": "accuracy on the global test set (held out before parti
                "personal": "accuracy on each client's own test split"}
 
 
-def _print_comparison(comparison, fmt: str, privacy_note: bool = True) -> None:
+def _print_comparison(comparison: Comparison, fmt: str, privacy_note: bool = True) -> None:
     from p4bench.studies.compare import format_table
 
     verdict = comparison.privacy if privacy_note else None

@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from p4bench.studies.sweep import SweepReport
 
 __all__ = ["err", "out"]
 
@@ -14,7 +18,7 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
-def _print_sweep_summary(report, console: Console = out) -> None:
+def _print_sweep_summary(report: SweepReport, console: Console = out) -> None:
     from p4bench.studies.sweep import describe_run
 
     table = Table(title=f"sweep '{report.name}'", show_header=False)

@@ -3,14 +3,20 @@ every partition's runs used, the lines on privacy."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 
 from p4bench.cli.study_output import _num, _print_sweep_summary, err, out
 
+if TYPE_CHECKING:
+    from p4bench.studies.reproduce import ReproduceReport
+    from p4bench.studies.tune import TuneResult
+
 __all__ = ["print_tuning", "print_reproduce_tuning"]
 
 
-def print_tuning(result, over: str, notes: bool = True) -> None:
+def print_tuning(result: TuneResult, over: str, notes: bool = True) -> None:
     """One table per tuned method (or key): every point's score, the best marked; a
     `privacy` column where the candidates' privacy marks differ; with `notes`, the lines
     saying which federation tuning used (what that means for privacy) and the tuning runs'
@@ -36,7 +42,7 @@ def print_tuning(result, over: str, notes: bool = True) -> None:
             out.print(line, highlight=False, markup=False)
 
 
-def print_reproduce_tuning(report) -> None:
+def print_reproduce_tuning(report: ReproduceReport) -> None:
     """reproduce's tuning: every point's score per tuned method (preset scope), or the lr
     every partition's runs used where it differs (partition scope); the lrs per method."""
     from p4bench.studies.tune_scope import PARTITION, lr_summary, lr_table

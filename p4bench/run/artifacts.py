@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from p4bench.records import display_round
+from p4bench.records import RunInfo, display_round
 
 __all__ = ["GLOBAL_FIGURES", "METHOD_FIGURE_PREFIXES", "final_metrics", "final_tags", "method_figures", "plot_accuracy",
            "write_partition_summary"]
@@ -50,10 +50,12 @@ def final_tags(summary: Mapping[str, Any]) -> dict[str, str]:
     return tags
 
 
-def write_partition_summary(run, folder: Path, table: bool = True, heatmap: bool = True) -> None:
+def write_partition_summary(run: RunInfo, folder: Path, table: bool = True, heatmap: bool = True) -> None:
     """partition.csv (per client: role, sizes, class counts) and a client-by-class heatmap
     (partition.png); `table` and `heatmap` choose which."""
     data = run.data
+    if data is None:  # a run whose data lives elsewhere (device peers): nothing to summarize here
+        return
     classes = data.num_classes
     counts = np.zeros((data.num_clients, classes), dtype=np.int64)
     for split in (data.train, data.test):

@@ -8,6 +8,7 @@ before it (P4's grouping, SCAFFOLD's warm-up) is reported on its own in `phases`
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -59,12 +60,15 @@ class DetectionScore:
 
 def _detection(counts: np.ndarray, suffix: str) -> dict[str, float]:
     tp, fp, fn, tn = (int(c) for c in counts)
-    ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
     return {
-        f"detection_precision{suffix}": ratio(tp, tp + fp),
-        f"detection_recall{suffix}": ratio(tp, tp + fn),
-        f"detection_benign_dropped{suffix}": ratio(fp, fp + tn),
+        f"detection_precision{suffix}": _ratio(tp, tp + fp),
+        f"detection_recall{suffix}": _ratio(tp, tp + fn),
+        f"detection_benign_dropped{suffix}": _ratio(fp, fp + tn),
     }
+
+
+def _ratio(part: int, whole: int) -> float:
+    return part / whole if whole else float("nan")
 
 
 def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, Any]:
@@ -186,7 +190,7 @@ def early_stop_epsilon_note(summary: dict[str, Any]) -> str:
             f"time budget ({summary['time_budget_min']:g} min){beyond}{planned}")
 
 
-def _per_phase(reports: list[RoundReport], value) -> dict[str, Any]:
+def _per_phase(reports: list[RoundReport], value: Callable[[RoundReport], Any]) -> dict[str, Any]:
     totals: dict[str, Any] = {}
     for report in reports:
         totals[report.phase] = totals.get(report.phase, 0) + value(report)

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,11 @@ from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
 from p4bench.participation import COUNT_PREFIX
 from p4bench.studies.results import TUNING_TAG
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from p4bench.records import RoundReport, RunInfo, RunResult
 
 __all__ = ["RunTask", "RunRecord", "execute_task", "execute_on_ray_node", "Backend", "LocalBackend", "RayBackend",
            "make_backend"]
@@ -85,11 +90,11 @@ class RoundRecorder:
                                     for k in ("accuracy_mean", "accuracy_evaluation_mean")}})
 
     @hookimpl(tryfirst=True)
-    def run_started(self, run) -> None:
+    def run_started(self, run: RunInfo) -> None:
         self.selection = run.evaluation & ~run.malicious
 
     @hookimpl(tryfirst=True)
-    def round_finished(self, run, report) -> None:
+    def round_finished(self, run: RunInfo, report: RoundReport) -> None:
         chosen = report.accuracy[self.selection]
         value = float(chosen.mean()) if len(chosen) else float("nan")
         report.metrics["accuracy_evaluation_mean"] = value
@@ -108,9 +113,11 @@ class WithheldTests:
         self.withheld: np.ndarray | None = None
 
     @hookimpl(tryfirst=True)
-    def run_started(self, run) -> None:
+    def run_started(self, run: RunInfo) -> None:
         import torch
 
+        if run.data is None:  # never train on tests that should have been withheld
+            raise RuntimeError("withholding the reported clients' tests needs the run's data in this process")
         test = run.data.test  # the very tensors the runtime reads when the rounds start
         drop = torch.from_numpy(~(run.evaluation & ~run.malicious))
         test.x[drop.to(test.x.device)] = 0
@@ -123,7 +130,7 @@ class WithheldTests:
         return key.startswith("accuracy_") and key != "accuracy_evaluation_mean" and key != "accuracy_per_client"
 
     @hookimpl(tryfirst=True)
-    def round_finished(self, run, report) -> None:
+    def round_finished(self, run: RunInfo, report: RoundReport) -> None:
         for key in [k for k in report.metrics if self._over_reported(k)]:
             report.metrics[key] = math.nan  # reported clients were not evaluated
         # nor are their per-client figures (an empty test split scores 0): the participation
@@ -134,7 +141,7 @@ class WithheldTests:
                 values[self.withheld] = math.nan
 
     @hookimpl(tryfirst=True)
-    def run_finished(self, run, result) -> None:
+    def run_finished(self, run: RunInfo, result: RunResult) -> None:
         result.outcome.accuracy[self.withheld] = math.nan
         for name, values in result.outcome.extra_accuracy.items():
             if not name.startswith(COUNT_PREFIX):
@@ -145,7 +152,7 @@ class WithheldTests:
 
 
 @lru_cache(maxsize=2)
-def _plugin_manager(autoload: bool | None):
+def _plugin_manager(autoload: bool | None) -> pluggy.PluginManager:
     from p4bench.plugin_manager import create_plugin_manager, default_plugin_manager
 
     return default_plugin_manager() if autoload is None else create_plugin_manager(autoload=autoload)

@@ -18,10 +18,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p4bench.errors import UsageError
 from p4bench.studies.equal_privacy import COLUMN as PRIVACY_COLUMN
+from p4bench.studies.equal_privacy import PrivacyCheck
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Comparison", "compare_experiment", "aggregate", "default_group_by", "format_table", "plot_comparison",
            "DEFAULT_METRIC"]
@@ -43,14 +47,14 @@ class Comparison:
     privacy: Any = None  # p4bench.studies.equal_privacy.PrivacyCheck of the compared runs
 
 
-def dedupe(runs):
+def dedupe(runs: pd.DataFrame) -> pd.DataFrame:
     """The latest finished run of every config hash."""
     if runs.empty or "config_hash" not in runs:
         return runs
     return runs.sort_values("start_time", kind="stable").drop_duplicates("config_hash", keep="last").reset_index(drop=True)
 
 
-def column_for(runs, key: str) -> str:
+def column_for(runs: pd.DataFrame, key: str) -> str:
     """The DataFrame column holding `key` (a tag, a run option, or options.<name>)."""
     key = key.strip()
     candidates = [key] if key in _TAG_KEYS or key in ("seed", "sweep", PRIVACY_COLUMN) else []
@@ -58,13 +62,13 @@ def column_for(runs, key: str) -> str:
     candidates += [f"params.{name}", f"params.{key}"]
     for column in candidates:
         if column in runs:
-            return column
+            return str(column)
     params = (c[len("params."):] for c in runs if c.startswith("params."))
     available = sorted({*(k for k in _TAG_KEYS if k in runs), *params})
     raise UsageError(f"unknown group key '{key}'; keys present in these runs: {', '.join(available)}")
 
 
-def default_group_by(runs) -> list[str]:
+def default_group_by(runs: pd.DataFrame) -> list[str]:
     """Every tag or option that varies across the runs, except the seed."""
     keys = [k for k in _TAG_KEYS if k in runs and runs[k].fillna("-").nunique() > 1]
     for column in sorted(c for c in runs if c.startswith("params.")):
@@ -76,7 +80,7 @@ def default_group_by(runs) -> list[str]:
     return keys or ["method"]
 
 
-def aggregate(runs, group_by: Sequence[str], metric: str = DEFAULT_METRIC):
+def aggregate(runs: pd.DataFrame, group_by: Sequence[str], metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """mean, std (sample, n-1) and n of `metric` per group; NaN values are left out."""
     import pandas as pd
 
@@ -92,9 +96,9 @@ def aggregate(runs, group_by: Sequence[str], metric: str = DEFAULT_METRIC):
     return _sorted(table, list(group_by))
 
 
-def _sorted(table, keys: list[str]):
+def _sorted(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Rows ordered by the keys; numbers numerically, before text such as `none`."""
-    def rank(value: str) -> tuple:
+    def rank(value: str) -> tuple[int, float, str]:
         try:
             return (0, float(value), "")
         except ValueError:
@@ -104,7 +108,8 @@ def _sorted(table, keys: list[str]):
     return table.iloc[order].reset_index(drop=True)
 
 
-def mark_privacy(runs, keys: list[str], *, allow_mixed: bool = False, what: str = "this table"):
+def mark_privacy(runs: pd.DataFrame, keys: list[str], *, allow_mixed: bool = False,
+                 what: str = "this table") -> tuple[pd.DataFrame, list[str], PrivacyCheck]:
     """Apply the equal-privacy rule to the runs of a table (UsageError unless it holds or
     `allow_mixed`); where the runs carry different marks, add the `privacy` column to the
     runs and to the group keys. Returns (runs, keys, check)."""
@@ -144,7 +149,7 @@ def format_table(comparison: Comparison, fmt: str = "markdown") -> str:
     """The aggregated table as markdown or CSV text (the rich table is drawn by the CLI)."""
     table = comparison.table
     if fmt == "csv":
-        return table.to_csv(index=False).rstrip("\n")
+        return str(table.to_csv(index=False)).rstrip("\n")
     if fmt != "markdown":
         raise UsageError(f"unknown format '{fmt}'; choose table, markdown or csv")
     header = [*comparison.group_by, f"{comparison.metric} mean", "std", "n"]

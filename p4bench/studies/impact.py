@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from p4bench.errors import UsageError
 from p4bench.studies.equal_privacy import COLUMN as PRIVACY
+from p4bench.studies.equal_privacy import PrivacyCheck
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -193,7 +194,7 @@ def format_table(table: pd.DataFrame) -> str:
                         ("ideal_gap", "ideal gap"), ("detection_precision_total", "det. precision"),
                         ("detection_recall_total", "det. recall")):
         shown[title] = pm(name)
-    return shown.to_string(index=False)
+    return str(shown.to_string(index=False))
 
 
 def plot_impact(table: pd.DataFrame, path: Path, title: str = "") -> Path:
@@ -244,7 +245,8 @@ def group_columns_of(table: pd.DataFrame) -> list[str]:
     return [c for c in table.columns if c in ("dataset", "method", PRIVACY, "attack", "defense") or c.startswith("param.")]
 
 
-def check_privacy_of(runs: pd.DataFrame, experiment: str, allow_mixed: bool = False):
+def check_privacy_of(runs: pd.DataFrame, experiment: str,
+                     allow_mixed: bool = False) -> tuple[pd.DataFrame, PrivacyCheck]:
     """The equal-privacy rule on the runs (UsageError naming them unless it holds or
     `allow_mixed`); where their marks differ, a `privacy` column is added. (runs, check)."""
     from p4bench.studies.equal_privacy import check_privacy, from_row

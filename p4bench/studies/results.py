@@ -11,9 +11,12 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p4bench.errors import UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["tracking_uri_for", "store_client", "ensure_experiment", "load_runs", "finished_runs", "TUNING_TAG"]
 
@@ -49,11 +52,11 @@ def ensure_experiment(uri: str, name: str) -> str:
     client = store_client(uri)
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
-        return experiment.experiment_id
+        return str(experiment.experiment_id)
     location = None
     if uri.startswith("sqlite:///"):
         location = (Path(uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    return str(client.create_experiment(name, artifact_location=location))
 
 
 def _runs(client: Any, experiment_id: str, filter_string: str) -> Iterable[Any]:
@@ -66,7 +69,8 @@ def _runs(client: Any, experiment_id: str, filter_string: str) -> Iterable[Any]:
             return
 
 
-def load_runs(uri: str, experiment: str, statuses: tuple[str, ...] = ("FINISHED",), required: bool = True):
+def load_runs(uri: str, experiment: str, statuses: tuple[str, ...] = ("FINISHED",),
+              required: bool = True) -> pd.DataFrame:
     """A pandas DataFrame of the experiment's runs with one of `statuses`.
 
     Columns: run_id, status, start_time, every tag, `params.<name>`, `metrics.<name>`.
@@ -106,7 +110,7 @@ def finished_runs(uri: str, experiment: str) -> dict[tuple[str, bool], dict[str,
     return out
 
 
-def metric_history(uri: str, run_ids: Iterable[str], metric: str):
+def metric_history(uri: str, run_ids: Iterable[str], metric: str) -> pd.DataFrame:
     """Per-step history of `metric` for each run: DataFrame(run_id, step, value)."""
     import pandas as pd
 

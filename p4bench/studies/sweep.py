@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -165,7 +165,8 @@ def expand(spec: SweepSpec, overrides: Mapping[str, Any] | None = None, registry
     return planned
 
 
-def _config(spec: SweepSpec, axes_combo, variant_combo, overrides: Mapping[str, Any]) -> RunConfig:
+def _config(spec: SweepSpec, axes_combo: Iterable[tuple[str, Any]], variant_combo: Iterable[tuple[str, Any]],
+            overrides: Mapping[str, Any]) -> RunConfig:
     probe: dict[str, Any] = {}
     for key, value in [*spec.base.items(), *axes_combo, *variant_combo]:
         apply_option(probe, key, value)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from p4bench.studies.equal_privacy import check_privacy, from_config, from_summary
+from p4bench.studies.equal_privacy import RunPrivacy, check_privacy, from_config, from_summary
 from p4bench.studies.sweep_plan import PlannedRun, SweepSpec, describe_run
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def uncertified_notice(planned: Sequence[PlannedRun], records: Sequence[RunRecor
     return f"{bad[0]}; tables of these runs are refused unless --allow-mixed-privacy" if bad else None
 
 
-def record_privacy(planned: PlannedRun, record: RunRecord):
+def record_privacy(planned: PlannedRun, record: RunRecord) -> RunPrivacy | None:
     """The privacy of a finished (or skipped) run from its record, None for other records."""
     if record.status not in ("finished", "skipped"):
         return None

@@ -250,7 +250,7 @@ def tune_planned(
     verdict = check_privacy([s for s in statuses if s is not None], allow_mixed=allow_mixed_privacy,
                             what=f"tuning '{spec.name}'")
     points: dict[str, list[PointScore]] = {}
-    index: dict[tuple[str, tuple], PointScore] = {}
+    index: dict[tuple[str, tuple[Any, ...]], PointScore] = {}
     for (method, run), record, status in zip(planned, report.records, statuses):
         grid = spec.grids[method]
         values = {key: _value(run.config, key) for key in grid}

@@ -95,4 +95,5 @@ def get_topology(name: str, options: Mapping[str, Any] | None = None, *, registr
         if _default_registry is None:  # no plugin host imported: no run, no registry to fall back on
             raise TypeError("get_topology() needs registry= where no p4bench plugin manager exists")
         registry = _default_registry()
-    return registry.get("topology", name)(options)
+    topology: Topology = registry.get("topology", name)(options)
+    return topology

@@ -49,7 +49,8 @@ def uniform_averaging(adjacency: np.ndarray) -> np.ndarray:
     """
     adjacency = _adjacency(adjacency)
     receives = adjacency.T | np.eye(adjacency.shape[0], dtype=bool)  # receives[i, j]: i hears j
-    return receives / receives.sum(axis=1, keepdims=True)
+    weights: np.ndarray = receives / receives.sum(axis=1, keepdims=True)
+    return weights
 
 
 def spectral_gap(weights: np.ndarray) -> float:

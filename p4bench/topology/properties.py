@@ -31,7 +31,7 @@ def is_connected(adjacency: np.ndarray) -> bool:
     if adjacency.shape[0] <= 1:
         return True
     n, _ = connected_components(adjacency.astype(np.int8), directed=True, connection="strong")
-    return n == 1
+    return bool(n == 1)
 
 
 def degree_stats(adjacency: np.ndarray) -> dict[str, float]:
@@ -57,7 +57,7 @@ def torus_shape(num_clients: int) -> tuple[int, int]:
 def exponential_shift(num_clients: int, round_index: int) -> int:
     """ProxyFL's hop at a round: 2^(r mod (floor(log2(M-1)) + 1))."""
     period = (num_clients - 1).bit_length()  # floor(log2(M-1)) + 1 for M >= 2
-    return 2 ** (round_index % period)
+    return int(2 ** (round_index % period))
 
 
 def read_edge_list(path: str | Path) -> list[tuple[int, int]]:
