@@ -5,7 +5,7 @@ The classes are imported when the hook is called, or on first use of a name belo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from p4bench.hookspecs import hookimpl
 from p4bench.lazy import LazyPackage
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from p4bench.baselines.proxyfl import ProxyFL
     from p4bench.baselines.scaffold import Scaffold
     from p4bench.engine.method import Method
+    from p4bench.models import Model
+    from p4bench.presets import Preset
 
 PACKAGE = LazyPackage(globals(), {
     "p4bench.baselines.centralized": ("Centralized",),
@@ -47,7 +49,7 @@ def register_methods() -> list[type[Method]]:
 
 
 @hookimpl
-def register_presets() -> list[Any]:
+def register_presets() -> list[Preset]:
     """Karras et al.'s P2P FL paper and PDSL (imported when `reproduce` asks)."""
     from p4bench.baselines.karras_preset import KARRAS_PRESET
     from p4bench.baselines.pdsl_preset_report import PDSL_PRESET
@@ -56,7 +58,7 @@ def register_presets() -> list[Any]:
 
 
 @hookimpl
-def register_models() -> list[Any]:
+def register_models() -> list[type[Model]]:
     """Karras et al.'s Table I CNN (cnn-gray), beside their P2P FL method."""
     from p4bench.baselines.karras_models import GrayCNN
 

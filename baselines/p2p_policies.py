@@ -10,7 +10,7 @@ few chunks of candidates when the grid is large; there is no loop over clients.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,9 @@ from p4bench.engine.training import gather_batch, poisson_batches
 from p4bench.models import Model, Params
 from p4bench.privacy.releases import Releases
 from p4bench.rng import ClientRng
+
+if TYPE_CHECKING:
+    from p4bench.engine.method import StepContext
 
 __all__ = ["POLICIES", "candidate_outcomes", "exact_scores", "policy_weights", "private_scores", "validation_split"]
 
@@ -86,7 +89,7 @@ def exact_scores(model: Model, candidates: Params, validation: ClientTensors) ->
 
 
 def private_scores(
-    ctx: Any, model: Model, candidates: Params, validation: ClientTensors, present: torch.Tensor, use_loss: bool
+    ctx: StepContext, model: Model, candidates: Params, validation: ClientTensors, present: torch.Tensor, use_loss: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores (C, K) float64, released (C,) bool): a DP estimate of every candidate's
     validation accuracy (or, with `use_loss`, mean loss) as ONE ledger release per row.
@@ -99,6 +102,7 @@ def private_scores(
     own stream) and is divided by the expected sample size s * |V_i|. The noise of one
     score is sigma sqrt(K) / (s |V_i|): small validation splits give noisy scores.
     Rows the budget refuses get no scores (`released` False)."""
+    assert ctx.dp is not None, "private scores are for private runs"
     rate = float(ctx.config.data_rate)
     index, sampled = poisson_batches(ctx.rng, validation.n, rate)
     x, y = gather_batch(validation.x, index), gather_batch(validation.y, index)
