@@ -12,7 +12,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from p4bench.baselines.common import send_along
 from p4bench.baselines.proxyfl import ProxyFL
@@ -20,6 +24,13 @@ from p4bench.engine.messages import UPDATE_PREFIX
 from p4bench.engine.state import flatten
 from p4bench.hookspecs import hookimpl
 from p4bench.privacy.mechanism import DPMechanism, DPSettings
+
+if TYPE_CHECKING:
+    from p4bench.engine.messages import Messages
+    from p4bench.engine.method import Method, StepContext
+    from p4bench.engine.state import State
+    from p4bench.models import Params
+    from p4bench.privacy.releases import ReleaseContext
 
 __all__ = ["FAULTY_METHODS", "LeakyProxyFL", "oversampled", "unclipped"]
 
@@ -50,23 +61,25 @@ class _Oversampling(DPMechanism):
 
     factor = 5.0
 
-    def take(self, positions):
+    def take(self, positions: torch.Tensor) -> _Oversampling:
         taken = _Oversampling(self.settings, self.noise.take(positions), self.report, self.allowed)
         taken.factor = self.factor
         return taken
 
-    def sgd(self, ctx, params, train, steps, lr, sample_rate=None):
+    def sgd(
+        self, ctx: Any, params: Params, train: Any, steps: int, lr: float, sample_rate: float | None = None
+    ) -> tuple[Params, torch.Tensor]:
         rate = ctx.config.data_rate if sample_rate is None else sample_rate
         return super().sgd(ctx, params, train, steps, lr, min(1.0, self.factor * rate))
 
-    def admit(self, ctx, sample_rate):
+    def admit(self, ctx: ReleaseContext, sample_rate: float) -> torch.Tensor:
         return super().admit(ctx, sample_rate / self.factor)
 
-    def record(self, ctx, released, sample_rate):
+    def record(self, ctx: ReleaseContext, released: torch.Tensor, sample_rate: float) -> None:
         super().record(ctx, released, sample_rate / self.factor)
 
 
-def oversampled(factor: float = 5.0):
+def oversampled(factor: float = 5.0) -> Callable[[DPMechanism], DPMechanism]:
     """A `Job.wrap_mechanism`: DP-SGD samples at `factor` x the claimed rate."""
     if not factor >= 1.0 or math.isinf(factor):
         raise ValueError(f"factor must be finite and >= 1, got {factor}")
@@ -86,7 +99,7 @@ class LeakyProxyFL(ProxyFL):
     name = "leaky-proxyfl"
     description = "test fault: ProxyFL sending its non-DP private model"
 
-    def outgoing(self, exchange, state, ctx):
+    def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         return send_along(ctx.rows, self.mixing(ctx.round) != 0, flatten(state["private"], UPDATE_PREFIX))
 
 
@@ -94,7 +107,7 @@ class _FaultyMethods:
     """A plugin registering `LeakyProxyFL` (`plugin_manager.register(FAULTY_METHODS)`)."""
 
     @hookimpl
-    def register_methods(self):
+    def register_methods(self) -> list[type[Method]]:
         return [LeakyProxyFL]
 
 

@@ -121,7 +121,7 @@ class EmulatedTensor(torch.Tensor):
         return tree_map(lambda t: EmulatedTensor(t) if type(t) is torch.Tensor else t, out)
 
 
-def _target_device(args: tuple, kwargs: dict) -> Any:
+def _target_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if "device" in kwargs:
         return kwargs["device"]
     return next((a for a in args[1:] if isinstance(a, (str, torch.device))), None)
@@ -130,11 +130,11 @@ def _target_device(args: tuple, kwargs: dict) -> Any:
 class _EmulationMode(TorchFunctionMode):
     """Routes factory calls and moves that name the `emu` device to the wrappers."""
 
-    def __init__(self, constructors: set[Callable]) -> None:
+    def __init__(self, constructors: set[Callable[..., Any]]) -> None:
         super().__init__()
         self.constructors = constructors
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
         if func in self.constructors and _is_emulated(kwargs.get("device")):
             generator = kwargs.get("generator")
@@ -169,7 +169,7 @@ def _register_allocators() -> None:
     """Allocations that PyTorch's C++ code makes on the `emu` device (a scalar that
     `x[mask] = 1.0` puts there, say) become emulated tensors too."""
     global _library
-    _library = torch.library.Library("aten", "IMPL")
+    _library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]  # torch leaves Library.__init__ unannotated
 
     def empty(size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None,
               memory_format: Any = None) -> torch.Tensor:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ from p4bench.testing.runs import (
     run_config,
     runtime_config,
 )
+
+if TYPE_CHECKING:
+    from p4bench.engine.method import PlannedRelease
 
 __all__ = ["METHOD_CHECKS", "check_method"]
 
@@ -240,7 +243,7 @@ def _ledger_steps(ledger: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def _check_plan(report: ConformanceReport, plan: list, recorded: dict[str, np.ndarray], ledger: Any) -> None:
+def _check_plan(report: ConformanceReport, plan: list[PlannedRelease], recorded: dict[str, np.ndarray], ledger: Any) -> None:
     problems = []
     planned = {p.phase: p for p in plan if p.steps > 0}
     for phase, steps in recorded.items():
@@ -302,7 +305,9 @@ def _check_capabilities(report: ConformanceReport, cls: Any, probe: Instrumented
     _check_personalized(report, caps, probe.result.outcome.final_params, probe.initial, tolerance)
 
 
-def _check_personalized(report: ConformanceReport, caps: Any, final: dict, initial: dict, tolerance: float) -> None:
+def _check_personalized(
+    report: ConformanceReport, caps: Any, final: dict[str, torch.Tensor], initial: dict[str, torch.Tensor], tolerance: float
+) -> None:
     keys = sorted(final)
     if not keys:
         report.skip("capabilities.personalized", "no deployed parameters")

@@ -14,10 +14,14 @@ for their default only.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from p4bench.errors import ConfigError, P4BenchError
 from p4bench.testing.report import ConformanceReport
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 __all__ = ["check_options", "invalid_values", "valid_values"]
 
@@ -145,7 +149,7 @@ def check_options(report: ConformanceReport, cls: type, config: Any, pm: Any, ki
         report.add(label, not problems, "; ".join(problems[:3]) or summary)
 
 
-def _builder(kind: str, cls: type, prepared: Any):
+def _builder(kind: str, cls: type, prepared: Any) -> Callable[[RunConfig], Any]:
     """Constructs the plugin under test for a config (its own option checks run there)."""
     job = prepared.job
     if kind == "method":

@@ -13,15 +13,24 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
-from p4bench.engine.messages import Messages
-from p4bench.engine.threats import UPDATE_PREFIX, Defense
+from p4bench.engine.messages import UPDATE_PREFIX, Messages
+from p4bench.engine.threats import Defense
 from p4bench.rng import SERVER_ID
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
+    from p4bench.data.federated import ClientTensors
+    from p4bench.engine.method import Method, StepContext
+    from p4bench.engine.state import State
+    from p4bench.privacy.mechanism import DPMechanism
+    from p4bench.privacy.noise import NoiseStreams
+
 
 __all__ = ["ProbeDefense", "Recorder", "count_mechanism", "probe_defense", "spy_on"]
 
@@ -106,7 +115,7 @@ class Recorder:
         self.release_rates[phase].add(float(release.sample_rate))
 
 
-def _leaves(tree: Any, prefix: str = ""):
+def _leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     if isinstance(tree, Mapping):
         for key, value in tree.items():
             yield from _leaves(value, f"{prefix}{key}" if not prefix else f"{prefix}.{key}")
@@ -115,61 +124,65 @@ def _leaves(tree: Any, prefix: str = ""):
 
 
 # -- the method spy ------------------------------------------------------------------------
-def spy_on(method: Any, recorder: Recorder) -> None:
+def spy_on(method: Method, recorder: Recorder) -> None:
     """Make `method` (an instance) report to `recorder`; its behaviour is unchanged."""
     method.__class__ = _spy_class(type(method), recorder)
 
 
-def _spy_class(cls: type, recorder: Recorder) -> type:
-    class Spy(cls):  # a subclass made at run time: behaviour inherited, calls observed
-        def init_client_state(self, train, ctx):
-            recorder.phase = "init"
-            state = super().init_client_state(train, ctx)
-            recorder.check_layout("init_client_state", state, len(ctx.rows))
-            return state
+def _spy_class(cls: type[Method], recorder: Recorder) -> type[Method]:
+    """A subclass of `cls` made at run time, with the same names: behaviour inherited,
+    calls observed (each hook records around `cls`'s own)."""
 
-        def local_update(self, state, train, ctx):
-            recorder.phase = ctx.phase
-            state, losses = super().local_update(state, train, ctx)
-            recorder.check_layout(f"local_update ({ctx.phase})", state, len(ctx.rows))
-            if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (len(ctx.rows),):
-                shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
-                recorder.layout_errors.append(f"local_update returns losses of shape {shape}, expected ({len(ctx.rows)},)")
-            return state, losses
+    def init_client_state(self: Method, train: ClientTensors, ctx: StepContext) -> State:
+        recorder.phase = "init"
+        state = cls.init_client_state(self, train, ctx)
+        recorder.check_layout("init_client_state", state, len(ctx.rows))
+        return state
 
-        def outgoing(self, exchange, state, ctx):
-            recorder.phase = ctx.phase
-            messages = super().outgoing(exchange, state, ctx)
-            recorder.sent(exchange, messages, ctx.rows, server=False)
-            return messages
+    def local_update(self: Method, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
+        recorder.phase = ctx.phase
+        state, losses = cls.local_update(self, state, train, ctx)
+        recorder.check_layout(f"local_update ({ctx.phase})", state, len(ctx.rows))
+        if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (len(ctx.rows),):
+            shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+            recorder.layout_errors.append(f"local_update returns losses of shape {shape}, expected ({len(ctx.rows)},)")
+        return state, losses
 
-        def receive(self, exchange, state, inbox, ctx):
-            recorder.phase = ctx.phase
-            recorder.received(exchange, inbox)
-            state = super().receive(exchange, state, inbox, ctx)
-            recorder.check_layout(f"receive('{exchange}')", state, len(ctx.rows))
-            return state
+    def outgoing(self: Method, exchange: str, state: State, ctx: StepContext) -> Messages:
+        recorder.phase = ctx.phase
+        messages = cls.outgoing(self, exchange, state, ctx)
+        recorder.sent(exchange, messages, ctx.rows, server=False)
+        return messages
 
-        def server_outgoing(self, exchange, state, ctx):
-            recorder.phase = ctx.phase
-            messages = super().server_outgoing(exchange, state, ctx)
-            recorder.sent(exchange, messages, torch.tensor([SERVER_ID]), server=True)
-            return messages
+    def receive(self: Method, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
+        recorder.phase = ctx.phase
+        recorder.received(exchange, inbox)
+        state = cls.receive(self, exchange, state, inbox, ctx)
+        recorder.check_layout(f"receive('{exchange}')", state, len(ctx.rows))
+        return state
 
-        def server_receive(self, exchange, state, inbox, ctx):
-            recorder.phase = ctx.phase
-            recorder.received(exchange, inbox)
-            return super().server_receive(exchange, state, inbox, ctx)
+    def server_outgoing(self: Method, exchange: str, state: State, ctx: StepContext) -> Messages:
+        recorder.phase = ctx.phase
+        messages = cls.server_outgoing(self, exchange, state, ctx)
+        recorder.sent(exchange, messages, torch.tensor([SERVER_ID]), server=True)
+        return messages
 
-    Spy.__name__, Spy.__qualname__, Spy.__module__ = cls.__name__, cls.__qualname__, cls.__module__
-    return Spy
+    def server_receive(self: Method, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
+        recorder.phase = ctx.phase
+        recorder.received(exchange, inbox)
+        return cls.server_receive(self, exchange, state, inbox, ctx)
+
+    hooks = (init_client_state, local_update, outgoing, receive, server_outgoing, server_receive)
+    namespace = {hook.__name__: hook for hook in hooks}
+    spy = type(cls.__name__, (cls,), {**namespace, "__qualname__": cls.__qualname__, "__module__": cls.__module__})
+    return cast("type[Method]", spy)  # three-argument type() is typed as returning a plain `type`
 
 
 # -- the DP mechanism counter -------------------------------------------------------------
 class _CountingNoise:
     """A `NoiseStreams` that tells `recorder` how many normals each node draws."""
 
-    def __init__(self, inner: Any, recorder: Recorder) -> None:
+    def __init__(self, inner: NoiseStreams, recorder: Recorder) -> None:
         self.inner, self.recorder = inner, recorder
 
     def __getattr__(self, name: str) -> Any:
@@ -182,17 +195,17 @@ class _CountingNoise:
         self.recorder.drew(list(self.inner.node_ids), int(size), event=True)
         return self.inner.normal(size)
 
-    def normal_parts(self, shapes):
+    def normal_parts(self, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
         self.recorder.drew(list(self.inner.node_ids), sum(math.prod(s) for s in shapes), event=True)
         return self.inner.normal_parts(shapes)
 
-    def fill(self, parts) -> None:  # several releases' noise at once (fused paths)
+    def fill(self, parts: Sequence[torch.Tensor]) -> None:  # several releases' noise at once (fused paths)
         per_row = sum(int(p[0].numel()) for p in parts if len(p))
         self.recorder.drew(list(self.inner.node_ids), per_row, event=False)
         self.inner.fill(parts)
 
 
-def count_mechanism(recorder: Recorder):
+def count_mechanism(recorder: Recorder) -> Callable[[DPMechanism], DPMechanism]:
     """A `Job.wrap_mechanism`: the group's mechanism itself, with its noise streams and
     its ledger report counted (the DP path and the ledger are not replaced)."""
 
@@ -223,21 +236,26 @@ class ProbeDefense(Defense):
     name = "conformance-probe"
     needs_individual_updates = False
 
-    def __init__(self, config: Any, inner: Defense | None, recorder: Recorder) -> None:
+    def __init__(self, config: RunConfig, inner: Defense | None, recorder: Recorder) -> None:
         super().__init__(config)
         self.inner, self.recorder = inner, recorder
 
-    def aggregate(self, updates, weights, mask, **identities):
+    def aggregate(
+        self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.recorder.aggregations += 1
         self.recorder.aggregated_updates += int(mask.sum())
-        if self.inner is not None:
-            return self.inner.aggregate(updates, weights, mask, **identities)
-        return super().aggregate(updates, weights, mask)
+        # annotated: Defense.aggregate is typed Any (the `screened` decorator)
+        result: tuple[torch.Tensor, torch.Tensor] = (
+            self.inner.aggregate(updates, weights, mask, **identities) if self.inner is not None
+            else super().aggregate(updates, weights, mask))
+        return result
 
 
-def probe_defense(config: Any, inner: Defense | None, recorder: Recorder) -> ProbeDefense:
+def probe_defense(config: RunConfig, inner: Defense | None, recorder: Recorder) -> ProbeDefense:
     """A `ProbeDefense` around `inner` whose class flags are the inner defense's."""
     flags = {"filters": bool(inner.filters), "uses_identities": bool(inner.uses_identities)} if inner is not None else {
         "filters": False, "uses_identities": False}
     cls = type("ConformanceProbe", (ProbeDefense,), flags)
-    return cls(config, inner, recorder)
+    probe: ProbeDefense = cls(config, inner, recorder)  # annotated: a class made by type() is typed `type`
+    return probe

@@ -13,6 +13,7 @@ plugins unless the test asks for them.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,6 +42,6 @@ class Conformance:
 
 
 @pytest.fixture
-def conformance(tmp_path) -> Conformance:
+def conformance(tmp_path: Path) -> Conformance:
     """A `Conformance` whose runs keep any local results under the test's tmp_path."""
     return Conformance(results_dir=str(tmp_path / "runs"))

@@ -35,15 +35,15 @@ class _Provides:
         return [self.cls] if kind == self.kind else []
 
     @hookimpl
-    def register_methods(self):
+    def register_methods(self) -> list[type]:
         return self._mine("method")
 
     @hookimpl
-    def register_attacks(self):
+    def register_attacks(self) -> list[type]:
         return self._mine("attack")
 
     @hookimpl
-    def register_defenses(self):
+    def register_defenses(self) -> list[type]:
         return self._mine("defense")
 
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from p4bench.engine.messages import Messages
-from p4bench.engine.threats import UPDATE_PREFIX, Attack
+from p4bench.engine.messages import UPDATE_PREFIX, Messages
+from p4bench.engine.threats import Attack
 from p4bench.errors import IncompatibleError
 from p4bench.rng import ClientRng, node_keys
 from p4bench.testing.emulated_device import accelerator_scope
@@ -245,13 +245,18 @@ def _check_attack_on(report: ConformanceReport, cls: Any, config: Any, pm: Any, 
 
 
 # -- defenses -----------------------------------------------------------------------------------
-def _aggregate(cls: Any, config: Any, updates: torch.Tensor, mask: torch.Tensor, senders: torch.Tensor):
+def _aggregate(
+    cls: Any, config: Any, updates: torch.Tensor, mask: torch.Tensor, senders: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     defense = cls(config)
     if getattr(cls, "needs_oracle", False):
         defense.reveal_malicious(torch.tensor([True] + [False] * (config.clients - 1)))
     weights = mask.double()
     # as the Aggregator calls it: the screen always gets the ids, the rule per uses_identities
-    return defense.aggregate(updates, weights, mask, receivers=torch.arange(len(updates)), senders=senders)
+    # annotated: what the Defense contract promises (the caller checks the shapes)
+    aggregated: tuple[torch.Tensor, torch.Tensor] = defense.aggregate(
+        updates, weights, mask, receivers=torch.arange(len(updates)), senders=senders)
+    return aggregated
 
 
 def _check_aggregate(report: ConformanceReport, cls: Any, base: Any) -> None:
