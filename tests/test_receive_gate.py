@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from p4bench.baselines.fedavg import FedAvg
-from p4bench.cli.run import rejections_line
+from p4bench.cli.summary_table import rejections_line
 from p4bench.config import RunConfig
 from p4bench.engine import Messages
 from p4bench.engine.receive_gate import ReceiveGate, Rejections, rejection_counts

@@ -9,8 +9,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from p4bench.cli.run import ProgressDisplay, _rounds_text
-from p4bench.cli.summary_table import print_summary
+from p4bench.cli.run import ProgressDisplay
+from p4bench.cli.summary_table import _rounds_text, print_summary
 from p4bench.config import RunConfig
 from p4bench.run.runner import run
 from p4bench.studies.backends import RunTask, execute_task

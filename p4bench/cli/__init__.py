@@ -25,10 +25,12 @@ import typer
 from rich.console import Console
 
 from p4bench.cli.entry import mark_console_script
-from p4bench.cli.problems import warn_plugin_problems  # re-exported: its home before p4bench.cli.problems
 from p4bench.errors import P4BenchError, one_line
+from p4bench.moved import forward_moved
 
-__all__ = ["build_app", "main", "version_line", "warn_plugin_problems"]
+__all__ = ["build_app", "main", "version_line"]
+# defined here before 0.2
+__getattr__ = forward_moved(__name__, {"warn_plugin_problems": "p4bench.cli.problems"})
 
 TRACEBACK_ENV = "P4BENCH_TRACEBACK"
 USER_ERROR_EXIT = 2

@@ -16,14 +16,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from p4bench.cli.completion import completer
 from p4bench.cli.entry import console_script
-from p4bench.cli.summary_table import _rounds_text, print_summary, rejections_line  # noqa: F401 - re-exported
+from p4bench.cli.summary_table import print_summary
 from p4bench.config import RunConfig, parse_key_values, resolve_config
 from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
+from p4bench.moved import forward_moved
 from p4bench.run.interrupts import RunInterrupted, graceful_interrupts
 
 if TYPE_CHECKING:
     from p4bench.records import RoundReport, RunInfo, RunResult
+
+# the summary table's helpers were defined here before 0.2
+__getattr__ = forward_moved(__name__, dict.fromkeys(("_rounds_text", "rejections_line"), "p4bench.cli.summary_table"))
 
 
 class ProgressDisplay:

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import torch
 
-from p4bench.engine.messages import Messages
+from p4bench.engine.messages import UPDATE_PREFIX, Messages
 from p4bench.engine.state import vectorize
-from p4bench.engine.threats import UPDATE_PREFIX, Attack
+from p4bench.engine.threats import Attack
 from p4bench.models import Params
 from p4bench.rng import ClientRng
 

@@ -22,11 +22,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from p4bench.engine.messages import UPDATE_PREFIX as UPDATE_PREFIX  # re-exported: defined with the messages
 from p4bench.engine.messages import Messages, update_keys
 from p4bench.engine.screen import finite_rows, screened
+from p4bench.moved import forward_moved
 from p4bench.options import Option, resolve_options
 from p4bench.rng import ClientRng
+
+# defined with the messages; imported from here before 0.2
+__getattr__ = forward_moved(__name__, {"UPDATE_PREFIX": "p4bench.engine.messages"})
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig

@@ -29,6 +29,7 @@ from p4bench.engine.chunking import dp_step_bytes, plan_work
 from p4bench.engine.receive_gate import rejection_counts
 from p4bench.errors import IncompatibleError, UsageError
 from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
+from p4bench.moved import forward_moved
 from p4bench.options import validate_run_options
 from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.privacy.certification import certify
@@ -41,15 +42,11 @@ from p4bench.run import interrupts
 from p4bench.run.checkpoint import Checkpoint
 from p4bench.run.privacy import setup_privacy
 from p4bench.run.session import RunSession, mark_interrupted
-from p4bench.run.summary import (  # noqa: F401 - re-exported: they were defined here
-    DetectionScore,
-    budget_fields,
-    early_stop_epsilon_note,
-    reported_mean,
-    summarize,
-    summed_metrics,
-    within_budget,
-)
+from p4bench.run.summary import early_stop_epsilon_note, summarize, summed_metrics, within_budget
+
+# the summary's helpers were defined here before 0.2
+__getattr__ = forward_moved(__name__, dict.fromkeys(
+    ("DetectionScore", "budget_fields", "reported_mean"), "p4bench.run.summary"))
 
 
 @dataclass
