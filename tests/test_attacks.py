@@ -186,6 +186,21 @@ def test_min_max_gamma_is_maximal_per_receiver():
     assert sent(msgs([1], [1], out[1:].tolist()))[0] == pytest.approx([5.0, 5.0, 5.0])  # a lone pool: its own update
 
 
+
+def test_min_max_of_a_small_pool_ignores_the_padding_of_a_larger_one():
+    # receivers see pools of 8 and 3 updates far from zero: the smaller pool is padded to 8
+    # rows, and those rows must count neither in its spread nor in its distances
+    generator = torch.Generator().manual_seed(1)
+    big, small = 50 + torch.randn(7, 3, generator=generator), 80 + torch.randn(2, 3, generator=generator)
+    own = [[50.0, 50.0, 50.0], [80.0, 81.0, 79.0]]
+    observed = msgs(list(range(2, 11)), [0] * 7 + [1] * 2, torch.cat([big, small]).tolist())
+    both = sent(MinMax(cfg(), 10).tamper("upload", msgs([0, 1], [0, 1], own), rng_for([0, 1]), observed=observed))
+    alone = sent(MinMax(cfg(), 10).tamper("upload", msgs([1], [1], own[1:]), rng_for([1]),
+                                          observed=msgs([9, 10], [1, 1], small.tolist())))
+    assert both[1] == pytest.approx(alone[0], abs=1e-4)
+    pool = torch.cat([torch.tensor(own[1:]), small]).double()
+    assert (pool - torch.tensor(both[1]).double()).norm(dim=1).max() <= torch.cdist(pool, pool).max() + 1e-4
+
 def test_omniscient_option_validation():
     with pytest.raises(ConfigError, match="minmax_direction"):
         MinMax(cfg(minmax_direction="up"), 10)
