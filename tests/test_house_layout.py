@@ -18,7 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPER_WORDS = ("karras", "p4l", "pdsl", "proxyfl", "muffliato")
 LIMIT = 400
 OVER_LIMIT = {  # module: its lines when this list was written; split them, never grow them
-    "plugins/device/transport.py": 625,
 }
 
 
