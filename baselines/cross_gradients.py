@@ -36,17 +36,18 @@ from p4bench.engine.state import unvectorize, vectorize
 from p4bench.engine.training import fixed_size_batches, gather_batch, poisson_batches
 from p4bench.errors import ConfigError
 from p4bench.models import Params
+from p4bench.moved import forward_moved
 from p4bench.privacy.clipping import clipped_gradient_sum
-from p4bench.privacy.concatenated import CLIP_MODES as CLIP_MODES  # re-exported (the three): defined here before
-from p4bench.privacy.concatenated import noise_scale
-from p4bench.privacy.concatenated import noise_std_per_coordinate as noise_std_per_coordinate
-from p4bench.privacy.concatenated import release_rate as release_rate
+from p4bench.privacy.concatenated import noise_scale, release_rate
 from p4bench.privacy.releases import Releases
 from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
 from p4bench.topology.assumptions import check_pdsl_assumption
 
 if TYPE_CHECKING:
     from p4bench.data import ClientTensors
+
+# the noise algebra was defined here before 0.2
+__getattr__ = forward_moved(__name__, dict.fromkeys(("CLIP_MODES", "noise_std_per_coordinate"), "p4bench.privacy.concatenated"))
 
 # payload keys of the `models` and `gradients` exchanges: update.*, so a malicious neighbour's
 # message attack acts on them (a crafted x_j: `model-probe`; a poisoned cross-gradient)

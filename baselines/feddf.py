@@ -108,7 +108,7 @@ class FedDF(FedAvg):
         if exchange != "upload" or not len(inbox):
             return state
         if self.public_data is None:
-            raise UsageError("feddf needs public data: run it through p4bench.runner.prepare, which sets public_data")
+            raise UsageError("feddf needs public data: run it through p4bench.run.runner.prepare, which sets public_data")
         started = time.perf_counter()
         logged = len(ctx.aggregator.log)
         averaged = super().server_receive(exchange, state, inbox, ctx)["params"]  # the defense acts here

@@ -66,6 +66,7 @@ FORWARDED = [  # (module, name, its home since 0.2)
     ("p4bench.cli", "warn_plugin_problems", "p4bench.cli.problems"),
     ("p4bench.cli.run", "rejections_line", "p4bench.cli.summary_table"),
     ("p4bench.engine.threats", "UPDATE_PREFIX", "p4bench.engine.messages"),
+    ("p4bench.baselines.cross_gradients", "noise_std_per_coordinate", "p4bench.privacy.concatenated"),
 ]
 
 
@@ -97,3 +98,22 @@ def test_p4bench_itself_uses_no_deprecated_path():
     done = subprocess.run([sys.executable, "-c", _IMPORT_EVERY_MODULE], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert int(done.stdout.split()[-1]) > 200
+
+
+def test_no_shipped_module_imports_a_moved_path_even_inside_a_function():
+    import ast
+    import tomllib
+
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found = []
+    for folder in package_dir.values():
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    targets = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+                else:
+                    continue
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {t}" for t in targets if t in MOVED_MODULES]
+    assert found == []

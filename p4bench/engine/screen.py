@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -95,7 +95,10 @@ def screen(updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, sen
     return Screened(updates, weights, usable)
 
 
-def screened(rule: Callable[..., Any]) -> Callable[..., Any]:
+RuleT = TypeVar("RuleT", bound=Callable[..., Any])
+
+
+def screened(rule: RuleT) -> RuleT:
     """`rule`, a defense's `select` or `aggregate`, run on screened input and its result
     restricted to the usable updates. `Defense` applies this to every subclass's own
     `select`/`aggregate` (`__init_subclass__`), so nested calls (a subclass calling
@@ -116,7 +119,7 @@ def screened(rule: Callable[..., Any]) -> Callable[..., Any]:
         return clean.finish(*result) if aggregates else clean.select(result)
 
     wrapper.screened = True  # type: ignore[attr-defined]
-    return wrapper
+    return cast(RuleT, wrapper)  # same signature as the rule: callers keep its types
 
 
 __all__ = ["Screened", "finite_rows", "first_per_sender", "screen", "screened", "usable_weights"]

@@ -95,7 +95,7 @@ def non_private(config: RunConfig) -> RunConfig:
 class Instrumented:
     """A run and what its probes observed."""
 
-    result: Any  # p4bench.runner.RunResult
+    result: Any  # p4bench.run.runner.RunResult
     recorder: Recorder
     method: Any = None
     ledger: Any = None
@@ -106,7 +106,7 @@ def run_config(config: RunConfig, pm: Any, *, instrument: bool = False) -> Instr
     """Run `config` untracked. With `instrument`, spy on the method, count the DP
     mechanism's noise and releases and count what reaches the defense (wrapping the
     run's own, or a plain weighted mean where the run has none)."""
-    from p4bench.runner import run
+    from p4bench.run.runner import run
 
     recorder = Recorder(config.clients)
     seen: dict[str, Any] = {}
@@ -193,7 +193,7 @@ def names(values: Sequence[str] | str) -> tuple[str, ...]:
 
 class StopAfterStep:
     """An observer that asks a run to stop in round `step`, as the first Ctrl-C does
-    (`p4bench.interrupts`): the run ends after that round with a checkpoint."""
+    (`p4bench.run.interrupts`): the run ends after that round with a checkpoint."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -201,6 +201,6 @@ class StopAfterStep:
     @hookimpl
     def round_finished(self, run: Any, report: Any) -> None:
         if report.step == self.step:
-            from p4bench import interrupts
+            from p4bench.run import interrupts
 
             interrupts.request_stop()
