@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from p4bench.baselines.common import draw_batch, prefixed_vectors, replicate, unpack
+from p4bench.baselines.common import draw_batch, pinned_declarations, prefixed_vectors, replicate, unpack
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method
 from p4bench.engine.messages import MODEL_PREFIX
 from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
+from p4bench.engine.receive_gate import WEIGHT_KEY
 from p4bench.engine.state import State, flatten, unvectorize, vectorize
 from p4bench.models import Params
 from p4bench.privacy.mechanism import NoiseStreams, clipped_gradient_sum
@@ -97,7 +98,7 @@ class Centralized(Method):
         count = int(chosen.sum())
         payload = {
             **flatten({k: v[chosen] for k, v in state["sums"].items()}, GRADIENT),
-            "size": state["size"][chosen],
+            WEIGHT_KEY: state["size"][chosen],  # bounded to [0, N] by the receive gate, pinned by the server
         }
         return Messages(ctx.rows[chosen], torch.full((count,), SERVER_ID), payload)
 
@@ -124,8 +125,14 @@ class Centralized(Method):
     def server_receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
         if exchange != "upload" or not len(inbox):
             return state
+        # each client's batch share as it first declared it: a sender cannot change it later to
+        # scale the step (the server cannot compute it: it does not hold the clients' data)
+        inbox, shares, declared = pinned_declarations(state.get("declared"), inbox, ctx, self.num_clients)
+        state = {**state, "declared": declared}
+        if not len(inbox):
+            return state
         total = prefixed_vectors(inbox.payload, GRADIENT).double().sum(dim=0, keepdim=True)
-        size = float(inbox.payload["size"].sum())
+        size = float(shares.sum())
         # the run's noise std, known to the server as to everyone: never one a client sends
         std = float(ctx.dp_settings.noise_std) if ctx.dp_settings is not None else 0.0
         if size <= 0:

@@ -193,3 +193,24 @@ def mix_through_aggregator(own: torch.Tensor, inbox: Messages, weights: torch.Te
         dst, mean = ctx.aggregator.aggregate_by_destination(models, weights[weights != 0], ctx.round)
         mixed[torch.searchsorted(ctx.rows, dst)] = mean.to(own.dtype)
     return mixed
+
+
+def pinned_declarations(declared: torch.Tensor | None, inbox: Messages, ctx: StepContext,
+                        num_clients: int, key: str = "weight") -> tuple[Messages, torch.Tensor, torch.Tensor]:
+    """(uploads kept, the value each kept sender declared, the updated declarations) for a
+    per-client value a receiver cannot compute but an honest sender never changes (a
+    record count, a batch share): the first value a sender declares is kept (`declared`,
+    NaN where none yet; None: nothing recorded, as in a checkpoint from before this), and
+    an upload stating another value is rejected as ``changed weight`` naming the sender.
+    The receive gate has already held the value to [0, N] when `key` is "weight"."""
+    if declared is None:
+        declared = torch.full((num_clients,), float("nan"), dtype=torch.float64)
+    sent = inbox.value(key).double().to(declared.device)
+    known = declared[inbox.src]
+    changed = ~torch.isnan(known) & (known != sent)
+    if bool(changed.any()):
+        ctx.reject("changed weight", inbox.src[changed])
+        inbox, sent = inbox.select(~changed), sent[~changed]
+    declared = declared.clone()
+    declared[inbox.src] = torch.where(torch.isnan(declared[inbox.src]), sent, declared[inbox.src])
+    return inbox, declared[inbox.src], declared

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from p4bench.baselines.common import power_law_weights, prefixed_vectors
+from p4bench.baselines.common import pinned_declarations, power_law_weights, prefixed_vectors
 from p4bench.baselines.local_optim import LocalSchedule, local_train, steps_per_epoch
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, PayloadLayout, params_layout
@@ -226,18 +226,8 @@ class FedAvg(Method):
         """(uploads kept, their aggregation weights, server state): each sender's weight is
         the one it declared in its first upload (`records`) or 1 (`uniform`); uploads whose
         weight differs from the declared one are rejected, naming the sender."""
-        declared = state.get("declared")
-        if declared is None:  # a checkpoint from before declared weights: declare now
-            declared = torch.full((self.num_clients,), float("nan"), dtype=torch.float64)
-        sent = inbox.value("weight").double().to(declared.device)
-        known = declared[inbox.src]
-        changed = ~torch.isnan(known) & (known != sent)
-        if bool(changed.any()):
-            ctx.reject("changed weight", inbox.src[changed])
-            inbox, sent = inbox.select(~changed), sent[~changed]
-        declared = declared.clone()
-        declared[inbox.src] = torch.where(torch.isnan(declared[inbox.src]), sent, declared[inbox.src])
-        weights = declared[inbox.src] if self.weighting == "records" else torch.ones_like(sent)
+        inbox, pinned, declared = pinned_declarations(state.get("declared"), inbox, ctx, self.num_clients)
+        weights = pinned if self.weighting == "records" else torch.ones_like(pinned)
         return inbox, weights, {**state, "declared": declared}
 
 

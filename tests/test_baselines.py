@@ -306,7 +306,7 @@ def test_the_central_server_adds_the_runs_noise_whatever_the_clients_send(small_
 
     def server_update(std_sent: float | None, settings: DPSettings | None) -> torch.Tensor:
         state = method.init_server_state(None)  # a fresh noise stream each time: the same draws
-        payload = {**flatten(sums, GRADIENT), "size": torch.full((2,), 4.0, dtype=torch.float64)}
+        payload = {**flatten(sums, GRADIENT), "weight": torch.full((2,), 4.0, dtype=torch.float64)}
         if std_sent is not None:
             payload["noise_std"] = torch.full((2,), std_sent, dtype=torch.float64)  # what an old or lying client sends
         inbox = Messages(torch.tensor([0, 1]), torch.full((2,), -1), payload)
@@ -317,3 +317,31 @@ def test_the_central_server_adds_the_runs_noise_whatever_the_clients_send(small_
     honest = server_update(None, settings)
     assert torch.equal(server_update(0.0, settings), honest)  # the sent std is not read
     assert not torch.equal(server_update(None, None), honest)  # and the run's is: without DP, no noise
+
+
+def test_the_central_server_keeps_each_clients_first_batch_share(small_config):
+    """A client cannot shrink the share it declared to scale the server's step: the share
+    stays the one of its first upload, and an upload stating another is rejected."""
+    from types import SimpleNamespace
+
+    from p4bench.baselines.centralized import GRADIENT, Centralized
+    from p4bench.engine.messages import Messages
+    from p4bench.engine.state import flatten, vectorize
+    from p4bench.models import LinearSoftmax
+
+    method = Centralized(small_config(method="centralized", lr=1.0), LinearSoftmax((4,), 3), num_clients=2)
+    sums = {k: torch.ones(2, *v.shape) for k, v in method.initial_params().items()}
+    rejected: list[tuple[str, list[int]]] = []
+    ctx = SimpleNamespace(dp_settings=None, reject=lambda reason, ids: rejected.append((reason, ids.tolist())))
+
+    def upload(state, shares):
+        payload = {**flatten(sums, GRADIENT), "weight": torch.tensor(shares, dtype=torch.float64)}
+        return method.server_receive("upload", state, Messages(torch.tensor([0, 1]), torch.full((2,), -1), payload), ctx)
+
+    first = upload(method.init_server_state(None), [4.0, 4.0])
+    step = vectorize(method.init_server_state(None)["params"]) - vectorize(first["params"])
+    assert torch.allclose(step, torch.full_like(step, 2 / 8))  # (1 + 1) / (4 + 4)
+    second = upload(first, [1e-6, 4.0])  # client 0 now claims a tiny share: a 10^6 times larger step
+    assert rejected == [("changed weight", [0])]
+    step = vectorize(first["params"]) - vectorize(second["params"])
+    assert torch.allclose(step, torch.full_like(step, 1 / 4))  # client 1 alone, with its pinned share
