@@ -23,7 +23,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["LazyPackage", "lazy_exports"]
+__all__ = ["LazyPackage", "lazy_exports", "package_getattr"]
 
 
 def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, tuple[str, ...]]) -> Callable[[str], Any]:
@@ -68,3 +68,15 @@ class LazyPackage:
     def load(self) -> list[Any]:
         """Every exported object, imported now, in declaration order."""
         return [self._namespace[name] if name in self._namespace else self.getattr(name) for name in self.names]
+
+
+def package_getattr(*packages: LazyPackage) -> Callable[[str], Any]:
+    """One module `__getattr__` for a module that declares several `LazyPackage`s (one per
+    registration hook)."""
+    def __getattr__(name: str) -> Any:
+        for package in packages:
+            if name in package.names:
+                return package.getattr(name)
+        raise AttributeError(f"module {packages[0]._namespace['__name__']!r} has no attribute {name!r}")
+
+    return __getattr__

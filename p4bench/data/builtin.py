@@ -4,10 +4,10 @@ imported when the hooks are called: building the plugin manager must not import 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from p4bench.hookspecs import hookimpl
-from p4bench.lazy import LazyPackage
+from p4bench.lazy import LazyPackage, package_getattr
 
 if TYPE_CHECKING:
     from p4bench.data.base import Dataset, Partitioner
@@ -28,10 +28,7 @@ PARTITIONERS = LazyPackage(globals(), {
     "p4bench.data.cbds": ("CBDSPartitioner",),
 })
 __all__ = [*DATASETS.names, *PARTITIONERS.names, "register_datasets", "register_partitioners"]
-
-
-def __getattr__(name: str) -> Any:
-    return (DATASETS if name in DATASETS.names else PARTITIONERS).getattr(name)
+__getattr__ = package_getattr(DATASETS, PARTITIONERS)
 
 
 @hookimpl

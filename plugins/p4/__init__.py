@@ -8,34 +8,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from p4bench.hookspecs import hookimpl
-from p4bench.lazy import lazy_exports
+from p4bench.lazy import LazyPackage, package_getattr
 
 if TYPE_CHECKING:
     from p4bench.engine.method import Method
     from p4bench.engine.threats import Defense
-    from p4bench.plugins.p4.method import P4
-    from p4bench.plugins.p4.secure import P4Secure
 
-__all__ = ["P4", "P4Secure"]
-
-__getattr__ = lazy_exports(globals(), {
-    "p4bench.plugins.p4.method": ("P4",),
-    "p4bench.plugins.p4.secure": ("P4Secure",),
-})
+# each class named once: the hooks return them, the package exports them (on first use)
+METHODS = LazyPackage(globals(), {"p4bench.plugins.p4.method": ("P4",)})
+DEFENSES = LazyPackage(globals(), {"p4bench.plugins.p4.secure": ("P4Secure",)})
+__all__ = [*METHODS.names, *DEFENSES.names]
+__getattr__ = package_getattr(METHODS, DEFENSES)
 
 
 @hookimpl
 def register_methods() -> list[type[Method]]:
-    from p4bench.plugins.p4.method import P4
-
-    return [P4]
+    return METHODS.load()
 
 
 @hookimpl
 def register_defenses() -> list[type[Defense]]:
-    from p4bench.plugins.p4.secure import P4Secure
-
-    return [P4Secure]
+    return DEFENSES.load()
 
 
 @hookimpl

@@ -8,22 +8,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from p4bench.hookspecs import hookimpl
-from p4bench.lazy import lazy_exports
+from p4bench.lazy import LazyPackage
 
 if TYPE_CHECKING:
     from p4bench.engine.method import Method
-    from p4bench.plugins.p4l.method import P4L
 
-__all__ = ["P4L"]
-
-__getattr__ = lazy_exports(globals(), {"p4bench.plugins.p4l.method": ("P4L",)})
+METHODS = LazyPackage(globals(), {"p4bench.plugins.p4l.method": ("P4L",)})  # the class named once
+__all__ = METHODS.names
+__getattr__ = METHODS.getattr
 
 
 @hookimpl
 def register_methods() -> list[type[Method]]:
-    from p4bench.plugins.p4l.method import P4L
-
-    return [P4L]
+    return METHODS.load()
 
 
 @hookimpl
