@@ -30,6 +30,7 @@ from p4bench.plugins.device.protocol import (
     pack,
     read_frame,
 )
+from p4bench.plugins.device.report_schema import Measure
 from p4bench.plugins.device.tls import init_tls_dir
 from p4bench.plugins.device.transport import PeerTransport
 
@@ -213,8 +214,9 @@ def test_compute_segments_and_the_critical_path_of_a_round():
     first, empty, last = figures["compute_segments"]
     assert first >= 0.02 and empty == 0 and last >= 0.01 and figures["between_rounds_s"] == 0.5
     # every exchange waits for all peers: each segment lasts as long as the slower peer's
-    fast = {"between_rounds_s": 0.01, "compute_segments": [0.02, 0.5, 0.01]}
-    slow = {"between_rounds_s": 0.03, "compute_segments": [0.04, 0.1, 0.02]}
+    fast = Measure(between_rounds_s=0.01, compute_segments=(0.02, 0.5, 0.01))
+    slow = Measure(between_rounds_s=0.03, compute_segments=(0.04, 0.1, 0.02))
     assert critical_compute_s([fast, slow]) == pytest.approx(0.07 + 0.5 + 0.02)
-    assert critical_compute_s([fast, {"compute_segments": [0.1]}]) is None  # unequal or missing: no figure
+    assert critical_compute_s([fast, Measure(compute_segments=(0.1,))]) is None  # unequal or missing: no figure
+    assert critical_compute_s([fast, Measure()]) is None
     assert critical_compute_s([]) is None

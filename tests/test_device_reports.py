@@ -21,6 +21,7 @@ from p4bench.plugins.device.local import LocalPeers
 from p4bench.plugins.device.node import DeviceNode, serve
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.report_check import ReleaseCheck, mismatch_reasons
+from p4bench.plugins.device.report_schema import parse_releases
 from p4bench.privacy.mechanism import DPSettings
 from p4bench.run.runner import run
 
@@ -107,7 +108,7 @@ def test_an_honest_peers_releases_match():
     check, _ = _check()
     check.charge_through(3)
     for peer, node in (("a", 0), ("b", 1), ("c", 2)):
-        check.check(peer, "train", {"type": "round", "releases": [_release([node], steps=6)]})
+        check.check(peer, "round", "train", parse_releases([_release([node], steps=6)]))
     assert _found(check) == []
     assert mismatch_reasons(check.finish()) == []
 
@@ -115,8 +116,8 @@ def test_an_honest_peers_releases_match():
 def test_a_release_for_another_peers_client_is_a_mismatch_that_names_the_peer():
     check, charged = _check(server=True)
     check.charge_through(3)
-    check.check("b", "train", {"type": "round", "releases": [_release([0, 1, 2], steps=6)]})
-    check.check("hub", "train", {"type": "setup", "releases": [_release([1, 7])]})
+    check.check("b", "round", "train", parse_releases([_release([0, 1, 2], steps=6)]))
+    check.check("hub", "setup", "train", parse_releases([_release([1, 7])]))
     assert _found(check) == [
         ("b", "release for client(s) 0, 2 of peer(s) a, c (it holds client 1)"),
         ("hub", "release for client(s) 1 of peer(s) b (it holds no client)"),
@@ -130,11 +131,11 @@ def test_a_release_for_another_peers_client_is_a_mismatch_that_names_the_peer():
 def test_settings_and_counts_other_than_the_launchers_are_mismatches():
     check, _ = _check()
     check.charge_through(2)  # 4 steps so far
-    check.check("a", "train", {"type": "round", "releases": [
+    check.check("a", "round", "train", parse_releases([
         _release([0], sigma=0.5), _release([0], rate=0.3), _release([0], clip=5.0), _release([0], phase="extra"),
-        _release([0], clip=None), {"clients": "x"}, _release([0], steps=1)]})
-    check.check("b", "train", {"type": "round", "releases": [_release([1], steps=5)]})  # beyond the 4 charged
-    check.check("c", "train", {"type": "round", "releases": []})  # ran the phase without the DP mechanism
+        _release([0], clip=None), {"clients": "x"}, _release([0], steps=1)]))
+    check.check("b", "round", "train", parse_releases([_release([1], steps=5)]))  # beyond the 4 charged
+    check.check("c", "round", "train", parse_releases([]))  # ran the phase without the DP mechanism
     assert _found(check) == [
         ("a", "noise multiplier 0.5; the launcher's is 0.8"),
         ("a", "sampling rate 0.3 in phase 'train'; the plan declares 0.2"),
@@ -152,7 +153,7 @@ def test_many_distinct_mismatches_are_capped_in_the_reasons():
     check, _ = _check()
     check.charge_through(3)
     for i in range(150):
-        check.check("a", "train", {"type": "setup", "releases": [_release([0], rate=0.001 * (i + 1))]})
+        check.check("a", "setup", "train", parse_releases([_release([0], rate=0.001 * (i + 1))]))
     figures = check.finish()
     reasons = mismatch_reasons(figures)
     assert len(figures["mismatches"]) == 100 and figures["mismatches_not_kept"] > 0
@@ -187,6 +188,7 @@ def test_an_honest_device_runs_epsilon_is_the_launchers_and_equals_the_simulator
     assert summary["epsilon_certified"] is True and summary["uncertified_reason"] is None
     releases = summary["device"]["releases"]
     assert releases["mismatches"] == [] and releases["charged"] == {"train": 6}
+    assert summary["device"]["rejected_reports"] == [] and "malformed report" not in summary["device"]["launcher_rejected"]
     assert releases["reported"] == {"0": {"train": 6}, "1": {"train": 6}, "2": {"train": 6}}  # checked, not charged
     assert "certified" in epsilon_row and "UNCERTIFIED" not in epsilon_row
     assert summary["device"]["self_reported"][0] == "accuracy"

@@ -23,7 +23,7 @@ import logging
 import queue
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +34,34 @@ from p4bench.engine.driver import TimeBudget, schedule
 from p4bench.engine.method import Phase
 from p4bench.engine.runtime import Job, RoundReport
 from p4bench.engine.state import State, unflatten
-from p4bench.plugins.device.launcher_link import EVENT_RECONNECTED, LauncherLink, parse_report
+from p4bench.plugins.device.launcher_link import EVENT_RECONNECTED, LauncherLink
 from p4bench.plugins.device.liveness import announced, drop_metrics
 from p4bench.plugins.device.local import LocalPeers, free_ports  # noqa: F401  (re-exported)
 from p4bench.plugins.device.outcome import DeviceError, DeviceOutcome  # re-exported: defined here before
 from p4bench.plugins.device.peers import PeersFile
-from p4bench.plugins.device.protocol import KIND_STATE, Limits, RejectedFrame
+from p4bench.plugins.device.protocol import KIND_STATE, Limits
 from p4bench.plugins.device.report_check import SELF_REPORTED, ReleaseCheck
 from p4bench.plugins.device.report_fields import (  # noqa: F401 - critical_compute_s re-exported
     add_measure,
     critical_compute_s,
     deployed_from_states,
     finish_summary,
-    measure_of,
-    number,
-    peer_round_metrics,
+    round_metrics,
+)
+from p4bench.plugins.device.report_schema import (
+    BlockReport,
+    Failure,
+    FinalReport,
+    PeerReport,
+    Ready,
+    ReportContext,
+    ReportError,
+    parse_report,
 )
 
 log = logging.getLogger("p4bench.device")
+
+MAX_REJECTED = 100  # rejected reports kept with their reasons (a compromised peer must not grow the summary without bound)
 
 __all__ = ["DeviceOutcome", "DeviceError", "LocalPeers", "Launcher"]
 
@@ -65,8 +75,9 @@ class Launcher:
         self.peers, self.tls_dir, self.limits, self.check, self.local = peers, tls_dir, limits, check, local
         self.on_connected = on_connected  # every peer listens (has loaded its keys) and the launcher is connected
         self.link_spec, self.profile = link, profile  # the link every peer shapes its traffic to; the local peers' profile
-        self.reports: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
-        self.finals: dict[str, tuple[dict[str, Any], bytes | None]] = {}
+        self.reports: dict[tuple[str, str, int], dict[str, BlockReport]] = {}  # (kind, phase, round) -> peer -> report
+        self.finals: dict[str, tuple[FinalReport, bytes | None]] = {}
+        self.rejected_reports: list[dict[str, str]] = []  # {"peer", "reason"}, the first MAX_REJECTED
         self.pending_state: dict[str, bytes] = {}
         self.ready: set[str] = set()
         self.errors: dict[str, str] = {}
@@ -103,35 +114,40 @@ class Launcher:
             self.pending_state[peer] = body
         else:
             try:
-                report = parse_report(body)
-            except RejectedFrame as exc:
-                self.link.rejects.reject("malformed report", peer, str(exc))
+                report = parse_report(body, peer, self.context)
+            except ReportError as exc:
+                self._on_rejected(exc)
                 return True
-            self._on_report(peer, report)
+            self._on_report(report)
         return True
 
-    def _on_report(self, peer: str, report: dict[str, Any]) -> None:
-        kind = report["type"]
-        if kind == "ready":
+    def _on_rejected(self, error: ReportError) -> None:
+        """A report that failed its check on arrival: counted, kept (with its reason) for the
+        summary, and a mismatch of the release check (`report_check`)."""
+        self.link.rejects.reject("malformed report", error.peer, error.what)
+        if len(self.rejected_reports) < MAX_REJECTED:
+            self.rejected_reports.append({"peer": error.peer, "reason": error.what})
+        self.figures.rejected(error.peer, error.what)
+
+    def _on_report(self, report: PeerReport) -> None:
+        peer = report.peer
+        if isinstance(report, Ready):
             self.ready.add(peer)
-        elif kind == "error":
-            message = str(report.get("message", ""))[:2000]
-            self.errors[peer] = message
-            log.error("peer %s failed: %s", peer, message)
+        elif isinstance(report, Failure):
+            self.errors[peer] = report.message
+            log.error("peer %s failed: %s", peer, report.message)
             if self.ready and peer in self.ready:
-                self._drop(peer, f"error: {message}")
-        elif kind in ("round", "setup"):
-            if not isinstance(report.get("phase"), str) or not isinstance(report.get("round"), int):
-                self.link.rejects.reject("malformed report", peer, "round report without phase/round")
-                return
-            self.reports.setdefault((kind, report["phase"], report["round"]), {})[peer] = report
-            self._on_slow_drops(peer, report)
-        elif kind == "final":
+                self._drop(peer, f"error: {report.message}")
+        elif isinstance(report, BlockReport):
+            self.reports.setdefault((report.kind, report.phase, report.round), {})[peer] = report
+            self._on_slow_drops(report)
+        else:
             self.finals[peer] = (report, self.pending_state.pop(peer, None))
 
-    def _on_slow_drops(self, peer: str, report: dict[str, Any]) -> None:
-        """Record and announce the peers `peer` dropped as slow (`liveness`)."""
-        for entry in announced(peer, report, {p.id: p.node for p in self.peers.peers})[: 1000 - len(self.slow_dropped)]:
+    def _on_slow_drops(self, report: BlockReport) -> None:
+        """Record and announce the peers the reporter dropped as slow (`liveness`)."""
+        nodes = {p.id: p.node for p in self.peers.peers}
+        for entry in announced(report.peer, report.slow_dropped, nodes)[: 1000 - len(self.slow_dropped)]:
             self.slow_dropped.append(entry)
             log.warning("%s", entry["message"])
 
@@ -175,6 +191,8 @@ class Launcher:
     # -- the run ------------------------------------------------------------------------
     def run(self, job: Job, on_round: Callable[[RoundReport], None]) -> DeviceOutcome:
         self.job = job
+        self.context = ReportContext(self.peers, frozenset((b.kind, b.phase.name, b.round) for b in schedule(job.method)))
+        self.figures = ReleaseCheck(job, self.peers)  # the run's epsilon: from the schedule driven here
         self.link = LauncherLink(self.peers, self.tls_dir, self.limits)
         try:
             # until go, a connection that closes is opened again before it counts as a drop (a flood may end it)
@@ -219,7 +237,6 @@ class Launcher:
         self.totals: dict[str, dict[str, dict[str, Any]]] = {p.id: {} for p in self.peers.peers}
         reports: list[RoundReport] = []
         total_bytes = 0
-        self.figures = ReleaseCheck(job, self.peers)  # the run's epsilon: from the schedule driven here
         # The launcher owns the time budget's clock (from `go`); the peers stop when it says.
         minutes = job.config.time_budget_min
         budget = TimeBudget(minutes) if minutes is not None else None
@@ -227,7 +244,7 @@ class Launcher:
         finish_after: int | None = None
         for block in schedule(job.method):  # the peers' drivers walk the same blocks
             if block.kind == "setup":
-                total_bytes += sum(int(number(r.get("bytes_sent"))) for r in self._gather("setup", block.phase, -1).values())
+                total_bytes += sum(r.bytes_sent for r in self._gather("setup", block.phase, -1).values())
                 continue
             report = self._round_report(block.phase, block.round, len(reports) + 1)
             total_bytes += report.bytes_sent
@@ -288,7 +305,7 @@ class Launcher:
                     self._account(peer, phase, report)
         self.reports.clear()
 
-    def _gather(self, kind: str, phase: Phase, round_index: int) -> dict[str, dict[str, Any]]:
+    def _gather(self, kind: str, phase: Phase, round_index: int) -> dict[str, BlockReport]:
         """Every active peer's report of this round (waiting for them), bookkept."""
         self.where = (phase.name, round_index)
         key = (kind, phase.name, round_index)
@@ -303,54 +320,40 @@ class Launcher:
             self._account(peer, phase.name, report)
         return got
 
-    def _account(self, peer: str, phase: str, report: dict[str, Any]) -> None:
+    def _account(self, peer: str, phase: str, report: BlockReport) -> None:
         """Check a report's DP releases (never charged: `report_check`) and add its measurements to the phase totals."""
-        self.figures.check(peer, phase, report)
-        for entry in report.get("absent") or []:
-            if isinstance(entry, dict) and len(self.absences) < 1000:
-                self.absences.append({"reporter": peer, "phase": phase, "round": report.get("round"), **entry})
+        self.figures.check(peer, report.kind, phase, report.releases)
+        for absence in report.absent[: max(1000 - len(self.absences), 0)]:
+            self.absences.append({"reporter": peer, "phase": phase, "round": report.round, "exchange": absence.exchange,
+                                  "peers": list(absence.peers)})
         totals = self.totals[peer].setdefault(phase, {"rounds": 0, "exchanges": {}})
-        totals["rounds"] += int(report.get("type") == "round")
-        add_measure(totals, measure_of(report))
+        totals["rounds"] += int(report.kind == "round")
+        add_measure(totals, report.measure)
+
+    def _store_extra(self, node: int, extra: Mapping[str, float | None]) -> None:
+        """A peer's extra accuracies into the run's per-client arrays (None: not finite on the peer)."""
+        for name, value in extra.items():
+            self.extra.setdefault(name, np.full(self.job.data.num_clients, np.nan))[node] = np.nan if value is None else value
 
     def _round_report(self, phase: Phase, round_index: int, step: int) -> RoundReport:
         got = self._gather("round", phase, round_index)
         count = self.job.data.num_clients
         sent, received = np.zeros(count, np.int64), np.zeros(count, np.int64)
-        losses: list[float] = []
-        metrics: dict[str, float] = {"device.peers_alive": float(len(self.active)), "device.peers_reported": float(len(got))}
-        seconds, absent = 0.0, 0
+        losses = [x for report in got.values() for x in report.losses if x is not None]
         for peer, report in got.items():
             node = self.peers.by_id[peer].node
             if node >= 0:
-                if isinstance(report.get("accuracy"), (int, float)):
-                    self.accuracy[node] = float(report["accuracy"])
-                for name, value in (report.get("extra") or {}).items():
-                    self.extra.setdefault(str(name), np.full(count, np.nan))[node] = number(value, np.nan)
-                sent[node] = int(number(report.get("node_bytes_sent")))
-                received[node] = int(number(report.get("node_bytes_received")))
-            losses += [float(x) for x in report.get("losses") or [] if isinstance(x, (int, float))]
-            counters = report.get("metrics")
-            for key, value in (counters.items() if isinstance(counters, dict) else ()):
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and not str(key).startswith("device."):
-                    metrics[str(key)] = metrics.get(str(key), 0.0) + float(value)  # ratios: Method.derived_metrics
-            measure = measure_of(report)
-            seconds = max(seconds, number(measure.get("wall_s")))  # steps only, evaluation excluded
-            absent += len(report.get("absent") or [])
-            metrics.update(peer_round_metrics(peer, measure))
-        walls = [metrics[k] for k in metrics if k.endswith(".wall_s")]
-        computes = [metrics[k] for k in metrics if k.endswith(".compute_s")]
-        if walls:
-            metrics["device.wall_s_max"] = max(walls)
-            metrics["device.compute_s_max"] = max(computes)
-        critical = critical_compute_s([measure_of(report) for report in got.values()])
-        if critical is not None:
-            metrics["device.critical_compute_s"] = critical
-        metrics["device.absences"] = float(absent)
+                if report.accuracy is not None:
+                    self.accuracy[node] = report.accuracy
+                self._store_extra(node, report.extra)
+                sent[node] = report.node_bytes_sent
+                received[node] = report.node_bytes_received
+        metrics = {"device.peers_alive": float(len(self.active)), "device.peers_reported": float(len(got)), **round_metrics(got)}
         return RoundReport(
             phase=phase.name, round=round_index, step=step, accuracy=self.accuracy.copy(),
-            train_loss=float(np.mean(losses)) if losses else float("nan"), seconds=seconds,
-            bytes_sent=sum(int(number(r.get("bytes_sent"))) for r in got.values()), metrics=metrics,
+            train_loss=float(np.mean(losses)) if losses else float("nan"),
+            seconds=max([0.0, *(r.measure.wall_s for r in got.values())]),  # steps only, evaluation excluded
+            bytes_sent=sum(r.bytes_sent for r in got.values()), metrics=metrics,
             client_bytes_sent=sent, client_bytes_received=received,
             extra_accuracy={k: v.copy() for k, v in self.extra.items()},
         )
@@ -360,11 +363,10 @@ class Launcher:
         states: dict[int, State] = {}
         peers: dict[str, Any] = {}
         for spec in self.peers.peers:
-            final, blob = self.finals.get(spec.id, ({}, None))
-            if spec.node >= 0 and isinstance(final.get("accuracy"), (int, float)):
-                self.accuracy[spec.node] = float(final["accuracy"])
-                for name, value in (final.get("extra") or {}).items():
-                    self.extra.setdefault(str(name), np.full(count, np.nan))[spec.node] = number(value, np.nan)
+            final, blob = self.finals.get(spec.id, (None, None))
+            if final is not None and spec.node >= 0 and final.accuracy is not None:
+                self.accuracy[spec.node] = final.accuracy
+                self._store_extra(spec.node, final.extra)
             if blob is not None and spec.node >= 0:
                 try:
                     states[spec.node] = unflatten(st_load(blob), sep="/")  # parameter names contain dots
@@ -372,9 +374,9 @@ class Launcher:
                     self.link.rejects.reject("malformed state", spec.id, repr(exc))
             peers[spec.id] = {
                 "node": spec.node, "host": spec.host, "phases": self.totals.get(spec.id, {}),
-                "finished": spec.id in self.finals, "receive_errors": final.get("receive_errors"),
-                "transport": final.get("transport"), "error": self.errors.get(spec.id),
-                "profile": final.get("profile"), "link": final.get("link"),
+                "finished": final is not None, "receive_errors": final.receive_errors if final else None,
+                "transport": final.transport if final else None, "error": self.errors.get(spec.id),
+                "profile": final.profile if final else None, "link": final.link if final else None,
             }
         params, final_state = deployed_from_states(method, states, count)
         device = {
@@ -382,8 +384,9 @@ class Launcher:
             "launcher_rejected": self.link.rejects.snapshot(), "limits": self.limits.to_dict(),
             "link": self.link_profile(), "profile": self.profile,
             "releases": self.figures.finish(), "self_reported": list(SELF_REPORTED),
+            "rejected_reports": self.rejected_reports,
         }
         if self.finish:
-            device["finish"] = finish_summary(self.finish, {p: final for p, (final, _) in self.finals.items()})
+            device["finish"] = finish_summary(self.finish, {p: final.stopped_after_step for p, (final, _) in self.finals.items()})
         return DeviceOutcome(self.accuracy.copy(), {k: v.copy() for k, v in self.extra.items()}, reports, params,
                              total_bytes, final_state, device=device, peer_states=states)

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from p4bench.plugins.device.protocol import Limits
+from p4bench.plugins.device.report_schema import SlowDrop
 
 log = logging.getLogger("p4bench.device")
 
@@ -94,20 +96,16 @@ class SlowPeers:
 
 
 # -- the launcher's side: announcing the drops the peers report ------------------------
-def announced(reporter: str, report: dict[str, Any], nodes: dict[str, int]) -> list[dict[str, Any]]:
-    """The slow-peer drops in `reporter`'s round report, checked (known peer ids, `nodes`:
-    id -> node) and worded for the run's record: {"peer", "node", "by", "phase", "round",
-    "exchange", "reason", "message"} each."""
+def announced(reporter: str, drops: Sequence[SlowDrop], nodes: dict[str, int]) -> list[dict[str, Any]]:
+    """The slow-peer drops of `reporter`'s round report (checked on arrival: other peers of
+    the peers file, `nodes`: id -> node), worded for the run's record: {"peer", "node",
+    "by", "phase", "round", "exchange", "reason", "message"} each."""
     entries = []
-    for entry in report.get("slow_dropped") or []:
-        slow = entry.get("peer") if isinstance(entry, dict) else None
-        if not isinstance(slow, str) or slow not in nodes or slow == reporter:
-            continue
-        where = {k: entry.get(k) if isinstance(entry.get(k), (str, int)) else None for k in ("phase", "round", "exchange")}
-        reason = str(entry.get("reason", ""))[:300]
-        message = (f"dropped slow peer {slow} (by peer {reporter} in {where['phase']} round {where['round']}, "
-                   f"exchange {where['exchange']}: {reason})")
-        entries.append({"peer": slow, "node": nodes[slow], "by": reporter, **where, "reason": reason, "message": message})
+    for drop in drops:
+        message = (f"dropped slow peer {drop.peer} (by peer {reporter} in {drop.phase} round {drop.round}, "
+                   f"exchange {drop.exchange}: {drop.reason})")
+        entries.append({"peer": drop.peer, "node": nodes[drop.peer], "by": reporter, "phase": drop.phase,
+                        "round": drop.round, "exchange": drop.exchange, "reason": drop.reason, "message": message})
     return entries
 
 

@@ -22,7 +22,8 @@ for the peer's client than the launcher charged, is a mismatch: it names the pee
 (``release mismatch from peer <id>: <what>``) and makes the run uncertified
 (`p4bench.plugins.device.run_finished`). So is a peer that ran a phase the plan declares DP
 steps in for every client, and reported no release there (it trained without the DP
-mechanism). Reporting fewer steps than charged is not a mismatch: the figure is a bound.
+mechanism), and a report the launcher rejected on arrival (`report_schema`: its releases
+cannot be checked). Reporting fewer steps than charged is not a mismatch: the figure is a bound.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 from p4bench.engine.driver import schedule
 from p4bench.engine.job import Job
 from p4bench.plugins.device.peers import PeersFile
+from p4bench.plugins.device.report_schema import MalformedRelease, ReleaseClaim
 from p4bench.records import Release
 
 __all__ = ["ReleaseCheck", "mismatch_reasons", "SELF_REPORTED", "MAX_MISMATCHES"]
@@ -98,30 +100,24 @@ class ReleaseCheck:
                 counts[admitted.numpy()] += 1
 
     # -- the peers' claims ---------------------------------------------------------------
-    def check(self, peer: str, phase: str, report: dict[str, Any]) -> None:
-        """Check one report's DP releases (its `releases` list) from `peer`."""
-        if report.get("type") == "round":
+    def check(self, peer: str, kind: str, phase: str, releases: Sequence[ReleaseClaim | MalformedRelease]) -> None:
+        """Check the DP releases `peer` reported for one block (`kind` "round" or "setup") of `phase`."""
+        if kind == "round":
             self.ran.setdefault(peer, set()).add(phase)
-        entries = report.get("releases")
-        if entries is None:
-            return
-        if not isinstance(entries, list):
-            self._mismatch(peer, "malformed releases (not a list)")
-            return
-        for entry in entries:
-            self._check_one(peer, entry)
+        for claim in releases:
+            if isinstance(claim, MalformedRelease):
+                self._mismatch(peer, "malformed release entry")
+            else:
+                self._check_one(peer, claim)
 
-    def _check_one(self, peer: str, entry: Any) -> None:
-        try:
-            clients = sorted({int(c) for c in entry["clients"]})
-            rate, sigma = float(entry["sample_rate"]), float(entry["noise_multiplier"])
-            steps, phase = int(entry["steps"]), str(entry["phase"])[:100]
-            clip = entry.get("clip")
-            if steps < 1 or not clients or not all(map(math.isfinite, (rate, sigma))):
-                raise ValueError
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
-            self._mismatch(peer, "malformed release entry")
-            return
+    def rejected(self, peer: str, what: str) -> None:
+        """A report of `peer` was rejected on arrival (`report_schema`): whatever releases it
+        held cannot be checked, so it counts as a mismatch."""
+        self._mismatch(peer, f"report rejected ({what[:300]})")
+
+    def _check_one(self, peer: str, claim: ReleaseClaim) -> None:
+        clients, rate, sigma, steps, phase, clip = (list(claim.clients), claim.sample_rate, claim.noise_multiplier,
+                                                     claim.steps, claim.phase, claim.clip)
         node = self.held.get(peer)
         holds = f"it holds client {node}" if node is not None and node >= 0 else "it holds no client"
         others = [c for c in clients if c != node and c in self.owner]
@@ -141,7 +137,7 @@ class ReleaseCheck:
             self._mismatch(peer, f"sampling rate {rate:g} in phase '{phase}'; the plan declares {declared}")
         if not math.isclose(sigma, self.settings.noise_multiplier, rel_tol=1e-9):
             self._mismatch(peer, f"noise multiplier {sigma:g}; the launcher's is {self.settings.noise_multiplier:g}")
-        if not isinstance(clip, (int, float)) or isinstance(clip, bool) or not math.isclose(clip, self.settings.clip, rel_tol=1e-9):
+        if clip is None or not math.isclose(clip, self.settings.clip, rel_tol=1e-9):
             self._mismatch(peer, f"clip {clip!r}; the launcher's is {self.settings.clip:g}")
         if node is not None and node in clients and phase in self.rates:  # (an undeclared phase: found above)
             phases = self.reported.setdefault(peer, {})

@@ -233,7 +233,8 @@ class PeerTransport:
 
     # -- reports to the launcher -----------------------------------------------------
     def report(self, message: dict[str, Any], state: bytes | None = None) -> bool:
-        """Send a report (and optionally a state blob first) to the launcher."""
+        """Send a report (and optionally a state blob first) to the launcher; every report
+        carries this peer's id (``peer``: the launcher checks it is the sender's)."""
         try:
             return self._thread.call(self._report(message, state), timeout=self.limits.send_timeout_s + 10)
         except Exception as exc:  # noqa: BLE001
@@ -251,7 +252,8 @@ class PeerTransport:
         if connection is None or connection.closed:
             log.warning("report %s not delivered: the launcher is not connected", message.get("type"))
             return False
-        frames = ([(KIND_STATE, 0, state)] if state is not None else []) + [(KIND_REPORT, 0, dump_json(message))]
+        body = dump_json({**message, "peer": self.me.id})
+        frames = ([(KIND_STATE, 0, state)] if state is not None else []) + [(KIND_REPORT, 0, body)]
         try:
             written = await connection.send(frames, self.limits.send_timeout_s, self.shaper)
         except NETWORK_ERRORS as exc:
