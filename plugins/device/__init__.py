@@ -9,15 +9,18 @@ The runtime is imported when the hook is called, or on first use of a name below
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from p4bench.hookspecs import hookimpl
 from p4bench.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    import typer
+
     from p4bench.engine.runtime import Runtime
     from p4bench.plugins.device.launcher import DeviceOutcome
     from p4bench.plugins.device.runtime import DeviceRuntime
+    from p4bench.records import RunInfo, RunResult
 
 __all__ = ["DeviceRuntime", "DeviceOutcome"]
 
@@ -33,22 +36,22 @@ def register_runtimes() -> list[type[Runtime]]:
 
 
 @hookimpl
-def register_commands(app):
+def register_commands(app: typer.Typer) -> None:
     from p4bench.plugins.device.cli import register  # typer is only needed when the CLI is built
 
     register(app)
 
 
 @hookimpl(tryfirst=True)
-def run_finished(run, result):
+def run_finished(run: RunInfo, result: RunResult) -> None:
     """Before the tracker writes summary.json: per-peer, per-phase measurements and drops;
     a peer's release report that disagrees with the launcher's figures makes the run
     uncertified (`report_check`), before the tracker tags it."""
-    device = getattr(result.outcome, "device", None)
+    device: dict[str, Any] | None = getattr(result.outcome, "device", None)  # a DeviceOutcome's (not imported: torch)
     if device is None:
         return
     result.summary["device"] = device
-    certification = getattr(run, "certification", None)
+    certification = run.certification
     if certification is not None and certification.private:
         from p4bench.plugins.device.report_check import mismatch_reasons
 

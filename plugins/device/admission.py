@@ -29,7 +29,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from p4bench.plugins.device.listener import has_unread, tls_accept, wait_readable
 from p4bench.plugins.device.protocol import HEADER_BYTES, Limits, frame_header
@@ -40,6 +40,7 @@ log = logging.getLogger("p4bench.device")
 __all__ = ["NETWORK_ERRORS", "FrameConnection", "open_frames", "Gate", "HandshakeBudget", "RejectLog", "LoopThread", "Shaper",
            "close_on_loop"]
 
+T = TypeVar("T")
 NETWORK_ERRORS = (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError, IdentityError)
 
 
@@ -320,7 +321,7 @@ class LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def call(self, coro: Coroutine, timeout: float | None = None) -> Any:
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run `coro` on the loop and wait for its result (from another thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 

@@ -65,11 +65,11 @@ class LauncherLink:
         self.rejects = RejectLog()
         self.reconnects: Counter[str] = Counter()  # connections opened again, per peer
         self._connections: dict[str, FrameConnection] = {}
-        self._keepalive: asyncio.Task | None = None
+        self._keepalive: asyncio.Task[None] | None = None
         self._check: Callable[[], None] = lambda: None
         self._reconnect_until: float | None = None  # loop time; None: a closed connection is final
         self._closing = False
-        self._tasks: set[asyncio.Task] = set()  # reconnections under way (the loop keeps only weak references)
+        self._tasks: set[asyncio.Task[None]] = set()  # reconnections under way (the loop keeps only weak references)
         self._thread = LoopThread("p4bench-device-launcher")
 
     def connect_all(self, deadline_s: float, check: Callable[[], None] = lambda: None) -> None:
@@ -209,7 +209,8 @@ class LauncherLink:
 
 def _is_pong(body: bytes) -> bool:
     try:
-        return parse_report(body)["type"] == "pong"
+        kind: str = parse_report(body)["type"]  # a string: parse_report checks it
+        return kind == "pong"
     except RejectedFrame:
         return False
 

@@ -122,7 +122,7 @@ class LinkShaper:
         self.free_at = -math.inf
         self._seconds_per_byte = 8.0 / profile.rate_bits_per_s
         # when each task's last pace() returned: its next frame within batch_gap_s continues its batch
-        self._last_paced: weakref.WeakKeyDictionary[asyncio.Task, float] = weakref.WeakKeyDictionary()
+        self._last_paced: weakref.WeakKeyDictionary[asyncio.Task[Any], float] = weakref.WeakKeyDictionary()
         self._spin_s, self._wakeups = _SPIN_MIN_S, deque([0.0], maxlen=32)  # how late recent timer wake-ups were
         self.bytes = self.frames = self.batches = 0
         self.paced_s = self.late_s = 0.0  # time inside pace(); how far past their deadlines its sleeps ended

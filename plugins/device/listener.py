@@ -37,7 +37,7 @@ class Listener:
     def __init__(self, host: str, port: int, handle: Callable[[socket.socket, Any], Coroutine[Any, Any, None]]) -> None:
         self._handle = handle
         self._loop = asyncio.get_running_loop()
-        self._tasks: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
+        self._tasks: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
         self._closed = False
         self.sockets: list[socket.socket] = []
         try:

@@ -17,8 +17,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import IO, Any
 
 from p4bench.errors import P4BenchError, UsageError
 from p4bench.plugins.device.orphans import FOLDER_PREFIX, disown, sweep_orphans, write_owner
@@ -29,6 +31,9 @@ from p4bench.rng import SERVER_ID
 log = logging.getLogger("p4bench.device")
 
 __all__ = ["LocalPeers", "LocalPeerError", "free_ports"]
+
+# what `signal.signal` takes and returns (typeshed's own alias is private)
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 class LocalPeerError(P4BenchError):
@@ -68,8 +73,8 @@ class LocalPeers:
         self.threads = threads or max(1, (os.cpu_count() or 1) // nodes)
         sweep_orphans()  # folders of launchers killed before they could clean up
         self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # private (0700): holds the run's keys
-        self.processes: dict[str, subprocess.Popen] = {}
-        self._logs: list[Any] = []
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
         try:
             write_owner(self.folder, keep)
             ports = free_ports(nodes)
@@ -95,7 +100,7 @@ class LocalPeers:
             raise
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         try:
             self.stop(failed=exc_info[0] is not None)
         finally:
@@ -166,18 +171,18 @@ class LocalPeers:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _raise_on_sigterm() -> Any:
+def _raise_on_sigterm() -> SignalHandler:
     """Turn SIGTERM into SystemExit while local peers run, so a killed launcher still runs
     its clean-up (stop the peers, delete the keys). Only the main thread can do this."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
-    def leave(signum: int, frame: Any) -> None:
+    def leave(signum: int, frame: FrameType | None) -> None:
         raise SystemExit(128 + signum)
 
     return signal.signal(signal.SIGTERM, leave)
 
 
-def _restore_sigterm(previous: Any) -> None:
+def _restore_sigterm(previous: SignalHandler) -> None:
     if previous is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, previous)

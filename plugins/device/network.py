@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from p4bench.engine.messages import Messages, PayloadLayout, encode, message_layout_of
+from p4bench.engine.method import Method
 from p4bench.engine.network import Delivery, Network
 from p4bench.plugins.device.measure import PowerMeter, RoundClock
 from p4bench.plugins.device.peers import PeersFile, PeerSpec
-from p4bench.plugins.device.transport import PeerTransport
+from p4bench.plugins.device.transport import ExchangeResult, PeerTransport
 
 log = logging.getLogger("p4bench.device")
 
@@ -82,7 +83,7 @@ class TLSNetwork(Network):
         self.absences: list[dict[str, Any]] = []  # this round's absent peers, per exchange
         self.slow_dropped: list[dict[str, Any]] = []  # peers this one dropped as slow in this round (`liveness`)
         self._exchange_started = (0.0, 0.0)
-        self.method: Any = None  # the run's Method (set by the node): its declared payload layouts
+        self.method: Method | None = None  # the run's (set by the node): its declared payload layouts
         self._warned: set[tuple[str, str]] = set()
         self._exchange_figures: dict[str, Any] = {}
 
@@ -187,7 +188,7 @@ class TLSNetwork(Network):
                         "are checked for consistency per sender only (declare Method.message_layout)", exchange)
         return own
 
-    def _received(self, result: Any, exchange: str, phase: str, round_index: int) -> list[tuple[str, Messages, int]]:
+    def _received(self, result: ExchangeResult, exchange: str, phase: str, round_index: int) -> list[tuple[str, Messages, int]]:
         """(sender, message, frame size) of peers whose batch belongs to this exchange."""
         received: list[tuple[str, Messages, int]] = []
         for peer in sorted(result.received):

@@ -14,7 +14,7 @@ the numbers agree with the simulator's, and the run's epsilon is uncertified); a
 refuses seeded randomness without that mark.
 
 The peer builds its data itself, from the dataset on its own disk, with the run's
-seed, partitioner and client id (`p4bench.runner.prepare`); raw data never crosses
+seed, partitioner and client id (`p4bench.run.runner.prepare`); raw data never crosses
 the network. Only the config goes in, and only reports (accuracy, measurements) and
 the final model state go out to the launcher.
 
@@ -49,7 +49,7 @@ from p4bench.plugins.device.peers import PeersFile, PeerSpec
 from p4bench.plugins.device.profile import apply_device_profile
 from p4bench.plugins.device.protocol import Limits
 from p4bench.plugins.device.transport import PeerTransport
-from p4bench.records import RoundReport
+from p4bench.records import Release, RoundReport
 from p4bench.rng import SERVER_ID
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class DeviceNode:
         self.driver = RoundDriver(job, self.network, rows, holds_server=self.is_server, separate_parties=True)
         self.network.method = job.method
 
-    def _record_release(self, release: Any) -> None:
+    def _record_release(self, release: Release) -> None:
         if self.ledger is not None:  # this peer's own budget decisions need its history
             self.ledger.record_release(release)
         settings = self.job.dp  # the clip is this peer's setting, checked by the launcher against its own
@@ -219,7 +219,7 @@ def run_session(
     """One run: build the data and method from the config, wait for `go`, execute, report."""
     from p4bench.config import RunConfig
     from p4bench.plugin_manager import Registry, create_plugin_manager
-    from p4bench.runner import prepare
+    from p4bench.run.runner import prepare
 
     try:
         config_values, limits, run_id = _parse_start(start, peers)

@@ -29,7 +29,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 log = logging.getLogger("p4bench.device")
 
@@ -105,13 +104,13 @@ def set_parent_death_signal(signum: int) -> bool:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
+        return int(libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 
 
 def exit_with_owner(owner: int, key_dir: str | Path, poll_s: float = POLL_S,
-                    exit: Callable[[int], Any] = os._exit) -> None:
+                    exit: Callable[[int], object] = os._exit) -> None:
     """Make this process exit, after removing `key_dir`, once process `owner` dies
     (see the module docstring). Call it early in the process's main thread."""
     parent_is_owner = os.getppid() == owner

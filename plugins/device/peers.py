@@ -113,7 +113,7 @@ class PeersFile:
         return PeersFile.parse(data, str(path))
 
     @staticmethod
-    def parse(data: Any, source: str = "peers") -> PeersFile:
+    def parse(data: object, source: str = "peers") -> PeersFile:
         """Validate a peers mapping (as loaded from YAML or received from the launcher)."""
         if not isinstance(data, dict) or not isinstance(data.get("peers"), list):
             raise UsageError(f"{source}: expected a mapping with a list 'peers'")

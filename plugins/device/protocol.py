@@ -18,7 +18,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import Field, asdict, dataclass, fields
 from typing import Any
 
 from p4bench.engine.messages import PROTOCOL_VERSION
@@ -187,7 +187,7 @@ def _minimum(name: str, integer: bool) -> float:
 
 # The device runtime's run options: the transport limits (the same bounds as
 # Limits.__post_init__) and how the launcher finds its peers.
-def _limit_option(f: Any) -> Option:
+def _limit_option(f: Field[Any]) -> Option:
     integer = f.type in ("int", int)
     return Option(f"device_{f.name}", int if integer else float, f.default, _LIMIT_HELP[f.name], low=_minimum(f.name, integer))
 

@@ -37,6 +37,7 @@ import torch
 
 from p4bench.engine.driver import schedule
 from p4bench.engine.job import Job
+from p4bench.engine.method import PlannedRelease
 from p4bench.plugins.device.peers import PeersFile
 from p4bench.plugins.device.report_schema import MalformedRelease, ReleaseClaim
 from p4bench.records import Release
@@ -86,7 +87,7 @@ class ReleaseCheck:
                 if entry.phase == phase:
                     self._charge(phase, entry, rounds, index)
 
-    def _charge(self, phase: str, entry: Any, rounds: int, index: int) -> None:
+    def _charge(self, phase: str, entry: PlannedRelease, rounds: int, index: int) -> None:
         assert self.settings is not None  # a plan exists only for private runs
         total = int(entry.steps) if float(entry.client_rate) >= 1.0 else int(entry.local_steps) * rounds
         due = -(-total * (index + 1) // rounds) - -(-total * index // rounds)  # ceil(S r / T) increments

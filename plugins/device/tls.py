@@ -19,8 +19,12 @@ import os
 import ssl
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from p4bench.errors import UsageError
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 __all__ = ["LAUNCHER", "init_tls_dir", "server_context", "client_context", "common_name", "IdentityError"]
 
@@ -31,7 +35,7 @@ class IdentityError(ConnectionError):
     """The other end presented a valid certificate of the run, but not the expected one."""
 
 
-def _names(host: str):
+def _names(host: str) -> x509.GeneralName:
     from cryptography import x509
 
     try:
@@ -150,7 +154,7 @@ def client_context(folder: str | Path, name: str) -> ssl.SSLContext:
     return _context(ssl.Purpose.SERVER_AUTH, folder, name)
 
 
-def common_name(peercert: dict | None) -> str | None:
+def common_name(peercert: dict[str, Any] | None) -> str | None:
     """The subject common name of a verified peer certificate (``getpeercert()`` form)."""
     if not peercert:
         return None

@@ -44,6 +44,7 @@ from typing import Any
 from p4bench.plugins.device.admission import NETWORK_ERRORS, FrameConnection, LoopThread, RejectLog, close_on_loop, open_frames
 from p4bench.plugins.device.inbound import EPOCH_SHIFT, MARKER_FIELDS, Inbound, Received
 from p4bench.plugins.device.launcher_link import EVENT_RECONNECTED, LauncherLink, parse_report
+from p4bench.plugins.device.link import LinkShaper
 from p4bench.plugins.device.listener import Listener
 from p4bench.plugins.device.liveness import SLOW_DROP_REASON, SlowPeers
 from p4bench.plugins.device.outbound import Outbound
@@ -82,7 +83,7 @@ class PeerTransport:
         self.rejects = RejectLog()
         self.control: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stats: Counter[str] = Counter()
-        self.shaper: Any = None  # a `Shaper` (link.LinkShaper: the node also reads its figures), or None
+        self.shaper: LinkShaper | None = None  # the node also reads its figures
         # used on the loop thread only:
         self.inbound = Inbound(me, peers, self.server_context, lambda: self.limits, lambda: self.shaper, self.rejects,
                                self.stats, self.control, on_refuse=self._stop_sending)
