@@ -82,3 +82,32 @@ def test_an_installed_package_adds_a_preset_and_a_duplicate_name_is_refused(inst
     finally:
         sys.modules.pop("p4bench_mypaper", None)
         reset_default()
+
+
+def test_mypy_checks_every_module_strictly():
+    """`strict = true` for the whole tree, and no per-module override relaxes it (the only
+    override lets third-party libraries without types be imported)."""
+    import tomllib
+
+    mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert mypy["strict"] is True
+    relaxed = [o for o in mypy.get("overrides", []) if set(o) - {"module", "ignore_missing_imports"}]
+    assert relaxed == []
+    assert all(not m.startswith("p4bench") for o in mypy.get("overrides", []) for m in o["module"])
+
+
+def test_the_tree_is_ruff_and_mypy_clean(tmp_path):
+    """scripts/lint.sh (ruff, then mypy --strict on the package as installed) finds nothing."""
+    import os
+    import shutil
+    import subprocess
+
+    venv = Path(sys.prefix)
+    if not (venv / "bin" / "mypy").exists() or not (venv / "bin" / "ruff").exists():
+        pytest.skip("ruff and mypy come with the dev extra (./scripts/setup.sh installs it)")
+    if shutil.which("bash") is None:
+        pytest.skip("scripts/lint.sh needs bash")
+    env = {**os.environ, "P4BENCH_VENV": str(venv), "P4BENCH_MYPY_TREE": str(tmp_path / "mypy")}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "lint.sh")], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
