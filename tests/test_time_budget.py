@@ -130,3 +130,21 @@ def test_device_peers_stop_after_the_same_round(small_config):
     same_rounds = run(config.replace(rounds=ran), track=False).summary  # the releases of every round that ran
     assert summary["epsilon"] == pytest.approx(same_rounds["epsilon"])
     assert f"{summary['rounds_completed']} of 200 rounds" in summary["epsilon_scope"]
+
+
+def test_the_stop_is_decided_by_one_rule_that_always_asks_the_budget():
+    """`stop_reason` serves the simulator's driver and the device launcher alike: the
+    method's own rule ends the run (and is judged only where every client is held), the
+    stop rule otherwise; the budget is asked even when the method's rule ends the run, so
+    the round that overran it is recorded either way."""
+    from types import SimpleNamespace
+
+    ticks = iter([0.0, 0.0, 120.0])  # made at 0; round 1 ends at 0; round 2 at 2 minutes
+    budget = schedule.TimeBudget(1.0, clock=lambda: next(ticks))
+    done = SimpleNamespace(finished=lambda extra: bool(extra.get("done")))
+    assert schedule.stop_reason(1, {}, budget, done) is None
+    assert schedule.stop_reason(2, {"done": True}, budget, done) == "method"
+    assert budget.overran_at == 2
+    assert schedule.stop_reason(3, {"done": True}, schedule.never, done, holds_everyone=False) is None
+    assert schedule.stop_reason(3, {}, lambda step: True, done) == "stop"
+    assert schedule.budget_rule(None) is schedule.never and isinstance(schedule.budget_rule(2.0), schedule.TimeBudget)

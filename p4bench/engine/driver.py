@@ -28,7 +28,14 @@ from p4bench.engine.messages import Messages, broadcast_receipts
 from p4bench.engine.method import Exchange, LocalUpdate, Phase, StepContext
 from p4bench.engine.network import Network
 from p4bench.engine.receive_gate import ReceiveGate, Rejections
-from p4bench.engine.schedule import Block, StopAfter, TimeBudget, never, schedule  # re-exported: defined here before
+from p4bench.engine.schedule import (  # Block ... TimeBudget: defined here before
+    Block,
+    StopAfter,
+    TimeBudget,
+    budget_rule,
+    schedule,
+    stop_reason,
+)
 from p4bench.engine.state import State, cat_rows, put_rows, take_rows
 from p4bench.engine.threats import Aggregator
 from p4bench.engine.training import accuracy, batched_loss_and_grad, reference_loss_and_grad, shared_accuracy
@@ -123,9 +130,8 @@ class RoundDriver:
     def _run_schedule(self, on_round: Callable[[RoundReport], None], on_setup: Callable[[RoundReport], None] | None,
                       stop_after: StopAfter | None) -> Outcome:
         if stop_after is None:
-            minutes = self.config.time_budget_min
-            stop_after = TimeBudget(minutes) if minutes is not None else never
-        if self.reports and self._finished_by_method(self.reports[-1]):
+            stop_after = budget_rule(self.config.time_budget_min)
+        if self.reports and self._holds_everyone and self.method.finished(self.reports[-1].extra_accuracy):
             self.position = self.blocks()  # the method's own stopping rule ended the run at the checkpoint
         for index, block in enumerate(schedule(self.method)):
             if index < self.position:
@@ -136,20 +142,16 @@ class RoundDriver:
             if block.kind == "round":
                 self.reports.append(report)
                 on_round(report)
-                stop = stop_after(report.step)
-                if self._finished_by_method(report) or stop:
+                reason = stop_reason(report.step, report.extra_accuracy, stop_after, self.method, self._holds_everyone)
+                if reason == "method":
+                    self.position = self.blocks()  # the run is complete: a checkpoint says so
+                if reason is not None:
                     break
             elif on_setup is not None:
                 on_setup(report)
         accuracy_now, extra = self.evaluate()
         final_state = self._final_state() if self.groups else None
         return Outcome(accuracy_now, extra, list(self.reports), self.deployed_params(), self.total_bytes, final_state)
-
-    def _finished_by_method(self, report: RoundReport) -> bool:
-        if self._holds_everyone and self.method.finished(report.extra_accuracy):
-            self.position = self.blocks()
-            return True
-        return False
 
     def blocks(self) -> int:
         """The number of blocks in the schedule."""

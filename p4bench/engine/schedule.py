@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from p4bench.engine.method import Method, Phase, Step
 
-__all__ = ["BUDGET_CLOCK", "Block", "StopAfter", "TimeBudget", "never", "schedule"]
+__all__ = ["BUDGET_CLOCK", "Block", "StopAfter", "TimeBudget", "budget_rule", "never", "schedule", "stop_reason"]
 
 # Asked after every round with `step`, the rounds finished so far over all phases: stop now?
 StopAfter = Callable[[int], bool]
@@ -43,6 +44,25 @@ class TimeBudget:
 def never(step: int) -> bool:
     """The stop rule of a run without one."""
     return False
+
+
+def budget_rule(minutes: float | None) -> StopAfter:
+    """The stop rule of a run's `time_budget_min`: a `TimeBudget` from now, or `never`."""
+    return TimeBudget(minutes) if minutes is not None else never
+
+
+def stop_reason(step: int, extra_accuracy: dict[str, Any], stop_after: StopAfter, method: Method,
+                holds_everyone: bool = True) -> str | None:
+    """Whether a run ends after the round that brought it to `step`, decided in this one
+    place for the simulator's driver and the device launcher: ``"method"`` when the
+    method's own stopping rule holds on every client's values (P4L's mrt/mrr; judged only
+    by a node that holds every client), ``"stop"`` when the stop rule says so (the time
+    budget, a stop request), None to go on. The stop rule is asked after every round, so a
+    `TimeBudget` records the round that overran it even when the method's rule ends the run."""
+    stop = stop_after(step)
+    if holds_everyone and method.finished(extra_accuracy):
+        return "method"
+    return "stop" if stop else None
 
 
 @dataclass(frozen=True)

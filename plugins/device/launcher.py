@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 from safetensors.torch import load as st_load
 
-from p4bench.engine.driver import TimeBudget, schedule
 from p4bench.engine.method import Phase
 from p4bench.engine.runtime import Job, RoundReport
+from p4bench.engine.schedule import TimeBudget, budget_rule, schedule, stop_reason
 from p4bench.engine.state import State, unflatten
 from p4bench.plugins.device.launcher_link import EVENT_RECONNECTED, LauncherLink
 from p4bench.plugins.device.liveness import announced, drop_metrics
@@ -238,8 +238,7 @@ class Launcher:
         reports: list[RoundReport] = []
         total_bytes = 0
         # The launcher owns the time budget's clock (from `go`); the peers stop when it says.
-        minutes = job.config.time_budget_min
-        budget = TimeBudget(minutes) if minutes is not None else None
+        budget = budget_rule(job.config.time_budget_min)
         self.steps = {(b.phase.name, b.round): i for i, b in enumerate((b for b in schedule(job.method) if b.kind == "round"), 1)}
         finish_after: int | None = None
         for block in schedule(job.method):  # the peers' drivers walk the same blocks
@@ -253,8 +252,8 @@ class Launcher:
             on_round(report)
             if not self.active:
                 raise DeviceError(f"every peer dropped out ({self.dropped})")
-            # the time budget, or the method's own stopping rule on every client's values (P4L's mrt/mrr)
-            if finish_after is None and ((budget is not None and budget(report.step)) or job.method.finished(report.extra_accuracy)):
+            # the engine's one rule: the time budget, or the method's own on every client's values (P4L's mrt/mrr)
+            if finish_after is None and stop_reason(report.step, report.extra_accuracy, budget, job.method) is not None:
                 finish_after = self._send_finish(report.step)
             if finish_after is not None and report.step >= finish_after:
                 break
@@ -264,7 +263,7 @@ class Launcher:
         log.info("collected %d final reports", len(self.finals))
         self._account_overrun()
         outcome = self._outcome(job, reports, total_bytes)
-        outcome.budget_overran_at = None if budget is None else budget.overran_at
+        outcome.budget_overran_at = budget.overran_at if isinstance(budget, TimeBudget) else None
         return outcome
 
     def _send_finish(self, step: int) -> int | None:
