@@ -27,7 +27,20 @@ if TYPE_CHECKING:
     from p4bench.rng import ClientRng
 
 PerExampleLoss = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
-LossAndGrad = Callable[..., tuple[torch.Tensor, Params]]
+
+
+class LossAndGrad(Protocol):
+    """`ctx.loss_and_grad`: the non-private loss and gradient of every row's batch, computed
+    as the runtime decides (batched over all rows in the simulator, one row at a time in
+    the reference runtime). `params` are stacked per row (R, ...), `x` (R, b, ...) and `y`
+    (R, b) the rows' batches, `weight` (R, b) 1 for a sample and 0 for padding; `loss` maps
+    (logits, labels, aux) to per-example losses (cross-entropy by default), `aux` (R, b, ...)
+    is passed to it. Returns (the weighted mean loss per row (R,), the gradient of that mean
+    per parameter, stacked like `params`). Nothing is clipped, noised or recorded: a
+    gradient that reaches a release goes through `ctx.dp`."""
+
+    def __call__(self, params: Params, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                 loss: PerExampleLoss = ..., aux: torch.Tensor | None = ...) -> tuple[torch.Tensor, Params]: ...
 
 
 class _DPSteps(Protocol):
