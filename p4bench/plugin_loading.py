@@ -4,15 +4,43 @@ a plugin that fails becomes a `PluginProblem` of the manager, never a dead comma
 from __future__ import annotations
 
 import importlib.metadata
+import warnings
 from typing import Any
 
 import pluggy
 
 from p4bench.plugin_types import PluginManager, PluginProblem, PluginSource, source_of
 
-__all__ = ["ENTRY_POINT_GROUP", "add_plugin_commands", "load_entry_points", "one_line"]
+__all__ = ["ENTRY_POINT_GROUP", "add_plugin_commands", "import_deprecations", "load_entry_points", "one_line"]
 
 ENTRY_POINT_GROUP = "p4bench"
+# distribution -> the deprecated API its modules used while they were imported, as
+# (file, line, message): a module is imported once per process, later managers only see it
+_IMPORT_DEPRECATIONS: dict[str, list[tuple[str, int, str]]] = {}
+
+
+def import_deprecations(distribution: str) -> list[tuple[str, int, str]]:
+    """(file, line, message) of each deprecated path or call a distribution's plugin
+    modules met while being imported in this process (`p4bench check-plugin` lists them)."""
+    return list(_IMPORT_DEPRECATIONS.get(distribution, ()))
+
+
+def _load(ep: importlib.metadata.EntryPoint, distribution: str) -> Any:
+    """`ep.load()`, keeping the deprecation warnings it raises for `import_deprecations`;
+    they are then issued again as they were, for the command line to show."""
+    from p4bench.errors import PluginDeprecationWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PluginDeprecationWarning)
+        try:
+            return ep.load()
+        finally:
+            deprecations = [w for w in caught if issubclass(w.category, PluginDeprecationWarning)]
+            _IMPORT_DEPRECATIONS.setdefault(distribution, []).extend(
+                (w.filename, w.lineno, str(w.message)) for w in deprecations)
+            others = [w for w in caught if w not in deprecations]
+            for w in [*deprecations, *others]:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 def load_entry_points(pm: PluginManager, group: str = ENTRY_POINT_GROUP) -> None:
@@ -27,7 +55,7 @@ def load_entry_points(pm: PluginManager, group: str = ENTRY_POINT_GROUP) -> None
                                              f"entry point '{ep.name}' is skipped: a plugin of that name is registered"))
             continue
         try:
-            plugin = ep.load()
+            plugin = _load(ep, distribution)
             if pm.is_registered(plugin):
                 continue  # a second entry point to the same module
             name = pm.register(plugin, name=ep.name)

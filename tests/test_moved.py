@@ -117,3 +117,41 @@ def test_no_shipped_module_imports_a_moved_path_even_inside_a_function():
                     continue
                 found += [f"{path.relative_to(ROOT)}:{node.lineno} {t}" for t in targets if t in MOVED_MODULES]
     assert found == []
+
+
+def test_check_plugin_names_a_plugins_import_of_a_moved_module(install_example, tmp_path, capsys):
+    import json
+    import textwrap
+
+    from p4bench.cli import main
+    from p4bench.plugin_manager import reset_default
+
+    package = tmp_path / "p4bench-oldimports"
+    (package / "p4bench_oldimports").mkdir(parents=True)
+    (package / "pyproject.toml").write_text('[project]\nname = "p4bench-oldimports"\nversion = "1.0"\n'
+                                            '[project.entry-points.p4bench]\noldimports = "p4bench_oldimports"\n')
+    (package / "p4bench_oldimports" / "__init__.py").write_text(textwrap.dedent('''
+        from p4bench.api import hookimpl
+        from p4bench.runner import RunResult  # a 0.1 path
+        from p4bench.baselines.local import LocalTraining
+
+        class Quiet(LocalTraining):
+            name = "oldimports-local"
+            description = "Local training from a package that imports a 0.1 path"
+
+        @hookimpl
+        def register_methods():
+            return [Quiet]
+    '''))
+    install_example(package)
+    sys.modules.pop("p4bench.runner", None)  # as in a fresh process: an old path warns where it is first imported
+    try:
+        with pytest.raises(SystemExit) as info:
+            main(["check-plugin", "p4bench-oldimports", "--json"])
+        report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert info.value.code == 1
+        (problem,) = report["problems"]
+        assert "p4bench_oldimports/__init__.py:3" in problem and "the module p4bench.runner is deprecated" in problem
+    finally:
+        sys.modules.pop("p4bench_oldimports", None)
+        reset_default()

@@ -108,6 +108,7 @@ def _conformance(kind: str, name: str, plugin_manager: Any) -> tuple[list[str], 
 
 def check_distribution(distribution: str, plugin_manager: Any = None) -> DistributionReport:
     """Check every plugin `distribution` registers; `UsageError` if it registers none."""
+    from p4bench.plugin_loading import import_deprecations
     from p4bench.plugin_manager import KINDS, Registry, create_plugin_manager
 
     with warnings.catch_warnings(record=True) as caught:
@@ -144,10 +145,10 @@ def check_distribution(distribution: str, plugin_manager: Any = None) -> Distrib
                 report.problems += [f"{label}: {line}" for line in failures]
                 report.checked.append(f"{label}: {passed} check(s) passed, {len(failures)} failed")
     seen: set[str] = set()
-    for warning in caught:
-        if issubclass(warning.category, PluginDeprecationWarning):
-            line = f"deprecated API at {warning.filename}:{warning.lineno}: {warning.message}"
-            if line not in seen:
-                seen.add(line)
-                report.problems.append(line)
+    met = [(w.filename, w.lineno, str(w.message)) for w in caught if issubclass(w.category, PluginDeprecationWarning)]
+    for filename, lineno, message in [*import_deprecations(distribution), *met]:  # imported before, or now
+        line = f"deprecated API at {filename}:{lineno}: {message}"
+        if line not in seen:
+            seen.add(line)
+            report.problems.append(line)
     return report
