@@ -145,3 +145,96 @@ def test_private_runs_add_epsilon_over_rounds_and_accuracy_against_epsilon(tmp_p
     points = [container.lines[0] for container in axes[3].containers]  # one errorbar per group
     assert sorted(float(p.get_ydata()[0]) for p in points) == pytest.approx([0.6, 0.7])
     assert [float(p.get_xdata()[0]) for p in points] == pytest.approx([8.0, 8.0])
+
+
+def _private_store(tmp_path, runs, name="eps"):
+    """A store of private (or non-private) runs: (method, epsilon or None, seed, final,
+    extra dp tags, extra params); epsilon None with `private` False is a non-private run."""
+    uri = f"sqlite:///{tmp_path / f'{name}.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment(name)
+    for method, epsilon, seed, final, dp, params in runs:
+        private = dp.get("dp.private", "true") == "true"
+        tags = {"method": method, "attack": "none", "defense": "none", "dataset": "digits", "seed": str(seed),
+                "config_hash": f"{method}-{epsilon}-{seed}-{sorted(dp.items())}-{sorted(params.items())}",
+                "dp.private": "true", "dp.certified": "true" if private else "false", "dp.neighbouring": "add-remove",
+                "dp.delta": "1e-05", "dp.accountant": "pld", **dp}
+        if not private:
+            tags = {k: v for k, v in tags.items() if k not in ("dp.neighbouring", "dp.delta", "dp.accountant")}
+        run_id = client.create_run(experiment, tags=tags).info.run_id
+        logged = {"method": method, "seed": str(seed), "epsilon": str(epsilon), **params}
+        metrics = [Metric("accuracy_mean", final * step / 3, 0, step) for step in (1, 2, 3)]
+        metrics += [Metric("final_accuracy_mean", final, 0, 0)]
+        spent = dp.get("spent", epsilon)
+        if private and spent is not None:
+            metrics += [Metric("epsilon_max", float(spent) * step / 3, 0, step) for step in (1, 2, 3)]
+            metrics += [Metric("epsilon", float(spent), 0, 0)]
+        client.log_batch(run_id, params=[Param(k, v) for k, v in logged.items()], metrics=metrics)
+        client.set_terminated(run_id, "FINISHED")
+    return uri
+
+
+def test_group_by_method_keeps_one_epsilon_per_row(tmp_path, capsys):
+    """#44: `--group-by method` over fedavg at epsilon 1 and 8 gave one row, their mean."""
+    uri = _private_store(tmp_path, [("fedavg", 1.0, 0, 0.2, {}, {}), ("fedavg", 1.0, 1, 0.3, {}, {}),
+                                    ("fedavg", 8.0, 0, 0.8, {}, {}), ("fedavg", 8.0, 1, 0.9, {}, {})])
+    comparison = compare_experiment(uri, "eps", ["method"])
+    assert comparison.group_by == ["method", "epsilon"] and comparison.split_by == ["epsilon"]
+    table = comparison.table
+    assert list(zip(table["method"], table["epsilon"], table["n"])) == [("fedavg", "1.0", 2), ("fedavg", "8.0", 2)]
+    assert list(table["mean"]) == pytest.approx([0.25, 0.85])
+    with pytest.raises(SystemExit) as info:
+        main(["compare", "--experiment", "eps", "--tracking-uri", uri, "--group-by", "method", "--format", "markdown"])
+    out, err = capsys.readouterr()
+    assert (info.value.code or 0) == 0, err
+    assert "| method | epsilon | final_accuracy_mean mean | std | n |" in out
+    assert "| fedavg | 1.0 | 0.2500 |" in out and "| fedavg | 8.0 | 0.8500 |" in out
+    assert "rows also split by epsilon" in err
+
+
+def test_one_epsilon_per_row_in_the_plot_too(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    uri = _private_store(tmp_path, [("fedavg", 1.0, 0, 0.2, {}, {}), ("fedavg", 8.0, 0, 0.8, {}, {})])
+    figures = []
+    original = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (figures.append(self), original(self, *a, **k))[1])
+    plot_comparison(compare_experiment(uri, "eps", ["method"]), tmp_path / "cmp.png")
+    points = [container.lines[0] for container in figures[0].axes[3].containers]  # accuracy against epsilon
+    assert sorted(float(p.get_xdata()[0]) for p in points) == pytest.approx([1.0, 8.0])  # never their mean, 4.5
+    assert len(figures[0].axes[0].get_lines()) == 2  # a curve per epsilon
+
+
+def test_epsilon_of_runs_without_a_target_and_of_non_private_runs(tmp_path):
+    """A run given a noise multiplier (no target) counts at the epsilon its ledger reported;
+    a non-private one at `none`, in a row of its own (the privacy column marks it)."""
+    uri = _private_store(tmp_path, [
+        ("fedavg", None, 0, 0.5, {"spent": 2.0}, {"noise_multiplier": "2.0"}),
+        ("fedavg", None, 0, 0.7, {"spent": 6.5}, {"noise_multiplier": "0.9"}),
+        ("fedavg", 8.0, 0, 0.8, {}, {}),
+        ("fedavg", None, 0, 0.9, {"dp.private": "false"}, {}),
+    ], name="mixed")
+    comparison = compare_experiment(uri, "mixed", ["method"])
+    rows = comparison.table.to_dict("records")
+    assert [(r["privacy"], r["epsilon"]) for r in rows] == [("add-remove", "2"), ("add-remove", "6.5"),
+                                                            ("add-remove", "8.0"), ("non-private", "none")]
+    # asked for by name, `epsilon` is the same setting (a non-private run's is `none`, not a blank)
+    by_name = compare_experiment(uri, "mixed", ["epsilon"])
+    assert by_name.split_by == [] and sorted(by_name.table["epsilon"]) == ["2", "6.5", "8.0", "none"]
+
+
+def test_mixed_delta_and_accountant_split_rows_when_allowed(tmp_path):
+    uri = _private_store(tmp_path, [("fedavg", 8.0, 0, 0.8, {}, {}),
+                                    ("fedavg", 8.0, 1, 0.6, {"dp.delta": "1e-06"}, {}),
+                                    ("fedavg", 8.0, 2, 0.7, {"dp.accountant": "rdp"}, {})], name="deltas")
+    with pytest.raises(UsageError, match="different delta"):
+        compare_experiment(uri, "deltas", ["method"])
+    comparison = compare_experiment(uri, "deltas", ["method"], allow_mixed_privacy=True)
+    assert comparison.split_by == ["delta", "accountant"] and list(comparison.table["n"]) == [1, 1, 1]
+    assert sorted(zip(comparison.table["delta"], comparison.table["accountant"])) == [
+        ("1e-05", "pld"), ("1e-05", "rdp"), ("1e-06", "pld")]
+
+
+def test_no_split_where_every_group_has_one_setting(store):
+    comparison = compare_experiment(store, "known", ["method"])  # non-private runs: epsilon `none` everywhere
+    assert comparison.split_by == [] and comparison.group_by == ["method"]

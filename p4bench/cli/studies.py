@@ -226,13 +226,16 @@ _EVAL_WORDS = {"global": "accuracy on the global test set (held out before parti
 
 
 def _print_comparison(comparison: Comparison, fmt: str, privacy_note: bool = True) -> None:
-    from p4bench.studies.compare import format_table
+    from p4bench.studies.compare import format_table, split_note
 
     verdict = comparison.privacy if privacy_note else None
     if verdict is not None and verdict.warning:
         err.print(f"[yellow]warning:[/yellow] {verdict.warning}", highlight=False)
     if verdict is not None and any(r.private for r in verdict.runs):
         err.print(verdict.note(), highlight=False)
+    split = split_note(comparison.split_by)
+    if split is not None:  # a privacy setting the group keys did not separate: one row per setting
+        err.print(f"[yellow]notice:[/yellow] {escape(split)}", highlight=False)
     if fmt != "table":
         out.print(format_table(comparison, fmt), markup=False, highlight=False)
         return
@@ -249,7 +252,9 @@ def _print_comparison(comparison: Comparison, fmt: str, privacy_note: bool = Tru
 
 def compare_command(
     experiment: str = typer.Option(..., "--experiment", "-e", help="MLflow experiment (a sweep's name)"),
-    group_by: str | None = typer.Option(None, "--group-by", help="comma-separated keys (default: what varies)"),
+    group_by: str | None = typer.Option(None, "--group-by", help="comma-separated keys (default: what varies); a privacy "
+                                        "setting (epsilon, delta, accountant) that varies within a group is added as "
+                                        "a key: a row never pools two"),
     metric: str = typer.Option("final_accuracy_mean", "--metric", help="MLflow metric to aggregate (runs with --eval "
                                "global|both also have final_accuracy_global_mean: the global test set)"),
     fmt: str = typer.Option("table", "--format", help="table | markdown | csv"),
@@ -259,7 +264,8 @@ def compare_command(
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
     """Aggregate an experiment's runs over seeds (mean, std, n) per group, print and plot.
-    Private runs must share one neighbouring relation and be certified (else exit 2)."""
+    Private runs must share one neighbouring relation and be certified (else exit 2); a row
+    never pools two epsilons (or deltas, accountants): they split rows where a group has several."""
     from p4bench.config import RunConfig
     from p4bench.run.preflight import check_plot_path
     from p4bench.studies.compare import compare_experiment, plot_comparison

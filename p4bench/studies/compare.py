@@ -10,13 +10,22 @@ Equal privacy (`p4bench.studies.equal_privacy`): private runs under different ne
 or with an uncertified epsilon, are refused (UsageError naming them) unless
 `allow_mixed_privacy`; whenever the runs do not all carry the same privacy mark (e.g. private
 methods next to non-private local training) a `privacy` group column marks each row.
+
+One privacy setting per row: a row never pools runs at different privacy settings. Besides
+the `privacy` mark (private or not, the relation, certification), each run's `epsilon` (its
+target, else the epsilon its ledger reported; `none` for a non-private run), `delta` and
+`accountant` are read (`privacy_settings`); where the runs of one group differ in one of
+them, it becomes a group key of its own (`Comparison.split_by` names those added, and the
+CLI says so). So `--group-by method` over fedavg at epsilon 1 and 8 gives one row per
+epsilon, never their mean. A group key `epsilon`, `delta` or `accountant` names these
+columns too (a non-private run's epsilon is `none`, not a blank).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +37,14 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["Comparison", "compare_experiment", "aggregate", "default_group_by", "format_table", "plot_comparison",
-           "DEFAULT_METRIC"]
+           "DEFAULT_METRIC", "SETTINGS", "privacy_settings", "keep_settings_apart", "split_note"]
 
 DEFAULT_METRIC = "final_accuracy_mean"  # mean test accuracy of the reported clients after the last round
 CURVE_METRIC = "accuracy_mean"  # the same, per round
 _TAG_KEYS = ("method", "attack", "defense", "dataset", "variant")
 _NOT_GROUPS = {"seed", "experiment", "tracking_uri", "results_dir"}
+SETTINGS = ("epsilon", "delta", "accountant")  # privacy settings a row never pools (besides the `privacy` mark)
+NONE = "none"  # a non-private run's epsilon (never a number: 0 would read as perfect privacy)
 
 
 @dataclass
@@ -45,6 +56,7 @@ class Comparison:
     group_by: list[str]
     metric: str
     privacy: Any = None  # p4bench.studies.equal_privacy.PrivacyCheck of the compared runs
+    split_by: list[str] = field(default_factory=list)  # privacy settings added to group_by: they vary in a group
 
 
 def dedupe(runs: pd.DataFrame) -> pd.DataFrame:
@@ -57,7 +69,7 @@ def dedupe(runs: pd.DataFrame) -> pd.DataFrame:
 def column_for(runs: pd.DataFrame, key: str) -> str:
     """The DataFrame column holding `key` (a tag, a run option, or options.<name>)."""
     key = key.strip()
-    candidates = [key] if key in _TAG_KEYS or key in ("seed", "sweep", PRIVACY_COLUMN) else []
+    candidates = [key] if key in _TAG_KEYS or key in ("seed", "sweep", PRIVACY_COLUMN, *SETTINGS) else []
     name = key.replace("-", "_")
     candidates += [f"params.{name}", f"params.{key}"]
     for column in candidates:
@@ -123,6 +135,69 @@ def mark_privacy(runs: pd.DataFrame, keys: list[str], *, allow_mixed: bool = Fal
     return runs, keys, verdict
 
 
+def _text(value: Any) -> str | None:
+    """A cell as text; None for missing values (NaN) and 'none'/'null'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    text = str(value).strip()
+    return None if not text or text.lower() in ("none", "null", "nan") else text
+
+
+def _epsilon_of(row: Mapping[str, Any], private: bool) -> str:
+    """A run's epsilon setting as a table cell: `none` (non-private), its target epsilon as
+    logged, else the epsilon its ledger reported (a run given a noise multiplier), else `?`."""
+    if not private:
+        return NONE
+    target = _text(row.get("params.epsilon"))
+    if target is not None:
+        return target
+    spent = row.get("metrics.epsilon")
+    if isinstance(spent, (int, float)) and not math.isnan(spent):
+        return f"{spent:.3g}"
+    return "?"
+
+
+def privacy_settings(runs: pd.DataFrame, verdict: PrivacyCheck) -> pd.DataFrame:
+    """The runs with the columns `epsilon`, `delta` and `accountant` (text; `-` where a
+    non-private run has none), from each run's privacy (`verdict.runs`, in row order)."""
+    rows = runs.to_dict("records")
+    private = [r.private for r in verdict.runs]
+    return runs.assign(
+        epsilon=[_epsilon_of(row, p) for row, p in zip(rows, private)],
+        delta=[f"{r.delta:.3g}" if r.private and r.delta is not None else "-" for r in verdict.runs],
+        accountant=[(r.accountant or "?") if r.private else "-" for r in verdict.runs],
+    )
+
+
+def keep_settings_apart(runs: pd.DataFrame, keys: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(keys, added): `keys` and, after them, every privacy setting (`SETTINGS`) that takes
+    more than one value within one group of `keys`; so no row pools two settings."""
+    keys = list(keys)
+    added: list[str] = []
+    for name in SETTINGS:
+        if name in keys or name not in runs:
+            continue
+        columns = [column_for(runs, k) for k in keys]
+        values = runs[[*columns, name]].fillna("-").astype(str)
+        if columns:
+            varies = bool((values.groupby(columns, dropna=False, sort=False)[name].nunique() > 1).any())
+        else:
+            varies = values[name].nunique() > 1
+        if varies:
+            keys.append(name)
+            added.append(name)
+    return keys, added
+
+
+def split_note(added: Sequence[str]) -> str | None:
+    """The line saying which privacy settings were added as group keys (None: none)."""
+    if not added:
+        return None
+    names = " and ".join(added)
+    return (f"rows also split by {names}: the runs of a group differ in it, and a row never pools runs at different "
+            "privacy settings")
+
+
 def compare_experiment(uri: str, experiment: str, group_by: Sequence[str] | None = None,
                        metric: str = DEFAULT_METRIC, config_hashes: Sequence[str] | None = None,
                        allow_mixed_privacy: bool = False) -> Comparison:
@@ -136,7 +211,9 @@ def compare_experiment(uri: str, experiment: str, group_by: Sequence[str] | None
         raise UsageError(f"experiment '{experiment}' has no finished runs to compare")
     keys = list(group_by) if group_by else default_group_by(runs)
     runs, keys, verdict = mark_privacy(runs, keys, allow_mixed=allow_mixed_privacy, what=f"experiment '{experiment}'")
-    return Comparison(experiment, uri, runs, aggregate(runs, keys, metric), keys, metric, verdict)
+    runs = privacy_settings(runs, verdict)
+    keys, added = keep_settings_apart(runs, keys)
+    return Comparison(experiment, uri, runs, aggregate(runs, keys, metric), keys, metric, verdict, added)
 
 
 def _cell(value: Any, digits: int = 4) -> str:
