@@ -146,6 +146,14 @@ class RunConfig:
             "numbers do not change); none: half the device's free memory", low=0, high=1e6, low_open=True,
         ),
     )
+    verify: str | None = field(
+        default=None,
+        metadata=_meta(
+            "privacy verification by behaviour: full (the run itself recorded and replayed once at its own size; "
+            "the only mode that certifies), stand-in (a 4-client, 2-round federation of the method: not certified) "
+            "or off (not certified); none: $P4BENCH_VERIFY, else full", choices=("full", "stand-in", "off"),
+        ),
+    )
     experiment: str = field(default="p4bench", metadata=_meta("MLflow experiment name"))
     tracking_uri: str | None = field(default=None, metadata=_meta("MLflow tracking URI; default: local SQLite store"))
     results_dir: str = field(default="p4bench-runs", metadata=_meta("folder for local copies of every run's results"))
@@ -175,8 +183,9 @@ class RunConfig:
 
     def config_hash(self) -> str:
         """Stable hash of everything that affects results (not where they are logged)."""
-        # where results go, and how much memory a step may take (chunks change no number), are not results
-        ignored = ("experiment", "tracking_uri", "results_dir", "memory_budget_gb")
+        # where results go, how much memory a step may take (chunks change no number) and how the privacy
+        # claim is checked are not results
+        ignored = ("experiment", "tracking_uri", "results_dir", "memory_budget_gb", "verify")
         data = {k: v for k, v in self.to_dict().items() if k not in ignored}
         for name in ("time_budget_min", "federation_clients"):  # added later: runs without them keep their hashes
             if data[name] is None:

@@ -35,6 +35,8 @@ class ProgressDisplay:
     last phase, as configured; a phase before them, such as P4's grouping, is named while
     it runs). `completed`: rounds a resumed run already has."""
 
+    shows_progress = True  # also shown the privacy check's replay of the run (`p4bench.run.verify`)
+
     def __init__(self, console: Console, completed: int = 0) -> None:
         self.console = console
         self.completed = completed
@@ -43,6 +45,11 @@ class ProgressDisplay:
 
     @hookimpl
     def run_started(self, run: RunInfo) -> None:
+        from p4bench.privacy.replay import replaying
+
+        self.stop()  # the run's own bar, when this is the privacy check's replay of it
+        if replaying():
+            self.completed = 0
         self.run_id = run.run_id
         last = run.phases[-1] if run.phases else None
         self.main = last.name if last is not None else ""
@@ -61,6 +68,8 @@ class ProgressDisplay:
         )
         self.progress.start()
         description = f"{self.method} {first}" if first else f"{self.method} rounds"
+        if replaying():
+            description = f"verifying: replay of {description}"
         total = last.rounds if last is not None else 0
         self.task = self.progress.add_task(description, total=total, completed=self.completed, acc="-")
 
@@ -69,8 +78,11 @@ class ProgressDisplay:
         mean = report.metrics.get("accuracy_mean", float("nan"))
         assert self.progress is not None  # created by run_started
         main = report.phase == self.main
+        from p4bench.privacy.replay import replaying
+
+        label = "verifying: replay of " if replaying() else ""
         self.progress.update(self.task, advance=1 if main else 0, acc=f"{mean:.3f}",
-                             description=f"{self.method} rounds" if main else f"{self.method} {report.phase}")
+                             description=label + (f"{self.method} rounds" if main else f"{self.method} {report.phase}"))
 
     @hookimpl
     def run_finished(self, run: RunInfo, result: RunResult) -> None:
@@ -162,6 +174,10 @@ def run_command(
         help="memory the DP step's per-example gradients may take at once; clients are chunked to fit, results do not "
              "change (default: half the device's free memory)",
     ),
+    verify: str | None = typer.Option(
+        None, "--verify", help="privacy verification by behaviour: full (the run itself, recorded and replayed once at "
+        "its own size; the only mode that certifies) | stand-in (a 4-client, 2-round federation: printed as such, not "
+        "certified) | off (not certified); default: $P4BENCH_VERIFY, else full"),
     config: Path | None = typer.Option(None, "--config", help="YAML file of run options (CLI options win)"),
     resume: str | None = typer.Option(
         None, "--resume", metavar="RUN_ID_OR_DIR",

@@ -18,10 +18,13 @@ run still reports the accountant's figure, but as *uncertified*, with the reason
   batches of fixed size), or noble's third-party view for a method whose receivers see
   individual updates. The tight pld figure is reported beside it;
 - the method's messages are not post-processing of its releases: the post-processing
-  check (`p4bench.privacy.post_processing`, run by the runner once per plugin version)
-  replayed it with other records and forced releases, and a message changed (or the
-  check could not force its releases); or its record-isolation replay found a record
-  moving other records' clipped terms inside a release.
+  check (`p4bench.privacy.run_verification`, on the run itself by default) replayed it
+  with other records and forced releases, and a message changed (or the check could not
+  force its releases); or its record-isolation replay found a record moving other
+  records' clipped terms inside a release;
+- the check did not run at the run's size: it was switched off (`--verify off`), or
+  made on a 4-client, 2-round stand-in (`--verify stand-in`), which is evidence about
+  the stand-in, not the run.
 
 Non-private runs carry no epsilon; they are reported as such, never as certified.
 """
@@ -31,7 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Certification", "certify", "accountant_reasons", "RANDOMNESS_LABELS"]
+__all__ = ["Certification", "certify", "accountant_reasons", "NOT_VERIFIED", "RANDOMNESS_LABELS", "STAND_IN"]
+
+NOT_VERIFIED = "not verified"
+STAND_IN = "verified on a 4-client, 2-round stand-in"
 
 RANDOMNESS_LABELS = {
     "seeded": "seeded (reproducible, not secret)",
@@ -49,7 +55,8 @@ class Certification:
         reasons: why not, one line each (empty when certified).
         randomness: ``"seeded"`` or ``"secret"``, the DP noise and batch selection source.
         post_processing: the method's post-processing check (`p4bench.privacy.post_processing`):
-            "verified", "failed", "not verifiable" or "not yet verified" (not run).
+            "verified" (at the run's size), the `STAND_IN` wording, "failed", "not verifiable",
+            "not verified" (switched off) or "not yet verified" (not run yet).
         isolation: that check's record-isolation replay (`p4bench.privacy.isolation`):
             "verified", "failed", "not checked" (batch clipping) or "not run".
     """
@@ -58,7 +65,7 @@ class Certification:
     certified: bool
     reasons: tuple[str, ...]
     randomness: str
-    post_processing: str = "not yet verified"
+    post_processing: str = "not yet verified"  # until the runner's check says otherwise
     isolation: str = "not run"
 
     @property
@@ -74,13 +81,23 @@ class Certification:
                              self.isolation)
 
     def with_post_processing(self, verdict: dict[str, Any] | None) -> Certification:
-        """This verdict with the method's post-processing check (None: not run); a check
-        that failed, or could not be made, adds its reason."""
-        if verdict is None or not self.private:
+        """This verdict with the method's post-processing check (`PostProcessingResult.as_dict()`;
+        None: not run, so not certified). A check that failed or could not be made adds its
+        reason; so does one made on a stand-in (a smaller federation than the run's)."""
+        if not self.private:
             return self
+        if verdict is None:
+            updated = self.with_reasons([
+                "not verified: the post-processing check was off (--verify off or P4BENCH_VERIFY=0); an epsilon whose "
+                "releases nobody checked the method keeps to is not certified"])
+            return Certification(updated.private, updated.certified, updated.reasons, updated.randomness, NOT_VERIFIED,
+                                 "not run")
         status = str(verdict["status"])
         reasons = [] if status == "verified" else [
             f"post-processing check {status} for method '{verdict['method']}': {'; '.join(verdict['findings'])}"]
+        if status == "verified" and verdict.get("scope", "stand-in") == "stand-in":
+            status = STAND_IN
+            reasons.append(f"{STAND_IN}, not at this run's size (--verify stand-in); --verify full checks the run itself")
         updated = self.with_reasons(reasons)
         return Certification(updated.private, updated.certified, updated.reasons, updated.randomness, status,
                              str(verdict.get("isolation", "not run")))

@@ -26,9 +26,10 @@ from p4bench.dropout import computes_training_gradients
 from p4bench.engine.chunking import clients_per_chunk
 from p4bench.engine.training import PerExampleLoss, cross_entropy
 from p4bench.models import LinearSoftmax, Model, Params
-from p4bench.privacy.isolation import excluded_mask
+from p4bench.privacy.isolation import current_changed, kept_mask
+from p4bench.privacy.tape import current_tape
 
-__all__ = ["clip_scale", "clipped_gradient_sum", "logit_gradients"]
+__all__ = ["clip_scale", "clipped_gradient_sum", "kept_linear_sum", "logit_gradients"]
 
 
 @computes_training_gradients
@@ -43,7 +44,21 @@ def clipped_gradient_sum(
     path a pass over the batch when the caller has them precomputed; for a stacked model
     (C, b, R, R), the batch's first-layer input Grams (`p4bench.stacked.input_grams`).
     """
-    mask = excluded_mask(x, mask)  # an isolation replay's changed records are in no sum (`p4bench.privacy.isolation`)
+    sums, losses = _chunked_clipped_sum(model, params, x, y, mask, clip, loss, aux, sq_norms)
+    if current_changed() is not None:  # a run checked for record isolation (`p4bench.privacy.isolation`)
+        keep = kept_mask(x, mask)
+        kept = sums if keep is None else _chunked_clipped_sum(model, params, x, y, keep, clip, loss, aux, sq_norms)[0]
+        tape = current_tape()
+        if tape is not None:
+            tape.clean([kept[k] for k in sorted(kept)])
+    return sums, losses
+
+
+def _chunked_clipped_sum(
+    model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: float,
+    loss: PerExampleLoss, aux: torch.Tensor | None, sq_norms: torch.Tensor | None,
+) -> tuple[Params, torch.Tensor]:
+    """`clipped_gradient_sum` for one batch mask, in client chunks where memory needs them."""
     if type(model) is LinearSoftmax:  # per-example logit gradients only: (C, b, L), never chunked
         return _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms)
     first = next(iter(params.values()))
@@ -121,3 +136,18 @@ def _generic_clipped_sum(
         scale = (clip / norms.clamp_min(1e-12)).clamp(max=1.0) * mask
         sums = {k: torch.einsum("cb,cb...->c...", scale, g) for k, g in per_example.items()}
     return sums, losses
+
+
+def kept_linear_sum(logit_grads: torch.Tensor, features: torch.Tensor, scale: torch.Tensor, mask: torch.Tensor) -> None:
+    """For a fused linear kernel that clips inside its own GEMMs (`clip_scale`): inside a
+    run checked for record isolation (`p4bench.privacy.isolation`), hand the tape the
+    clipped sum of the batch without the changed records' own terms, as
+    `clipped_gradient_sum` does; elsewhere nothing. `logit_grads` (C, b, L), `features`
+    (C, b, d) the batch's flattened records, `scale` (C, b) the clipping factors."""
+    changed, tape = current_changed(), current_tape()
+    if changed is None or tape is None:
+        return
+    with torch.no_grad():
+        keep = scale * ~changed.hits(features, mask)
+        scaled = logit_grads * keep.unsqueeze(-1).to(logit_grads.dtype)
+        tape.clean([scaled.sum(dim=1), torch.bmm(scaled.transpose(1, 2), features)])  # bias, weight: sorted names

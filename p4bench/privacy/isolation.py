@@ -7,19 +7,20 @@ records (ProxyFL's paper teacher), batch statistics, a normalisation fitted to t
 client's data. The post-processing check (`p4bench.privacy.post_processing`) cannot see
 this: the leak is inside the release, so forcing the release hides it.
 
-The isolation replay can. It marks half of every client's training records as
-*changed* (even slots; `changed_slots`), runs the method with their own terms taken out
-of every clipped sum (`clipped_gradient_sum` drops a batch entry whose features equal a
-changed record's, `excluded_mask`), then again with those records replaced by others
-(`with_changed_records`), every release forced to its recorded value as in the
-post-processing replay. The clipped sums before noise (`ReleaseTape.clean`) must then
-be bit-identical: the changed records enter no release through their own terms, and the
-rest of the run is a function of the releases. A sum that differs names the release,
-the phase and the client whose other records' terms moved.
+The isolation replay can. About half of every client's training records are *changed*
+(a random half, drawn from the run's seed: `changed_slots`); in the recorded run and in
+its replay, where those records are replaced by others (`with_changed_records`) and every
+release is forced to its recorded value, each per-example clipped sum
+(`clipped_gradient_sum`) is also computed without the changed records' own terms (the
+*kept* sum, beside the sum the run uses; `kept_mask`). The kept sums must be
+bit-identical in both runs: the changed records enter no clipped sum but through their
+own terms, and the rest of the run is a function of the releases. A kept sum that
+differs names the sum, the round and the batch row whose other records' terms moved.
 
-Changed records are found in a batch by their features (exact equality), so a method
-that transforms its inputs between the data and the clipping hides them: the check then
-finds no changed record in any clipped batch and says it could not run (`matched`).
+Changed records are found in a batch by their features (the exact bits, through
+`p4bench.privacy.fingerprint`), so a method that transforms its inputs between the data
+and the clipping hides them: the check then finds no changed record in any clipped batch
+and says it could not run (`matched`).
 """
 
 from __future__ import annotations
@@ -27,54 +28,90 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from p4bench.privacy.fingerprint import row_fingerprints
+
 if TYPE_CHECKING:
     from p4bench.data.federated import ClientTensors
 
-__all__ = ["ChangedRecords", "changed_slots", "excluded_mask", "excluding", "features_at", "with_changed_records"]
+__all__ = ["ChangedRecords", "changed_slots", "current_changed", "excluding", "features_at", "kept_mask",
+           "with_changed_records"]
 
 _CHANGED: ContextVar[ChangedRecords | None] = ContextVar("p4bench_changed_records", default=None)
-_GHOST_CHUNK = 64  # changed records compared with a batch at once (bounds the (C, b, chunk, d) comparison)
+SLOT_SEED = 0x1507_A7E5  # mixed with the run's seed: which records change is the run's own draw
 
 
-@dataclass
+def _key(fingerprints: torch.Tensor) -> torch.Tensor:
+    """One int64 per row for a sorted membership test (its candidates are confirmed on
+    the exact features, so one of the two fingerprints is enough)."""
+    return fingerprints[:, 0].contiguous()
+
+
 class ChangedRecords:
-    """The changed records' flattened features in this run (`features` (g, d), set once the
-    run's data is known) and how many batch entries matched them."""
+    """The changed records' flattened features in one run, and how many batch entries
+    matched them (`matched`)."""
 
-    features: torch.Tensor | None = None
-    matched: int = 0
+    def __init__(self, features: torch.Tensor | None = None) -> None:
+        self.matched = 0
+        self.features: torch.Tensor | None = None
+        self._keys: torch.Tensor | None = None
+        self._order: torch.Tensor | None = None
+        if features is not None:
+            self.use(features)
 
-    def mask(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """`mask` with every entry whose features equal a changed record's set to 0."""
-        if self.features is None or not len(self.features) or x.dim() < 2:
-            return mask
-        flat = x.reshape(*x.shape[:2], -1)
-        ghosts = self.features.to(flat.device, flat.dtype)
-        if ghosts.shape[1] != flat.shape[2]:
-            return mask  # not the records' features (a transformed input): nothing matches
-        hit = torch.zeros(flat.shape[:2], dtype=torch.bool, device=flat.device)
-        for start in range(0, len(ghosts), _GHOST_CHUNK):
-            part = ghosts[start : start + _GHOST_CHUNK]
-            hit |= (flat[:, :, None, :] == part[None, None]).all(dim=3).any(dim=2)
-        self.matched += int((hit & (mask != 0)).sum())
-        return mask * ~hit if mask.dtype == torch.bool else mask * (~hit).to(mask.dtype)
+    def use(self, features: torch.Tensor) -> None:
+        """The changed records' flattened features (g, d) on the CPU, once the run's data is known."""
+        self.features = features
+        self._keys = self._order = None
+        if len(features):
+            self._keys, self._order = torch.sort(_key(row_fingerprints(features)))
+
+    def hits(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(C, b) bool: the batch entries of `x` (C, b, ...) that are changed records and in `mask`."""
+        count, width = int(x.shape[0]), int(x.shape[1]) if x.dim() > 1 else 0
+        hit = torch.zeros(count, width, dtype=torch.bool)
+        features = self.features
+        if features is None or self._keys is None or self._order is None or x.dim() < 2 or not x.numel():
+            return hit.to(mask.device)
+        flat = x.detach().reshape(count * width, -1)
+        if flat.shape[1] != features.shape[1] or flat.dtype != features.dtype:
+            return hit.to(mask.device)  # not the records' features (a transformed input): nothing matches
+        keys = _key(row_fingerprints(flat))
+        position = torch.searchsorted(self._keys, keys).clamp(max=len(self._keys) - 1)
+        candidate = self._keys[position] == keys
+        if bool(candidate.any()):
+            rows = candidate.nonzero().flatten()
+            same = (flat[rows].cpu() == features[self._order[position[rows]]]).all(dim=1)
+            candidate[rows] = same
+        hit = candidate.reshape(count, width).to(mask.device) & (mask != 0)
+        self.matched += int(hit.sum())
+        return hit
 
 
-def excluded_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The batch mask a clipped sum uses: `mask` itself, except inside an isolation
-    replay, where the changed records' entries are 0."""
+def kept_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+    """Inside a run that checks isolation: `mask` with the changed records' entries at 0
+    (the kept sum's batch), or None where no changed record is in the batch (the kept sum
+    is the sum itself). Outside one: None."""
     changed = _CHANGED.get()
-    return mask if changed is None else changed.mask(x, mask)
+    if changed is None:
+        return None
+    hit = changed.hits(x, mask)
+    if not bool(hit.any()):
+        return None
+    return mask * ~hit if mask.dtype == torch.bool else mask * (~hit).to(mask.dtype)
+
+
+def current_changed() -> ChangedRecords | None:
+    """The changed records of the run being checked in this context, or None."""
+    return _CHANGED.get()
 
 
 @contextmanager
 def excluding(changed: ChangedRecords) -> Iterator[ChangedRecords]:
-    """Take `changed`'s records out of every clipped sum made inside the block."""
+    """Compute every clipped sum made inside the block also without `changed`'s records."""
     token = _CHANGED.set(changed)
     try:
         yield changed
@@ -82,25 +119,38 @@ def excluding(changed: ChangedRecords) -> Iterator[ChangedRecords]:
         _CHANGED.reset(token)
 
 
-def changed_slots(train: ClientTensors, replacement: ClientTensors) -> torch.Tensor:
-    """(C, n_max) bool: the records the isolation replay changes, every client's even
-    slots below its count, less any whose original or replacement features equal a kept
-    record's (exact duplicates would be taken out of the sums with them)."""
+def _members(candidates: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """(len(candidates),) bool: rows of `candidates` equal to some row of `pool` (exact)."""
+    if not len(candidates) or not len(pool):
+        return torch.zeros(len(candidates), dtype=torch.bool)
+    keys, order = torch.sort(_key(row_fingerprints(pool)))
+    wanted = _key(row_fingerprints(candidates))
+    position = torch.searchsorted(keys, wanted).clamp(max=len(keys) - 1)
+    found = keys[position] == wanted
+    rows = found.nonzero().flatten()
+    found[rows] = (candidates[rows] == pool[order[position[rows]]]).all(dim=1)
+    return found
+
+
+def changed_slots(train: ClientTensors, replacement: ClientTensors, seed: int = 0) -> torch.Tensor:
+    """(C, n_max) bool: the records the isolation replay changes, a random half of every
+    client's records (drawn from `seed`), less any whose original or replacement features
+    equal a kept record's (exact duplicates would be taken out of the kept sums with them)."""
     count, width = train.y.shape
     slot = torch.arange(width)
-    chosen = (slot % 2 == 0)[None, :] & (slot[None, :] < train.n[:, None].cpu())
-    kept = (slot % 2 == 1)[None, :] & (slot[None, :] < train.n[:, None].cpu())
+    present = slot[None, :] < train.n[:, None].cpu()
+    generator = torch.Generator().manual_seed((int(seed) ^ SLOT_SEED) % (2**63))
+    coin = torch.rand(count, width, generator=generator) < 0.5
+    chosen = coin & present
     flat = train.x.reshape(count, width, -1).cpu()
-    kept_rows = flat[kept]
-    for source in (flat, replacement.x.reshape(count, width, -1).cpu()):
-        candidates = source[chosen]
-        clash = torch.zeros(len(candidates), dtype=torch.bool)
-        for start in range(0, len(kept_rows), _GHOST_CHUNK):
-            part = kept_rows[start : start + _GHOST_CHUNK]
-            clash |= (candidates[:, None, :] == part[None]).all(dim=2).any(dim=1)
+    other = replacement.x.reshape(count, width, -1).cpu()
+    while True:  # a slot given up joins the kept records, which may clash with another: until none does
+        kept_rows = flat[present & ~chosen]
+        clash = _members(flat[chosen], kept_rows) | _members(other[chosen], kept_rows)
+        if not bool(clash.any()):
+            return chosen.to(torch.bool)
         positions = chosen.nonzero()
         chosen[positions[clash, 0], positions[clash, 1]] = False
-    return chosen.to(torch.bool)
 
 
 def with_changed_records(train: ClientTensors, replacement: ClientTensors, slots: torch.Tensor) -> ClientTensors:
@@ -108,11 +158,12 @@ def with_changed_records(train: ClientTensors, replacement: ClientTensors, slots
     from p4bench.data.federated import ClientTensors  # noqa: F811 - the runtime import of the type
 
     x, y = train.x.clone(), train.y.clone()
-    x[slots], y[slots] = replacement.x[slots], replacement.y[slots]
+    device_slots = slots.to(x.device)
+    x[device_slots], y[device_slots] = replacement.x[device_slots], replacement.y[device_slots]
     return ClientTensors(x, y, train.n.clone())
 
 
 def features_at(train: ClientTensors, slots: torch.Tensor) -> torch.Tensor:
-    """(g, d) the flattened features of the records at `slots`."""
-    features: torch.Tensor = train.x.reshape(*train.y.shape, -1)[slots].cpu().clone()
+    """(g, d) the flattened features of the records at `slots`, on the CPU."""
+    features: torch.Tensor = train.x.reshape(*train.y.shape, -1)[slots.to(train.x.device)].cpu().clone()
     return features

@@ -66,6 +66,7 @@ class Releases:
         self.steps = steps
         self.drawn = 0  # releases whose noise has been drawn (or delegated)
         self._admitted: torch.Tensor | None = None
+        self._bracketed = False  # a fused path that declared the state its releases update (`state_before`)
         self._token: Token[tuple[Releases, ...]] | None = None
 
     def __enter__(self) -> Releases:
@@ -108,7 +109,6 @@ class Releases:
     def add_noise(self, sums: Params, expected_batch: torch.Tensor) -> Params:
         """One release: (sums + std N) / expected batch, in place (`DPMechanism.add_noise`)."""
         self._take(1)
-        self._clean("add_noise", sums)
         noisy: Params = self.mechanism.add_noise(sums, expected_batch)
         _to_tape("add_noise", noisy)
         return noisy
@@ -118,7 +118,6 @@ class Releases:
         sums[k][i] += scale[i] std N, in place (`DPMechanism.add_scaled_noise`). The
         post-processing check forces the result on its replay."""
         self._take(1)
-        self._clean("add_noise", sums)
         self.mechanism.add_scaled_noise(sums, scale)
         _to_tape("add_noise", sums)
         return sums
@@ -132,7 +131,7 @@ class Releases:
         self._take(1)
         self.mechanism.add_scaled_noise(targets, scale)
         tape = current_tape()
-        if tape is not None:
+        if tape is not None and not self._bracketed:
             tape.note_unforceable("add_scaled_noise (a target that may hold state besides the release)")
 
     def draw(self, parts: list[torch.Tensor]) -> None:
@@ -141,8 +140,28 @@ class Releases:
         self._take(self.steps)
         self.mechanism.draw_noise(parts)
         tape = current_tape()
-        if tape is not None:
+        if tape is not None and not self._bracketed:
             tape.note_unforceable("draw (a fused kernel's noise)")
+
+    def state_before(self, targets: Params) -> None:
+        """A fused path's declaration: `targets` is the state this transaction's releases
+        update (a proxy's parameters), as it is before the kernel runs. With `state_after`
+        it makes the fused releases forceable as a whole: a replay requires the state
+        before to be identical (else something read records outside the mechanism) and
+        sets the state after to its recorded value. What the kernel computes in between is
+        the isolation check's (`p4bench.privacy.isolation`: the kernel reports its kept
+        clipped sums with `p4bench.privacy.clipping.kept_linear_sum`)."""
+        self._bracketed = True
+        tape = current_tape()
+        if tape is not None:
+            tape.before([targets[k] for k in sorted(targets)])
+
+    def state_after(self, targets: Params) -> None:
+        """The state `state_before` declared, after the kernel: recorded, or forced in place
+        on a replay (one release of kind "fused")."""
+        if not self._bracketed:
+            raise RuntimeError("state_after without state_before: declare the state before the kernel runs")
+        _to_tape("fused", targets)
 
     def delegate(self) -> None:
         """All releases get their noise elsewhere, from a trusted party that adds it to the
@@ -152,12 +171,6 @@ class Releases:
         tape = current_tape()
         if tape is not None:
             tape.delegated += self.steps
-
-    def _clean(self, kind: str, sums: Params) -> None:
-        """The release's value before noise, to the open tape (the isolation replay compares it)."""
-        tape = current_tape()
-        if tape is not None:
-            tape.clean(kind, [sums[k] for k in sorted(sums)], self.ctx.rows, self.ctx.phase)
 
     def _take(self, count: int) -> None:
         if self not in _OPEN.get():
@@ -170,9 +183,6 @@ class Releases:
 def add_central_noise(total: torch.Tensor, std: float, noise: Any) -> torch.Tensor:
     """A trusted server's release of the pooled sum of delegated releases: `total` (1, P)
     plus std N(0, I) from the server's own `NoiseStreams`, as float64 (central DP)."""
-    tape = current_tape()
-    if tape is not None:
-        tape.clean("central", [total], None, "server")
     noisy: torch.Tensor = total + noise.normal(total.shape[1]).double() * std
     _to_tape("central", {"total": noisy})
     return noisy

@@ -19,19 +19,31 @@ open in this context, if any:
 
 On a replay the mechanism still draws its noise (every random stream advances as in
 the recorded run) before the value is overwritten.
+
+A run verified at its own size releases as much as it trains: the recorded values stay
+in memory up to `P4BENCH_TAPE_MEMORY_MB` (default 256) and go to a temporary file beyond
+it, read back in order by the replay. The kept clipped sums of the isolation check
+(`p4bench.privacy.isolation`) are kept as row fingerprints only (`p4bench.privacy.fingerprint`):
+they are compared, never forced.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import IO, Any
 
 import torch
 
-__all__ = ["ReleaseTape", "ReplayDiverged", "current_tape", "using_tape"]
+from p4bench.privacy.fingerprint import row_fingerprints, row_norms
+
+__all__ = ["ReleaseStore", "ReleaseTape", "ReplayDiverged", "current_tape", "using_tape"]
 
 _TAPE: ContextVar[ReleaseTape | None] = ContextVar("p4bench_release_tape", default=None)
+MEMORY_ENV = "P4BENCH_TAPE_MEMORY_MB"
 
 
 class ReplayDiverged(RuntimeError):
@@ -39,69 +51,159 @@ class ReplayDiverged(RuntimeError):
     releases a method makes depends on records outside the DP mechanism."""
 
 
+def _memory_limit() -> int:
+    try:
+        return int(float(os.environ.get(MEMORY_ENV, "256")) * (1 << 20))
+    except ValueError:
+        return 256 << 20
+
+
+class ReleaseStore:
+    """The recorded releases, in order: `(kind, [tensors])` each, on the CPU; in memory
+    up to `P4BENCH_TAPE_MEMORY_MB`, in a temporary file (deleted with the store) beyond."""
+
+    def __init__(self, values: Sequence[tuple[str, list[torch.Tensor]]] = ()) -> None:
+        self._entries: list[tuple[str, list[Any]]] = []  # a tensor, or (offset, nbytes, dtype, shape) in the file
+        self._in_memory = 0
+        self._limit = _memory_limit()
+        self._file: IO[bytes] | None = None
+        self.spilled_bytes = 0
+        for kind, tensors in values:
+            self.append(kind, tensors)
+
+    def append(self, kind: str, tensors: Sequence[torch.Tensor]) -> None:
+        kept: list[Any] = []
+        for tensor in tensors:
+            value = tensor.detach().to("cpu", copy=True).contiguous()
+            size = value.numel() * value.element_size()
+            if self._in_memory + size <= self._limit:
+                self._in_memory += size
+                kept.append(value)
+                continue
+            if self._file is None:
+                self._file = tempfile.TemporaryFile(prefix="p4bench-tape-")
+            offset = self._file.seek(0, os.SEEK_END)
+            self._file.write(value.view(torch.uint8).numpy().tobytes() if size else b"")
+            self.spilled_bytes += size
+            kept.append((offset, size, value.dtype, tuple(value.shape)))
+        self._entries.append((kind, kept))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index: int) -> tuple[str, list[torch.Tensor]]:
+        kind, kept = self._entries[index]
+        return kind, [item if isinstance(item, torch.Tensor) else self._load(*item) for item in kept]
+
+    def shapes(self, index: int) -> tuple[str, list[tuple[int, ...]]]:
+        kind, kept = self._entries[index]
+        return kind, [tuple(item.shape) if isinstance(item, torch.Tensor) else item[3] for item in kept]
+
+    def _load(self, offset: int, size: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        assert self._file is not None
+        self._file.seek(offset)
+        raw = bytearray(self._file.read(size))
+        flat = torch.frombuffer(raw, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+        return flat.view(dtype).reshape(shape)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class ReleaseTape:
     """The values of one run's releases, in the order they were made.
 
     A tape without `recorded` records; one with `recorded` (another tape's `values`)
     replays: each release must match the recorded one in kind and shapes, and takes its
-    value.
+    value. With `clean` (another tape's `clean_values`) the replay also compares the
+    kept clipped sums of the isolation check with the recorded ones.
     """
 
-    def __init__(self, recorded: list[tuple[str, list[torch.Tensor]]] | None = None,
-                 clean: list[list[torch.Tensor]] | None = None) -> None:
+    def __init__(self, recorded: ReleaseStore | Sequence[tuple[str, list[torch.Tensor]]] | None = None,
+                 clean: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
         self.replaying = recorded is not None
-        self.values: list[tuple[str, list[torch.Tensor]]] = list(recorded or [])
+        self.values = recorded if isinstance(recorded, ReleaseStore) else ReleaseStore(recorded or ())
         self.position = 0
-        # the releases' values before noise: recorded, or (given `clean`) compared on the replay
-        self.clean_values: list[list[torch.Tensor]] = list(clean or [])
+        # the kept clipped sums' row fingerprints and norms: recorded, or (given `clean`) compared on the replay
+        self.clean_values: list[tuple[torch.Tensor, torch.Tensor]] = list(clean or [])
         self.comparing = clean is not None
         self.clean_position = 0
         self.clean_differences: list[str] = []
         self.unforceable: list[str] = []  # kinds of release that a replay could not force
         self.delegated = 0  # releases whose noise a trusted server adds (central DP)
+        self.before_values: list[torch.Tensor] = []  # fused releases' states before: row fingerprints
+        self.before_position = 0
+        self.before_differences: list[str] = []
+        self.where = ""  # the round being run (set by whoever observes the run's network), for findings
 
     def release(self, kind: str, tensors: Sequence[torch.Tensor]) -> None:
-        """One release of `kind`: record clones of `tensors`, or overwrite them in place
+        """One release of `kind`: record copies of `tensors`, or overwrite them in place
         with the recorded values."""
         if not self.replaying:
-            self.values.append((kind, [t.detach().clone() for t in tensors]))
+            self.values.append(kind, tensors)
             return
         index = self.position
         if index >= len(self.values):
             raise ReplayDiverged(f"release {index + 1} ({kind}) was made on the replay only: the recorded run made "
                                  f"{len(self.values)}")
-        recorded_kind, recorded = self.values[index]
+        recorded_kind, expected = self.values.shapes(index)
         shapes = [tuple(t.shape) for t in tensors]
-        expected = [tuple(t.shape) for t in recorded]
         if recorded_kind != kind or shapes != expected:
             raise ReplayDiverged(f"release {index + 1} is {kind} of shapes {shapes} on the replay, {recorded_kind} of "
                                  f"shapes {expected} in the recorded run")
-        for target, value in zip(tensors, recorded):
+        for target, value in zip(tensors, self.values[index][1]):
             target.copy_(value.to(target.device))
         self.position += 1
 
-    def clean(self, kind: str, tensors: Sequence[torch.Tensor], rows: torch.Tensor | None, phase: str) -> None:
-        """A release's value before noise: recorded, or compared with the recorded one
-        (the isolation replay, `p4bench.privacy.isolation`): a row that differs is noted
-        with its client id (`rows`; None: the server's pooled sum)."""
+    def clean(self, tensors: Sequence[torch.Tensor]) -> None:
+        """One clipped sum without the changed records' own terms (`p4bench.privacy.isolation`):
+        recorded, or compared with the recorded one; a batch row that differs is noted."""
+        if not tensors:
+            return
+        prints = torch.cat([row_fingerprints(t) for t in tensors], dim=1)
+        norms = torch.stack([row_norms(t) for t in tensors]).pow(2).sum(0).sqrt()
         if not self.replaying:
-            self.clean_values.append([t.detach().clone() for t in tensors])
+            self.clean_values.append((prints, norms))
             return
         if not self.comparing:
             return
         index = self.clean_position
         self.clean_position += 1
         if index >= len(self.clean_values):
-            return  # a release made on the replay only: ReplayDiverged names it
-        gaps = [(t.detach().double() - r.to(t.device).double()).abs().nan_to_num(float("inf")).reshape(len(t), -1)
-                for t, r in zip(tensors, self.clean_values[index]) if t.shape == r.shape and len(t)]
-        if not gaps:
+            self.clean_differences.append(f"clipped sum {index + 1} ({self.where}) was computed on the replay only")
             return
-        per_row = torch.cat(gaps, dim=1).amax(dim=1) if gaps[0].shape[1] else torch.zeros(len(gaps[0]))
-        for row in torch.nonzero(per_row > 0).flatten().tolist():
-            who = "the server's pooled sum" if rows is None else f"client {int(rows[row])}"
-            self.clean_differences.append(f"release {index + 1} (phase '{phase}', {kind}), {who}: the clipped sum "
-                                          f"before noise differs by up to {float(per_row[row]):.3g}")
+        recorded, recorded_norms = self.clean_values[index]
+        if recorded.shape != prints.shape:
+            self.clean_differences.append(f"clipped sum {index + 1} ({self.where}) has {tuple(prints.shape)} row "
+                                          f"fingerprints on the replay, {tuple(recorded.shape)} recorded")
+            return
+        for row in torch.nonzero((recorded != prints).any(dim=1)).flatten().tolist():
+            self.clean_differences.append(
+                f"clipped sum {index + 1} ({self.where}), batch row {row}: the kept records' clipped sum before noise "
+                f"differs (norm {float(recorded_norms[row]):.6g} recorded, {float(norms[row]):.6g} on the replay)")
+
+    def before(self, tensors: Sequence[torch.Tensor]) -> None:
+        """The state a fused release updates, before its kernel (`Releases.state_before`):
+        recorded as row fingerprints, or compared on a replay."""
+        prints = torch.cat([row_fingerprints(t) for t in tensors], dim=1) if tensors else torch.zeros(0, 2)
+        if not self.replaying:
+            self.before_values.append(prints)
+            return
+        index = self.before_position
+        self.before_position += 1
+        if index >= len(self.before_values):
+            return  # a release made on the replay only: `release` names it
+        recorded = self.before_values[index]
+        if recorded.shape != prints.shape or bool((recorded != prints).any()):
+            rows = [] if recorded.shape != prints.shape else torch.nonzero((recorded != prints).any(dim=1)).flatten().tolist()
+            self.before_differences.append(
+                f"fused release {index + 1} ({self.where}): the state it updates differs before the release"
+                + (f" in batch row {rows[0]}" if rows else "") + ": it was computed from records outside the mechanism")
 
     def note_unforceable(self, kind: str) -> None:
         """A release whose value the tape cannot see (a fused kernel's draws)."""

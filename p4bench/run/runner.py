@@ -35,7 +35,6 @@ from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.privacy.certification import certify
 from p4bench.privacy.ledger import PrivacyLedger
 from p4bench.privacy.plan_check import plan_reasons
-from p4bench.privacy.verification import verify_method
 from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
 from p4bench.rng import SEED_MALICIOUS, SEED_PARTITION, harness_rng
 from p4bench.run import interrupts
@@ -43,6 +42,7 @@ from p4bench.run.checkpoint import Checkpoint
 from p4bench.run.privacy import setup_privacy
 from p4bench.run.session import RunSession, mark_interrupted
 from p4bench.run.summary import early_stop_epsilon_note, summarize, summed_metrics, within_budget
+from p4bench.run.verify import RunVerification
 
 # the summary's helpers were defined here before 0.2
 __getattr__ = forward_moved(__name__, dict.fromkeys(
@@ -60,6 +60,7 @@ class PreparedRun:
     ledger: PrivacyLedger | None = None
     device: torch.device = torch.device("cpu")
     memory: MemoryPlan | None = None
+    stop_at_step: int | None = None  # a verification replay stops where the run it replays stopped
 
 
 def resolve_run_config(config: RunConfig, registry: Registry) -> RunConfig:
@@ -257,14 +258,18 @@ def run(
     resume: Checkpoint | None = None,
     verify: bool = True,
     data_transform: DataTransform | None = None,
+    stop_at_step: int | None = None,
 ) -> RunResult:
     """Execute one run. Observers are plugin objects implementing observation hooks;
     with `track` the MLflow tracker (which also keeps a local copy) is one of them.
     `on_prepared` may adjust the prepared run before training (the privacy audit
     wraps the DP mechanism there); `data_transform` alters the data before the model is
     built (`prepare`; the method-level audit adds its canary records). With `verify` a
-    private run's method is checked for post-processing first (`p4bench.privacy.verification`:
-    once per plugin version, cached).
+    private run is verified by behaviour as `--verify` says (`p4bench.run.verify`: by
+    default the run itself is recorded and replayed once after its last round; verdicts
+    are cached per configuration and code); without, it is not certified.
+    `stop_at_step` stops the run after that many rounds (a replay of a run the time
+    budget stopped).
 
     A tracked run is checkpointed into its local folder after its rounds
     (`p4bench.run.checkpoint`); `resume` continues such a run (same config, same folder, same
@@ -284,10 +289,8 @@ def run(
         check_resumable(config, registry)
         resume.state()  # read now: the tracker continues from the snapshot's own round
     prepared = prepare(config, registry, data_transform)
-    certification = prepared.info.certification
-    if verify and certification is not None and certification.private:  # behaviour, not declarations
-        verdict = verify_method(prepared.config, type(prepared.job.method), prepared.info.plugins, pm, run)
-        prepared.info.certification = certification.with_post_processing(verdict)
+    prepared.stop_at_step = stop_at_step
+    verification = RunVerification(prepared, registry, pm, run, enabled=verify, resumed=resume is not None)
     if on_prepared is not None:
         on_prepared(prepared)
     info = prepared.info
@@ -312,10 +315,12 @@ def run(
             pm.hook.round_finished(run=info, report=report)
             session.checkpoint(force=interrupts.stop_requested())
 
-        with interrupts.training() if session.runtime is not None else nullcontext(), device_scope(prepared.device):
+        with interrupts.training() if session.runtime is not None else nullcontext(), device_scope(prepared.device), \
+                verification.recording():
             outcome = prepared.runtime.execute(prepared.job, on_round)  # (without interrupts Ctrl-C stops at once)
         if session.stopped_by_request and not session.complete:
             raise session.interrupted(attached)
+        verification.finish(outcome, attached, data_transform=data_transform, prepare=on_prepared)
         if session.runtime is not None and session.budget is not None:  # devices: the launcher's budget set it
             outcome.budget_overran_at = session.budget.overran_at
         outcome = within_budget(outcome)
@@ -339,6 +344,7 @@ def run(
                 extra = plan_reasons(prepared.ledger, method.privacy_plan(), result.summary.get("phases"))
                 info.certification = info.certification.with_reasons(extra)
             result.summary.update(info.certification.summary_fields())
+            result.summary.update(verification.summary)
         result.summary["compute_device"] = describe_device(prepared.device)
         if prepared.memory is not None and prepared.device.type != "cpu":
             result.summary.update(prepared.memory.summary())

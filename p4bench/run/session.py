@@ -73,6 +73,8 @@ class RunSession:
         self.checkpoints.written_step = driver.reports[-1].step if driver.reports else 0
 
     def stop_after(self, step: int) -> bool:
+        if self.prepared.stop_at_step is not None and step >= self.prepared.stop_at_step:
+            return True
         if self.budget is not None and self.budget(step):
             return True
         if interrupts.stop_requested():

@@ -27,6 +27,7 @@ import torch
 
 from p4bench.engine.training import Workspace, gather_batch, sample_batches
 from p4bench.models import Params
+from p4bench.privacy.clipping import kept_linear_sum
 from p4bench.privacy.releases import Releases
 
 if TYPE_CHECKING:
@@ -142,8 +143,10 @@ class FusedCotraining(LinearCotraining):
             done = releases.admitted[0]
             # per-row step sizes: the proxy's DP mean divides by the expected batch, the private mean by the realised one
             proxy_lr = releases.mean_step(self.lr, expected[order])[0]
+            releases.state_before({"weight": weight[:, :classes], "bias": bias[:, :classes]})  # forceable as a whole
             losses = self._buckets(weight, bias, order, index, mask, buckets, train, norms, releases, proxy_lr, done)
             releases.add_scaled_noise({"weight": weight[:, :classes], "bias": bias[:, :classes]}, -proxy_lr)
+            releases.state_after({"weight": weight[:, :classes], "bias": bias[:, :classes]})
         return losses, done.float()
 
     def _buckets(self, weight: torch.Tensor, bias: torch.Tensor, order: torch.Tensor, index: torch.Tensor, mask: torch.Tensor,
@@ -176,6 +179,7 @@ class FusedCotraining(LinearCotraining):
         scale = torch.empty(count_rows, width, 2, 1)
         if releases is not None:
             proxy_scale = releases.clip_scale(grads[:, :, 0], gather_batch(norms, index, clients=rows), mask)
+            kept_linear_sum(grads[:, :, 0], x, proxy_scale, mask)  # the isolation check's, inside a check only
         else:
             proxy_scale = mask / count
         scale[:, :, 0, 0] = proxy_scale * proxy_lr.unsqueeze(1)

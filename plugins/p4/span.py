@@ -83,8 +83,11 @@ class SpanCotraining(LinearCotraining):
         if ctx.dp is None:
             return self._round(proxy, private, train, ctx, steps, None, torch.ones(steps, len(ctx.rows)))
         with Releases(ctx.dp, ctx, self.data_rate, steps) as releases:
+            releases.state_before(proxy)  # the K releases are forceable as a whole (record isolation is not checked here)
             noise = SpanNoise(releases, self.noise, self.lr, self.data_rate * train.n.double(), proxy["weight"].shape[1], steps)
-            return self._round(proxy, private, train, ctx, steps, noise, releases.admitted.float())
+            result = self._round(proxy, private, train, ctx, steps, noise, releases.admitted.float())
+            releases.state_after(result[0])
+            return result
 
     def _round(self, proxy: Params, private: Params, train: ClientTensors, ctx: StepContext, steps: int,
                noise: SpanNoise | None, done: torch.Tensor) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
