@@ -12,12 +12,17 @@ reads them from what the method lets out:
 - observer ``final``: the clients' final deployed models (`Outcome.final_params`).
   A method's claim may not cover them (ProxyFL's private models are never released).
 
-Each canary is one trial; trials of `runs` trainings (seeds seed..seed+runs-1, fresh
-canaries and bits each time) are pooled and bounded as the mechanism-level audit does
-(`empirical_epsilon`: test chosen on half the trials, Clopper-Pearson on the other
-half). Pooling canaries of one training treats them as independent trials, as the
-mechanism-level audit does; every canary has its own marker column, so only the
-shared bias couples them.
+Canaries of `runs` trainings (seeds seed..seed+runs-1, fresh canaries and bits each
+time) are pooled and bounded as the mechanism-level audit does (`bound`: by default the
+one-run bound, `p4bench.audit.one_run`, which needs no independence between the
+canaries of a run; "multi-run", `empirical_epsilon`, treats them as independent trials:
+every canary has its own marker column, so only the shared bias couples them).
+
+How many canaries fit: each one widens every record by a marker column and adds up to
+1 + 4 probe records to its client's data. The default 50 per client (1,000 canaries at
+20 clients) already makes probes and canaries outnumber digits' real training records;
+the one-run ceiling of 1,000 canaries is about 5.5, and a claim of 8 needs about 13,000
+(`--runs 13`), where the mechanism level has them in one run.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ import torch
 
 from p4bench.audit.core import check_audit_inputs, finish_audit
 from p4bench.audit.observer import MessageScores, canary_values
+from p4bench.audit.one_run import audit_bound
 from p4bench.audit.records import RecordCanaries
 from p4bench.audit.result import AuditResult
-from p4bench.audit.stats import empirical_epsilon
 from p4bench.config import RunConfig
 from p4bench.engine.method import Method
 from p4bench.engine.network import ObservedNetwork
@@ -60,8 +65,9 @@ def method_scope(observer: str) -> str:
     return f"method-level: observer {OBSERVERS[observer]}, canaries: {CANARY_KIND}; {REPLAYS}"
 
 
-def _check_inputs(config: RunConfig, runs: int, canaries_per_client: int | None, confidence: float, observer: str) -> None:
-    check_audit_inputs(runs, canaries_per_client, confidence)
+def _check_inputs(config: RunConfig, runs: int, canaries_per_client: int | None, confidence: float, observer: str,
+                  bound: str) -> None:
+    check_audit_inputs(runs, canaries_per_client, confidence, bound)
     if observer not in OBSERVERS:
         raise UsageError(f"--observer must be one of {', '.join(OBSERVERS)}, got '{observer}'")
     if not config.private:
@@ -75,6 +81,7 @@ def run_method_audit(
     canaries_per_client: int | None = None,
     confidence: float = 0.95,
     observer: str = "messages",
+    bound: str = "one-run",
     wrap_mechanism: Callable[[DPMechanism], DPMechanism] | None = None,
     observers: Sequence[object] = (),
     plugin_manager: pluggy.PluginManager | None = None,
@@ -82,7 +89,8 @@ def run_method_audit(
     plot: str | Path | None = None,
     on_run: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> AuditResult:
-    """Audit `config`'s method with canary records: `runs` trainings, then the bound.
+    """Audit `config`'s method with canary records: `runs` trainings, then the bound
+    (`bound`: one-run, steinke or multi-run, `p4bench.audit.one_run.audit_bound`).
 
     `wrap_mechanism` replaces the run's DP mechanism (tests and `bench/audit_method.py`
     plant faults there: clipping removed, sampling above the claimed rate). Tracking
@@ -92,11 +100,11 @@ def run_method_audit(
     from p4bench.plugin_manager import Registry, create_plugin_manager
     from p4bench.run.runner import resolve_run_config, run
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     plugin_manager = plugin_manager or create_plugin_manager()
     registry = Registry(plugin_manager)
     config = resolve_run_config(config, registry)  # DP methods: their default epsilon
-    _check_inputs(config, runs, canaries_per_client, confidence, observer)
+    _check_inputs(config, runs, canaries_per_client, confidence, observer, bound)
     model_cls = registry.get("model", config.model)
     if not issubclass(model_cls, LinearSoftmax):
         raise IncompatibleError(f"the method-level audit reads canaries from a linear model's marker columns; "
@@ -168,18 +176,19 @@ def run_method_audit(
     all_scores, all_included = np.concatenate(scores), np.concatenate(included)
     if not np.isfinite(all_scores).all():
         raise IncompatibleError(f"method '{config.method}': canary scores are not finite (the model diverged)")
-    bound = empirical_epsilon(all_scores, all_included, delta=max(deltas), confidence=confidence, seed=config.seed)
+    figures = audit_bound(all_scores, all_included, delta=max(deltas), confidence=confidence, bound=bound,
+                          seed=config.seed)
     flags = [s.get("epsilon_certified") for s in summaries]
     certified = None if any(f is None for f in flags) else all(bool(f) for f in flags)
     last = summaries[-1]
     notes = [f"the observer read {', '.join(sorted(kinds))} from the messages"] if kinds else []
     audit = AuditResult(
-        config=config, bound=bound, claimed_epsilon=max(claims), certified=certified,
+        config=config, bound=figures, claimed_epsilon=max(claims), certified=certified,
         accountant=str(last.get("accountant")), neighbouring=str(last.get("neighbouring")), runs=runs,
         canaries_per_client=per_client, scores=all_scores, included=all_included, summaries=summaries, notes=notes,
         level="method", observer=observer, scope=method_scope(observer), behaviour=behaviour,
     )
-    return finish_audit(audit, last, track=track, plot=plot, started=started)
+    return finish_audit(audit, last, track=track, plot=plot, started=started, cpu=cpu)
 
 
 def _vectors(params: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -35,23 +35,30 @@ def plot_scores(audit: AuditResult, path: Path) -> Path:
     scores, included, bound = audit.scores, audit.included, audit.bound
     finite = scores[np.isfinite(scores)]
     low, high = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
-    if np.isfinite(bound.threshold):
-        low, high = min(low, bound.threshold), max(high, bound.threshold)
+    lines = []  # (threshold, label) of the test's guesses
+    if bound.bound == "one-run":
+        if bound.guesses_in and np.isfinite(bound.threshold):
+            lines.append((bound.threshold, f"guess in at or above ({bound.guesses_in})"))
+        if bound.guesses_out and np.isfinite(bound.threshold_out):
+            lines.append((bound.threshold_out, f"guess out at or below ({bound.guesses_out})"))
+    elif np.isfinite(bound.threshold):
+        side, guess = bound.direction.split("-")
+        lines.append((bound.threshold, f"threshold ({guess} if score {'>=' if side == 'high' else '<='})"))
+    for value, _ in lines:
+        low, high = min(low, value), max(high, value)
     bins = np.linspace(low, high if high > low else low + 1.0, 61).tolist()
     fig, axis = plt.subplots(figsize=(6.5, 3.8), dpi=100)
     axis.hist(scores[~included], bins=bins, alpha=0.55, label=f"out ({int((~included).sum())})", color="tab:blue")
     axis.hist(scores[included], bins=bins, alpha=0.55, label=f"in ({int(included.sum())})", color="tab:red")
-    if np.isfinite(bound.threshold):
-        side, guess = bound.direction.split("-")
-        axis.axvline(bound.threshold, color="black", linestyle="--", linewidth=1,
-                     label=f"threshold ({guess} if score {'>=' if side == 'high' else '<='})")
+    for (value, label), style in zip(lines, ("--", ":")):
+        axis.axvline(value, color="black", linestyle=style, linewidth=1, label=label)
     axis.set_yscale("log")
     axis.set_xlabel("canary score (log-likelihood ratio, summed over releases)" if audit.level == "mechanism" else
                     "canary score (W[c, j] - reference, summed over what the observer saw)")
     axis.set_ylabel("canaries")
     axis.set_title(
-        f"{audit.config.method} on {audit.config.dataset}: eps >= {bound.epsilon_lower:.2f} "
-        f"vs {audit.claim_label} {audit.claimed_epsilon:.2f}",
+        f"{audit.config.method} on {audit.config.dataset}: eps >= {bound.epsilon_lower:.2f} ({bound.bound}, ceiling "
+        f"{bound.ceiling:.2f}) vs {audit.claim_label} {audit.claimed_epsilon:.2f}",
         fontsize=10,
     )
     axis.legend(fontsize=8)
@@ -80,7 +87,10 @@ def log_audit(audit: AuditResult) -> str | None:
             "audit_fpr_upper": bound.fpr_upper,
             "audit_trials": float(bound.trials),
             "audit_ceiling": bound.ceiling,
+            "audit_guesses": float(bound.guesses),
+            "audit_correct": float(bound.correct),
             **({"audit_seconds": audit.seconds} if audit.seconds is not None else {}),
+            **({"audit_cpu_seconds": audit.cpu_seconds} if audit.cpu_seconds is not None else {}),
         }
         params = {
             "audit.runs": str(audit.runs),
@@ -91,6 +101,8 @@ def log_audit(audit: AuditResult) -> str | None:
             "audit.direction": bound.direction,
             "audit.threshold": f"{bound.threshold:.6g}",
             "audit.level": audit.level,
+            "audit.bound": bound.bound,
+            "audit.analysis": str(bound.analysis),
             "audit.observer": str(audit.observer),
         }
         tags = {"audit": "true", "audit.verdict": audit.verdict, "audit.claim": audit.claim_label}

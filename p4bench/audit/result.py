@@ -1,4 +1,8 @@
-"""`AuditResult`: an audit's pooled trials, its bound and the claim it is compared with.
+"""`AuditResult`: an audit's pooled trials, its bound and the claim it is compared with,
+and the verdict in words: `refuted` (the lower bound exceeds the claim: the claim
+fails), `leaks` (the method level's replays), `inconclusive` (the ceiling, the bound a
+perfect separation of these canaries would give, is not above the claim: this audit
+cannot refute it, however the run behaves) or `consistent` (it could have, and did not).
 
 Below both `p4bench.audit.core` (which computes it) and `p4bench.audit.report` (which
 plots and logs it).
@@ -6,6 +10,7 @@ plots and logs it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,7 @@ class AuditResult:
     observer: str | None = None  # the method level's view: messages | final
     scope: str = SCOPE  # what was checked, said on the line
     seconds: float | None = None  # wall time of the whole audit
+    cpu_seconds: float | None = None  # CPU time of the whole audit (this process, every thread)
     # the method level's replay checks (`PostProcessingResult.as_dict()`): post-processing and
     # record isolation, behaviour the trials may be too few to show
     behaviour: dict[str, Any] | None = None
@@ -55,6 +61,11 @@ class AuditResult:
         return self.bound.epsilon_lower > self.claimed_epsilon
 
     @property
+    def refuted(self) -> bool:
+        """`exceeds`: the claim fails."""
+        return self.exceeds
+
+    @property
     def leaks(self) -> bool:
         """The replay checks found records reaching what the method lets out outside its
         releases, or moving other records' terms inside them: no epsilon holds."""
@@ -62,47 +73,73 @@ class AuditResult:
 
     @property
     def inconclusive(self) -> bool:
-        """The claim cannot fail: even a perfect test on these trials stays below it."""
+        """The claim cannot fail: even a perfect separation of these canaries stays below it."""
         return not self.exceeds and not self.leaks and self.bound.ceiling <= self.claimed_epsilon
 
     @property
+    def separated(self) -> bool:
+        """The canaries separated perfectly (one-run: every in-canary scored above every
+        out-canary; multi-run: the test was perfect on the evaluation half): the bound is
+        at its ceiling, as high as this many canaries can show."""
+        b = self.bound
+        return bool(b.separated) if b.separated is not None else b.at_ceiling
+
+    @property
     def verdict(self) -> str:
-        """`exceeds`, `leaks`, `inconclusive` or `consistent`."""
+        """`refuted`, `leaks`, `inconclusive` or `consistent`."""
         if self.exceeds:
-            return "exceeds"
+            return "refuted"
         return "leaks" if self.leaks else "inconclusive" if self.inconclusive else "consistent"
 
     def runs_needed(self) -> int | None:
-        """Runs whose trials could show a bound above the claim (None: beyond 100,000)."""
+        """Runs whose canaries could show a bound above the claim (None: beyond 100,000)."""
         b = self.bound
+        if b.bound == "one-run":
+            from p4bench.audit.one_run import one_run_runs_to_reach
+
+            return one_run_runs_to_reach(self.claimed_epsilon, b.trials, self.runs, b.delta, b.confidence,
+                                         b.analysis or "fdp")
         return runs_to_reach(self.claimed_epsilon, b.positives, b.negatives, b.delta, b.confidence, self.runs)
 
     @property
     def claim_label(self) -> str:
         return {True: "certified", False: "uncertified", None: "claimed"}[self.certified]
 
-    def line(self) -> str:
+    def verdict_text(self) -> str:
+        """The verdict in words, with what it rests on."""
         b = self.bound
+        perfectly = "canaries separated perfectly (the bound is at its ceiling)"
         if self.exceeds:
-            verdict = "EXCEEDS the claimed epsilon: the privacy claim does not hold"
-        elif self.leaks:
+            return (f"refuted: the lower bound {b.epsilon_lower:.2f} exceeds the claimed {self.claimed_epsilon:.2f}, so "
+                    f"the claim fails" + (f"; {perfectly}" if self.separated else ""))
+        if self.leaks:
             assert self.behaviour is not None
             findings = "; ".join(self.behaviour.get("findings") or [])
-            verdict = f"LEAKS: the replay checks show records outside the ledger ({findings}): the privacy claim does not hold"
-        elif self.inconclusive:
+            return f"LEAKS: the replay checks show records outside the ledger ({findings}): the privacy claim does not hold"
+        if self.inconclusive:
             needed = self.runs_needed()
-            verdict = (f"inconclusive: ceiling {b.ceiling:.2f} below the claim (no bound from these trials can exceed "
-                       f"it); " + (f"--runs {needed} would lift the ceiling above it" if needed else
-                                   "more than 100,000 runs would be needed"))
-        else:
-            verdict = "consistent"
+            lift = (f"--runs {needed} would lift the ceiling above the claim" if needed else
+                    "more than 100,000 runs would be needed to lift the ceiling above the claim")
+            head = f"inconclusive, {perfectly}" if self.separated else "inconclusive"
+            return f"{head}: this audit cannot refute a claim above {b.ceiling:.2f}; {lift}"
+        return f"consistent: the lower bound {b.epsilon_lower:.2f} is below the claim"
+
+    def line(self) -> str:
+        b = self.bound
         runs = f"{self.runs} run" + ("s" if self.runs != 1 else "")
         canaries = f", {self.canaries_per_client} canaries per client" if self.level == "method" else ""
+        if b.bound == "one-run":
+            name = "one-run (Steinke et al.)" if b.analysis == "steinke" else "one-run (f-DP)"
+            counts = f"{b.correct} of {b.guesses} guesses right on {b.trials} canaries in {runs}{canaries}"
+        else:
+            name, counts = "multi-run", f"{b.trials} trials in {runs}{canaries}"
         took = f", {self.seconds:.1f} s" if self.seconds is not None else ""
+        took += f", {self.cpu_seconds:.1f} CPU s" if self.cpu_seconds is not None else ""
         return (
-            f"audit {self.config.method} on {self.config.dataset} ({self.scope}): empirical epsilon >= {b.epsilon_lower:.2f} "
-            f"at {_percent(b.confidence)} confidence ({b.trials} trials in {runs}{canaries}, ceiling {b.ceiling:.2f}{took}) vs "
-            f"{self.claim_label} epsilon {self.claimed_epsilon:.2f} ({self.accountant}, {self.neighbouring}): {verdict}"
+            f"audit {self.config.method} on {self.config.dataset} ({self.scope}): {name} empirical epsilon >= "
+            f"{b.epsilon_lower:.2f} at {_percent(b.confidence)} confidence ({counts}; ceiling {b.ceiling:.2f}, the bound "
+            f"of a perfect separation{took}) vs {self.claim_label} epsilon {self.claimed_epsilon:.2f} ({self.accountant}, "
+            f"{self.neighbouring}): {self.verdict_text()}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,12 +150,16 @@ class AuditResult:
             "claimed_epsilon": self.claimed_epsilon,
             "epsilon_certified": self.certified,
             "exceeds": self.exceeds,
+            "refuted": self.exceeds,
             "verdict": self.verdict,
+            "verdict_text": self.verdict_text(),
+            "separated": self.separated,
             "checked": self.scope,
             "level": self.level,
             "observer": self.observer,
             "canary_kind": "input records with probe twins" if self.level == "method" else "gradients after clipping",
             "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
             "runs_needed": self.runs_needed() if self.inconclusive else None,
             "accountant": self.accountant,
             "neighbouring": self.neighbouring,
@@ -127,7 +168,10 @@ class AuditResult:
             "seeds": [s["seed"] for s in self.summaries],
             "run_ids": [s.get("run_id") for s in self.summaries],
             "noise_multiplier": self.summaries[0].get("noise_multiplier"),
-            **{k: v for k, v in self.bound.as_dict().items() if k != "epsilon_lower"},
+            # NaN (a figure the bound does not define) as null
+            **{k: (None if isinstance(v, float) and math.isnan(v) else v)
+               for k, v in self.bound.as_dict().items() if k != "epsilon_lower"},
+            "guesses": self.bound.guesses,
             "notes": self.notes,
             "behaviour": self.behaviour,
             "plot": str(self.plot) if self.plot else None,

@@ -1,5 +1,6 @@
-"""The statistics of the audit: per-canary likelihood-ratio scores and a hypothesis-test
-lower bound on epsilon (Jagielski et al. 2020, with Clopper-Pearson intervals).
+"""The statistics of the audit: per-canary likelihood-ratio scores, the bound's record
+(`AuditBound`) and the multi-run lower bound on epsilon (Jagielski et al. 2020, with
+Clopper-Pearson intervals); the one-run bound is in `p4bench.audit.one_run`.
 
 If a mechanism is (eps, delta)-DP, every test that guesses a canary's inclusion bit
 from the mechanism's output has TPR <= e^eps FPR + delta (and, the relation being
@@ -63,11 +64,19 @@ def epsilon_from_rates(tpr_lower: npt.ArrayLike, fpr_upper: npt.ArrayLike, delta
 
 @dataclass(frozen=True)
 class AuditBound:
-    """The lower bound and the test it comes from (counts are on the evaluation half).
+    """The lower bound and the test it comes from.
 
+    `bound` "multi-run" (`empirical_epsilon`; counts are on the evaluation half):
     `direction` names the test: "high-in" guesses "in" for score >= threshold (TPR/FPR),
     "low-out" guesses "out" for score <= threshold (TNR/FNR: the positives are then the
     out-canaries), and "low-in" / "high-out" the same for scores that run the other way.
+
+    `bound` "one-run" (`p4bench.audit.one_run.one_run_bound`, `direction` "one-run"):
+    `guesses_in` "in" guesses (scores >= `threshold`) and `guesses_out` "out" guesses
+    (scores <= `threshold_out`), `correct` of them right, tested at `significance` with
+    `analysis` ("fdp" or "steinke"); positives / negatives count the in / out canaries,
+    true / false positives the right / wrong "in" guesses; `tpr_lower` and `fpr_upper`
+    are not defined (NaN). `separated`: every in-canary scored above every out-canary.
     """
 
     epsilon_lower: float
@@ -84,6 +93,23 @@ class AuditBound:
     trials: int
     selection_trials: int
     ceiling: float = math.inf  # the largest bound these trials could show (a perfect test: `epsilon_ceiling`)
+    bound: str = "multi-run"  # or "one-run"
+    analysis: str | None = None  # the one-run analysis: fdp | steinke
+    guesses_in: int = 0
+    guesses_out: int = 0
+    correct: int = 0
+    threshold_out: float = math.nan
+    separated: bool | None = None
+    significance: float = math.nan  # the level the chosen one-run rule was tested at
+
+    @property
+    def guesses(self) -> int:
+        return self.guesses_in + self.guesses_out
+
+    @property
+    def at_ceiling(self) -> bool:
+        """The bound is as high as these trials allow (a perfect test or separation)."""
+        return self.epsilon_lower >= self.ceiling - 1e-6
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

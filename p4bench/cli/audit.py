@@ -5,13 +5,23 @@
 from what a curious neighbour receives or from the final models
 (`p4bench.audit.method_level`, `--observer messages|final`).
 
-Prints one line (what was checked, the lower bound next to the claimed epsilon, and the
-ceiling: the highest bound the trials could show) and, with --json, a last JSON line with
-the figures (`verdict`: consistent, exceeds, leaks or inconclusive). Exits 0 when the
-claim is consistent with the audit or the audit is inconclusive (the ceiling is below the
-claim: the line says how many runs would lift it), 1 when the lower bound exceeds it or,
-at the method level, the replay checks find records outside the ledger (`leaks`: the
-claim is refuted either way), 2 for bad input (including a non-private run).
+`--bound one-run` (default): the one-run bound of Steinke, Nasr and Jagielski's game,
+analysed with Mahloujifar et al.'s f-DP recursion on the (eps, delta) curve
+(`p4bench.audit.one_run`); `--bound steinke`: the same game with Steinke et al.'s own
+p-value; `--bound multi-run`: Jagielski et al.'s test with Clopper-Pearson intervals.
+
+Prints one line (what was checked, the lower bound next to the claimed epsilon, the
+ceiling: the bound a perfect separation of the canaries would give, and the wall and CPU
+seconds) and, with --json, a last JSON line with the figures (`verdict`: refuted, leaks,
+inconclusive or consistent). Exits 0 when the claim is consistent with the audit or the
+audit is inconclusive (the ceiling is not above the claim: this audit cannot refute it;
+the line says how many runs would lift it), 1 when the lower bound exceeds it (`refuted`:
+the claim fails) or, at the method level, the replay checks find records outside the
+ledger (`leaks`), 2 for bad input (including a non-private run).
+
+`--plant-fault` checks the audit itself: it plants a known privacy bug in the run's DP
+mechanism (`p4bench.testing.audit_faults`), so that the claim is false and the audit
+should say so.
 """
 
 from __future__ import annotations
@@ -29,9 +39,30 @@ from p4bench.config import parse_key_values, resolve_config
 from p4bench.hookspecs import hookimpl
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from p4bench.privacy.mechanism import DPMechanism
     from p4bench.records import RoundReport, RunInfo
 
 DEFAULT_EXPERIMENT = "p4bench-audit"  # canary-laden runs stay out of the benchmark's experiments
+# --plant-fault: the planted bugs of `p4bench.testing.audit_faults`, by name
+FAULTS = {
+    "clipping-removed": "clipping removed (clip norm 1e12), noise and ledger for the claimed C",
+    "sampling-5x": "DP-SGD samples at 5x the rate the ledger records",
+}
+
+
+def planted_fault(name: str | None) -> Callable[[DPMechanism], DPMechanism] | None:
+    """The `wrap_mechanism` of `--plant-fault NAME` (None: no fault)."""
+    if name is None:
+        return None
+    from p4bench.errors import UsageError
+
+    if name not in FAULTS:
+        raise UsageError(f"--plant-fault must be one of {', '.join(FAULTS)}, got '{name}'")
+    from p4bench.testing.audit_faults import oversampled, unclipped
+
+    return unclipped if name == "clipping-removed" else oversampled(5.0)
 
 
 class RoundProgress:
@@ -76,6 +107,11 @@ def audit_command(
     observer: str = typer.Option("messages", "--observer", help="method level: messages (what a curious neighbour or "
                                  "the server receives) | final (the final deployed models)"),
     confidence: float = typer.Option(0.95, "--confidence", help="confidence of the lower bound, in (0, 1)"),
+    bound: str = typer.Option("one-run", "--bound", help="one-run (Steinke et al.'s game, f-DP analysis: one run "
+                              "can refute a claim of 8) | steinke (the same game, their p-value) | multi-run "
+                              "(Jagielski et al., Clopper-Pearson)"),
+    plant_fault: str | None = typer.Option(None, "--plant-fault", help="check the audit itself: plant a privacy bug "
+                                           "in the mechanism (" + " | ".join(FAULTS) + "), so the claim is false"),
     plot: Path | None = typer.Option(None, "--plot", help="PNG of the score distributions (default: in the last run's results folder)"),
     as_json: bool = typer.Option(False, "--json", help="end with one JSON line holding the figures"),
     tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
@@ -85,6 +121,7 @@ def audit_command(
     """Empirical privacy audit: an epsilon lower bound from canaries, next to the claimed epsilon."""
     from p4bench.audit.core import run_audit
     from p4bench.audit.method_level import OBSERVERS, run_method_audit
+    from p4bench.audit.one_run import BOUNDS
     from p4bench.errors import UsageError
     from p4bench.plugin_manager import default_plugin_manager
 
@@ -94,6 +131,9 @@ def audit_command(
         raise UsageError(f"--observer must be one of {', '.join(OBSERVERS)}, got '{observer}'")
     if level == "mechanism" and observer != "messages":
         raise UsageError("--observer applies to --level method (the mechanism level observes the noisy releases)")
+    if bound not in BOUNDS:
+        raise UsageError(f"--bound must be one of {', '.join(BOUNDS)}, got '{bound}'")
+    fault = planted_fault(plant_fault)
 
     overrides = {
         k: v
@@ -111,13 +151,16 @@ def audit_command(
                         console=console, transient=True)
     with progress:
         task = progress.add_task("audit", total=None)
-        common = dict(runs=runs, canaries_per_client=canaries_per_client, confidence=confidence,
-                      observers=[RoundProgress(progress, task, runs)], plugin_manager=default_plugin_manager(), plot=plot)
+        common = dict(runs=runs, canaries_per_client=canaries_per_client, confidence=confidence, bound=bound,
+                      wrap_mechanism=fault, observers=[RoundProgress(progress, task, runs)],
+                      plugin_manager=default_plugin_manager(), plot=plot)
         if level == "method":
             result = run_method_audit(config, observer=observer, **common)  # type: ignore[arg-type]
         else:
             result = run_audit(config, **common)  # type: ignore[arg-type]
     human = Console(stderr=as_json, highlight=False, soft_wrap=True)
+    if plant_fault is not None:
+        human.print(f"note: planted fault '{plant_fault}': {FAULTS[plant_fault]} (the claim is false)")
     for note in result.notes:
         human.print(f"note: {note}")
     if result.tracking_error:
