@@ -37,6 +37,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         *_accuracy_rows(summary),
         *_other_accuracy_rows(summary),
         ("epsilon", _claim_text(summary)),
+        *_evaluation_rows(summary),
         ("DP randomness", _randomness_text(summary)),
         *_communication_rows(summary),
         ("wall time", f"{summary['wall_time_s']:.2f} s on {summary.get('compute_device', 'cpu')}"
@@ -77,11 +78,23 @@ def _rounds_text(summary: dict[str, Any]) -> str:
             f"({summary['time_budget_min']:g} min){beyond}; accuracy of round {summary['rounds_completed']}[/yellow]")
 
 
+NO_DP = "none (no DP)"  # the epsilon of a non-private run: never a number (0.000 would read as perfect privacy)
+
+
+def is_private(summary: dict[str, Any]) -> bool:
+    """Whether the run trained through the DP mechanism: its `private` key (the
+    certification), else whether it carries an epsilon."""
+    private = summary.get("private")
+    return bool(private) if private is not None else summary.get("epsilon") is not None
+
+
 def _claim_text(summary: dict[str, Any]) -> str:
     """The epsilon row: a certified figure plainly; an uncertified one in red, never as a
-    plain number; a non-private run says so."""
-    if not summary.get("private", summary.get("epsilon") is not None):
-        return "[yellow]non-private run: no DP, no epsilon[/yellow]"
+    plain number; a non-private run `none (no DP)`, never a number nor a certificate."""
+    if not is_private(summary):
+        return f"[yellow]{NO_DP}[/yellow]"
+    if summary.get("epsilon") is None:  # private, yet no ledger figure: nothing to certify
+        return "[red]not recorded[/red] (a private run whose ledger reported no epsilon)"
     text = _privacy_text(summary)
     if summary.get("epsilon_scope"):  # stopped by the time budget: the epsilon of the rounds taken
         text += f"; epsilon of the {summary['epsilon_scope']}"
@@ -93,6 +106,24 @@ def _claim_text(summary: dict[str, Any]) -> str:
     checked = "post-processing and record isolation verified" if isolation == "verified" else (
         f"post-processing verified, record isolation {isolation}")
     return f"[green]certified[/green] {text}; {checked}"
+
+
+def _evaluation_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """A private run's evaluation clients' own epsilon (they are reserved for tuning and
+    are not among the reported clients, yet they train in the run); no row where the run is
+    non-private or has no evaluation clients."""
+    if not is_private(summary) or summary.get("epsilon") is None:
+        return []
+    count = summary.get("evaluation_clients")
+    if count == 0:
+        return []
+    value = summary.get("epsilon_evaluation_clients")
+    if value is None:
+        return [("evaluation clients' epsilon", "[yellow]not known[/yellow]")]
+    whom = f"the {count} evaluation clients" if count else "the evaluation clients"
+    uncertified = " [red](UNCERTIFIED, as the run's)[/red]" if summary.get("epsilon_certified") is False else ""
+    return [("evaluation clients' epsilon", f"{value:.3f} max over {whom} ({summary.get('accountant')}) in this run"
+             f"{uncertified}; not in the figure above, which is the reported clients'")]
 
 
 def _randomness_text(summary: dict[str, Any]) -> str:

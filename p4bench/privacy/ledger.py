@@ -8,6 +8,12 @@ target epsilon under the run's accountant stops releasing.
 Every run reports epsilon under its own accountant, under `rdp` (the long-standing
 cross-check) and under `pld` (tight for both relations).
 
+The headline figures are those of the reported clients. The evaluation clients (the
+`eval_fraction` reserved for tuning) train in the run too, through the same mechanism,
+so their epsilon is reported on its own (`epsilon_evaluation_clients`: the largest
+among them in this run, under the run's accountant); the ledger learns who they are
+from the run (`run_started`).
+
 Neighbouring relations (:func:`accounted_epsilon`): `pld` analyses add-remove (std
 sigma*C) and replace-one (std 2*sigma*C) natively. `rdp` and `prv` analyse
 add/remove-one neighbours; under replace-one they analyse multiplier 2*sigma for
@@ -65,6 +71,7 @@ class PrivacyLedger:
         self._max_steps: dict[tuple[tuple[str, float, float], tuple[tuple[object, int], ...]], int] = {}
         self._current_phase = ""
         self._current_round = -1
+        self.evaluation: np.ndarray | None = None  # (M,) bool: the evaluation clients, once the run says
 
     # -- histories ------------------------------------------------------------------
     def _segment(self, key: tuple[str, float, float], steps: int) -> ReleaseSegment:
@@ -155,6 +162,10 @@ class PrivacyLedger:
 
     # -- hooks -------------------------------------------------------------------------
     @hookimpl
+    def run_started(self, run: RunInfo) -> None:
+        self.evaluation = np.asarray(run.evaluation, dtype=bool)
+
+    @hookimpl
     def privacy_release(self, run: RunInfo, release: Release) -> None:
         self.record_release(release)
 
@@ -188,7 +199,11 @@ class PrivacyLedger:
         pairs = [("epsilon", self.accountant), ("epsilon_rdp", self.reference)]
         return pairs + ([("epsilon_pld", self.pld)] if self.pld is not None else [])
 
-    def summary(self, reported: np.ndarray) -> dict[str, Any]:
+    def summary(self, reported: np.ndarray, evaluation: np.ndarray | None = None) -> dict[str, Any]:
+        """The run's privacy figures: epsilon (max and mean over the `reported` clients, or
+        over every client where none is reported) under each accountant, the evaluation
+        clients' own epsilon (`evaluation`, else those of the run's `run_started`), the
+        settings and the budget stops."""
         mask = reported if reported.any() else np.ones_like(reported)
         figures: dict[str, Any] = {}
         for label, accountant in self._reported_accountants():
@@ -196,6 +211,7 @@ class PrivacyLedger:
             figures[label], figures[f"{label}_mean"] = float(values.max()), float(values.mean())
         return {
             **figures,
+            **self.evaluation_figures(evaluation),
             "epsilon_budget": self.budget,
             "accountant": self.accountant.name,
             "delta": self.delta,
@@ -205,3 +221,15 @@ class PrivacyLedger:
             "clients_stopped": int(self.stopped.sum()),
             "budget_stops": [{"phase": p, "round": r, "clients": c} for p, r, c in self.stop_log],
         }
+
+    def evaluation_figures(self, evaluation: np.ndarray | None = None) -> dict[str, Any]:
+        """`epsilon_evaluation_clients`: the largest epsilon among the evaluation clients in
+        this run under the run's accountant (None where there are none, or the ledger was
+        never told who they are), and `evaluation_clients`, how many there are (where
+        known). They are counted apart from the reported clients' headline epsilon."""
+        chosen = self.evaluation if evaluation is None else np.asarray(evaluation, dtype=bool)
+        if chosen is None or chosen.shape != (self.num_clients,):
+            return {"epsilon_evaluation_clients": None}
+        values = self.epsilons()[chosen]
+        return {"epsilon_evaluation_clients": float(values.max()) if len(values) else None,
+                "evaluation_clients": int(chosen.sum())}

@@ -20,7 +20,8 @@ GLOBAL_FIGURES = ("accuracy_global_mean", "accuracy_global_min", "accuracy_globa
 
 
 def final_metrics(result: Any) -> dict[str, float]:
-    """The run's final MLflow metrics: accuracy, time, bytes, rounds, method figures, epsilon."""
+    """The run's final MLflow metrics: accuracy, time, bytes, rounds, method figures, epsilon
+    (the reported clients', and `epsilon_evaluation_clients`: the evaluation clients' own)."""
     summary = result.summary
     final = {"final_accuracy_mean": float(summary["accuracy_mean"]), "wall_time_s": float(result.wall_time_s),
              # `--eval global|both`: the global test set's figures too (compare --metric final_accuracy_global_mean)
@@ -28,9 +29,10 @@ def final_metrics(result: Any) -> dict[str, float]:
              "bytes_sent_total": float(summary.get("bytes_sent", 0)),
              "rounds_completed": float(summary.get("rounds_completed", len(result.outcome.reports)))}
     final.update(method_figures(summary))
-    if summary.get("epsilon") is not None:
+    if summary.get("epsilon") is not None:  # a non-private run logs no epsilon at all (never 0.0)
         final.update({k: float(summary[k]) for k in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_rdp_mean",
-                                                      "epsilon_pld") if k in summary})
+                                                      "epsilon_pld", "epsilon_evaluation_clients")
+                      if summary.get(k) is not None})
     return final
 
 

@@ -87,13 +87,15 @@ def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, 
         **budget_fields(info, outcome),
         "clients": config.clients,
         "reported_clients": int(reported.sum()),
+        "evaluation_clients": int(np.asarray(info.evaluation).sum()),  # reserved for tuning; they train here too
         "accuracy_mean": float(chosen.mean()),
         "accuracy_min": float(chosen.min()),
         "accuracy_max": float(chosen.max()),
         "accuracy_per_client": {str(i): float(accuracy[i]) for i in np.flatnonzero(reported)},
         **{extra_metric_name(name): reported_mean(values, reported) for name, values in outcome.extra_accuracy.items()},
         **eval_fields(config.eval_set, chosen, outcome.extra_accuracy.get(GLOBAL_ACCURACY), reported),
-        "epsilon": None,
+        "epsilon": None,  # stays None (JSON null) in a non-private run: no DP, no epsilon, never 0.0
+        "epsilon_evaluation_clients": None,  # a private run's ledger sets it: their own epsilon in this run
         "bytes_sent": int(outcome.bytes_sent),
         "bytes_per_phase": _per_phase(outcome.reports, lambda r: r.bytes_sent),
         "seconds_per_phase": {k: round(v, 4) for k, v in _per_phase(outcome.reports, lambda r: r.seconds).items()},
