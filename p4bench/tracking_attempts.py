@@ -92,9 +92,10 @@ def finished_summary(config: RunConfig, row: Mapping[str, Any]) -> tuple[dict[st
     privacy = from_row({"method": config.method, **row})
     summary = {"run_id": row.get("run_id"), "accuracy_mean": metric("final_accuracy_mean"),
                "method": config.method, "seed": config.seed, "private": privacy.private}
-    if privacy.private:
+    if privacy.private:  # a non-private run's epsilon stays None (no DP), as a run's own summary
         summary.update(neighbouring=privacy.neighbouring, epsilon_certified=privacy.certified,
-                       uncertified_reason=privacy.reason)
+                       uncertified_reason=privacy.reason, epsilon=metric("epsilon"),
+                       epsilon_evaluation_clients=metric("epsilon_evaluation_clients"))
     return summary, metric("accuracy_evaluation_mean")
 
 

@@ -139,3 +139,25 @@ def test_runs_report_the_evaluation_clients_and_null_epsilon(runs):
     assert line["epsilon"] is None and line["epsilon_evaluation_clients"] is None
     assert _row(_printed(plain), "epsilon") == "epsilon none (no DP)"
     assert from_summary(plain).mark == "non-private" and from_summary(private).private  # what studies read
+
+
+def test_tuning_says_what_it_spent_of_the_evaluation_clients_privacy(tmp_path):
+    from p4bench.studies.tune import TuneSpec, run_tuning
+    from p4bench.studies.tune_federation import evaluation_clients_line, tuning_lines
+
+    tiny = {"dataset": "digits", "clients": 10, "rounds": 1, "local_steps": 1, "seed": 3, "epsilon": 8.0,
+            "results_dir": str(tmp_path)}
+    spec = TuneSpec("tp", tiny, {"fedavg": {"lr": (0.1, 1.0)}}, (3,), tune_on="evaluation-clients")
+    result = run_tuning(spec, allow_mixed_privacy=True)  # certification is not what this test is about
+    line = evaluation_clients_line(result)
+    assert line is not None and line in tuning_lines(result)
+    assert line.startswith("evaluation clients' own privacy: each partition's evaluation clients trained in 2 tuning "
+                           "runs (1 partition); epsilon up to ")
+    spent = float(line.split("epsilon up to ")[1].split(" ")[0])
+    assert 0 < spent <= 8.0 + 1e-6
+    # read back from the store (a resumed tuning skips its finished runs): the same line
+    again = run_tuning(spec, allow_mixed_privacy=True)
+    assert {r.status for r in again.report.records} == {"skipped"} and evaluation_clients_line(again) == line
+    # non-private tuning spends nothing: no line
+    plain = TuneSpec("tq", {**tiny, "epsilon": None}, {"fedavg": {"lr": (0.1,)}}, (3,), tune_on="evaluation-clients")
+    assert evaluation_clients_line(run_tuning(plain)) is None
