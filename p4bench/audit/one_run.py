@@ -83,7 +83,7 @@ def guess_grid(m: int) -> list[GuessRule]:
     (a fixed m/2 would be wrong on the imbalance). It carries half of alpha: a claim of
     8 needs about 15,000 correct guesses at alpha / 2. The others carry a tenth each.
     """
-    top = max(0, math.floor(m / 2 - 1.5 * math.sqrt(m)))
+    top = max(0, math.floor(m / 2 - 1.5 * math.sqrt(m)), math.floor(0.25 * m))  # the largest, also at small m
     rules = [GuessRule(top, top, 0.5)]
     for k_in, k_out in ((0.25, 0.25), (0.1, 0.1), (0.03, 0.03), (0.1, 0.0), (0.01, 0.0)):
         rules.append(GuessRule(math.floor(k_in * m), math.floor(k_out * m), 0.1))
@@ -172,12 +172,11 @@ def one_run_epsilon(m: int, guesses: int, correct: int, delta: float, significan
 
 
 def one_run_ceiling(m: int, delta: float, confidence: float, analysis: str = "fdp") -> float:
-    """The bound of a perfect separation of m canaries: every guess of the grid's largest
-    rule right (the others guess fewer at a smaller level, so bound lower)."""
-    top = guess_grid(m)[0]
-    if top.guesses <= 0:
-        return 0.0
-    return one_run_epsilon(m, top.guesses, top.guesses, delta, (1.0 - confidence) * top.weight, analysis)
+    """The bound of a perfect separation of m canaries: every guess right, at the best
+    rule of the grid (the largest: the others guess fewer at a smaller level)."""
+    alpha = 1.0 - confidence
+    return max((one_run_epsilon(m, rule.guesses, rule.guesses, delta, alpha * rule.weight, analysis)
+                for rule in guess_grid(m) if rule.guesses > 0), default=0.0)
 
 
 def one_run_runs_to_reach(claim: float, canaries: int, runs: int, delta: float, confidence: float,
