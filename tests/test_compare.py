@@ -238,3 +238,23 @@ def test_mixed_delta_and_accountant_split_rows_when_allowed(tmp_path):
 def test_no_split_where_every_group_has_one_setting(store):
     comparison = compare_experiment(store, "known", ["method"])  # non-private runs: epsilon `none` everywhere
     assert comparison.split_by == [] and comparison.group_by == ["method"]
+
+
+def test_the_privacy_presets_table_reads_its_epsilons(tmp_path):
+    """`reproduce privacy` groups by (variant, epsilon): P4 at each target, local training
+    (non-private) at `none`; its claims read the table as before."""
+    from p4bench.claims import ClaimContext
+    from p4bench.studies.reproduce import PRESETS
+
+    runs = [("p4", eps, seed, acc, {"variant": "p4 (HC)"}, {}) for eps, seed, acc in
+            ((3.0, 0, 0.60), (3.0, 1, 0.62), (15.0, 0, 0.70), (15.0, 1, 0.72))]
+    runs += [("local", None, seed, 0.5, {"dp.private": "false", "variant": label}, {"features": label})
+             for label in ("local", "local (HC)") for seed in (0, 1)]
+    uri = _private_store(tmp_path, runs, name="privacy-preset")
+    preset = PRESETS["privacy"]
+    comparison = compare_experiment(uri, "privacy-preset", list(preset.group_by))
+    assert comparison.split_by == []
+    rows = [(r["variant"], r["epsilon"], r["n"]) for r in comparison.table.to_dict("records")]
+    assert sorted(rows) == [("local", "none", 2), ("local (HC)", "none", 2), ("p4 (HC)", "15.0", 2), ("p4 (HC)", "3.0", 2)]
+    checks = preset.claims(comparison.table, ClaimContext("digits", False, ()))
+    assert [c.status for c in checks] == ["yes", "yes"]
