@@ -136,31 +136,36 @@ def test_audit_of_fedavg_stays_below_the_claim(small_config):
     result = run_audit(small_config(epsilon=4.0, local_steps=4), track=False)
     assert result.claimed_epsilon == pytest.approx(4.0, abs=0.05)
     assert result.bound.trials == 8 * 650 and result.canaries_per_client == 650  # 64 x 10 + 10 parameters
+    assert result.bound.bound == "one-run" and result.bound.ceiling > result.claimed_epsilon  # it could have failed
     assert 0.0 <= result.bound.epsilon_lower <= result.claimed_epsilon and not result.exceeds
-    assert result.line().endswith(": consistent") and "certified epsilon" in result.line()
+    assert result.verdict == "consistent" and "certified epsilon" in result.line()
+    assert result.line().endswith(f": consistent: the lower bound {result.bound.epsilon_lower:.2f} is below the claim")
 
 
-def test_a_claim_above_the_ceiling_is_inconclusive_and_says_how_many_runs_would_test_it(small_config):
-    """A bound from N trials cannot exceed log(TPR_lo / FPR_hi) of a perfect test: a claim
-    above that ceiling cannot fail, and the audit says so instead of "consistent"."""
+def test_the_multi_run_bound_stays_available_and_says_how_many_runs_would_test_a_claim(small_config):
+    """`bound="multi-run"` (Jagielski et al.): a bound from N trials cannot exceed
+    log(TPR_lo / FPR_hi) of a perfect test: a claim above that ceiling cannot fail, and
+    the audit says so instead of "consistent"."""
     from p4bench.audit.stats import epsilon_ceiling, runs_to_reach
 
-    result = run_audit(small_config(epsilon=8.0, local_steps=4), track=False)
+    result = run_audit(small_config(epsilon=8.0, local_steps=4), track=False, bound="multi-run")
     b = result.bound
+    assert b.bound == "multi-run" and b.selection_trials == b.trials // 2
     assert b.ceiling == pytest.approx(epsilon_ceiling(b.positives, b.negatives, b.delta, b.confidence))
     assert b.epsilon_lower <= b.ceiling < 8.0 and result.inconclusive and result.verdict == "inconclusive"
     needed = result.runs_needed()
     assert needed is not None and needed > 1
     assert epsilon_ceiling(b.positives * needed, b.negatives * needed, b.delta, b.confidence) > 8.0
-    assert f"--runs {needed}" in result.line() and "inconclusive: ceiling" in result.line()
+    assert f"--runs {needed}" in result.line() and "this audit cannot refute a claim above" in result.line()
+    assert "multi-run empirical epsilon" in result.line()
     assert "mechanism-level" in result.line() and result.as_dict()["runs_needed"] == needed
     assert runs_to_reach(1e6, b.positives, b.negatives, b.delta, b.confidence, 1) is None  # out of reach
 
 
 def test_audit_catches_a_mechanism_that_adds_less_noise_than_it_reports(small_config):
     result = run_audit(small_config(epsilon=4.0, local_steps=4, clients=12), wrap_mechanism=tenth_noise, track=False)
-    assert result.exceeds and result.bound.epsilon_lower > result.claimed_epsilon
-    assert "EXCEEDS the claimed epsilon" in result.line()
+    assert result.exceeds and result.bound.epsilon_lower > result.claimed_epsilon and result.verdict == "refuted"
+    assert "refuted: the lower bound" in result.line() and "so the claim fails" in result.line()
 
 
 def test_audit_refuses_releases_it_cannot_observe(small_config):
@@ -201,10 +206,13 @@ def test_cli_prints_the_bound_and_logs_it_to_mlflow(capsys, results_dir, tmp_pat
     assert code == 0, err
     line, figures = out.strip().splitlines()[-2:]
     assert line.startswith("audit fedavg on digits (mechanism-level: gradient canaries after clipping, observed in the noisy "
-                           "releases): empirical epsilon >= ") and "at 95% confidence (3900 trials in 1 run, ceiling " in line
-    assert line.endswith(": consistent")
+                           "releases): one-run (f-DP) empirical epsilon >= ")
+    assert "at 95% confidence (" in line and " guesses right on 3900 canaries in 1 run; ceiling " in line
+    assert ", the bound of a perfect separation, " in line and " CPU s) vs " in line and "certified epsilon 4.00 (pld" in line
+    assert ": consistent: the lower bound " in line
     figures = json.loads(figures)
-    assert figures["epsilon_lower"] <= figures["claimed_epsilon"] and plot.exists()
+    assert figures["epsilon_lower"] <= figures["claimed_epsilon"] < figures["ceiling"] and plot.exists()
+    assert figures["verdict"] == "consistent" and figures["bound"] == "one-run" and figures["cpu_seconds"] > 0
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=figures["tracking_uri"])
@@ -212,6 +220,29 @@ def test_cli_prints_the_bound_and_logs_it_to_mlflow(capsys, results_dir, tmp_pat
     assert run.data.tags["audit"] == "true" and run.data.params["audit.confidence"] == "0.95"
     assert run.data.metrics["audit_epsilon_lower"] == pytest.approx(figures["epsilon_lower"])
     assert "scores.png" in [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert run.data.params["audit.bound"] == "one-run" and run.data.metrics["audit_ceiling"] == pytest.approx(figures["ceiling"])
+
+
+def test_cli_refutes_a_planted_fault_and_keeps_the_multi_run_bound(capsys, results_dir):
+    small = ["--clients", "6", "--rounds", "2", "--local-steps", "2", "--results-dir", results_dir, "--json"]
+    code, out, err = invoke(["audit", "--method", "fedavg", "--epsilon", "2", "--plant-fault", "clipping-removed", *small],
+                            capsys)
+    line, figures = out.strip().splitlines()[-2:]
+    assert code == 1 and "planted fault 'clipping-removed'" in err, err  # with --json, notes go to stderr
+    assert json.loads(figures)["verdict"] == "refuted" and "so the claim fails" in line
+    code, out, err = invoke(["audit", "--method", "fedavg", "--epsilon", "2", "--bound", "multi-run", *small], capsys)
+    line, figures = out.strip().splitlines()[-2:]
+    assert code == 0 and "multi-run empirical epsilon >= " in line and " trials in 1 run; ceiling " in line, err
+    assert json.loads(figures)["bound"] == "multi-run"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--bound", "two-run"], "--bound must be one of one-run, steinke, multi-run"),
+    (["--plant-fault", "noise"], "--plant-fault must be one of clipping-removed, sampling-5x"),
+])
+def test_cli_refuses_unknown_bounds_and_faults(capsys, args, message):
+    code, _, err = invoke(["audit", "--method", "fedavg", "--epsilon", "1", *args], capsys)
+    assert code == 2 and message in err
 
 
 def test_cli_refuses_a_non_private_run(capsys):
