@@ -22,7 +22,7 @@ def invoke(args, capsys):
     return info.value.code or 0, out, err
 
 
-def test_dp_methods_are_private_by_default_and_certified(small_config):
+def test_dp_methods_are_private_by_default_and_certified(small_config, verify_on):
     for method in ("p4", "proxyfl", "dp-dsgt", "dp-dsgd"):
         summary = run(small_config(method=method, rounds=2), track=False).summary
         assert summary["private"] and summary["epsilon_certified"] and summary["uncertified_reason"] is None, method
@@ -60,7 +60,7 @@ def test_certify_names_each_step_outside_the_ledger():
     assert both.reasons[0] == "a method step" and len(both.reasons) == 2
 
 
-def test_cli_shows_uncertified_epsilon_in_red_words(capsys, results_dir):
+def test_cli_shows_uncertified_epsilon_in_red_words(capsys, results_dir, verify_on):
     args = ["run", "--method", "proxyfl", "--clients", "6", "--rounds", "1", "--epsilon", "8", "--results-dir", results_dir]
     code, out, _ = invoke([*args, "-o", "teacher=private", "--json"], capsys)
     summary = json.loads(out.strip().splitlines()[-1])
@@ -128,7 +128,7 @@ class _SkipsTheMechanism:
 
 
 @pytest.mark.parametrize("plan_nothing", [False, True])
-def test_a_method_that_skips_the_dp_mechanism_is_not_certified(plan_nothing, results_dir):
+def test_a_method_that_skips_the_dp_mechanism_is_not_certified(plan_nothing, results_dir, verify_on):
     from p4bench.hookspecs import hookimpl
     from p4bench.plugin_manager import create_plugin_manager
 

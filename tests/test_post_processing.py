@@ -121,7 +121,9 @@ def test_every_built_in_private_method_passes(method):
     result = run_check(RunConfig(method=method, epsilon=8.0), run)
     assert result.status == "verified", result.findings
     # batch clipping (PDSL's and DP-CGA's default) has no per-record term to take out
-    assert result.isolation == ("not checked" if method in ("pdsl", "dp-cga") else "verified"), result.notes
+    # and P2P-FL's private validation scores are a sum of per-record outcomes outside any clipped gradient sum
+    expected = {"pdsl": "not checked", "dp-cga": "not checked", "p2p-fl": "partly checked"}.get(method, "verified")
+    assert result.isolation == expected, result.notes
     assert result.releases > 0 and (result.messages > 0 or method == "local")
 
 
@@ -131,28 +133,31 @@ def test_a_teacher_trained_without_dp_fails_the_isolation_replay_naming_the_rele
     paper_teachers = [run_check(RunConfig(method=m, epsilon=8.0, options={"teacher": "private"}), run) for m in ("proxyfl", "p4")]
     for result in (_check(HiddenTeacher), *paper_teachers):
         assert result.status == "failed" and result.isolation == "failed", result.findings
-        assert result.findings[0].startswith("record isolation: release ") and "(phase '" in result.findings[0]
-        assert "client " in result.findings[0] and "differs by up to" in result.findings[0]
+        assert result.findings[0].startswith("record isolation: clipped sum ") and "(phase '" in result.findings[0]
+        assert "batch row " in result.findings[0] and "differs (norm" in result.findings[0]
     honest = run_check(RunConfig(method="proxyfl", epsilon=8.0, options={"teacher": "last-proxy"}), run)
     assert honest.status == "verified" and honest.isolation == "verified", honest.findings
 
 
-def test_the_isolation_replay_changes_half_the_records_and_takes_them_out_of_every_clipped_sum():
+def test_the_isolation_replay_changes_a_random_half_and_keeps_their_terms_out_of_the_kept_sums():
     from p4bench.data.federated import ClientTensors
-    from p4bench.privacy.isolation import ChangedRecords, changed_slots, excluded_mask, excluding, features_at, with_changed_records
+    from p4bench.privacy.isolation import ChangedRecords, changed_slots, excluding, features_at, kept_mask, with_changed_records
 
-    x = torch.arange(2 * 5 * 3, dtype=torch.float32).reshape(2, 5, 3)
-    x[1, 3] = x[1, 2]  # a kept record equal to a changed one: that one is not changed
-    train = ClientTensors(x, torch.zeros(2, 5, dtype=torch.int64), torch.tensor([5, 4]))
-    replacement = ClientTensors(-x - 1, torch.ones(2, 5, dtype=torch.int64), train.n)
-    slots = changed_slots(train, replacement)
-    assert slots.tolist() == [[True, False, True, False, True], [True, False, False, False, False]]
+    x = torch.arange(2 * 40 * 3, dtype=torch.float32).reshape(2, 40, 3)
+    train = ClientTensors(x, torch.zeros(2, 40, dtype=torch.int64), torch.tensor([40, 30]))
+    replacement = ClientTensors(-x - 1, torch.ones(2, 40, dtype=torch.int64), train.n)
+    replacement.x[0, 5] = x[1, 7]  # a replacement equal to a record: slot 5 of client 0 stays unchanged
+    slots = changed_slots(train, replacement, seed=3)
+    assert not slots[0, 5] and not slots[1, 30:].any() and 20 <= int(slots.sum()) <= 50  # about half, drawn
+    assert torch.equal(slots, changed_slots(train, replacement, seed=3))  # the seed's draw
+    assert not torch.equal(slots, changed_slots(train, replacement, seed=4))
     changed = with_changed_records(train, replacement, slots)
     assert torch.equal(changed.x[slots], replacement.x[slots]) and torch.equal(changed.x[~slots], x[~slots])
-    batch, mask = x[:, [0, 1, 2]], torch.ones(2, 3)
-    assert excluded_mask(batch, mask) is mask  # outside an isolation replay: untouched
+    batch, mask = x[:, :6], torch.ones(2, 6)
+    assert kept_mask(batch, mask) is None  # outside a checked run: nothing computed
     with excluding(ChangedRecords(features_at(train, slots))) as records:
-        assert excluded_mask(batch, mask).tolist() == [[0, 1, 0], [0, 1, 1]] and records.matched == 3
+        kept = kept_mask(batch, mask)
+        assert kept is not None and torch.equal(kept, (~slots[:, :6]).float()) and records.matched == int(slots[:, :6].sum())
 
 
 def test_the_check_finds_the_documented_leak_of_pdsl_local_val():
@@ -168,9 +173,12 @@ def test_central_dp_exempts_only_the_raw_sums_sent_to_the_trusted_server():
     assert result.status == "verified" and result.exempt == 16 and result.messages == 16
 
 
-def test_p4_is_checked_on_its_generic_path():
+def test_p4_is_checked_on_the_fused_path_it_runs():
+    """Its fused kernels declare the state their releases update: forced as a whole, and
+    the bucketed kernel reports its kept clipped sums for the isolation replay."""
     result = run_check(RunConfig(method="p4", epsilon=8.0), run)
-    assert result.status == "verified" and any("fused=false" in note for note in result.notes)
+    assert result.status == "verified" and result.isolation == "verified", result.findings
+    assert not any("fused=false" in note for note in result.notes)
 
 
 def test_replaced_records_differ_everywhere_and_keep_the_counts():
@@ -200,7 +208,7 @@ def test_a_replay_refuses_a_different_sequence_of_releases():
 
 def test_the_runner_verifies_once_and_uncertifies_a_failing_method(verify_on):
     name, _, pm = resolve_plugin("method", SendsMixture)
-    config = RunConfig(method=name, epsilon=8.0, clients=4, rounds=1, local_steps=1, accountant="rdp")
+    config = RunConfig(method=name, epsilon=8.0, clients=4, rounds=2, local_steps=1, accountant="rdp")
     result = run(config, plugin_manager=pm, track=False)
     assert result.summary["post_processing"] == "failed" and result.summary["epsilon_certified"] is False
     assert "post-processing check failed" in result.summary["uncertified_reason"]
@@ -215,7 +223,7 @@ def test_the_runner_reports_a_verified_method(verify_on):
     assert result.summary["post_processing"] == "verified" and result.summary["epsilon_certified"] is True
 
 
-def test_without_verification_the_epsilon_is_not_yet_verified(monkeypatch, capsys, results_dir):
+def test_without_verification_the_epsilon_is_uncertified(monkeypatch, capsys, results_dir):
     from p4bench.cli import main
 
     monkeypatch.setenv("P4BENCH_VERIFY", "0")
@@ -224,7 +232,8 @@ def test_without_verification_the_epsilon_is_not_yet_verified(monkeypatch, capsy
               "--json"])
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["post_processing"] == "not yet verified" and "not yet verified" in out
+    assert summary["post_processing"] == "not verified" and summary["epsilon_certified"] is False
+    assert "P4BENCH_VERIFY=0" in summary["uncertified_reason"] and summary["verify"] == "off"
 
 
 def test_the_conformance_kit_runs_the_check():
@@ -255,12 +264,12 @@ def test_more_releases_than_the_plan_declares_is_uncertified():
     assert "a client made 4 releases in phase 'train'; privacy_plan() declares 2" in result.summary["uncertified_reason"]
 
 
-def test_a_fused_release_is_not_verifiable():
-    """P4's fused kernels (`Releases.draw`, `add_scaled_noise` on its weights) cannot be
-    forced: checked as configured, it is not verifiable; the runner checks fused=false."""
+def test_p4s_span_path_is_forced_as_a_whole():
     result = check_post_processing(RunConfig(method="p4", epsilon=8.0, clients=4, rounds=2, local_steps=2,
-                                             eval_fraction=0.0, accountant="rdp", options={"fused": True}), run)
-    assert result.status == "not verifiable" and "post-processing check not verifiable" in result.reason()
+                                             eval_fraction=0.0, accountant="rdp", options={"fused": "span"}), run)
+    assert result.status == "verified", result.findings
+    # the grouping's clipped sums are compared; the span kernel clips in n-space, with no kept sum to compare
+    assert result.isolation == "partly checked" and any("span" in n or "own kernels" in n for n in result.notes), result.notes
 
 
 def test_the_check_of_a_device_run_leaves_out_the_runtimes_own_options():

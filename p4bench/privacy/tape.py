@@ -139,6 +139,8 @@ class ReleaseTape:
         self.before_values: list[torch.Tensor] = []  # fused releases' states before: row fingerprints
         self.before_position = 0
         self.before_differences: list[str] = []
+        self.kept_checked: list[bool] = []  # per recorded release: whether a kept clipped sum came before it
+        self._kept_since_release = False
         self.where = ""  # the round being run (set by whoever observes the run's network), for findings
 
     def release(self, kind: str, tensors: Sequence[torch.Tensor]) -> None:
@@ -146,6 +148,8 @@ class ReleaseTape:
         with the recorded values."""
         if not self.replaying:
             self.values.append(kind, tensors)
+            self.kept_checked.append(self._kept_since_release)
+            self._kept_since_release = False
             return
         index = self.position
         if index >= len(self.values):
@@ -165,6 +169,7 @@ class ReleaseTape:
         recorded, or compared with the recorded one; a batch row that differs is noted."""
         if not tensors:
             return
+        self._kept_since_release = True
         prints = torch.cat([row_fingerprints(t) for t in tensors], dim=1)
         norms = torch.stack([row_norms(t) for t in tensors]).pow(2).sum(0).sqrt()
         if not self.replaying:
