@@ -7,7 +7,7 @@ import os
 os.environ["P4BENCH_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 # The runner's post-processing check (p4bench.privacy.verification) costs seconds per new
-# method configuration; tests of it switch it on (`verify_on`), others report "not yet verified".
+# run (the run and one replay); tests of it switch it on (`verify_on`), others run uncertified ("not verified").
 os.environ["P4BENCH_VERIFY"] = "0"
 
 import pytest  # noqa: E402

@@ -105,7 +105,9 @@ def _claim_text(summary: dict[str, Any]) -> str:
     isolation = summary.get("record_isolation", "not run")
     checked = "post-processing and record isolation verified" if isolation == "verified" else (
         f"post-processing verified, record isolation {isolation}")
-    return f"[green]certified[/green] {text}; {checked}"
+    where = {"run": " on the run itself", "size": " at the run's size beside it"}.get(summary.get("verification_scope") or "", "")
+    reused = " (the verdict of an earlier run of this configuration and code)" if summary.get("verification_cached") else ""
+    return f"[green]certified[/green] {text}; {checked}{where}{reused}"
 
 
 def _evaluation_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:

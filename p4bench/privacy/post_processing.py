@@ -1,39 +1,31 @@
-"""The post-processing check: does a method send anything but post-processing of its
-DP releases?
+"""The post-processing check on a stand-in: does a method send anything but
+post-processing of its DP releases?
 
 A method's epsilon holds only if every message it sends is computed from its DP
 releases and public values (DESIGN.md's privacy boundary). Declarations cannot show it;
-behaviour can. The check runs the method twice on a small federation, with the same
-seed:
+behaviour can. By default the runner checks the run itself at its own size
+(`p4bench.privacy.run_verification`); this module is the small check of a *stand-in*
+(`--verify stand-in`, the conformance kit): the method runs on a 4-client, 2-round
+federation (`check_config`) three times with the same seed (`p4bench.privacy.replay`
+has the pieces):
 
-1. *recorded*: every release's value goes on a tape (`p4bench.privacy.tape`) and every
-   message sent is kept;
-2. *replay*: every client's training records are replaced by other records (client
-   i gets client i-1's features, reversed, every label changed: `replaced_records`), and every
-   release is forced to its recorded value.
+1. *recorded*: every release's value goes on a tape (`p4bench.privacy.tape`), every
+   message sent is logged, and every clipped sum is also computed without a random half
+   of each client's records (the isolation check's *kept* sums);
+2. *replay*: every client's training records are replaced by other records
+   (`replaced_records`), and every release is forced to its recorded value. Every
+   message must then be bit-identical: one that differs names the round, the exchange,
+   the sender, the receiver and the payload entry that read records outside the DP
+   mechanism (a non-DP step on a shared model, a mixture with a non-DP personal model,
+   training through `ctx.loss_and_grad` without `ctx.dp`, a loss value sent in the clear);
+3. *isolation replay* (`p4bench.privacy.isolation`): the changed half of the records
+   replaced, the releases forced: the kept sums must not move (a leak *inside* a
+   release, where one record moves other records' clipped terms, is hidden by forcing
+   the release).
 
-Every message must then be bit-identical: a message that differs names the round, the
-exchange, the sender, the receiver and the payload entry that read records outside the
-DP mechanism (a non-DP step on a shared model, a mixture with a non-DP personal model,
-training through `ctx.loss_and_grad` without `ctx.dp`, a loss value sent in the clear).
-Replacing *every* client's records at once checks every sender in one replay.
-
-3. *isolation replay* (`p4bench.privacy.isolation`): a leak *inside* a release, where
-   one record moves other records' clipped terms (a teacher trained without DP on the
-   same records), is hidden by forcing the release. So the recorded run also keeps each
-   release's value before noise, with half of every client's records taken out of every
-   per-example clipped sum; the third run changes those records, forces the releases,
-   and those values must not move. A method that clips whole batches cannot be checked
-   this way (its result says "not checked"; post-processing still is).
-
-What is not compared: a node's messages to itself (they never leave it), and, for
-central DP (releases `delegate`d to a trusted server), the clients' raw sums addressed
-to the server: the server is trusted with them, and its noisy sum is forced like any
-release. What cannot be checked: a fused release (`Releases.draw`, computed from raw draws in
-the method's own kernel, or `Releases.add_scaled_noise`, whose target may hold state
-besides the release): the method's generic path is checked instead where it has one
-(P4's ``fused=false``, the same releases), else the result says "not verifiable" and
-the run is uncertified.
+What is not compared is listed in `p4bench.privacy.message_log`. A fused release whose
+path does not declare the state it updates (`Releases.state_before`) cannot be forced:
+the result says "not verifiable" and the run is uncertified.
 """
 
 from __future__ import annotations
