@@ -92,7 +92,8 @@ class AuditResult:
         return "leaks" if self.leaks else "inconclusive" if self.inconclusive else "consistent"
 
     def runs_needed(self) -> int | None:
-        """Runs whose canaries could show a bound above the claim (None: beyond 100,000)."""
+        """Runs whose canaries could show a bound above the claim (None: beyond 100,000 runs
+        or, one-run, 2 million canaries)."""
         b = self.bound
         if b.bound == "one-run":
             from p4bench.audit.one_run import one_run_runs_to_reach
@@ -119,7 +120,7 @@ class AuditResult:
         if self.inconclusive:
             needed = self.runs_needed()
             lift = (f"--runs {needed} would lift the ceiling above the claim" if needed else
-                    "more than 100,000 runs would be needed to lift the ceiling above the claim")
+                    "no number of runs up to 100,000 (or 2 million canaries) lifts the ceiling above the claim")
             head = f"inconclusive, {perfectly}" if self.separated else "inconclusive"
             return f"{head}: this audit cannot refute a claim above {b.ceiling:.2f}; {lift}"
         return f"consistent: the lower bound {b.epsilon_lower:.2f} is below the claim"
