@@ -21,8 +21,8 @@ every canary has its own marker column, so only the shared bias couples them).
 How many canaries fit: each one widens every record by a marker column and adds up to
 1 + 4 probe records to its client's data. The default 50 per client (1,000 canaries at
 20 clients) already makes probes and canaries outnumber digits' real training records;
-the one-run ceiling of 1,000 canaries is about 5.5, and a claim of 8 needs about 13,000
-(`--runs 13`), where the mechanism level has them in one run.
+the one-run ceiling of 1,000 canaries is about 5.5, and a claim of 8 needs about 12,000
+(`--runs 12`); the mechanism level has 13,000 in one run.
 """
 
 from __future__ import annotations
