@@ -143,7 +143,7 @@ def test_runs_report_the_evaluation_clients_and_null_epsilon(runs):
 
 def test_tuning_says_what_it_spent_of_the_evaluation_clients_privacy(tmp_path):
     from p4bench.studies.tune import TuneSpec, run_tuning
-    from p4bench.studies.tune_federation import evaluation_clients_line, tuning_lines
+    from p4bench.studies.tune_scope import evaluation_clients_line, tuning_lines
 
     tiny = {"dataset": "digits", "clients": 10, "rounds": 1, "local_steps": 1, "seed": 3, "epsilon": 8.0,
             "results_dir": str(tmp_path)}

@@ -37,7 +37,7 @@ def test_budget_is_validated_and_kept_out_of_old_hashes(tmp_path):
     before = {k: v for k, v in plain.to_dict().items()
               if k not in ("experiment", "tracking_uri", "results_dir", "time_budget_min", "device", "noise_generator",
                            "federation_clients", "memory_budget_gb", "eval_set",
-                           "hold_out_public")}
+                           "hold_out_public", "verify")}
     assert plain.config_hash() == hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert plain.config_hash() != plain.replace(time_budget_min=50.0).config_hash()
     path = tmp_path / "run.yaml"

@@ -21,7 +21,7 @@ def print_tuning(result: TuneResult, over: str, notes: bool = True) -> None:
     `privacy` column where the candidates' privacy marks differ; with `notes`, the lines
     saying which federation tuning used (what that means for privacy) and the tuning runs'
     own privacy."""
-    from p4bench.studies.tune_federation import tuning_lines
+    from p4bench.studies.tune_scope import tuning_lines
 
     verdict = result.privacy
     if verdict is not None and verdict.warning:

@@ -261,8 +261,8 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     from p4bench.studies.compare import compare_experiment
     from p4bench.studies.results import tracking_uri_for
     from p4bench.studies.sweep import describe_run
-    from p4bench.studies.tune_federation import check_tune_on, tuning_lines
-    from p4bench.studies.tune_scope import check_tune_scope
+    from p4bench.studies.tune_federation import check_tune_on
+    from p4bench.studies.tune_scope import check_tune_scope, tuning_lines
 
     check_tune_on(tune_on)
     check_tune_scope(tune_scope)

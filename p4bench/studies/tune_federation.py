@@ -29,8 +29,7 @@ from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 
 __all__ = ["TUNE_ON", "DEFAULT_TUNE_ON", "check_tune_on", "evaluation_clients", "tuning_config", "tuning_tags",
-           "tuning_note", "tuning_privacy_line", "tuning_lines", "deltas_text", "check_tuning_federation",
-           "evaluation_clients_line"]
+           "tuning_note", "tuning_privacy_line", "deltas_text", "check_tuning_federation"]
 
 EVALUATION_CLIENTS = "evaluation-clients"
 FEDERATION = "federation"
@@ -118,46 +117,6 @@ def tuning_privacy_line(privacy: Any) -> str | None:
         (f"; {delta}" if delta else "")
 
 
-def evaluation_clients_line(result: Any) -> str | None:
-    """What tuning on the evaluation clients alone spent of *their* privacy: in how many
-    tuning runs each partition's evaluation clients trained, and the largest epsilon they
-    spent in one of them (a tuning run's epsilon is theirs: they are its only clients).
-    Each figure is one run's, not composed over the runs; the reported runs on the same
-    partition train them once more (their summary's `epsilon_evaluation_clients`). None
-    where tuning used the whole federation, or no tuning run is private."""
-    from p4bench.studies.tune_scope import partition_key
-
-    if result is None or getattr(result.spec, "tune_on", DEFAULT_TUNE_ON) != EVALUATION_CLIENTS:
-        return None
-    done = [(planned, record) for planned, record in zip(result.report.planned, result.report.records)
-            if record.status in ("finished", "skipped")]
-    if not any(record.summary.get("private") for _, record in done):
-        return None
-    counts: dict[str, int] = {}
-    for planned, _ in done:
-        key = partition_key(planned.config)
-        counts[key] = counts.get(key, 0) + 1
-    spent = [next((v for v in (record.summary.get("epsilon_evaluation_clients"), record.summary.get("epsilon"))
-                   if v is not None), None) for _, record in done if record.summary.get("private")]
-    numbers = [float(v) for v in spent if isinstance(v, (int, float)) and v == v]
-    fewest, most = min(counts.values()), max(counts.values())
-    runs = f"{most}" if fewest == most else f"{fewest} to {most}"
-    partitions = f"{len(counts)} partition{'s' if len(counts) != 1 else ''}"
-    epsilon = (f"; epsilon up to {max(numbers):.3g} in one tuning run" if numbers else
-               "; their epsilon in the tuning runs is not known here")
-    return (f"evaluation clients' own privacy: each partition's evaluation clients trained in {runs} tuning "
-            f"run{'s' if most != 1 else ''} ({partitions}){epsilon} (one run's figure, not composed over the runs), "
-            "and again in every reported run on their partition (its epsilon_evaluation_clients)")
-
-
-def tuning_lines(result: Any) -> list[str]:
-    """For a report: how tuning was kept out of the reported clients' privacy (or not),
-    the tuning runs' own privacy and what tuning spent of the evaluation clients'; `result`
-    a `p4bench.studies.tune.TuneResult`, or None (no tuning)."""
-    if result is None:
-        return []
-    own = tuning_privacy_line(result.privacy)
-    return [line for line in (result.scope, own, evaluation_clients_line(result)) if line]
 
 
 def check_tuning_federation(configs: Sequence[RunConfig], registry: Any = None) -> None:
