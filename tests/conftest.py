@@ -51,6 +51,13 @@ def verify_on(monkeypatch, tmp_path):
 
 
 @pytest.fixture
+def verify_full(monkeypatch):
+    """Runs verified at their own size, as a user's are (the shared verdict cache: a verdict
+    is reused only for the same configuration and code)."""
+    monkeypatch.setenv("P4BENCH_VERIFY", "full")
+
+
+@pytest.fixture
 def results_dir(tmp_path):
     return str(tmp_path / "runs")
 
