@@ -67,7 +67,8 @@ def audit(name: str, args: argparse.Namespace, runs: int) -> dict[str, Any]:
         "bound": round(b.epsilon_lower, 3), "claim": round(result.claimed_epsilon, 3), "ceiling": round(b.ceiling, 3),
         "verdict": result.verdict, "replays": (result.behaviour or {}).get("status"),
         "isolation": (result.behaviour or {}).get("isolation"), "runs": runs, "trials": b.trials, "tpr_lower": _finite(b.tpr_lower, 4),
-        "fpr_upper": _finite(b.fpr_upper, 6), "correct": getattr(b, "correct", None), "runs_needed": result.runs_needed() if result.inconclusive else None,
+        "fpr_upper": _finite(b.fpr_upper, 6), "correct": b.correct,
+        "runs_needed": result.runs_needed() if result.inconclusive else None,
         "seconds": round(result.seconds or 0.0, 1), "expected": expected, "line": result.line(),
     }
 
