@@ -81,7 +81,7 @@ class ReleaseCounter:
 # -- every method, with and without DP ---------------------------------------------------------
 
 
-def test_every_baseline_runs_with_and_without_dp(small_config):
+def test_every_baseline_runs_with_and_without_dp(verify_full, small_config):
     for name in BASELINES:
         plain = run(small_config(method=name, rounds=2, no_dp=True), track=False).summary
         private = run(small_config(method=name, rounds=2, epsilon=6.0), track=False).summary

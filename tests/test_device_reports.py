@@ -181,7 +181,7 @@ def _device_run(capsys, monkeypatch, results_dir):
     return summary, epsilon_row, err
 
 
-def test_an_honest_device_runs_epsilon_is_the_launchers_and_equals_the_simulators(capsys, monkeypatch, tmp_path, simulated):
+def test_an_honest_device_runs_epsilon_is_the_launchers_and_equals_the_simulators(verify_full, capsys, monkeypatch, tmp_path, simulated):
     summary, epsilon_row, printed = _device_run(capsys, monkeypatch, str(tmp_path))
     for key in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_pld", "noise_multiplier", "delta", "clip"):
         assert summary[key] == simulated[key], key
@@ -221,7 +221,7 @@ class _OnePeerHere(LocalPeers):
 
 
 def test_a_peer_reporting_releases_for_other_clients_is_named_and_the_run_is_not_certified(
-        capsys, monkeypatch, tmp_path, simulated):
+        verify_full, capsys, monkeypatch, tmp_path, simulated):
     """Acceptance (issue 30, item 4): peer 1's release reports name every client (the
     report that once published epsilon 22,672 as certified)."""
     honest = DeviceNode._record_release

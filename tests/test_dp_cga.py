@@ -119,7 +119,7 @@ class ReleaseSpy:
 
 @pytest.mark.parametrize("topology", ["ring", "complete"])
 @pytest.mark.parametrize("private", [True, False], ids=["dp", "no-dp"])
-def test_runs_on_digits_with_one_release_per_agent_and_round(small_config, topology, private):
+def test_runs_on_digits_with_one_release_per_agent_and_round(verify_full, small_config, topology, private):
     clients, rounds = 6, 3
     privacy = {"epsilon": 4.0, "accountant": "rdp"} if private else {"no_dp": True}
     config = small_config(method="dp-cga", clients=clients, rounds=rounds, options={"topology": topology}, **privacy)

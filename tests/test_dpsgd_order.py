@@ -96,7 +96,7 @@ class ReleaseCounter:
         self.rates.add(release.sample_rate)
 
 
-def test_private_d_psgd_releases_one_gradient_per_iteration(small_config):
+def test_private_d_psgd_releases_one_gradient_per_iteration(verify_full, small_config):
     counter = ReleaseCounter(8)
     config = small_config(method="dp-dsgd", rounds=3, epsilon=5.0, options={"topology": "ring", "iterations": 3, **D_PSGD})
     result = run(config, observers=[counter], plugin_manager=create_plugin_manager(autoload=False), track=False)

@@ -26,7 +26,7 @@ def invoke(args, capsys):
     return info.value.code or 0, out, err
 
 
-def test_run_yaml_is_a_run_config_and_runs(capsys, results_dir):
+def test_run_yaml_is_a_run_config_and_runs(verify_full, capsys, results_dir):
     path = EXAMPLES / "run.yaml"
     assert set(load_config_file(path)) >= {"method", "dataset", "partitioner", "epsilon", "options"}
     config = resolve_config(path)

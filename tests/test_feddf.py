@@ -110,7 +110,7 @@ def test_feddf_through_the_cli_records_public_data_and_server_metrics(capsys, tm
     assert len(steps) == 2 and all(0 < s <= 20 for s in steps) and all(m.value > 0 for m in seconds)
 
 
-def test_feddf_bytes_runtime_equals_simulation_with_dp_and_stays_certified(small_config):
+def test_feddf_bytes_runtime_equals_simulation_with_dp_and_stays_certified(verify_full, small_config):
     config = small_config(method="feddf", clients=5, rounds=2, epsilon=4.0, client_rate=0.6, options=FAST)
     simulated, serialised = run(config, track=False), run(config.replace(runtime="bytes"), track=False)
     np.testing.assert_allclose(_params(serialised), _params(simulated), atol=1e-5)
@@ -218,7 +218,7 @@ def test_fedavg_default_is_the_explicit_sgd_and_adam_with_decay_differs(small_co
     assert adam.summary["accuracy_mean"] > 0.5
 
 
-def test_epochs_set_the_local_steps_and_every_adam_step_is_a_ledger_release(small_config):
+def test_epochs_set_the_local_steps_and_every_adam_step_is_a_ledger_release(verify_full, small_config):
     # s = 0.25: an epoch is 4 batches, so E = 2 gives K = 8 DP steps per participation
     config = small_config(method="fedavg", clients=4, rounds=2, data_rate=0.25, epsilon=8.0,
                           options={"optimizer": "adam", "epochs": 2, "lr_decay": 0.5, "lr_scaling": "none"}, lr=0.01)

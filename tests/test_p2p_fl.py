@@ -132,7 +132,7 @@ def test_validation_accuracies_are_reported_per_round_and_written(small_config, 
 
 # -- differential privacy ------------------------------------------------------------------------------
 @pytest.mark.parametrize("policy, scored", [("acc-weighted", True), ("uniform", False)])
-def test_dp_run_certifies_epsilon_per_sender_with_c_minus_1_receivers(small_config, policy, scored):
+def test_dp_run_certifies_epsilon_per_sender_with_c_minus_1_receivers(verify_full, small_config, policy, scored):
     result = run(_config(small_config, epsilon=4.0, accountant="rdp", options={"policy": policy}), track=False)
     s = result.summary
     assert s["private"] and s["epsilon_certified"] and s["uncertified_reason"] is None

@@ -81,7 +81,7 @@ def test_all_cross_gradients_of_a_round_are_one_release_with_noise_scaled_by_sqr
 
 # -- runs ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("topology", ["ring", "bipartite", "complete"])
-def test_pdsl_certifies_epsilon_with_one_release_per_round_and_reports_theorem1(small_config, topology):
+def test_pdsl_certifies_epsilon_with_one_release_per_round_and_reports_theorem1(verify_full, small_config, topology):
     result = run(_config(small_config, epsilon=2.0, accountant="rdp", options={"topology": topology}), track=False)
     s = result.summary
     assert s["private"] and s["epsilon_certified"] and s["epsilon"] <= 2.0 + 0.05

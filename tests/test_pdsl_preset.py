@@ -154,7 +154,7 @@ def test_report_verdicts_reference_values_and_plot(tmp_path):
 
 
 @needs_plugins
-def test_quick_pdsl_runs_end_to_end(no_data, tmp_path, capsys):
+def test_quick_pdsl_runs_end_to_end(verify_full, no_data, tmp_path, capsys):
     # the smallest smoke run: no lr tuning, 2 rounds, PDSL and one rival on the three graphs
     with pytest.raises(SystemExit) as info:
         main(["reproduce", "pdsl", "--quick", "--no-tune", "--set", "rounds=2", "--only", "method=pdsl,dp-dsgd",

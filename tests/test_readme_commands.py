@@ -287,7 +287,7 @@ def _run_small(command: Command, blocks) -> Outcome:
 
 
 @pytest.mark.parametrize("command", [c for c in README_COMMANDS if c.text not in TESTED], ids=lambda c: c.id)
-def test_readme_command(command, blocks):
+def test_readme_command(verify_full, command, blocks):
     reason = cannot_run_here(command)
     if reason:
         pytest.skip(reason)

@@ -145,7 +145,7 @@ def test_defense_and_malicious_claims():
 # -- the acceptance scenario -------------------------------------------------------------------
 
 
-def test_quick_heterogeneity_runs_end_to_end_on_digits(no_data, tmp_path, capsys):
+def test_quick_heterogeneity_runs_end_to_end_on_digits(verify_full, no_data, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["reproduce", "heterogeneity", "--quick", "--only", "method=local,p4", "--jobs", "2",
               "--results-dir", str(tmp_path / "runs"), "--format", "markdown"])

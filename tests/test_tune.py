@@ -94,7 +94,7 @@ def test_tuning_file_and_plan():
         parse_tune({"grid": {"lr": [1]}})
 
 
-def test_cli_picks_a_learning_rate_for_fedavg_and_p4_and_resumes(tmp_path, capsys, monkeypatch):
+def test_cli_picks_a_learning_rate_for_fedavg_and_p4_and_resumes(verify_full, tmp_path, capsys, monkeypatch):
     results, output = str(tmp_path / "runs"), tmp_path / "tuned.yaml"
     args = ["tune", "--method", "fedavg", "--method", "p4", "--grid", "lr=0.05,0.5,2.0", "--seeds", "0",
             "--set", "clients=8", "--set", "rounds=2", "--set", "local_steps=2", "--results-dir", results,
