@@ -58,6 +58,18 @@ def test_a_leak_the_stand_in_misses_is_found_at_the_runs_size(method_cls, first,
     assert full["verification_scope"] == "run" and full["verify"] == "full"
 
 
+BUILT_IN_PRIVATE = ("centralized", "dp-cga", "dp-dsgd", "dp-dsgt", "fedavg", "feddf", "local", "muffliato", "p2p-fl",
+                    "p4", "pdsl", "proxyfl", "scaffold")
+
+
+@pytest.mark.parametrize("method", BUILT_IN_PRIVATE)
+def test_every_built_in_private_method_passes_on_the_run_itself(method, verify_on):
+    summary = run(RunConfig(method=method, epsilon=8.0, clients=10, rounds=3, local_steps=2, accountant="rdp"),
+                  track=False).summary
+    assert summary["post_processing"] == "verified" and summary["verification_scope"] == "run", summary["uncertified_reason"]
+    assert summary["epsilon_certified"] is True, summary["uncertified_reason"]
+
+
 def test_an_honest_outside_gossip_method_stays_certified_at_the_runs_size(verify_on):
     name, _, pm = resolve_plugin("method", DPDSGD)
     summary = run(_config(name), plugin_manager=pm, track=False).summary
