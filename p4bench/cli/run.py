@@ -81,7 +81,8 @@ class ProgressDisplay:
         from p4bench.privacy.replay import replaying
 
         label = "verifying: replay of " if replaying() else ""
-        self.progress.update(self.task, advance=1 if main else 0, acc=f"{mean:.3f}",
+        shown = "-" if replaying() else f"{mean:.3f}"  # the replay trains on other records: its accuracy is no result
+        self.progress.update(self.task, advance=1 if main else 0, acc=shown,
                              description=label + (f"{self.method} rounds" if main else f"{self.method} {report.phase}"))
 
     @hookimpl

@@ -41,7 +41,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         ("DP randomness", _randomness_text(summary)),
         *_communication_rows(summary),
         ("wall time", f"{summary['wall_time_s']:.2f} s on {summary.get('compute_device', 'cpu')}"
-                      + (" (client data streamed from host memory)" if summary.get("device.data_placement") == "streamed" else "")),
+                      + (" (client data streamed from host memory)" if summary.get("device.data_placement") == "streamed" else "")
+                      + (f"; its verification {summary['verification_wall_s']:.2f} s more" if summary.get("verification_wall_s")
+                         and not summary.get("verification_cached") else "")),
         ("MLflow run", f"{summary.get('run_id')} at {summary.get('tracking_uri')}"),
         ("local results", str(summary.get("results_dir"))),
     ]

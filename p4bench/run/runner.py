@@ -320,11 +320,12 @@ def run(
             outcome = prepared.runtime.execute(prepared.job, on_round)  # (without interrupts Ctrl-C stops at once)
         if session.stopped_by_request and not session.complete:
             raise session.interrupted(attached)
+        trained = time.perf_counter()  # the run's wall time leaves its verification replay out
         verification.finish(outcome, attached, data_transform=data_transform, prepare=on_prepared)
         if session.runtime is not None and session.budget is not None:  # devices: the launcher's budget set it
             outcome.budget_overran_at = session.budget.overran_at
         outcome = within_budget(outcome)
-        wall = time.perf_counter() - started + session.elapsed_before
+        wall = trained - started + session.elapsed_before
         result = RunResult(info, outcome, wall, summarize(info, outcome, wall), prepared.job.method)
         method = prepared.job.method
         totals = summed_metrics(outcome.reports)

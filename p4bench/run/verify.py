@@ -89,6 +89,7 @@ class RunVerification:
             fields.update(verification_scope=verdict.get("scope"), verification_notes=verdict.get("notes", []),
                           verification_cached=bool(verdict.get("cached")),
                           verification_cpu_s=round(float(verdict.get("cpu_seconds", 0.0)), 3),
+                          verification_wall_s=round(float(verdict.get("seconds", 0.0)), 3),
                           verification_messages=verdict.get("messages"), verification_releases=verdict.get("releases"))
         return fields
 
