@@ -88,8 +88,8 @@ class Certification:
             return self
         if verdict is None:
             updated = self.with_reasons([
-                "not verified: the post-processing check was off (--verify off or P4BENCH_VERIFY=0); an epsilon whose "
-                "releases nobody checked the method keeps to is not certified"])
+                "not verified: the post-processing check was off (--verify off or P4BENCH_VERIFY=0), and an "
+                "epsilon is certified only where the run's messages were checked to be post-processing of its releases"])
             return Certification(updated.private, updated.certified, updated.reasons, updated.randomness, NOT_VERIFIED,
                                  "not run")
         status = str(verdict["status"])
