@@ -44,13 +44,19 @@ def clipped_gradient_sum(
     path a pass over the batch when the caller has them precomputed; for a stacked model
     (C, b, R, R), the batch's first-layer input Grams (`p4bench.stacked.input_grams`).
     """
-    sums, losses = _chunked_clipped_sum(model, params, x, y, mask, clip, loss, aux, sq_norms)
-    if current_changed() is not None:  # a run checked for record isolation (`p4bench.privacy.isolation`)
-        keep = kept_mask(x, mask)
-        kept = sums if keep is None else _chunked_clipped_sum(model, params, x, y, keep, clip, loss, aux, sq_norms)[0]
-        tape = current_tape()
-        if tape is not None:
-            tape.clean([kept[k] for k in sorted(kept)])
+    if current_changed() is None:
+        return _chunked_clipped_sum(model, params, x, y, mask, clip, loss, aux, sq_norms)
+    # a run checked for record isolation (`p4bench.privacy.isolation`): the sum without the changed records too
+    keep = kept_mask(x, mask)
+    if type(model) is LinearSoftmax:  # from the same logit gradients: one more GEMM
+        sums, losses, kept = _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms, keep)
+    else:
+        sums, losses = _chunked_clipped_sum(model, params, x, y, mask, clip, loss, aux, sq_norms)
+        kept = None if keep is None else _chunked_clipped_sum(model, params, x, y, keep, clip, loss, aux, sq_norms)[0]
+    kept = sums if kept is None else kept
+    tape = current_tape()
+    if tape is not None:
+        tape.clean([kept[k] for k in sorted(kept)])
     return sums, losses
 
 
@@ -60,7 +66,8 @@ def _chunked_clipped_sum(
 ) -> tuple[Params, torch.Tensor]:
     """`clipped_gradient_sum` for one batch mask, in client chunks where memory needs them."""
     if type(model) is LinearSoftmax:  # per-example logit gradients only: (C, b, L), never chunked
-        return _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms)
+        sums, losses, _ = _linear_clipped_sum(params, x, y, mask, clip, loss, aux, sq_norms)
+        return sums, losses
     first = next(iter(params.values()))
     per_client = sum(int(v[0].numel()) for v in params.values())
     chunk = clients_per_chunk(len(x), per_client, int(y.shape[1]), first.element_size(), first.device)
@@ -105,8 +112,9 @@ def clip_scale(logit_grads: torch.Tensor, sq_norms: torch.Tensor, mask: torch.Te
 
 def _linear_clipped_sum(
     params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: float, loss: PerExampleLoss,
-    aux: torch.Tensor | None, sq_norms: torch.Tensor | None = None,
-) -> tuple[Params, torch.Tensor]:
+    aux: torch.Tensor | None, sq_norms: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+) -> tuple[Params, torch.Tensor, Params | None]:
+    """(sums, per-example losses, and with `keep` (C, b), the sums over its entries alone)."""
     features = x.flatten(start_dim=2)  # (C, b, d)
     weight, bias = params["weight"], params["bias"]  # (C, L, d), (C, L)
     logits = torch.baddbmm(bias.unsqueeze(1), features, weight.transpose(1, 2))
@@ -115,7 +123,11 @@ def _linear_clipped_sum(
         scale = clip_scale(logit_grads, squared_norms(x) if sq_norms is None else sq_norms, mask, clip)
         scaled = logit_grads * scale.unsqueeze(-1)
         sums = {"weight": torch.bmm(scaled.transpose(1, 2), features), "bias": scaled.sum(dim=1)}
-    return sums, losses
+        kept = None
+        if keep is not None:  # each entry's term is its own: the kept sum drops the others' (where, not *: no NaN * 0)
+            part = torch.where((keep != 0).unsqueeze(-1), scaled, torch.zeros((), dtype=scaled.dtype))
+            kept = {"weight": torch.bmm(part.transpose(1, 2), features), "bias": part.sum(dim=1)}
+    return sums, losses, kept
 
 
 def _generic_clipped_sum(
