@@ -14,6 +14,11 @@ every u_j, in units of the claimed noise std. This is the white-box adversary of
 DP-SGD's analysis: it sees every release and knows every other record and which of
 them were sampled. Projections of isotropic Gaussian noise on orthonormal directions
 are independent, so (client, canary) pairs are independent trials.
+
+Releases of clipped values alone (`Releases.privatise`, PDSL's and DP-CGA's one release
+of k cross-gradients) go through `privatise_sums`: the canaries are directions of that
+release's space (k slots x P) and their norm is the release's sensitivity (scale x C),
+so their shift is C / noise_std in units of the row's noise, as above.
 """
 
 from __future__ import annotations
@@ -94,15 +99,18 @@ class CanaryBank:
         return keys
 
     def insert(
-        self, rows: torch.Tensor, sums: dict[str, torch.Tensor], sample_rate: float, clip: float, neighbouring: str
+        self, rows: torch.Tensor, sums: dict[str, torch.Tensor], sample_rate: float, clip: float | torch.Tensor,
+        neighbouring: str,
     ) -> tuple[str, ...]:
-        """Add the sampled canaries' clipped gradients of `rows` to `sums`, in place."""
+        """Add the sampled canaries' clipped gradients of `rows` to `sums`, in place: each
+        canary's norm is `clip`, or clip[i] for row i (a (C,) tensor)."""
         keys = self._check(sums)
         assert self.included is not None and self.directions is not None  # drawn by _check on the first release
         sampled = torch.rand(len(rows), self.per_client, generator=self._sampling) < sample_rate
         bits = self.included[rows]
         sign = bits.to(torch.float32) if neighbouring == "add-remove" else bits.to(torch.float32) * 2.0 - 1.0
-        contribution = ((sampled.to(torch.float32) * sign) @ self.directions) * clip  # (C, P)
+        norm = clip.to(torch.float32).reshape(-1, 1) if isinstance(clip, torch.Tensor) else clip
+        contribution = ((sampled.to(torch.float32) * sign) @ self.directions) * norm  # (C, P)
         offset = 0
         for key in keys:
             target = sums[key]
@@ -112,21 +120,46 @@ class CanaryBank:
         return keys
 
     def observe(
-        self, rows: torch.Tensor, observation: torch.Tensor, released: torch.Tensor, sample_rate: float, mu: float, std: float,
-        neighbouring: str,
+        self, rows: torch.Tensor, observation: torch.Tensor, released: torch.Tensor, sample_rate: float,
+        mu: float | torch.Tensor, std: float, neighbouring: str,
     ) -> None:
-        """Score the (C, P) observations (noise + canaries) of the released rows."""
+        """Score the (C, P) observations (noise + canaries) of the released rows; `mu`, the
+        canary's shift in units of `std`, is one figure or one per row ((C,) tensor)."""
         if not bool(released.any()):
             return
         assert self.directions is not None and self.scores is not None  # drawn by `insert`, which comes first
         chosen = rows[released]
         x = (observation[released] @ self.directions.T) / std  # (C', m) projections in units of the claimed std
-        self.scores[chosen] += release_scores(x, sample_rate, mu, neighbouring)
+        shift = mu[released].reshape(-1, 1) if isinstance(mu, torch.Tensor) else mu
+        self.scores[chosen] += release_scores(x, sample_rate, shift, neighbouring)
         self.releases[chosen] += 1
 
 
 def _stream(seed: int, tag: int) -> int:
     return int(np.random.SeedSequence([int(seed), 0xA0D17, tag]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def privatised_norm(settings: Any, factor: torch.Tensor) -> torch.Tensor:
+    """(C,) the norm of a canary in a `privatise` release whose row i gets noise of std
+    factor[i] x noise_std: factor[i] C, the release's sensitivity (`AuditedMechanism.privatise_sums`).
+
+    That reading needs the noise std to be calibrated to the clip in force, noise_std =
+    sigma C (2 sigma C under replace-one), as every `DPSettings` is. A planted fault may
+    break it (`p4bench.testing.audit_faults.unclipped`: clip 1e12, noise for the claimed
+    C), and then the factor means two things: per-example clipping scales the noise by
+    sqrt(k) whatever the clip (the sensitivity is sqrt(k) x 1e12), batch clipping reads
+    the clip into its factor (2 sqrt(k) x 1e12 / C: its noise follows the clip, and the
+    release is as private as claimed). The mechanism cannot tell them apart, so the canary
+    takes the reading that no release of clipped values can exceed: factor[i] x min(C, the
+    C of the noise std, noise_std / sigma, halved under replace-one), and at least C (one
+    record's clipped value, in one slot). Both are
+    factor[i] C for consistent settings; with clipping removed, per-example clipping gets
+    1e12 (the fault shows) and batch clipping 2 sqrt(k) x 1e12 (no fault: none to show).
+    """
+    relation = 2.0 if settings.neighbouring == "replace-one" else 1.0
+    clip, sigma = float(settings.clip), float(settings.noise_multiplier)
+    calibrated = float(settings.noise_std) / (relation * sigma) if sigma > 0 else clip  # the C of the noise std
+    return (factor.to(torch.float64) * min(clip, calibrated)).clamp_min(clip)
 
 
 def _flat(params: dict[str, torch.Tensor], keys: tuple[str, ...]) -> torch.Tensor:
@@ -135,7 +168,8 @@ def _flat(params: dict[str, torch.Tensor], keys: tuple[str, ...]) -> torch.Tenso
 
 class AuditedMechanism(_Mechanism):
     """A DP mechanism with canaries: every `release` (and so `step`, `sgd`,
-    `batch_gradient`) carries them; everything else is forwarded to the inner one.
+    `batch_gradient`) and every `privatise_sums` (`Releases.privatise`: PDSL's and
+    DP-CGA's cross-gradients) carries them; everything else is forwarded to the inner one.
 
     `step` and `sgd` run the inner class's own implementation with this wrapper as
     `self`, so their releases come back through `release`. Calls that add noise
@@ -173,6 +207,45 @@ class AuditedMechanism(_Mechanism):
         std = float(settings.noise_std)
         self.bank.observe(ctx.rows, observation, released.to(torch.bool), sample_rate, settings.clip / std, std, settings.neighbouring)
         return noisy, released
+
+    def privatise_sums(
+        self, ctx: ReleaseContext, sums: Params, scale: torch.Tensor | None, sample_rate: float, released: torch.Tensor,
+    ) -> None:
+        """`Releases.privatise`'s release (PDSL's and DP-CGA's cross-gradients): `sums` hold the
+        release's clipped values alone, and the inner mechanism adds noise of std
+        scale[i] x noise_std to row i. The canaries go in first, as one more record's clipped
+        values would, and the observation is sums after minus sums before: noise + canaries.
+
+        A canary's norm is the release's sensitivity, scale[i] C (`privatised_norm`): the
+        noise is scaled by the factor that the concatenation multiplies the sensitivity by,
+        so in units of the row's noise std the shift is C / noise_std, as in `release`.
+        - per-example clipping (Poisson rate q): scale sqrt(k) over k models, each model's
+          gradient of a record clipped to C: the canary is a record in the batch at rate q
+          whose clipped gradients (norm sqrt(k) C together) enter all k slots at once.
+        - batch clipping (PDSL's default, rate 1): a record has no clipped term of its own,
+          it moves each model's clipped batch mean, by up to 2C (any two points of the
+          C-ball), which is the sensitivity the accountant charges (under both relations).
+          A canary of norm C per model would be half of that, an audit of a multiplier 2
+          sigma, weaker than the claim. Here scale is 2 sqrt(k) under add-remove (the canary
+          is 2C per model) and sqrt(k) under replace-one (+-C per model, 2C apart): each
+          release moves by the accountant's own sensitivity, mu = 1 / sigma at rate 1, so
+          the audit is of the claim the accountant makes (white-box: the canary record
+          dominates its batch, as the mechanism level's gradient canaries are for DP-SGD).
+        The canaries are orthonormal directions of the whole release (k models x P
+        parameters, a row's padding slots included): the noise is isotropic, so only the
+        norm of a shift matters, not how it splits over the models.
+        """
+        settings = self.inner.settings
+        factor = torch.ones(len(ctx.rows), dtype=torch.float64) if scale is None else scale.detach().double().reshape(-1)
+        norm = privatised_norm(settings, factor)
+        clean = {k: v.detach().clone() for k, v in sums.items()}
+        keys = self.bank.insert(ctx.rows, sums, sample_rate, norm, settings.neighbouring)
+        self.inner.privatise_sums(ctx, sums, scale, sample_rate, released)
+        # in units of the mechanism's noise std: row i's noise is factor[i] x noise_std
+        observation = (_flat(sums, keys) - _flat(clean, keys)) / factor.to(torch.float32).reshape(-1, 1)
+        std = float(settings.noise_std)
+        self.bank.observe(ctx.rows, observation, released.to(torch.bool), sample_rate, norm / factor / std, std,
+                          settings.neighbouring)
 
     def step(
         self, ctx: Any, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, sample_rate: float,

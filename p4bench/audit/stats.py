@@ -24,16 +24,19 @@ from scipy.stats import beta
 __all__ = ["AuditBound", "clopper_pearson", "empirical_epsilon", "epsilon_from_rates", "release_scores"]
 
 
-def release_scores(x: torch.Tensor, sample_rate: float, mu: float, neighbouring: str) -> torch.Tensor:
+def release_scores(x: torch.Tensor, sample_rate: float, mu: float | torch.Tensor, neighbouring: str) -> torch.Tensor:
     """Log-likelihood ratio (in vs out) of one release's projections `x` (any shape, in
     units of the claimed noise std) under the subsampled Gaussian mechanism.
 
     A sampled canary shifts its projection by mu = C / std: add-remove compares
     (1-q) N(0,1) + q N(mu,1) (in) with N(0,1) (out); replace-one compares
     (1-q) N(0,1) + q N(mu,1) (in) with (1-q) N(0,1) + q N(-mu,1) (the opposite record).
+    `mu` may be a tensor that broadcasts against `x` (a shift per release row).
     """
     q = float(sample_rate)
     x = x.to(torch.float64)
+    if isinstance(mu, torch.Tensor):
+        mu = mu.to(torch.float64)
     keep = torch.tensor(math.log1p(-q) if q < 1.0 else -math.inf, dtype=torch.float64)
     shift = math.log(q) - mu * mu / 2.0
     score = torch.logaddexp(keep, shift + mu * x)

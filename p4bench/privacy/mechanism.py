@@ -137,6 +137,16 @@ class DPMechanism:
             else:
                 targets[key].addcmul_(chunk, scale.to(chunk.dtype).view(-1, *([1] * (chunk.dim() - 1))), value=self.settings.noise_std)
 
+    def privatise_sums(
+        self, ctx: ReleaseContext, sums: Params, scale: torch.Tensor | None, sample_rate: float, released: torch.Tensor,
+    ) -> None:
+        """One release of `sums`, the clipped values of the rows of `ctx` and nothing else
+        (`Releases.privatise`): sums[k][i] += scale[i] std N, in place (`add_scaled_noise`).
+        `released` (C,) bool: the rows the ledger admitted, recorded at `sample_rate`. The
+        sums hold the release alone, so a wrapper may add to them what one more record's
+        clipped values would add (the audit's canaries, `p4bench.audit.canaries`)."""
+        self.add_scaled_noise(sums, scale)
+
     def admit(self, ctx: ReleaseContext, sample_rate: float) -> torch.Tensor:
         """(C,) bool: which rows of `ctx` can afford one more release under their budget."""
         return self.allowed(ctx.rows, sample_rate, ctx.phase)

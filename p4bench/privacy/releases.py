@@ -115,10 +115,15 @@ class Releases:
 
     def privatise(self, sums: Params, scale: torch.Tensor | None) -> Params:
         """One release of `sums`, which hold the release's clipped values and nothing else:
-        sums[k][i] += scale[i] std N, in place (`DPMechanism.add_scaled_noise`). The
-        post-processing check forces the result on its replay."""
+        sums[k][i] += scale[i] std N, in place (`DPMechanism.privatise_sums`, which the
+        audit's canaries go through; a stand-in mechanism without it: `add_scaled_noise`).
+        The post-processing check forces the result on its replay."""
         self._take(1)
-        self.mechanism.add_scaled_noise(sums, scale)
+        privatise_sums = getattr(self.mechanism, "privatise_sums", None)
+        if privatise_sums is not None:
+            privatise_sums(self.ctx, sums, scale, self.sample_rate, self.admitted[self.drawn - 1])
+        else:
+            self.mechanism.add_scaled_noise(sums, scale)
         _to_tape("add_noise", sums)
         return sums
 
