@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from p4bench.privacy.fingerprint import row_fingerprints
@@ -44,10 +46,10 @@ _CHANGED: ContextVar[ChangedRecords | None] = ContextVar("p4bench_changed_record
 SLOT_SEED = 0x1507_A7E5  # mixed with the run's seed: which records change is the run's own draw
 
 
-def _key(fingerprints: torch.Tensor) -> torch.Tensor:
+def _key(fingerprints: npt.NDArray[np.int64]) -> torch.Tensor:
     """One int64 per row for a sorted membership test (its candidates are confirmed on
     the exact features, so one of the two fingerprints is enough)."""
-    return fingerprints[:, 0].contiguous()
+    return torch.from_numpy(np.ascontiguousarray(fingerprints[:, 0]))
 
 
 class ChangedRecords:

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from p4bench.engine.messages import BROADCAST, Messages
@@ -37,11 +39,11 @@ class LoggedExchange:
     exchange: str
     phase: str
     round_index: int
-    src: torch.Tensor
-    dst: torch.Tensor
+    src: npt.NDArray[np.int64]
+    dst: npt.NDArray[np.int64]
     layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]
-    prints: dict[str, torch.Tensor]
-    norms: dict[str, torch.Tensor]
+    prints: dict[str, npt.NDArray[np.int64]]
+    norms: dict[str, npt.NDArray[np.float64]]
 
     @property
     def where(self) -> str:
@@ -59,7 +61,8 @@ class MessageLog:
     def keep(self, exchange: str, phase: str, round_index: int, outgoing: Messages) -> None:
         payload = outgoing.payload
         self.exchanges.append(LoggedExchange(
-            exchange, phase, round_index, outgoing.src.cpu().clone(), outgoing.dst.cpu().clone(),
+            exchange, phase, round_index, outgoing.src.cpu().numpy().astype(np.int64),
+            outgoing.dst.cpu().numpy().astype(np.int64),
             {k: (v.dtype, tuple(v.shape[1:])) for k, v in payload.items()},
             {k: row_fingerprints(v) for k, v in payload.items()}, {k: row_norms(v) for k, v in payload.items()}))
 
@@ -93,7 +96,7 @@ def compare_logs(recorded: list[LoggedExchange], replayed: list[LoggedExchange],
         where = a.where
         if (a.exchange, a.phase, a.round_index) != (b.exchange, b.phase, b.round_index):
             return compared, exempt, differences + [f"{where}: the replay ran exchange '{b.exchange}' there instead"]
-        if not (torch.equal(a.src, b.src) and torch.equal(a.dst, b.dst)):
+        if not (np.array_equal(a.src, b.src) and np.array_equal(a.dst, b.dst)):
             differences.append(f"{where}: the replay sent to other nodes (who talks to whom depends on the records)")
             continue
         if a.layout != b.layout:
@@ -104,16 +107,17 @@ def compare_logs(recorded: list[LoggedExchange], replayed: list[LoggedExchange],
         if central:  # the trusted server's raw input
             skip |= (a.dst == SERVER_ID) & (a.src != SERVER_ID)
         if attackers is not None and len(attackers):
-            sender = a.src.clamp(0, len(attackers) - 1)
-            skip |= (a.src >= 0) & (a.src < len(attackers)) & attackers[sender]
+            controlled = attackers.cpu().numpy().astype(bool)
+            sender = a.src.clip(0, len(controlled) - 1)
+            skip |= (a.src >= 0) & (a.src < len(controlled)) & controlled[sender]
         exempt += int(skip.sum())
         compared += int((~skip).sum())
         keys = sorted(a.layout)
         if not keys:
             continue
-        differs = torch.stack([(a.prints[k] != b.prints[k]).any(dim=1) for k in keys], dim=1) & ~skip[:, None]
-        for i in torch.nonzero(differs.any(dim=1)).flatten().tolist():
-            key = keys[int(differs[i].nonzero()[0])]  # the message's first differing entry
+        differs = np.stack([(a.prints[k] != b.prints[k]).any(axis=1) for k in keys], axis=1) & ~skip[:, None]
+        for i in np.flatnonzero(differs.any(axis=1)).tolist():
+            key = keys[int(np.flatnonzero(differs[i])[0])]  # the message's first differing entry
             differences.append(f"{where}: message {_node(int(a.src[i]))} -> {_node(int(a.dst[i]))} '{key}' differs "
                                f"(norm {float(a.norms[key][i]):.6g} recorded, {float(b.norms[key][i]):.6g} on the "
                                "replay)")

@@ -34,8 +34,10 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import IO, Any
+from typing import IO
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from p4bench.privacy.fingerprint import row_fingerprints, row_norms
@@ -58,12 +60,19 @@ def _memory_limit() -> int:
         return 256 << 20
 
 
+# one stored tensor: its bytes in memory (None: in the file, at the offset), dtype and shape
+_Stored = tuple[npt.NDArray[np.uint8] | None, int, torch.dtype, tuple[int, ...]]
+
+
 class ReleaseStore:
     """The recorded releases, in order: `(kind, [tensors])` each, on the CPU; in memory
-    up to `P4BENCH_TAPE_MEMORY_MB`, in a temporary file (deleted with the store) beyond."""
+    up to `P4BENCH_TAPE_MEMORY_MB`, in a temporary file (deleted with the store) beyond.
+    Values in memory are kept as numpy byte arrays: many small torch tensors held for a
+    whole run fragment the allocator's heap (the resident set grew by many times the
+    values' size)."""
 
     def __init__(self, values: Sequence[tuple[str, list[torch.Tensor]]] = ()) -> None:
-        self._entries: list[tuple[str, list[Any]]] = []  # a tensor, or (offset, nbytes, dtype, shape) in the file
+        self._entries: list[tuple[str, list[_Stored]]] = []
         self._in_memory = 0
         self._limit = _memory_limit()
         self._file: IO[bytes] | None = None
@@ -72,20 +81,20 @@ class ReleaseStore:
             self.append(kind, tensors)
 
     def append(self, kind: str, tensors: Sequence[torch.Tensor]) -> None:
-        kept: list[Any] = []
+        kept: list[_Stored] = []
         for tensor in tensors:
-            value = tensor.detach().to("cpu", copy=True).contiguous()
-            size = value.numel() * value.element_size()
-            if self._in_memory + size <= self._limit:
-                self._in_memory += size
-                kept.append(value)
+            value = tensor.detach().to("cpu").contiguous()
+            raw: npt.NDArray[np.uint8] = value.reshape(-1).view(torch.uint8).numpy() if value.numel() else np.zeros(0, np.uint8)
+            if self._in_memory + raw.nbytes <= self._limit:
+                self._in_memory += raw.nbytes
+                kept.append((raw.copy(), 0, value.dtype, tuple(value.shape)))
                 continue
             if self._file is None:
                 self._file = tempfile.TemporaryFile(prefix="p4bench-tape-")
             offset = self._file.seek(0, os.SEEK_END)
-            self._file.write(value.view(torch.uint8).numpy().tobytes() if size else b"")
-            self.spilled_bytes += size
-            kept.append((offset, size, value.dtype, tuple(value.shape)))
+            self._file.write(raw.tobytes())
+            self.spilled_bytes += raw.nbytes
+            kept.append((None, offset, value.dtype, tuple(value.shape)))
         self._entries.append((kind, kept))
 
     def __len__(self) -> int:
@@ -93,17 +102,20 @@ class ReleaseStore:
 
     def __getitem__(self, index: int) -> tuple[str, list[torch.Tensor]]:
         kind, kept = self._entries[index]
-        return kind, [item if isinstance(item, torch.Tensor) else self._load(*item) for item in kept]
+        return kind, [self._load(*item) for item in kept]
 
     def shapes(self, index: int) -> tuple[str, list[tuple[int, ...]]]:
         kind, kept = self._entries[index]
-        return kind, [tuple(item.shape) if isinstance(item, torch.Tensor) else item[3] for item in kept]
+        return kind, [shape for *_, shape in kept]
 
-    def _load(self, offset: int, size: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        assert self._file is not None
-        self._file.seek(offset)
-        raw = bytearray(self._file.read(size))
-        flat = torch.frombuffer(raw, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+    def _load(self, raw: npt.NDArray[np.uint8] | None, offset: int, dtype: torch.dtype,
+              shape: tuple[int, ...]) -> torch.Tensor:
+        size = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+        if raw is None:
+            assert self._file is not None
+            self._file.seek(offset)
+            raw = np.frombuffer(bytearray(self._file.read(size)), dtype=np.uint8)
+        flat = torch.from_numpy(raw) if size else torch.empty(0, dtype=torch.uint8)
         return flat.view(dtype).reshape(shape)
 
     def close(self) -> None:
@@ -125,18 +137,18 @@ class ReleaseTape:
     """
 
     def __init__(self, recorded: ReleaseStore | Sequence[tuple[str, list[torch.Tensor]]] | None = None,
-                 clean: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+                 clean: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] | None = None) -> None:
         self.replaying = recorded is not None
         self.values = recorded if isinstance(recorded, ReleaseStore) else ReleaseStore(recorded or ())
         self.position = 0
         # the kept clipped sums' row fingerprints and norms: recorded, or (given `clean`) compared on the replay
-        self.clean_values: list[tuple[torch.Tensor, torch.Tensor]] = list(clean or [])
+        self.clean_values: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = list(clean or [])
         self.comparing = clean is not None
         self.clean_position = 0
         self.clean_differences: list[str] = []
         self.unforceable: list[str] = []  # kinds of release that a replay could not force
         self.delegated = 0  # releases whose noise a trusted server adds (central DP)
-        self.before_values: list[torch.Tensor] = []  # fused releases' states before: row fingerprints
+        self.before_values: list[npt.NDArray[np.int64]] = []  # fused releases' states before: row fingerprints
         self.before_position = 0
         self.before_differences: list[str] = []
         self.kept_checked: list[bool] = []  # per recorded release: whether a kept clipped sum came before it
@@ -170,8 +182,8 @@ class ReleaseTape:
         if not tensors:
             return
         self._kept_since_release = True
-        prints = torch.cat([row_fingerprints(t) for t in tensors], dim=1)
-        norms = torch.stack([row_norms(t) for t in tensors]).pow(2).sum(0).sqrt()
+        prints = np.concatenate([row_fingerprints(t) for t in tensors], axis=1)
+        norms = np.sqrt(np.sum([row_norms(t) ** 2 for t in tensors], axis=0))
         if not self.replaying:
             self.clean_values.append((prints, norms))
             return
@@ -187,7 +199,7 @@ class ReleaseTape:
             self.clean_differences.append(f"clipped sum {index + 1} ({self.where}) has {tuple(prints.shape)} row "
                                           f"fingerprints on the replay, {tuple(recorded.shape)} recorded")
             return
-        for row in torch.nonzero((recorded != prints).any(dim=1)).flatten().tolist():
+        for row in np.flatnonzero((recorded != prints).any(axis=1)).tolist():
             self.clean_differences.append(
                 f"clipped sum {index + 1} ({self.where}), batch row {row}: the kept records' clipped sum before noise "
                 f"differs (norm {float(recorded_norms[row]):.6g} recorded, {float(norms[row]):.6g} on the replay)")
@@ -195,7 +207,7 @@ class ReleaseTape:
     def before(self, tensors: Sequence[torch.Tensor]) -> None:
         """The state a fused release updates, before its kernel (`Releases.state_before`):
         recorded as row fingerprints, or compared on a replay."""
-        prints = torch.cat([row_fingerprints(t) for t in tensors], dim=1) if tensors else torch.zeros(0, 2)
+        prints = np.concatenate([row_fingerprints(t) for t in tensors], axis=1) if tensors else np.zeros((0, 2), np.int64)
         if not self.replaying:
             self.before_values.append(prints)
             return
@@ -205,7 +217,7 @@ class ReleaseTape:
             return  # a release made on the replay only: `release` names it
         recorded = self.before_values[index]
         if recorded.shape != prints.shape or bool((recorded != prints).any()):
-            rows = [] if recorded.shape != prints.shape else torch.nonzero((recorded != prints).any(dim=1)).flatten().tolist()
+            rows = [] if recorded.shape != prints.shape else np.flatnonzero((recorded != prints).any(axis=1)).tolist()
             self.before_differences.append(
                 f"fused release {index + 1} ({self.where}): the state it updates differs before the release"
                 + (f" in batch row {rows[0]}" if rows else "") + ": it was computed from records outside the mechanism")
