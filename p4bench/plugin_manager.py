@@ -275,7 +275,36 @@ def create_plugin_manager(extra_plugins: tuple[Any, ...] = (), autoload: bool | 
         name = pm.register(plugin)
         if name is not None:
             pm.sources[name] = own  # passed in code: a bad registration is the caller's bug
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError:
+        pm.problems.extend(_unknown_hooks(pm))
     return pm
+
+
+def _unknown_hooks(pm: PluginManager) -> list[PluginProblem]:
+    """A problem for each implementation of a hook p4bench does not define (pluggy's
+    `check_pending`, for every plugin): a misspelt `register_method` is never called."""
+    import difflib
+
+    callers = {name: caller for name, caller in vars(pm.hook).items() if not name.startswith("_")}
+    specified = [name for name, caller in callers.items() if caller.has_spec()]
+    problems = []
+    for name, caller in callers.items():
+        if caller.has_spec():
+            continue
+        close = difflib.get_close_matches(name, specified, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        for impl in caller.get_hookimpls():
+            if impl.optionalhook:
+                continue
+            plugin = impl.plugin
+            what = f"module {plugin.__name__}" if isinstance(plugin, ModuleType) else \
+                f"{type(plugin).__module__}.{type(plugin).__qualname__}"
+            source = source_of(pm, impl.plugin_name)
+            problems.append(PluginProblem(source.distribution, source.version, "hook", None,
+                                          f"{what} implements unknown hook '{name}'{hint}: it is never called"))
+    return problems
 
 
 @lru_cache(maxsize=1)

@@ -38,7 +38,7 @@ class PluginProblem:
 
     distribution: str
     version: str
-    kind: str  # a KINDS key, or "plugin" (loading) / "command" (register_commands)
+    kind: str  # a KINDS key, or "plugin" (loading) / "command" (register_commands) / "hook" (an unknown hook)
     name: str | None
     message: str
 

@@ -19,9 +19,9 @@ RESULT_KEYS = {"method", "model", "clients", "round_s", "rounds_s", "first_round
                "fraction_of_peak", "peak_memory_bytes", "path", "num_parameters", "config_wall_s"}
 
 
-def run_bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=BENCH.parent)
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    # no wall-clock limit: the CPU run takes what a busy machine gives it (issue 45)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=BENCH.parent)
 
 
 def check_output(out: dict, device_type: str) -> None:
@@ -57,7 +57,7 @@ def test_quick_cpu_run_prints_one_json_object():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_cuda_is_a_usage_error():
-    done = run_bench("--device", "cuda", "--quick", timeout=60)
+    done = run_bench("--device", "cuda", "--quick")
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --device cuda: CUDA is not available"), done.stderr

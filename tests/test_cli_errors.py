@@ -92,6 +92,15 @@ def test_bad_yaml_in_a_config_file_or_an_option_is_one_line(capsys, tmp_path):
     assert code == 2 and "invalid YAML in 'x=[1'" in line
 
 
+def test_shards_per_client_zero_is_refused_not_dropped(capsys, results_dir):
+    # issue 45: `--shards-per-client 0` was dropped as falsy and the run trained with the default 2
+    for value in ("0", "-1"):
+        code, _, err = invoke(["run", *SMALL, "--partitioner", "shards", "--shards-per-client", value,
+                               "--results-dir", results_dir], capsys)
+        line = one_error_line(err)
+        assert code == 2 and "options.shards_per_client" in line and ">= 1" in line and f"got {value}" in line
+
+
 # -- the boundary: stores, disks, bugs, interrupts -----------------------------------------------
 
 
@@ -168,6 +177,36 @@ def test_an_unhandled_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
     monkeypatch.setattr(p4bench.cli, "build_app", build_app)
     code, _, err = invoke(["list"], capsys)
     assert code == 130 and err.strip() == "interrupted"
+
+
+def test_ctrl_c_while_the_script_imports_the_command_line_is_one_line(capsys, monkeypatch):
+    # issue 45: Ctrl-C in the first 0.1 s printed the traceback of `from p4bench.cli import main`
+    import builtins
+    import tomllib
+
+    import p4bench.cli
+    from p4bench import console
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["p4bench"] == "p4bench.console:main"
+    called = []
+    monkeypatch.setattr(p4bench.cli, "main", lambda: called.append(True))
+    console.main()  # no interrupt: the command line's own main, as the script
+    assert called == [True]
+
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "p4bench.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(SystemExit) as info:
+        console.main()
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    out, err = capsys.readouterr()
+    assert info.value.code == 130 and err == "interrupted\n" and out == "" and called == [True]
 
 
 def test_which_failures_are_the_users():

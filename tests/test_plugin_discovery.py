@@ -122,6 +122,17 @@ def test_a_name_claimed_by_two_installed_plugins_is_refused_only_when_used(insta
     assert code == 2 and len(errors) == 1 and "twin-a" in errors[0] and "twin-b" in errors[0]
 
 
+def test_a_misspelt_hook_is_one_warning_line_of_list(install, capsys):
+    # issue 45: a plugin's `register_method` (for `register_methods`) was never called, and nothing said so
+    install("p4bench-misspelt", "class Lost(FedAvg):\n    name = 'lost'\n\n@hookimpl\ndef register_method():\n    return [Lost]\n")
+    code, out, err = invoke(["list"], capsys)
+    (line,) = naming(err, "p4bench-misspelt")
+    assert code == 0 and "fedavg" in out
+    assert line == ("warning: plugin p4bench-misspelt 1.0: module p4bench_misspelt_plugin implements unknown hook "
+                    "'register_method' (did you mean 'register_methods'?): it is never called")
+    assert "unknown hook 'register_method'" in out  # and in the table's list of problems
+
+
 def test_registry_records_problems_and_keeps_the_good_parts(install):
     install("half-good", """
         class Good(FedAvg):

@@ -211,6 +211,20 @@ def test_observation_hooks_and_plugin_parts_in_a_run(small_config):
     assert zero_rows == 2 * len(Recorder.seen)
 
 
+def test_a_misspelt_hook_is_a_problem_naming_it_not_silence():
+    # issue 45: `register_method` (for `register_methods`) registered and was never called
+    class Misspelt:
+        @hookimpl
+        def register_method(self):
+            return [TinyDigits]
+
+    assert create_plugin_manager(autoload=False).problems == []  # the built-ins implement no unknown hook
+    registry = Registry(create_plugin_manager(extra_plugins=(Misspelt(),), autoload=False))
+    (problem,) = registry.problems
+    assert problem.kind == "hook" and "\n" not in problem.line()
+    assert "Misspelt implements unknown hook 'register_method' (did you mean 'register_methods'?)" in problem.line()
+
+
 def test_register_commands_adds_cli_commands(capsys):
     from p4bench.cli import build_app
 

@@ -8,7 +8,8 @@
   paths that cannot be created or written (permission, a file where a folder is meant,
   a full or read-only disk), unusable or unreachable MLflow stores, invalid YAML; exit 2;
 - anything else is a bug: its traceback, then one line asking to report it; exit 1;
-- Ctrl-C that no command handled: one line, "interrupted", exit 130, no traceback.
+- Ctrl-C that no command handled: one line, "interrupted", exit 130, no traceback (also
+  while the script imports this module: `p4bench.console`).
 
 `P4BENCH_TRACEBACK=1` prints the traceback of user errors too (to tell a user error from
 a bug that raised an OSError on a path).
@@ -139,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     if args == ["--version"]:  # answered before the app and its plugins are built: fast
         print(version_line())
         sys.exit(0)
-    show_plugin_deprecations()
     try:
+        show_plugin_deprecations()
         app = build_app()  # plugin problems are shown by `list` and `describe`, and by a command that needs the plugin
         app(args=args, prog_name="p4bench")
     except SystemExit as exc:

@@ -262,8 +262,8 @@ def _run_or_resume(options: dict[str, Any], display: ProgressDisplay, as_json: b
 
 def _overrides(o: dict[str, Any]) -> dict[str, Any]:
     """The run options given on the command line (config fields)."""
-    plugin_options = {**({"shards_per_client": o["shards_per_client"]} if o["shards_per_client"] else {}),
-                      **parse_key_values(o["option"])}
+    given = o["shards_per_client"]  # 0 too: the partitioner's own check refuses it (not a silent default)
+    plugin_options = {**({"shards_per_client": given} if given is not None else {}), **parse_key_values(o["option"])}
     plugin_options.update(topology_overrides(o["topology"], o["topology_option"], plugin_options))
     # a parameter named like a config field is that field (declared once, in RunConfig);
     # the rest are the flags below, whose names differ from their fields
