@@ -25,7 +25,7 @@ import torch
 
 from p4bench.audit.method_level import run_method_audit
 from p4bench.config import RunConfig
-from p4bench.plugin_manager import create_plugin_manager
+from p4bench.host.manager import create_plugin_manager
 from p4bench.testing.audit_faults import FAULTY_METHODS, oversampled, unclipped
 
 # name -> (method, options, fault of the mechanism, expected verdict)
@@ -43,7 +43,9 @@ CASES: dict[str, tuple[str, dict[str, Any], Any, str]] = {
 
 
 def peak_rss_bytes() -> int:
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (
+        1 if sys.platform == "darwin" else 1024
+    )
 
 
 def _finite(value: float, digits: int) -> float | None:
@@ -60,16 +62,31 @@ def audit(name: str, args: argparse.Namespace, runs: int) -> dict[str, Any]:
         changes["clients"] = args.clients
     pm = create_plugin_manager()
     pm.register(FAULTY_METHODS)
-    result = run_method_audit(RunConfig(**changes), runs=runs, canaries_per_client=args.canaries_per_client,
-                              wrap_mechanism=fault, plugin_manager=pm, track=False)
+    result = run_method_audit(
+        RunConfig(**changes),
+        runs=runs,
+        canaries_per_client=args.canaries_per_client,
+        wrap_mechanism=fault,
+        plugin_manager=pm,
+        track=False,
+    )
     b = result.bound
     return {
-        "bound": round(b.epsilon_lower, 3), "claim": round(result.claimed_epsilon, 3), "ceiling": round(b.ceiling, 3),
-        "verdict": result.verdict, "replays": (result.behaviour or {}).get("status"),
-        "isolation": (result.behaviour or {}).get("isolation"), "runs": runs, "trials": b.trials, "tpr_lower": _finite(b.tpr_lower, 4),
-        "fpr_upper": _finite(b.fpr_upper, 6), "correct": b.correct,
+        "bound": round(b.epsilon_lower, 3),
+        "claim": round(result.claimed_epsilon, 3),
+        "ceiling": round(b.ceiling, 3),
+        "verdict": result.verdict,
+        "replays": (result.behaviour or {}).get("status"),
+        "isolation": (result.behaviour or {}).get("isolation"),
+        "runs": runs,
+        "trials": b.trials,
+        "tpr_lower": _finite(b.tpr_lower, 4),
+        "fpr_upper": _finite(b.fpr_upper, 6),
+        "correct": b.correct,
         "runs_needed": result.runs_needed() if result.inconclusive else None,
-        "seconds": round(result.seconds or 0.0, 1), "expected": expected, "line": result.line(),
+        "seconds": round(result.seconds or 0.0, 1),
+        "expected": expected,
+        "line": result.line(),
     }
 
 
@@ -91,18 +108,42 @@ def main() -> None:
         final = first
         if first["verdict"] == "inconclusive" and first["runs_needed"]:
             final = audit(name, args, min(int(first["runs_needed"]), args.max_runs))
-        print(json.dumps({
-            "case": name, **{k: final[k] for k in ("bound", "claim", "ceiling", "verdict", "replays", "isolation", "runs",
-                                                   "seconds")},
-            "expected": final["expected"], "trials": final["trials"], "correct": final["correct"],
-            "tpr_lower": final["tpr_lower"],
-            "fpr_upper": final["fpr_upper"], "recommended_runs": first["runs_needed"],
-            "first_run": {k: first[k] for k in ("bound", "ceiling", "verdict", "seconds")},
-            "rounds": args.rounds or 30, "clients": args.clients or 20,
-            "canaries_per_client": args.canaries_per_client, "threads": torch.get_num_threads(),
-            "wall_s": round(time.perf_counter() - wall, 1), "cpu_s": round(time.process_time() - cpu, 1),
-            "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1), "line": final["line"],
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "case": name,
+                    **{
+                        k: final[k]
+                        for k in (
+                            "bound",
+                            "claim",
+                            "ceiling",
+                            "verdict",
+                            "replays",
+                            "isolation",
+                            "runs",
+                            "seconds",
+                        )
+                    },
+                    "expected": final["expected"],
+                    "trials": final["trials"],
+                    "correct": final["correct"],
+                    "tpr_lower": final["tpr_lower"],
+                    "fpr_upper": final["fpr_upper"],
+                    "recommended_runs": first["runs_needed"],
+                    "first_run": {k: first[k] for k in ("bound", "ceiling", "verdict", "seconds")},
+                    "rounds": args.rounds or 30,
+                    "clients": args.clients or 20,
+                    "canaries_per_client": args.canaries_per_client,
+                    "threads": torch.get_num_threads(),
+                    "wall_s": round(time.perf_counter() - wall, 1),
+                    "cpu_s": round(time.process_time() - cpu, 1),
+                    "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),
+                    "line": final["line"],
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -37,16 +37,30 @@ def main() -> None:
             partitioner = CBDSPartitioner()
             config = RunConfig(options={"cbds_alpha": alpha})
             started = time.perf_counter()
-            parts = partitioner.partition(labels, args.labels, clients, None, harness_rng(args.seed, SEED_PARTITION), config)
+            parts = partitioner.partition(
+                labels, args.labels, clients, None, harness_rng(args.seed, SEED_PARTITION), config
+            )
             seconds = time.perf_counter() - started
             stats = partitioner.report.stats
-            runs.append({
-                "clients": clients, "alpha": alpha, "seconds": round(seconds, 4), "swaps": int(stats["swaps"]),
-                "u_before": round(stats["u_before"], 6), "u_after": stats["u_after"],
-                "undersampling": stats["undersampling"], "undersampling_worst_label": stats["undersampling_worst_label"],
-                "samples_per_client": len(parts[0]), "used_fraction": round(stats["used_fraction"], 6),
-            })
-    print(json.dumps({"labels": args.labels, "per_label": args.per_label, "seed": args.seed, "runs": runs}))
+            runs.append(
+                {
+                    "clients": clients,
+                    "alpha": alpha,
+                    "seconds": round(seconds, 4),
+                    "swaps": int(stats["swaps"]),
+                    "u_before": round(stats["u_before"], 6),
+                    "u_after": stats["u_after"],
+                    "undersampling": stats["undersampling"],
+                    "undersampling_worst_label": stats["undersampling_worst_label"],
+                    "samples_per_client": len(parts[0]),
+                    "used_fraction": round(stats["used_fraction"], 6),
+                }
+            )
+    print(
+        json.dumps(
+            {"labels": args.labels, "per_label": args.per_label, "seed": args.seed, "runs": runs}
+        )
+    )
 
 
 if __name__ == "__main__":

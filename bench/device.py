@@ -33,7 +33,7 @@ Targets on loopback: overhead_fraction <= 0.05; message bytes within 1% of raw b
 
 Link profiles (`--link ethernet|wifi|MBPS[:LATENCY_MS]`, run option `device_link`): every
 peer paces what it writes to the link's rate and adds its one-way latency once per batch
-(`p4bench.plugins.device.link`), as on the Raspberry Pi testbeds (100 Mbit/s Ethernet,
+(`p4bench_device.link`), as on the Raspberry Pi testbeds (100 Mbit/s Ethernet,
 ~10 Mbit/s Wi-Fi). The shaped run follows an unshaped one, and `transfers` puts the
 measured transfer time of each phase-2 message batch next to the link's capacity:
 predicted_s = wire bytes * 8 / rate + latency; measured_s, the sender's time; protocol_s,
@@ -80,13 +80,18 @@ from typing import Any
 from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
-from p4bench.plugins.device.link import LinkProfile, compare_transfers, parse_link
-from p4bench.plugins.device.profile import DEVICE_PROFILES
 from p4bench.run.runner import run
+from p4bench_device.link import LinkProfile, compare_transfers, parse_link
+from p4bench_device.profile import DEVICE_PROFILES
 
 PAPER = {  # Raspberry Pi 4B, Python 3.11, PyTorch 2.1, linear model, CIFAR-10 (reference p4.md section 9)
-    "phase1_message_bytes": 622.82e3, "phase2_total_bytes": 1246.57e3, "phase1_pair_s": 0.04,
-    "phase2_pair_s": 5.27, "phase2_compute_s": 4.83, "phase1_peak_rss_mb": 72, "phase2_peak_rss_mb": 489,
+    "phase1_message_bytes": 622.82e3,
+    "phase2_total_bytes": 1246.57e3,
+    "phase1_pair_s": 0.04,
+    "phase2_pair_s": 5.27,
+    "phase2_compute_s": 4.83,
+    "phase1_peak_rss_mb": 72,
+    "phase2_peak_rss_mb": 489,
 }
 
 
@@ -102,10 +107,16 @@ class RoundFigures:
 
 
 def _per_peer(metrics: dict[str, float], quantity: str) -> list[float]:
-    return [v for k, v in metrics.items() if k.startswith("device.") and k.endswith("." + quantity) and k.count(".") == 2]
+    return [
+        v
+        for k, v in metrics.items()
+        if k.startswith("device.") and k.endswith("." + quantity) and k.count(".") == 2
+    ]
 
 
-_EXCHANGE_KEY = re.compile(r"^device\.(?P<peer>[^.]+)\.exchange\.(?P<name>.+)\.(?P<key>comm_s|wire_bytes_sent|messages_sent)$")
+_EXCHANGE_KEY = re.compile(
+    r"^device\.(?P<peer>[^.]+)\.exchange\.(?P<name>.+)\.(?P<key>comm_s|wire_bytes_sent|messages_sent)$"
+)
 PHASE2_EXCHANGES = ("upload", "distribute")
 
 
@@ -124,24 +135,39 @@ def exchange_samples(
             if match is not None and match["name"] in samples:
                 figures.setdefault((match["name"], match["peer"]), {})[match["key"]] = float(value)
         for (name, _peer), entry in sorted(figures.items()):
-            if entry.get("messages_sent", 0) > 0 and "comm_s" in entry and "wire_bytes_sent" in entry:
+            if (
+                entry.get("messages_sent", 0) > 0
+                and "comm_s" in entry
+                and "wire_bytes_sent" in entry
+            ):
                 samples[name].append((entry["wire_bytes_sent"], entry["comm_s"]))
     return samples
 
 
 def transfer_figures(
-    profile: LinkProfile | None, samples: dict[str, list[tuple[float, float]]],
+    profile: LinkProfile | None,
+    samples: dict[str, list[tuple[float, float]]],
     baseline: dict[str, list[tuple[float, float]]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per exchange: on a shaped link, the measured transfer times next to the link's
     prediction (`compare_transfers`), less the same exchange's median time on the unshaped
     link (`baseline`: the protocol's own part); unshaped, only the measured medians."""
     if profile is not None:
-        protocol = {name: statistics.median(m for _, m in batch) for name, batch in (baseline or {}).items() if batch}
-        return {name: compare_transfers(profile, batch, protocol.get(name, 0.0)) for name, batch in samples.items()}
+        protocol = {
+            name: statistics.median(m for _, m in batch)
+            for name, batch in (baseline or {}).items()
+            if batch
+        }
+        return {
+            name: compare_transfers(profile, batch, protocol.get(name, 0.0))
+            for name, batch in samples.items()
+        }
     return {
-        name: {"batches": len(batch), "bytes": statistics.median(n for n, _ in batch) if batch else None,
-               "measured_s": statistics.median(m for _, m in batch) if batch else None}
+        name: {
+            "batches": len(batch),
+            "bytes": statistics.median(n for n, _ in batch) if batch else None,
+            "measured_s": statistics.median(m for _, m in batch) if batch else None,
+        }
         for name, batch in samples.items()
     }
 
@@ -149,15 +175,30 @@ def transfer_figures(
 def measure(args: argparse.Namespace, link: str | None) -> dict[str, Any]:
     """One run of the workload (on `link`, or unshaped): its figures, and the per-exchange
     transfer samples of its steady co-training rounds under "samples"."""
-    options: dict[str, Any] = {"synthetic_dim": 3072, "synthetic_classes": 10, "group_size": 2, "device_local_peers": 2}
+    options: dict[str, Any] = {
+        "synthetic_dim": 3072,
+        "synthetic_classes": 10,
+        "group_size": 2,
+        "device_local_peers": 2,
+    }
     if link:
         options["device_link"] = link
     if args.device_profile:
         options["device_profile"] = args.device_profile
     config = RunConfig(
-        method="p4", dataset="synthetic", clients=2, samples_per_client=args.samples, eval_fraction=0.0,
-        rounds=args.rounds, local_steps=args.local_steps, data_rate=args.data_rate, noise_multiplier=1.0, clip=1.0,
-        seed=args.seed, runtime="device", results_dir=tempfile.mkdtemp(prefix="p4bench-bench-device-"),
+        method="p4",
+        dataset="synthetic",
+        clients=2,
+        samples_per_client=args.samples,
+        eval_fraction=0.0,
+        rounds=args.rounds,
+        local_steps=args.local_steps,
+        data_rate=args.data_rate,
+        noise_multiplier=1.0,
+        clip=1.0,
+        seed=args.seed,
+        runtime="device",
+        results_dir=tempfile.mkdtemp(prefix="p4bench-bench-device-"),
         options=options,
     )
     figures = RoundFigures()
@@ -175,7 +216,10 @@ def measure(args: argparse.Namespace, link: str | None) -> dict[str, Any]:
     steady = cotraining[1:] or cotraining
     walls = [max(_per_peer(m, "wall_s")) for m in steady]
     computes = [max(_per_peer(m, "compute_s")) for m in steady]
-    periods = [max(w + b for w, b in zip(_per_peer(m, "wall_s"), _per_peer(m, "between_rounds_s"))) for m in steady]
+    periods = [
+        max(w + b for w, b in zip(_per_peer(m, "wall_s"), _per_peer(m, "between_rounds_s")))
+        for m in steady
+    ]
     critical = [m.get("device.critical_compute_s", float("nan")) for m in steady]
     phase2_pair_s, phase2_compute_s = statistics.median(walls), statistics.median(computes)
     overhead = [1 - c / p for c, p in zip(critical, periods)]
@@ -184,18 +228,28 @@ def measure(args: argparse.Namespace, link: str | None) -> dict[str, Any]:
     rounds = config.rounds
     exchanges = [p["phases"]["cotraining"]["exchanges"] for p in peers.values()]
     per_round = lambda key: sum(e[key] for ex in exchanges for e in ex.values()) / rounds  # noqa: E731
-    phase2_total_bytes, phase2_raw_bytes = per_round("frame_bytes_sent"), per_round("raw_bytes_sent")
+    phase2_total_bytes, phase2_raw_bytes = (
+        per_round("frame_bytes_sent"),
+        per_round("raw_bytes_sent"),
+    )
     peak1 = max(p["phases"]["grouping"]["peak_rss_mb"] for p in peers.values())
     peak2 = max(p["phases"]["cotraining"]["peak_rss_mb"] for p in peers.values())
     samples = exchange_samples(steady)
     if not any(samples.values()):
-        print("warning: no per-exchange round metrics (device.<peer>.exchange.<name>.comm_s): transfer times not measured",
-              file=sys.stderr)
+        print(
+            "warning: no per-exchange round metrics (device.<peer>.exchange.<name>.comm_s): transfer times not measured",
+            file=sys.stderr,
+        )
     return {
         "link": parse_link(link).to_dict() if link else None,
-        "device_profile": {peer: p.get("profile") for peer, p in peers.items()} if args.device_profile else None,
-        "parameters": int(raw_tensor_bytes // 4), "samples_per_client": args.samples, "local_steps": args.local_steps,
-        "rounds": rounds, "dp": {"noise_multiplier": 1.0, "clip": 1.0},
+        "device_profile": {peer: p.get("profile") for peer, p in peers.items()}
+        if args.device_profile
+        else None,
+        "parameters": int(raw_tensor_bytes // 4),
+        "samples_per_client": args.samples,
+        "local_steps": args.local_steps,
+        "rounds": rounds,
+        "dp": {"noise_multiplier": 1.0, "clip": 1.0},
         "phase1_pair_s": round(phase1_pair_s, 5),
         "phase2_pair_s": round(phase2_pair_s, 5),
         "phase2_compute_s": round(phase2_compute_s, 5),
@@ -211,7 +265,9 @@ def measure(args: argparse.Namespace, link: str | None) -> dict[str, Any]:
         "phase2_total_bytes": int(phase2_total_bytes),
         "phase2_raw_tensor_bytes": int(phase2_raw_bytes),
         "phase2_bytes_over_raw": round(phase2_total_bytes / phase2_raw_bytes - 1, 6),
-        "phase2_wire_bytes": int(per_round("wire_bytes_sent")),  # frames plus framing headers and end-of-exchange markers
+        "phase2_wire_bytes": int(
+            per_round("wire_bytes_sent")
+        ),  # frames plus framing headers and end-of-exchange markers
         "phase1_peak_rss_mb": round(peak1, 1),
         "phase2_peak_rss_mb": round(peak2, 1),
         "peak_rss_mb": round(max(peak1, peak2), 1),
@@ -222,15 +278,29 @@ def measure(args: argparse.Namespace, link: str | None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--samples", type=int, default=1250, help="samples per client (80%% for training)")
-    parser.add_argument("--local-steps", type=int, default=40, help="local steps K per co-training round")
+    parser.add_argument(
+        "--samples", type=int, default=1250, help="samples per client (80%% for training)"
+    )
+    parser.add_argument(
+        "--local-steps", type=int, default=40, help="local steps K per co-training round"
+    )
     parser.add_argument("--rounds", type=int, default=6, help="co-training rounds")
-    parser.add_argument("--data-rate", type=float, default=0.2, help="batch = data rate x training samples")
+    parser.add_argument(
+        "--data-rate", type=float, default=0.2, help="batch = data rate x training samples"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--link", default=None, help="shape every peer's traffic: ethernet | wifi | MBPS[:LATENCY_MS]; "
-                        "the run is preceded by an unshaped one (the protocol's own time). Default: unshaped only")
-    parser.add_argument("--device-profile", default=None, choices=sorted(DEVICE_PROFILES),
-                        help="hold every peer to a device's CPUs and memory where the OS allows")
+    parser.add_argument(
+        "--link",
+        default=None,
+        help="shape every peer's traffic: ethernet | wifi | MBPS[:LATENCY_MS]; "
+        "the run is preceded by an unshaped one (the protocol's own time). Default: unshaped only",
+    )
+    parser.add_argument(
+        "--device-profile",
+        default=None,
+        choices=sorted(DEVICE_PROFILES),
+        help="hold every peer to a device's CPUs and memory where the OS allows",
+    )
     args = parser.parse_args(argv)
     try:
         link = parse_link(args.link) if args.link else None
@@ -243,37 +313,65 @@ def main(argv: list[str] | None = None) -> dict:
     baseline = unshaped.pop("samples")
     samples = shaped.pop("samples") if shaped is not None else baseline
     transfers = transfer_figures(link, samples, baseline)
-    out = {"bench": "device", "peers": 2, "transport": "TLS over TCP, 127.0.0.1", "model": "linear 3072 -> 10", **main_run,
-           "transfers": transfers, "paper_pi": PAPER}
+    out = {
+        "bench": "device",
+        "peers": 2,
+        "transport": "TLS over TCP, 127.0.0.1",
+        "model": "linear 3072 -> 10",
+        **main_run,
+        "transfers": transfers,
+        "paper_pi": PAPER,
+    }
     if shaped is not None:
-        out["unshaped"] = {k: unshaped[k] for k in ("phase1_pair_s", "phase2_pair_s", "phase2_compute_s",
-                                                    "phase2_critical_compute_s", "overhead_fraction",
-                                                    "wait_and_overhead_fraction")}
+        out["unshaped"] = {
+            k: unshaped[k]
+            for k in (
+                "phase1_pair_s",
+                "phase2_pair_s",
+                "phase2_compute_s",
+                "phase2_critical_compute_s",
+                "overhead_fraction",
+                "wait_and_overhead_fraction",
+            )
+        }
     phase1_ratio, phase2_ratio = out["phase1_bytes_over_raw"], out["phase2_bytes_over_raw"]
     out["targets"] = {
-        "overhead_fraction_le_0.05": unshaped["overhead_fraction"] <= 0.05,  # the protocol's own share: the unshaped run's
+        "overhead_fraction_le_0.05": unshaped["overhead_fraction"]
+        <= 0.05,  # the protocol's own share: the unshaped run's
         "message_bytes_within_1pct_of_raw": abs(phase1_ratio) <= 0.01 and abs(phase2_ratio) <= 0.01,
     }
-    if link is not None:  # distribute: the sender's time is its transfer alone (see the module docstring)
+    if (
+        link is not None
+    ):  # distribute: the sender's time is its transfer alone (see the module docstring)
         out["targets"]["transfer_within_10pct_of_link"] = transfers["distribute"]["within_10pct"]
 
-    print(f"phase 1 per pair: {out['phase1_pair_s']:.4f} s (paper, Pi: {PAPER['phase1_pair_s']} s); "
-          f"message {out['phase1_message_bytes'] / 1e3:.2f} kB, raw tensors {out['raw_tensor_bytes'] / 1e3:.2f} kB "
-          f"(paper, pickled: 622.82 kB)")
-    print(f"phase 2 per pair: {out['phase2_pair_s']:.4f} s, of which compute {out['phase2_compute_s']:.4f} s, overhead "
-          f"{out['overhead_fraction']:.2%} over the critical path's {out['phase2_critical_compute_s']:.4f} s "
-          f"({out['wait_and_overhead_fraction']:.2%} with waiting for the partner's compute) (paper, Pi: 5.27 s, training "
-          f"4.83 s); {out['phase2_total_bytes'] / 1e3:.2f} kB per round (paper: 1246.57 kB)")
+    print(
+        f"phase 1 per pair: {out['phase1_pair_s']:.4f} s (paper, Pi: {PAPER['phase1_pair_s']} s); "
+        f"message {out['phase1_message_bytes'] / 1e3:.2f} kB, raw tensors {out['raw_tensor_bytes'] / 1e3:.2f} kB "
+        f"(paper, pickled: 622.82 kB)"
+    )
+    print(
+        f"phase 2 per pair: {out['phase2_pair_s']:.4f} s, of which compute {out['phase2_compute_s']:.4f} s, overhead "
+        f"{out['overhead_fraction']:.2%} over the critical path's {out['phase2_critical_compute_s']:.4f} s "
+        f"({out['wait_and_overhead_fraction']:.2%} with waiting for the partner's compute) (paper, Pi: 5.27 s, training "
+        f"4.83 s); {out['phase2_total_bytes'] / 1e3:.2f} kB per round (paper: 1246.57 kB)"
+    )
     if shaped is not None:
-        print(f"unshaped: phase 2 per pair {unshaped['phase2_pair_s']:.4f} s, overhead {unshaped['overhead_fraction']:.2%}")
-    print(f"peak memory: {out['phase1_peak_rss_mb']:.0f} MB phase 1, {out['phase2_peak_rss_mb']:.0f} MB phase 2 "
-          f"(paper, Pi: 72 MB, 489 MB)")
+        print(
+            f"unshaped: phase 2 per pair {unshaped['phase2_pair_s']:.4f} s, overhead {unshaped['overhead_fraction']:.2%}"
+        )
+    print(
+        f"peak memory: {out['phase1_peak_rss_mb']:.0f} MB phase 1, {out['phase2_peak_rss_mb']:.0f} MB phase 2 "
+        f"(paper, Pi: 72 MB, 489 MB)"
+    )
     for name, t in transfers.items():
         if link is not None and t["batches"]:
-            print(f"link {link.name} ({link.rate_bits_per_s / 1e6:g} Mbit/s, {link.latency_s * 1e3:g} ms): {name} "
-                  f"{t['bytes'] / 1e3:.2f} kB in {t['measured_s'] * 1e3:.2f} ms, of which the link {t['link_s'] * 1e3:.2f} ms "
-                  f"(protocol {t['protocol_s'] * 1e3:.2f} ms unshaped); capacity predicts {t['predicted_s'] * 1e3:.2f} ms "
-                  f"(ratio {t['ratio']:.3f}, {t['batches']} batches)")
+            print(
+                f"link {link.name} ({link.rate_bits_per_s / 1e6:g} Mbit/s, {link.latency_s * 1e3:g} ms): {name} "
+                f"{t['bytes'] / 1e3:.2f} kB in {t['measured_s'] * 1e3:.2f} ms, of which the link {t['link_s'] * 1e3:.2f} ms "
+                f"(protocol {t['protocol_s'] * 1e3:.2f} ms unshaped); capacity predicts {t['predicted_s'] * 1e3:.2f} ms "
+                f"(ratio {t['ratio']:.3f}, {t['batches']} batches)"
+            )
         elif t["batches"]:
             print(f"unshaped: {name} {t['bytes'] / 1e3:.2f} kB in {t['measured_s'] * 1e3:.2f} ms")
     print(json.dumps(out))

@@ -47,7 +47,7 @@ def flooded_run(config: RunConfig, connections: int) -> tuple[float, dict, Flood
     """One run with the flood aimed at peer "1" from before the launcher connects to the end."""
     flood = Flood(port=0, count=connections)
     # the local peers' ports are chosen when the run starts: aim the flood at peer "1" then
-    from p4bench.plugins.device import launcher
+    from p4bench_device import launcher
 
     original = launcher.Launcher.run
 
@@ -69,13 +69,27 @@ def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--tries", type=int, default=1, help="flooded runs (each against the one unflooded run)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed unflooded runs first (cold caches)")
+    parser.add_argument(
+        "--tries", type=int, default=1, help="flooded runs (each against the one unflooded run)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="untimed unflooded runs first (cold caches)"
+    )
     args = parser.parse_args()
     results = tempfile.mkdtemp(prefix="p4bench-bench-flood-")
-    config = RunConfig(method="p4", clients=4, rounds=args.rounds, local_steps=2, seed=4, eval_fraction=0.0,
-                       runtime="device", results_dir=results, noise_source="seeded", device_simulation=True,
-                       options={"device_local_peers": 4})
+    config = RunConfig(
+        method="p4",
+        clients=4,
+        rounds=args.rounds,
+        local_steps=2,
+        seed=4,
+        eval_fraction=0.0,
+        runtime="device",
+        results_dir=results,
+        noise_source="seeded",
+        device_simulation=True,
+        options={"device_local_peers": 4},
+    )
     for _ in range(args.warmup):
         timed(config, [])
     clean_s, clean = timed(config, [])
@@ -84,24 +98,43 @@ def main() -> dict:
         try:
             flooded_s, flooded, flood = flooded_run(config, args.connections)
         except Exception as exc:  # noqa: BLE001 - an aborted run is this bench's failure, recorded per try
-            tries.append({"try": number, "completed": False, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            tries.append(
+                {"try": number, "completed": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            )
             print(json.dumps(tries[-1]), file=sys.stderr, flush=True)
             continue
         rejected = flooded["device"]["peers"]["1"]["transport"]["rejected"]
-        tries.append({
-            "try": number, "completed": True, "flooded_s": round(flooded_s, 2), "ratio": round(flooded_s / clean_s, 3),
-            "sockets_opened": flood.opened, "dropped": flooded["device"]["dropped"],
-            "launcher_reconnects": flooded["device"].get("reconnects", {}),
-            "absences": len(flooded["device"]["absences"]), "flooded_peer_rejections": rejected,
-            "same_accuracy": clean["accuracy_per_client"] == flooded["accuracy_per_client"],
-        })
+        tries.append(
+            {
+                "try": number,
+                "completed": True,
+                "flooded_s": round(flooded_s, 2),
+                "ratio": round(flooded_s / clean_s, 3),
+                "sockets_opened": flood.opened,
+                "dropped": flooded["device"]["dropped"],
+                "launcher_reconnects": flooded["device"].get("reconnects", {}),
+                "absences": len(flooded["device"]["absences"]),
+                "flooded_peer_rejections": rejected,
+                "same_accuracy": clean["accuracy_per_client"] == flooded["accuracy_per_client"],
+            }
+        )
         print(json.dumps(tries[-1]), file=sys.stderr, flush=True)  # progress: one line per try
     good = [t for t in tries if t["completed"] and t["ratio"] <= 1.5 and not t["dropped"]]
     out = {
-        "bench": "device_flood", "method": "p4", "local_peers": 4, "rounds": args.rounds,
-        "connections": args.connections, "warmup_runs": args.warmup, "unflooded_s": round(clean_s, 2), "tries": tries,
-        "flooded_s": [t.get("flooded_s") for t in tries], "ratios": [t.get("ratio") for t in tries],
-        "target": {"tries_within_1.5x_without_drop": f"{len(good)} of {len(tries)}", "met": len(good) == len(tries)},
+        "bench": "device_flood",
+        "method": "p4",
+        "local_peers": 4,
+        "rounds": args.rounds,
+        "connections": args.connections,
+        "warmup_runs": args.warmup,
+        "unflooded_s": round(clean_s, 2),
+        "tries": tries,
+        "flooded_s": [t.get("flooded_s") for t in tries],
+        "ratios": [t.get("ratio") for t in tries],
+        "target": {
+            "tries_within_1.5x_without_drop": f"{len(good)} of {len(tries)}",
+            "met": len(good) == len(tries),
+        },
     }
     print(json.dumps(out))
     return out

@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from p4bench.plugins.device.launcher import LocalPeers
-from p4bench.plugins.device.protocol import KIND_MESSAGE
+from p4bench_device.launcher import LocalPeers
+from p4bench_device.protocol import KIND_MESSAGE
 
 TARGET_MB = 50.0
 
@@ -101,14 +101,26 @@ def main() -> None:
         alive = cluster.processes["0"].poll() is None
         for process in cluster.processes.values():
             process.terminate()
-    print(json.dumps({
-        "benchmark": "device_push", "pushed_mib": round(pushed / 2**20, 1), "peer_rss_before_mb": round(before, 1),
-        "peer_rss_after_mb": round(after, 1), "peer_rss_growth_mb": round(after - before, 1),
-        "target_growth_mb": TARGET_MB, "meets_target": bool(after - before <= TARGET_MB), "peer_alive": alive,
-        "huge_frame_refused": refused, "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "wall_s": round(time.perf_counter() - started, 2), "cpu_s": round(time.process_time() - cpu_started, 2),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "device_push",
+                "pushed_mib": round(pushed / 2**20, 1),
+                "peer_rss_before_mb": round(before, 1),
+                "peer_rss_after_mb": round(after, 1),
+                "peer_rss_growth_mb": round(after - before, 1),
+                "target_growth_mb": TARGET_MB,
+                "meets_target": bool(after - before <= TARGET_MB),
+                "peer_alive": alive,
+                "huge_frame_refused": refused,
+                "torch_threads": torch.get_num_threads(),
+                "cpu_count": os.cpu_count(),
+                "wall_s": round(time.perf_counter() - started, 2),
+                "cpu_s": round(time.process_time() - cpu_started, 2),
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -42,9 +42,15 @@ def workload(clients: int) -> tuple[ClientTensors, dict[str, torch.Tensor], Line
 def context(model, rows: torch.Tensor, batched: bool) -> StepContext:
     gradient = batched_loss_and_grad if batched else reference_loss_and_grad
     return StepContext(
-        config=RunConfig(data_rate=0.2), model=model, phase="bench", round=0, rows=rows,
-        rng=ClientRng(node_keys(0, rows)), loss_and_grad=partial(gradient, model),
-        aggregator=Aggregator(), num_clients=len(rows),
+        config=RunConfig(data_rate=0.2),
+        model=model,
+        phase="bench",
+        round=0,
+        rows=rows,
+        rng=ClientRng(node_keys(0, rows)),
+        loss_and_grad=partial(gradient, model),
+        aggregator=Aggregator(),
+        num_clients=len(rows),
     )
 
 
@@ -87,8 +93,15 @@ def main() -> None:
                 "speedup": round(reference / batched, 2),
             }
         )
-        print(f"M={clients}: batched {batched * 1e3:.2f} ms/step, reference {reference * 1e3:.2f} ms/step", flush=True)
-    print(json.dumps({"benchmark": "engine", "torch_threads": torch.get_num_threads(), "results": results}))
+        print(
+            f"M={clients}: batched {batched * 1e3:.2f} ms/step, reference {reference * 1e3:.2f} ms/step",
+            flush=True,
+        )
+    print(
+        json.dumps(
+            {"benchmark": "engine", "torch_threads": torch.get_num_threads(), "results": results}
+        )
+    )
 
 
 if __name__ == "__main__":

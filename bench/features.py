@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from p4bench.features import FeatureCache, scatter_features
+from p4bench.data.features import FeatureCache, scatter_features
 
 
 def main() -> None:
@@ -29,25 +29,33 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=None)
     args = parser.parse_args()
 
-    images = np.random.default_rng(0).random((args.count, args.channels, args.size, args.size), dtype=np.float32)
+    images = np.random.default_rng(0).random(
+        (args.count, args.channels, args.size, args.size), dtype=np.float32
+    )
     with tempfile.TemporaryDirectory() as scratch:
         cache = FeatureCache(args.cache_dir or Path(scratch))
         timings = []
         for _ in range(2):
             started = time.perf_counter()
-            out = scatter_features(images, cache=cache, batch_size=args.batch_size, device=args.device, progress=False)
+            out = scatter_features(
+                images, cache=cache, batch_size=args.batch_size, device=args.device, progress=False
+            )
             timings.append(time.perf_counter() - started)
-    print(json.dumps({
-        "images": args.count,
-        "input_shape": [args.channels, args.size, args.size],
-        "output_shape": list(out.shape[1:]),
-        "device": args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
-        "torch_threads": torch.get_num_threads(),
-        "first_compute_s": round(timings[0], 4),
-        "second_cached_s": round(timings[1], 4),
-        "speedup": round(timings[0] / max(timings[1], 1e-9), 1),
-        "images_per_s_compute": round(args.count / timings[0], 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "images": args.count,
+                "input_shape": [args.channels, args.size, args.size],
+                "output_shape": list(out.shape[1:]),
+                "device": args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                "torch_threads": torch.get_num_threads(),
+                "first_compute_s": round(timings[0], 4),
+                "second_cached_s": round(timings[1], 4),
+                "speedup": round(timings[0] / max(timings[1], 1e-9), 1),
+                "images_per_s_compute": round(args.count / timings[0], 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

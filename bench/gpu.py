@@ -7,14 +7,14 @@ replace-one), no defense (as bench/p4.py); models `linear` and `scatter-cnn`, at
 2,080 clients. The round runs through the real engine, as bench/p4.py does: the P4
 method plugin, the DP mechanism (`attach_mechanisms`; seeded noise from the Philox
 streams on accelerators, torch's generators on the CPU: the runner's `auto`) and the
-batched simulator (`SimulationRuntime`), built inside `p4bench.devices.device_scope`
+batched simulator (`SimulationRuntime`), built inside `p4bench.engine.devices.device_scope`
 with the data drawn on the device (resident, never streamed from host memory).
 
 Per configuration (model x clients):
 - `round_s`: the median over `--rounds` timed co-training rounds, after one warm-up
   round (the first also pays one-time costs: the span path's QR bases, kernel
   selection). A round is timed from the network's `begin_round` to its `steps_finished`
-  hooks (the round's steps, not its evaluation) with `p4bench.devices.synchronize`
+  hooks (the round's steps, not its evaluation) with `p4bench.engine.devices.synchronize`
   before both clock reads, so queued GPU work is counted in the round that queued it;
   `per_client_ms` = round_s / clients * 1000;
 - `flops_per_round`: counted, not modelled: one more co-training round after the timed
@@ -61,19 +61,19 @@ import torch
 from p4 import CLASSES, FEATURES  # bench/p4.py: the CIFAR-10 workload's shape
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
-from p4bench.baselines.fedavg import FedAvg
 from p4bench.config import RunConfig
 from p4bench.data import ClientTensors, FederatedData
-from p4bench.devices import describe_device, device_scope, resolve_device, synchronize
 from p4bench.engine import Job, Phase
+from p4bench.engine.devices import describe_device, device_scope, resolve_device, synchronize
 from p4bench.engine.network import InProcessNetwork
 from p4bench.engine.runtime import SimulationRuntime
 from p4bench.errors import UsageError
 from p4bench.models import LinearSoftmax, ScatterCNN
-from p4bench.plugins.p4.method import COTRAINING, P4
-from p4bench.plugins.p4.span import span_is_cheaper
 from p4bench.privacy.groups import attach_mechanisms, noise_generator
 from p4bench.privacy.mechanism import DPSettings
+from p4bench_baselines.fedavg import FedAvg
+from p4bench_p4.method import COTRAINING, P4
+from p4bench_p4.span import span_is_cheaper
 
 MODELS = {"linear": LinearSoftmax, "scatter-cnn": ScatterCNN}
 FULL_CLIENTS, FULL_SAMPLES = [260, 2080], 160  # the issue's sizes
@@ -86,15 +86,23 @@ FEDAVG_FEATURES, FEDAVG_SAMPLES, FEDAVG_TEST = (1, 8, 8), 20, 4
 CHUNK = 128  # clients drawn at once (bounds the temporaries of building 2,080 clients' data)
 
 
-def synthetic_data(clients: int, train: int, test: int, device: torch.device, seed: int = 0,
-                   features: tuple[int, ...] = FEATURES) -> FederatedData:
+def synthetic_data(
+    clients: int,
+    train: int,
+    test: int,
+    device: torch.device,
+    seed: int = 0,
+    features: tuple[int, ...] = FEATURES,
+) -> FederatedData:
     """bench/p4.py's synthetic clients (class centres plus noise) with the sizes as
     parameters, drawn on `device` itself: at 2,080 clients the samples are 26 GB, which
     the host would draw far slower than the GPU."""
     torch.manual_seed(seed)  # the default generators of the CPU and every CUDA device
     with device_scope(device):
         centers = torch.randn(CLASSES, *features)
-        chunk = max(CHUNK, (1 << 24) // max(train * math.prod(features), 1))  # small clients: larger chunks
+        chunk = max(
+            CHUNK, (1 << 24) // max(train * math.prod(features), 1)
+        )  # small clients: larger chunks
 
         def split(count: int) -> ClientTensors:
             y = torch.randint(0, CLASSES, (clients, count))
@@ -104,23 +112,53 @@ def synthetic_data(clients: int, train: int, test: int, device: torch.device, se
                 x[rows] = torch.randn(x[rows].shape).add_(centers[y[rows]], alpha=0.3)
             return ClientTensors(x, y, torch.full((clients,), count))
 
-        data = FederatedData(split(train), split(test), torch.zeros(clients, dtype=torch.bool), CLASSES, features,
-                             tuple(map(str, range(CLASSES))), tuple())
-    return data.to(device)  # the runner's placement (p4bench.run.runner.prepare): here already there
+        data = FederatedData(
+            split(train),
+            split(test),
+            torch.zeros(clients, dtype=torch.bool),
+            CLASSES,
+            features,
+            tuple(map(str, range(CLASSES))),
+            tuple(),
+        )
+    return data.to(
+        device
+    )  # the runner's placement (p4bench.run.runner.prepare): here already there
 
 
 def fresh(data: FederatedData) -> FederatedData:
     """The same tensors without the caches a run leaves on them (the span path's
     per-dataset QR bases are as large as the samples): each configuration starts clean."""
+
     def clean(t: ClientTensors) -> ClientTensors:
         return ClientTensors(t.x, t.y, t.n)
 
-    return FederatedData(clean(data.train), clean(data.test), data.evaluation, data.num_classes, data.feature_shape,
-                         data.class_names, data.client_indices)
+    return FederatedData(
+        clean(data.train),
+        clean(data.test),
+        data.evaluation,
+        data.num_classes,
+        data.feature_shape,
+        data.class_names,
+        data.client_indices,
+    )
 
 
-def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
-                       _output_padding, groups, output_mask, out_shape, **kwargs) -> int:
+def conv_backward_flop(
+    grad_out_shape,
+    x_shape,
+    w_shape,
+    _bias,
+    _stride,
+    _padding,
+    _dilation,
+    transposed,
+    _output_padding,
+    groups,
+    output_mask,
+    out_shape,
+    **kwargs,
+) -> int:
     """torch's formula for `convolution_backward` (torch 2.13), with the weight gradient
     of a grouped convolution divided by its groups: torch counts it as if every group
     saw every input channel. The per-sample gradients of the simulator (vmap) run as
@@ -128,9 +166,13 @@ def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _paddin
     flops = 0
     if output_mask[0]:  # grad_input: a transposed convolution of grad_out with the weight
         flops += conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
-    if output_mask[1]:  # grad_weight: a convolution of the input with grad_out, batch and channels swapped
+    if output_mask[
+        1
+    ]:  # grad_weight: a convolution of the input with grad_out, batch and channels swapped
+
         def swap(shape):
             return [shape[1], shape[0], *shape[2:]]
+
         first, second = (grad_out_shape, x_shape) if transposed else (x_shape, grad_out_shape)
         flops += conv_flop_count(swap(first), swap(second), swap(out_shape[1])) // groups
     return flops
@@ -141,7 +183,9 @@ class TimedNetwork(InProcessNetwork):
     driver's `begin_round` and `steps_finished` hooks (device synchronised at both),
     and counting the FLOPs of round `count_round` instead of timing it."""
 
-    def __init__(self, device: torch.device, count_round: int, phase: str | None = COTRAINING) -> None:
+    def __init__(
+        self, device: torch.device, count_round: int, phase: str | None = COTRAINING
+    ) -> None:
         self.device, self.count_round, self.phase = device, count_round, phase
         self.seconds: list[float] = []
         self.flops: int | None = None
@@ -149,16 +193,23 @@ class TimedNetwork(InProcessNetwork):
         self._started = 0.0
 
     def begin_round(self, phase: str, round_index: int) -> None:
-        if round_index < 0 or (self.phase is not None and phase != self.phase):  # setup blocks are not rounds
+        if round_index < 0 or (
+            self.phase is not None and phase != self.phase
+        ):  # setup blocks are not rounds
             return
         if round_index == self.count_round:
-            self.counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flop})
+            self.counter = FlopCounterMode(
+                display=False,
+                custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flop},
+            )
             self.counter.__enter__()
         synchronize(self.device)
         self._started = time.perf_counter()
 
     def steps_finished(self, phase: str, round_index: int) -> None:
-        if round_index < 0 or (self.phase is not None and phase != self.phase):  # setup blocks are not rounds
+        if round_index < 0 or (
+            self.phase is not None and phase != self.phase
+        ):  # setup blocks are not rounds
             return
         synchronize(self.device)
         elapsed = time.perf_counter() - self._started
@@ -210,7 +261,9 @@ def reset_peak_memory(device: torch.device) -> None:
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (
+        1 if sys.platform == "darwin" else 1024
+    )
 
 
 class FixedGroupsP4(P4):
@@ -246,10 +299,14 @@ def build_job(config: RunConfig, model_name: str, data: FederatedData) -> tuple[
     return job, model
 
 
-def run_config(config: RunConfig, model_name: str, data: FederatedData, device: torch.device) -> dict[str, Any]:
+def run_config(
+    config: RunConfig, model_name: str, data: FederatedData, device: torch.device
+) -> dict[str, Any]:
     """Warm-up, timed and counted rounds of one configuration."""
     clients = config.clients
-    timed = TimedNetwork(device, count_round=config.rounds - 1, phase=COTRAINING if config.method == "p4" else None)
+    timed = TimedNetwork(
+        device, count_round=config.rounds - 1, phase=COTRAINING if config.method == "p4" else None
+    )
     started = time.perf_counter()
     try:
         with device_scope(device):
@@ -260,19 +317,33 @@ def run_config(config: RunConfig, model_name: str, data: FederatedData, device: 
     wall = time.perf_counter() - started
     round_s = statistics.median(timed.seconds[1:])
     flops = timed.flops
-    if flops is None:  # the run ended before its counted round: an engine problem, not a measurement
-        raise RuntimeError(f"the counted round did not run ({len(timed.seconds)} co-training rounds timed)")
+    if (
+        flops is None
+    ):  # the run ended before its counted round: an engine problem, not a measurement
+        raise RuntimeError(
+            f"the counted round did not run ({len(timed.seconds)} co-training rounds timed)"
+        )
     samples = int(data.train.n[0])
     if config.method != "p4":
         path = "dp-sgd"
     elif model_name == "linear":
-        path = "span" if span_is_cheaper(samples, math.prod(data.feature_shape), CLASSES, STEPS, RATE, private=True) else "buckets"
+        path = (
+            "span"
+            if span_is_cheaper(
+                samples, math.prod(data.feature_shape), CLASSES, STEPS, RATE, private=True
+            )
+            else "buckets"
+        )
     else:
         path = "autograd"
     return {
-        "round_s": sig(round_s), "rounds_s": [sig(t) for t in timed.seconds[1:]],
-        "first_round_s": sig(timed.seconds[0]), "per_client_ms": sig(round_s / clients * 1000),
-        "flops_per_round": flops, "tflops": flops / round_s / 1e12, "path": path,
+        "round_s": sig(round_s),
+        "rounds_s": [sig(t) for t in timed.seconds[1:]],
+        "first_round_s": sig(timed.seconds[0]),
+        "per_client_ms": sig(round_s / clients * 1000),
+        "flops_per_round": flops,
+        "tflops": flops / round_s / 1e12,
+        "path": path,
         "num_parameters": model.num_parameters(model.init(torch.Generator().manual_seed(0))),
         "config_wall_s": round(wall, 3),
     }
@@ -296,18 +367,48 @@ def release(device: torch.device) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (default: auto)")
-    parser.add_argument("--clients", nargs="+", default=None,
-                        help=f"client counts, e.g. 260,2080 or 260 2080 (default: {FULL_CLIENTS} on CUDA, {REDUCED_CLIENTS} elsewhere)")
-    parser.add_argument("--samples", type=int, default=None,
-                        help=f"training samples per client (default: {FULL_SAMPLES} on CUDA, {REDUCED_SAMPLES} elsewhere)")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"models, e.g. linear,scatter-cnn (of {list(MODELS)})")
-    parser.add_argument("--rounds", type=int, default=None, help="timed co-training rounds (default 3; 1 with --quick)")
-    parser.add_argument("--fedavg-clients", type=int, default=None,
-                        help=f"clients of the DP-FedAvg round (default: {FULL_FEDAVG} on CUDA, {REDUCED_FEDAVG} elsewhere; 0: none)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI): a few seconds on a CPU")
-    parser.add_argument("--plan", action="store_true", help="print the memory plan of the issue's sizes on a 78 GB "
-                        "GPU (bench/gpu_plan.py), computed without a GPU, and exit")
+    parser.add_argument(
+        "--device", default="auto", help="cpu | cuda | cuda:N | auto (default: auto)"
+    )
+    parser.add_argument(
+        "--clients",
+        nargs="+",
+        default=None,
+        help=f"client counts, e.g. 260,2080 or 260 2080 (default: {FULL_CLIENTS} on CUDA, {REDUCED_CLIENTS} elsewhere)",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help=f"training samples per client (default: {FULL_SAMPLES} on CUDA, {REDUCED_SAMPLES} elsewhere)",
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=list(MODELS),
+        help=f"models, e.g. linear,scatter-cnn (of {list(MODELS)})",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="timed co-training rounds (default 3; 1 with --quick)",
+    )
+    parser.add_argument(
+        "--fedavg-clients",
+        type=int,
+        default=None,
+        help=f"clients of the DP-FedAvg round (default: {FULL_FEDAVG} on CUDA, {REDUCED_FEDAVG} elsewhere; 0: none)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (CI): a few seconds on a CPU"
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the memory plan of the issue's sizes on a 78 GB "
+        "GPU (bench/gpu_plan.py), computed without a GPU, and exit",
+    )
     args = parser.parse_args(argv)
     args.models = [m for part in args.models for m in part.split(",") if m]
     if unknown := sorted(set(args.models) - set(MODELS)):
@@ -319,29 +420,67 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--clients must be integers, got {args.clients}")
         if not args.clients or min(args.clients) < 2:
             parser.error("--clients must be at least 2 (P4 groups clients)")
-    if args.fedavg_clients is not None and args.fedavg_clients not in range(2, 10**8) and args.fedavg_clients != 0:
+    if (
+        args.fedavg_clients is not None
+        and args.fedavg_clients not in range(2, 10**8)
+        and args.fedavg_clients != 0
+    ):
         parser.error("--fedavg-clients must be 0 (none) or at least 2")
     for name in ("samples", "rounds"):
-        if getattr(args, name) is not None and getattr(args, name) < (2 if name == "samples" else 1):
+        if getattr(args, name) is not None and getattr(args, name) < (
+            2 if name == "samples" else 1
+        ):
             parser.error(f"--{name} is too small")
     return args
 
 
-def measure(results: list[dict[str, Any]], method: str, count: int, samples: int, test: int, features: tuple[int, ...],
-            models: list[str], rounds: int, device: torch.device) -> None:
+def measure(
+    results: list[dict[str, Any]],
+    method: str,
+    count: int,
+    samples: int,
+    test: int,
+    features: tuple[int, ...],
+    models: list[str],
+    rounds: int,
+    device: torch.device,
+) -> None:
     """Time every model of `method` at `count` clients (one data set for all), appending
     one entry per model to `results`; a failure is that entry's `error`."""
     try:
         data = synthetic_data(count, samples, test, device, features=features)
     except Exception as exc:  # noqa: BLE001 - out of memory building the data: every model of this size fails
-        results += [{"method": method, "model": name, "clients": count, "error": f"building the data: {error_text(exc)}"}
-                    for name in models]
+        results += [
+            {
+                "method": method,
+                "model": name,
+                "clients": count,
+                "error": f"building the data: {error_text(exc)}",
+            }
+            for name in models
+        ]
         release(device)
         return
     for name in models:
-        options = {"group_size": min(GROUP, count), "samples": min(35, count - 1)} if method == "p4" else {}
-        config = RunConfig(method=method, model=name, clients=count, rounds=rounds + 2, local_steps=STEPS, data_rate=RATE,
-                           client_rate=1.0, lr=0.5, noise_multiplier=SIGMA, clip=CLIP, device=str(device), options=options)
+        options = (
+            {"group_size": min(GROUP, count), "samples": min(35, count - 1)}
+            if method == "p4"
+            else {}
+        )
+        config = RunConfig(
+            method=method,
+            model=name,
+            clients=count,
+            rounds=rounds + 2,
+            local_steps=STEPS,
+            data_rate=RATE,
+            client_rate=1.0,
+            lr=0.5,
+            noise_multiplier=SIGMA,
+            clip=CLIP,
+            device=str(device),
+            options=options,
+        )
         entry: dict[str, Any] = {"method": method, "model": name, "clients": count}
         reset_peak_memory(device)
         try:
@@ -351,8 +490,10 @@ def measure(results: list[dict[str, Any]], method: str, count: int, samples: int
             entry["error"] = error_text(exc)
         results.append(entry)
         release(device)
-        status = entry.get("error") or (f"{entry['round_s']:.4f} s/round, {entry['per_client_ms']:.3f} ms/client, "
-                                        f"{entry['tflops']:.4f} TFLOP/s")
+        status = entry.get("error") or (
+            f"{entry['round_s']:.4f} s/round, {entry['per_client_ms']:.3f} ms/client, "
+            f"{entry['tflops']:.4f} TFLOP/s"
+        )
         print(f"{method} {name} x {count} clients: {status}", flush=True)
     del data
     release(device)
@@ -377,13 +518,22 @@ def main(argv: list[str] | None = None) -> int:
     if device is None:
         return 2
     full = device.type == "cuda" and not args.quick
-    clients = args.clients or (QUICK_CLIENTS if args.quick else FULL_CLIENTS if full else REDUCED_CLIENTS)
-    samples = args.samples or (QUICK_SAMPLES if args.quick else FULL_SAMPLES if full else REDUCED_SAMPLES)
+    clients = args.clients or (
+        QUICK_CLIENTS if args.quick else FULL_CLIENTS if full else REDUCED_CLIENTS
+    )
+    samples = args.samples or (
+        QUICK_SAMPLES if args.quick else FULL_SAMPLES if full else REDUCED_SAMPLES
+    )
     rounds = args.rounds or (1 if args.quick else 3)
-    fedavg_clients = args.fedavg_clients if args.fedavg_clients is not None else (
-        QUICK_FEDAVG if args.quick else FULL_FEDAVG if full else REDUCED_FEDAVG)
+    fedavg_clients = (
+        args.fedavg_clients
+        if args.fedavg_clients is not None
+        else (QUICK_FEDAVG if args.quick else FULL_FEDAVG if full else REDUCED_FEDAVG)
+    )
     test = max(2, samples // 4)  # evaluated each round, never timed: kept small
-    reduced = sorted(clients) != FULL_CLIENTS or samples != FULL_SAMPLES or fedavg_clients != FULL_FEDAVG
+    reduced = (
+        sorted(clients) != FULL_CLIENTS or samples != FULL_SAMPLES or fedavg_clients != FULL_FEDAVG
+    )
     matmul_size = 8192 if device.type == "cuda" else 512 if args.quick else 2048
     matmul_repeats = 10 if device.type == "cuda" else 3 if args.quick else 5
     tf32 = bool(torch.backends.cuda.matmul.allow_tf32) if device.type == "cuda" else None
@@ -393,7 +543,17 @@ def main(argv: list[str] | None = None) -> int:
     for count in clients:
         measure(results, "p4", count, samples, test, FEATURES, args.models, rounds, device)
     if fedavg_clients:
-        measure(results, "fedavg", fedavg_clients, FEDAVG_SAMPLES, FEDAVG_TEST, FEDAVG_FEATURES, ["linear"], rounds, device)
+        measure(
+            results,
+            "fedavg",
+            fedavg_clients,
+            FEDAVG_SAMPLES,
+            FEDAVG_TEST,
+            FEDAVG_FEATURES,
+            ["linear"],
+            rounds,
+            device,
+        )
     peak = max(peak_before, peak_tflops(device, matmul_size, matmul_repeats))
     for entry in results:
         if "tflops" in entry:
@@ -401,31 +561,64 @@ def main(argv: list[str] | None = None) -> int:
             entry["tflops"] = sig(entry["tflops"])
     failed = sum("error" in entry for entry in results)
     out = {
-        "benchmark": "gpu", "device": describe_device(device), "device_type": device.type, "torch": torch.__version__,
-        "cuda": torch.version.cuda, "torch_threads": torch.get_num_threads(),
+        "benchmark": "gpu",
+        "device": describe_device(device),
+        "device_type": device.type,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "torch_threads": torch.get_num_threads(),
         "reduced": reduced,
-        "reduced_note": (f"sizes reduced from the issue's {FULL_CLIENTS} clients x {FULL_SAMPLES} samples "
-                         f"(those are for GPUs)") if reduced else None,
+        "reduced_note": (
+            f"sizes reduced from the issue's {FULL_CLIENTS} clients x {FULL_SAMPLES} samples "
+            f"(those are for GPUs)"
+        )
+        if reduced
+        else None,
         "config": {
-            "method": "p4", "models": args.models, "clients": clients, "samples_per_client": samples,
-            "test_per_client": test, "features": list(FEATURES), "classes": CLASSES, "local_steps": STEPS,
-            "data_rate": RATE, "client_rate": 1.0, "group_size": GROUP, "defense": None,
+            "method": "p4",
+            "models": args.models,
+            "clients": clients,
+            "samples_per_client": samples,
+            "test_per_client": test,
+            "features": list(FEATURES),
+            "classes": CLASSES,
+            "local_steps": STEPS,
+            "data_rate": RATE,
+            "client_rate": 1.0,
+            "group_size": GROUP,
+            "defense": None,
             "grouping": "fixed groups of V consecutive clients; phase 1 (similarity grouping, cubic memory in M) not run",
             "dp": {"noise_multiplier": SIGMA, "clip": CLIP, "neighbouring": "replace-one"},
-            "fedavg": {"clients": fedavg_clients, "samples_per_client": FEDAVG_SAMPLES, "features": list(FEDAVG_FEATURES),
-                       "client_rate": 1.0, "local_steps": STEPS, "data_rate": RATE,
-                       "dp": {"noise_multiplier": SIGMA, "clip": CLIP, "neighbouring": "add-remove"}},
+            "fedavg": {
+                "clients": fedavg_clients,
+                "samples_per_client": FEDAVG_SAMPLES,
+                "features": list(FEDAVG_FEATURES),
+                "client_rate": 1.0,
+                "local_steps": STEPS,
+                "data_rate": RATE,
+                "dp": {"noise_multiplier": SIGMA, "clip": CLIP, "neighbouring": "add-remove"},
+            },
             "noise_generator": noise_generator(RunConfig(device=str(device))),
-            "warmup_rounds": 1, "timed_rounds": rounds, "quick": args.quick,
+            "warmup_rounds": 1,
+            "timed_rounds": rounds,
+            "quick": args.quick,
         },
         "peak_tflops": sig(peak),
-        "peak_matmul": {"size": matmul_size, "dtype": "float32", "tf32": tf32, "best_of": matmul_repeats,
-                        "measured": "before and after the configurations, the larger"},
+        "peak_matmul": {
+            "size": matmul_size,
+            "dtype": "float32",
+            "tf32": tf32,
+            "best_of": matmul_repeats,
+            "measured": "before and after the configurations, the larger",
+        },
         "flops_method": "counted: torch.utils.flop_counter.FlopCounterMode over one co-training round (matmuls and "
-                        "convolutions, forward and backward, grouped/per-sample weight gradients counted once: "
-                        "conv_backward_flop; elementwise ops, norms and noise not counted)",
-        "peak_memory_kind": ("torch.cuda.max_memory_allocated, reset per configuration" if device.type == "cuda" else
-                             "process peak RSS (resource.getrusage): a high-water mark including earlier configurations"),
+        "convolutions, forward and backward, grouped/per-sample weight gradients counted once: "
+        "conv_backward_flop; elementwise ops, norms and noise not counted)",
+        "peak_memory_kind": (
+            "torch.cuda.max_memory_allocated, reset per configuration"
+            if device.type == "cuda"
+            else "process peak RSS (resource.getrusage): a high-water mark including earlier configurations"
+        ),
         "results": results,
         "failed": failed,
     }

@@ -21,7 +21,7 @@ import torch
 from gpu import cli_device  # bench/gpu.py, beside this script
 
 from p4bench.config import RunConfig
-from p4bench.devices import describe_device
+from p4bench.engine.devices import describe_device
 from p4bench.run.runner import run
 
 CASES = {
@@ -34,8 +34,19 @@ CASES = {
 
 
 def compare(case: dict, device: str, folder: str) -> dict:
-    config = RunConfig(**{**dict(clients=6, rounds=2, local_steps=2, results_dir=folder, seed=3, noise_generator="philox"),
-                          **case})
+    config = RunConfig(
+        **{
+            **dict(
+                clients=6,
+                rounds=2,
+                local_steps=2,
+                results_dir=folder,
+                seed=3,
+                noise_generator="philox",
+            ),
+            **case,
+        }
+    )
     on_cpu, on_gpu = run(config, track=False), run(config.replace(device=device), track=False)
     abs_diff, rel_diff = 0.0, 0.0
     for key, value in on_cpu.outcome.final_params.items():
@@ -44,9 +55,13 @@ def compare(case: dict, device: str, folder: str) -> dict:
         abs_diff = max(abs_diff, difference)
         rel_diff = max(rel_diff, difference / max(value.double().abs().max().item(), 1e-30))
     accuracy = np.abs(np.asarray(on_gpu.outcome.accuracy) - np.asarray(on_cpu.outcome.accuracy))
-    return {"max_abs_param_diff": abs_diff, "max_rel_param_diff": rel_diff,
-            "max_client_accuracy_diff": float(accuracy.max()) if accuracy.size else 0.0,
-            "epsilon_cpu": on_cpu.summary.get("epsilon"), "epsilon_gpu": on_gpu.summary.get("epsilon")}
+    return {
+        "max_abs_param_diff": abs_diff,
+        "max_rel_param_diff": rel_diff,
+        "max_client_accuracy_diff": float(accuracy.max()) if accuracy.size else 0.0,
+        "epsilon_cpu": on_cpu.summary.get("epsilon"),
+        "epsilon_gpu": on_gpu.summary.get("epsilon"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,8 +82,17 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # noqa: BLE001 - reported; the other cases still run
                 results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             print(name, results[name], file=sys.stderr, flush=True)
-    print(json.dumps({"benchmark": "gpu_agreement", "device": describe_device(device), "torch": torch.__version__,
-                      "noise_generator": "philox", "results": results}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "gpu_agreement",
+                "device": describe_device(device),
+                "torch": torch.__version__,
+                "noise_generator": "philox",
+                "results": results,
+            }
+        )
+    )
     return 1 if any("error" in r for r in results.values()) else 0
 
 

@@ -1,9 +1,9 @@
-"""The pieces of one stacked scatter-CNN step (p4bench.stacked) at bench/gpu.py's shapes,
+"""The pieces of one stacked scatter-CNN step (p4bench.models.stacked) at bench/gpu.py's shapes,
 timed one by one: where a step's time goes, and what the alternatives would cost.
 
 Per piece (median of `--repeats` after a warm-up, device synchronised around each):
 the first convolution's input patches (`F.unfold`, one kernel per sample on CUDA, and
-`p4bench.stacked`'s strided view and copy), its forward GEMM, the ghost norm's Gram
+`p4bench.models.stacked`'s strided view and copy), its forward GEMM, the ghost norm's Gram
 GEMM, the clipped sum's GEMM, the same convolution by cuDNN as a grouped convolution
 (one group per client), each GEMM also with TF32; then the three calls a P4 step makes
 (`clipped_gradient_sum`, `stacked_logits`, `stacked_loss_and_grad`) on all clients, and
@@ -26,10 +26,9 @@ import torch
 import torch.nn.functional as F
 from gpu import cli_device  # bench/gpu.py, beside this script
 
-from p4bench import stacked
-from p4bench.devices import device_scope, synchronize
+from p4bench.engine.devices import device_scope, synchronize
 from p4bench.engine.training import cross_entropy
-from p4bench.models import ScatterCNN
+from p4bench.models import ScatterCNN, stacked
 
 FEATURES, CLASSES = (243, 8, 8), 10
 
@@ -50,14 +49,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--clients", type=int, default=260)
-    parser.add_argument("--batch", type=int, default=99, help="realised batch width (Poisson at s = 0.5 of 160: about 99)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=99,
+        help="realised batch width (Poisson at s = 0.5 of 160: about 99)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     device = cli_device(args.device)
     if device is None:
         return 2
     model = ScatterCNN(FEATURES, CLASSES)
-    out: dict[str, object] = {"benchmark": "gpu_kernels", "device": str(device), "clients": args.clients, "batch": args.batch}
+    out: dict[str, object] = {
+        "benchmark": "gpu_kernels",
+        "device": str(device),
+        "clients": args.clients,
+        "batch": args.batch,
+    }
     pieces: dict[str, float] = {}
     base = model.init(torch.Generator().manual_seed(0))  # drawn on the host, as runs do
     with device_scope(device):
@@ -74,32 +83,57 @@ def main(argv: list[str] | None = None) -> int:
         weight = params["conv1.weight"][part].reshape(chunk, 64, -1)
         grads = torch.randn(chunk, rows.shape[1], 64)
         per = rows.view(chunk * args.batch, 64, -1)
-        flops = {"forward": 2 * rows.shape[0] * rows.shape[1] * rows.shape[2] * 64,
-                 "gram": 2 * per.shape[0] * 64 * 64 * per.shape[2]}
+        flops = {
+            "forward": 2 * rows.shape[0] * rows.shape[1] * rows.shape[2] * 64,
+            "gram": 2 * per.shape[0] * 64 * 64 * per.shape[2],
+        }
         flops["sum"] = flops["forward"]
-        pieces["F.unfold_and_rows"] = timed(device, lambda: F.unfold(h.reshape(-1, *FEATURES), 3, padding=1).transpose(1, 2)
-                                            .reshape(chunk, -1, unfolded.shape[1]), args.repeats)
-        pieces["patch_rows"] = timed(device, lambda: stacked._patch_rows(h.reshape(-1, *FEATURES), 3, 1, 1), args.repeats)
+        pieces["F.unfold_and_rows"] = timed(
+            device,
+            lambda: (
+                F.unfold(h.reshape(-1, *FEATURES), 3, padding=1)
+                .transpose(1, 2)
+                .reshape(chunk, -1, unfolded.shape[1])
+            ),
+            args.repeats,
+        )
+        pieces["patch_rows"] = timed(
+            device, lambda: stacked._patch_rows(h.reshape(-1, *FEATURES), 3, 1, 1), args.repeats
+        )
         for tf32 in (False, True):
             torch.backends.cuda.matmul.allow_tf32 = tf32
             suffix = "_tf32" if tf32 else ""
-            pieces["forward" + suffix] = timed(device, lambda: torch.bmm(rows, weight.transpose(1, 2)), args.repeats)
-            pieces["gram" + suffix] = timed(device, lambda: torch.bmm(per, per.transpose(1, 2)), args.repeats)
-            pieces["sum" + suffix] = timed(device, lambda: torch.bmm(grads.transpose(1, 2), rows), args.repeats)
+            pieces["forward" + suffix] = timed(
+                device, lambda: torch.bmm(rows, weight.transpose(1, 2)), args.repeats
+            )
+            pieces["gram" + suffix] = timed(
+                device, lambda: torch.bmm(per, per.transpose(1, 2)), args.repeats
+            )
+            pieces["sum" + suffix] = timed(
+                device, lambda: torch.bmm(grads.transpose(1, 2), rows), args.repeats
+            )
         torch.backends.cuda.matmul.allow_tf32 = False
         grouped = params["conv1.weight"][part].reshape(chunk * 64, 243, 3, 3)
         side = h.transpose(0, 1).reshape(args.batch, chunk * 243, 8, 8)
         for tf32 in (False, True):
             torch.backends.cudnn.allow_tf32 = tf32
             pieces["cudnn_grouped_forward" + ("_tf32" if tf32 else "")] = timed(
-                device, lambda: F.conv2d(side, grouped, padding=1, groups=chunk), args.repeats)
+                device, lambda: F.conv2d(side, grouped, padding=1, groups=chunk), args.repeats
+            )
         torch.backends.cudnn.allow_tf32 = True
-        out["chunk_tflops"] = {k: flops[k.removesuffix("_tf32")] / v / 1e12 for k, v in pieces.items()
-                               if k.removesuffix("_tf32") in flops}
+        out["chunk_tflops"] = {
+            k: flops[k.removesuffix("_tf32")] / v / 1e12
+            for k, v in pieces.items()
+            if k.removesuffix("_tf32") in flops
+        }
         calls = {
-            "clipped_gradient_sum": lambda: stacked.clipped_gradient_sum(model, params, x, y, mask, 1.0, cross_entropy),
+            "clipped_gradient_sum": lambda: stacked.clipped_gradient_sum(
+                model, params, x, y, mask, 1.0, cross_entropy
+            ),
             "stacked_logits": lambda: stacked.stacked_logits(model, params, x),
-            "stacked_loss_and_grad": lambda: stacked.stacked_loss_and_grad(model, params, x, y, mask, cross_entropy),
+            "stacked_loss_and_grad": lambda: stacked.stacked_loss_and_grad(
+                model, params, x, y, mask, cross_entropy
+            ),
         }
         for name, call in calls.items():
             pieces[name] = timed(device, call, max(1, args.repeats // 2))
@@ -110,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
                 calls["clipped_gradient_sum"]()
                 synchronize(device)
             events = prof.key_averages()
-            out["top_device_kernels"] = [(e.key[:90], e.count, round(e.self_device_time_total / 1e3, 3)) for e in
-                                         sorted(events, key=lambda e: -e.self_device_time_total)[:15]]
+            out["top_device_kernels"] = [
+                (e.key[:90], e.count, round(e.self_device_time_total / 1e3, 3))
+                for e in sorted(events, key=lambda e: -e.self_device_time_total)[:15]
+            ]
             out["launches"] = sum(e.count for e in events if e.key == "cudaLaunchKernel")
     out["seconds"] = {k: round(v, 6) for k, v in pieces.items()}
     print(json.dumps(out))

@@ -44,8 +44,8 @@ from gpu import (
 from torch.profiler import ProfilerActivity, profile
 
 from p4bench.config import RunConfig
-from p4bench.devices import device_scope, synchronize
-from p4bench.plugins.p4.method import COTRAINING
+from p4bench.engine.devices import device_scope, synchronize
+from p4bench_p4.method import COTRAINING
 
 SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
@@ -62,13 +62,19 @@ class ProfiledNetwork(TimedNetwork):
     def begin_round(self, phase: str, round_index: int) -> None:
         super().begin_round(phase, round_index)
         if (self.phase is None or phase == self.phase) and round_index == self.profile_round:
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            activities = [ProfilerActivity.CPU] + (
+                [ProfilerActivity.CUDA] if self.device.type == "cuda" else []
+            )
             self.profiler = profile(activities=activities)
             self.profiler.__enter__()
             self._started = time.perf_counter()
 
     def steps_finished(self, phase: str, round_index: int) -> None:
-        if self.profiler is not None and (self.phase is None or phase == self.phase) and round_index == self.profile_round:
+        if (
+            self.profiler is not None
+            and (self.phase is None or phase == self.phase)
+            and round_index == self.profile_round
+        ):
             synchronize(self.device)
             self.profiled_s = time.perf_counter() - self._started
             self.profiler.__exit__(None, None, None)
@@ -76,13 +82,27 @@ class ProfiledNetwork(TimedNetwork):
         super().steps_finished(phase, round_index)
 
 
-def profile_case(method: str, model: str, clients: int, device: torch.device, out: Path) -> dict[str, Any]:
+def profile_case(
+    method: str, model: str, clients: int, device: torch.device, out: Path
+) -> dict[str, Any]:
     p4 = method == "p4"
-    samples, test, features = (FULL_SAMPLES, 40, FEATURES) if p4 else (FEDAVG_SAMPLES, FEDAVG_TEST, FEDAVG_FEATURES)
+    samples, test, features = (
+        (FULL_SAMPLES, 40, FEATURES) if p4 else (FEDAVG_SAMPLES, FEDAVG_TEST, FEDAVG_FEATURES)
+    )
     data = synthetic_data(clients, samples, test, device, features=features)
     options = {"group_size": min(GROUP, clients), "samples": min(35, clients - 1)} if p4 else {}
-    config = RunConfig(method=method, model=model, clients=clients, rounds=2, local_steps=STEPS, data_rate=RATE,
-                       client_rate=1.0, lr=0.5, device=str(device), options=options)
+    config = RunConfig(
+        method=method,
+        model=model,
+        clients=clients,
+        rounds=2,
+        local_steps=STEPS,
+        data_rate=RATE,
+        client_rate=1.0,
+        lr=0.5,
+        device=str(device),
+        options=options,
+    )
     network = ProfiledNetwork(device, profile_round=1, phase=COTRAINING if p4 else None)
     with device_scope(device):
         job, _ = build_job(config, model, data)
@@ -90,7 +110,11 @@ def profile_case(method: str, model: str, clients: int, device: torch.device, ou
     events = network.profiler.key_averages()
     ops = sum(e.count for e in events if e.key.startswith("aten::"))
     syncs = sum(e.count for e in events if e.key in SYNC_NAMES)
-    d2h = sum(e.count for e in events if "DtoH" in e.key or e.key == "aten::item" or e.key == "aten::_local_scalar_dense")
+    d2h = sum(
+        e.count
+        for e in events
+        if "DtoH" in e.key or e.key == "aten::item" or e.key == "aten::_local_scalar_dense"
+    )
     device_sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     stem = f"profile-{method}-{model}-{clients}"
     tables = {
@@ -99,24 +123,41 @@ def profile_case(method: str, model: str, clients: int, device: torch.device, ou
         "count": events.table(sort_by="count", row_limit=25),
     }
     (out / f"{stem}.txt").write_text("\n\n".join(f"== by {k} ==\n{v}" for k, v in tables.items()))
-    busy = sum(getattr(e, "self_device_time_total", 0) for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    busy = sum(
+        getattr(e, "self_device_time_total", 0)
+        for e in events
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
     result = {
-        "method": method, "model": model, "clients": clients, "round_s": network.profiled_s, "ops": ops,
-        "host_syncs": syncs, "item_or_dtoh": d2h, "device_busy_s": busy / 1e6 if device.type == "cuda" else None,
-        "top_host": [(e.key, e.count, round(e.self_cpu_time_total / 1e3, 3)) for e in
-                     sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]],
+        "method": method,
+        "model": model,
+        "clients": clients,
+        "round_s": network.profiled_s,
+        "ops": ops,
+        "host_syncs": syncs,
+        "item_or_dtoh": d2h,
+        "device_busy_s": busy / 1e6 if device.type == "cuda" else None,
+        "top_host": [
+            (e.key, e.count, round(e.self_cpu_time_total / 1e3, 3))
+            for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
+        ],
     }
     if device.type == "cuda":
-        result["top_device"] = [(e.key, e.count, round(e.self_device_time_total / 1e3, 3)) for e in
-                                sorted(events, key=lambda e: -e.self_device_time_total)[:12]]
+        result["top_device"] = [
+            (e.key, e.count, round(e.self_device_time_total / 1e3, 3))
+            for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]
+        ]
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--cases", default="p4:linear:260,p4:scatter-cnn:260,fedavg:linear:100000",
-                        help="method:model:clients, comma-separated")
+    parser.add_argument(
+        "--cases",
+        default="p4:linear:260,p4:scatter-cnn:260,fedavg:linear:100000",
+        help="method:model:clients, comma-separated",
+    )
     parser.add_argument("--out", default=".", help="folder for the tables and profile.json")
     args = parser.parse_args(argv)
     device = cli_device(args.device)
@@ -135,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    (out / "profile.json").write_text(json.dumps({"device": str(device), "classes": CLASSES, "results": results}, indent=1))
+    (out / "profile.json").write_text(
+        json.dumps({"device": str(device), "classes": CLASSES, "results": results}, indent=1)
+    )
     return 0
 
 

@@ -10,7 +10,7 @@ Reported next to the measured round time:
 - the FLOP lower bound of one round as issue 5 defines it: per client and step, the
   forward and the weight gradient of both models (8 * b * d * L FLOPs with b = s * n
   expected batch), divided by that throughput;
-- `path`, the fused step P4 picks here (the span path, see plugins/p4/span.py), the
+- `path`, the fused step P4 picks here (the span path, see plugins/p4bench_p4/span.py), the
   FLOPs it really executes (fewer than the bound above counts: two GEMMs over all n
   samples instead of 2K over s n) and the round time against those
   (`executed_bound_ratio`), so the headline ratio is not flattered by doing less work;
@@ -44,10 +44,10 @@ from p4bench.engine import Job
 from p4bench.engine.memory import keep_freed_memory
 from p4bench.engine.runtime import SimulationRuntime
 from p4bench.models import LinearSoftmax
-from p4bench.plugins.p4.method import P4
-from p4bench.plugins.p4.span import span_is_cheaper
 from p4bench.privacy.groups import attach_mechanisms
 from p4bench.privacy.mechanism import DPSettings
+from p4bench_p4.method import P4
+from p4bench_p4.span import span_is_cheaper
 
 FEATURES, CLASSES, TRAIN, TEST = (243, 8, 8), 10, 160, 40
 
@@ -59,12 +59,21 @@ def synthetic_data(clients: int, seed: int = 0) -> FederatedData:
     def split(count: int) -> ClientTensors:
         y = torch.randint(0, CLASSES, (clients, count), generator=gen)
         x = torch.randn(clients, count, *FEATURES, generator=gen)
-        for start in range(0, clients, 16):  # class centres added in place: no second copy of the data
+        for start in range(
+            0, clients, 16
+        ):  # class centres added in place: no second copy of the data
             x[start : start + 16].add_(centers[y[start : start + 16]], alpha=0.3)
         return ClientTensors(x, y, torch.full((clients,), count))
 
-    return FederatedData(split(TRAIN), split(TEST), torch.zeros(clients, dtype=torch.bool), CLASSES, FEATURES,
-                         tuple(map(str, range(CLASSES))), tuple())
+    return FederatedData(
+        split(TRAIN),
+        split(TEST),
+        torch.zeros(clients, dtype=torch.bool),
+        CLASSES,
+        FEATURES,
+        tuple(map(str, range(CLASSES))),
+        tuple(),
+    )
 
 
 def gemm_gflops(size: int = 2048, repeats: int = 7) -> float:
@@ -88,7 +97,10 @@ def workload_gemm_s(clients: int, data: FederatedData, repeats: int = 3) -> floa
     best = math.inf
     if span_is_cheaper(n, d, CLASSES, steps, 0.5, private=True):
         basis = data.train.orthonormal_basis()[0]  # the run's own bases (cached): no second 2.6 GB
-        stacked, coefficients = torch.randn(clients, 3 * CLASSES, d), torch.randn(clients, 2 * CLASSES, min(n, d))
+        stacked, coefficients = (
+            torch.randn(clients, 3 * CLASSES, d),
+            torch.randn(clients, 2 * CLASSES, min(n, d)),
+        )
         out = torch.empty(clients, 2 * CLASSES, d)
         for _ in range(repeats):
             start = time.perf_counter()
@@ -115,18 +127,34 @@ def executed_flops(clients: int) -> float:
     d, n, steps, L = math.prod(FEATURES), TRAIN, 5, CLASSES
     if span_is_cheaper(n, d, L, steps, 0.5, private=True):
         m = min(n, d)
-        return clients * (2 * m * d * 5 * L + steps * 4 * L * n * n + 2 * m * n * (4 * L + (steps - 1) * L) + 2 * m * m * n)
+        return clients * (
+            2 * m * d * 5 * L
+            + steps * 4 * L * n * n
+            + 2 * m * n * (4 * L + (steps - 1) * L)
+            + 2 * m * m * n
+        )
     return clients * 8 * (0.5 * n) * d * L * steps
 
 
 def engine_round(clients: int, rounds: int, data: FederatedData) -> tuple[float, list[float]]:
-    config = RunConfig(method="p4", clients=clients, rounds=rounds, local_steps=5, data_rate=0.5, client_rate=1.0,
-                       lr=0.5, noise_multiplier=1.0, options={"group_size": 8, "samples": 35})
+    config = RunConfig(
+        method="p4",
+        clients=clients,
+        rounds=rounds,
+        local_steps=5,
+        data_rate=0.5,
+        client_rate=1.0,
+        lr=0.5,
+        noise_multiplier=1.0,
+        options={"group_size": 8, "samples": 35},
+    )
     model = LinearSoftmax(FEATURES, CLASSES)
     job = Job(config=config, method=P4(config, model, clients), model=model, data=data)
     attach_mechanisms(job, DPSettings(clip=1.0, noise_multiplier=1.0, neighbouring="replace-one"))
     times: list[float] = []
-    SimulationRuntime().execute(job, lambda report: times.append(report.seconds) if report.phase == "cotraining" else None)
+    SimulationRuntime().execute(
+        job, lambda report: times.append(report.seconds) if report.phase == "cotraining" else None
+    )
     return float(np.median(times[1:] if len(times) > 1 else times)), times
 
 
@@ -147,10 +175,16 @@ def loop_round(data: FederatedData, clients: int) -> float:
             proxy_logits, private_logits = proxy(x), private(x)
             kl = torch.nn.functional.kl_div
             loss = 0.5 * torch.nn.functional.cross_entropy(proxy_logits, y) + 0.5 * kl(
-                torch.log_softmax(proxy_logits, -1), torch.log_softmax(private_logits.detach(), -1), log_target=True, reduction="batchmean")
+                torch.log_softmax(proxy_logits, -1),
+                torch.log_softmax(private_logits.detach(), -1),
+                log_target=True,
+                reduction="batchmean",
+            )
             proxy.zero_grad()
             loss.backward()
-            samples = torch.cat([p.grad_sample.reshape(len(y), -1) for p in proxy.parameters()], dim=1)
+            samples = torch.cat(
+                [p.grad_sample.reshape(len(y), -1) for p in proxy.parameters()], dim=1
+            )
             scale = (1.0 / samples.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
             clipped = (samples * scale[:, None]).sum(0)
             noisy = (clipped + torch.randn_like(clipped) * 2.0) / (0.5 * TRAIN)
@@ -160,7 +194,11 @@ def loop_round(data: FederatedData, clients: int) -> float:
                     p -= 0.5 * noisy[offset : offset + p.numel()].reshape(p.shape)
                     offset += p.numel()
             private_loss = 0.5 * torch.nn.functional.cross_entropy(private(x), y) + 0.5 * kl(
-                torch.log_softmax(private(x), -1), torch.log_softmax(proxy_logits.detach(), -1), log_target=True, reduction="batchmean")
+                torch.log_softmax(private(x), -1),
+                torch.log_softmax(proxy_logits.detach(), -1),
+                log_target=True,
+                reduction="batchmean",
+            )
             opt_private.zero_grad()
             private_loss.backward()
             opt_private.step()
@@ -178,30 +216,55 @@ def main() -> None:
     data = synthetic_data(args.clients)
     before = gemm_gflops()
     round_s, all_rounds = engine_round(args.clients, args.rounds, data)
-    gflops = max(before, gemm_gflops())  # before and after: a busy moment on a shared machine must not loosen the bound
+    gflops = max(
+        before, gemm_gflops()
+    )  # before and after: a busy moment on a shared machine must not loosen the bound
     d = math.prod(FEATURES)
     flops = 8 * (0.5 * TRAIN) * d * CLASSES * 5 * args.clients
     bound_s = flops / (gflops * 1e9)
     shapes_s = workload_gemm_s(args.clients, data)
     executed = executed_flops(args.clients)
     loop_s = loop_round(data, args.loop_clients) * args.clients / args.loop_clients
-    print(f"phase-2 round {round_s:.3f} s (rounds: {[round(t, 3) for t in all_rounds]}); GEMM {gflops:.1f} GFLOP/s; "
-          f"FLOP bound {bound_s:.3f} s; the round's GEMMs alone {shapes_s:.3f} s; "
-          f"per-client opacus loop {loop_s:.2f} s (scaled from {args.loop_clients} clients)")
-    print(json.dumps({
-        "benchmark": "p4", "clients": args.clients, "train_per_client": TRAIN, "features": list(FEATURES),
-        "local_steps": 5, "data_rate": 0.5, "group_size": 8, "torch_threads": torch.get_num_threads(),
-        "round_s": round(round_s, 4), "gemm_gflops": round(gflops, 2), "round_gflop": round(flops / 1e9, 2),
-        "flop_bound_s": round(bound_s, 4), "bound_ratio": round(round_s / bound_s, 3),
-        "path": "span" if span_is_cheaper(TRAIN, d, CLASSES, 5, 0.5, private=True) else "buckets",
-        "executed_gflop": round(executed / 1e9, 2), "executed_bound_ratio": round(round_s * gflops * 1e9 / executed, 3),
-        "first_round_s": round(all_rounds[0], 4),  # includes the QR bases, computed once per dataset
-        "workload_gemm_s": round(shapes_s, 4), "workload_gemm_share": round(shapes_s / round_s, 3),
-        "loop_round_s": round(loop_s, 3), "speedup_vs_loop": round(loop_s / round_s, 2),
-        **machine_load(load_before, torch.get_num_threads()),
-        "wall_s": round(time.perf_counter() - started, 1), "cpu_s": round(time.process_time() - cpu_started, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-    }))
+    print(
+        f"phase-2 round {round_s:.3f} s (rounds: {[round(t, 3) for t in all_rounds]}); GEMM {gflops:.1f} GFLOP/s; "
+        f"FLOP bound {bound_s:.3f} s; the round's GEMMs alone {shapes_s:.3f} s; "
+        f"per-client opacus loop {loop_s:.2f} s (scaled from {args.loop_clients} clients)"
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "p4",
+                "clients": args.clients,
+                "train_per_client": TRAIN,
+                "features": list(FEATURES),
+                "local_steps": 5,
+                "data_rate": 0.5,
+                "group_size": 8,
+                "torch_threads": torch.get_num_threads(),
+                "round_s": round(round_s, 4),
+                "gemm_gflops": round(gflops, 2),
+                "round_gflop": round(flops / 1e9, 2),
+                "flop_bound_s": round(bound_s, 4),
+                "bound_ratio": round(round_s / bound_s, 3),
+                "path": "span"
+                if span_is_cheaper(TRAIN, d, CLASSES, 5, 0.5, private=True)
+                else "buckets",
+                "executed_gflop": round(executed / 1e9, 2),
+                "executed_bound_ratio": round(round_s * gflops * 1e9 / executed, 3),
+                "first_round_s": round(
+                    all_rounds[0], 4
+                ),  # includes the QR bases, computed once per dataset
+                "workload_gemm_s": round(shapes_s, 4),
+                "workload_gemm_share": round(shapes_s / round_s, 3),
+                "loop_round_s": round(loop_s, 3),
+                "speedup_vs_loop": round(loop_s / round_s, 2),
+                **machine_load(load_before, torch.get_num_threads()),
+                "wall_s": round(time.perf_counter() - started, 1),
+                "cpu_s": round(time.process_time() - cpu_started, 1),
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            }
+        )
+    )
 
 
 def machine_load(before: float, threads: int) -> dict:
@@ -210,9 +273,13 @@ def machine_load(before: float, threads: int) -> dict:
     2-core machine 1.6; under a load of 9 the same code measured 4.1)."""
     after = os.getloadavg()[0]
     busy = max(before, after) > threads + 1  # this run's own threads count in the load
-    return {"load_1min_before": round(before, 2), "load_1min_after": round(after, 2),
-            "note": f"busy machine (load {max(before, after):.1f} on {threads} threads): the ratios are not comparable"
-            if busy else "quiet machine: the ratios are this machine's"}
+    return {
+        "load_1min_before": round(before, 2),
+        "load_1min_after": round(after, 2),
+        "note": f"busy machine (load {max(before, after):.1f} on {threads} threads): the ratios are not comparable"
+        if busy
+        else "quiet machine: the ratios are this machine's",
+    }
 
 
 if __name__ == "__main__":

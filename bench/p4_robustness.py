@@ -32,18 +32,43 @@ def main() -> None:
     for label, change in SETTINGS.items():
         private, proxy = [], []
         for seed in args.seeds:
-            config = RunConfig(method="p4", clients=args.clients, rounds=args.rounds, seed=seed, malicious_fraction=0.3,
-                               partitioner="alpha", similarity=0.5, results_dir="/tmp/p4-robustness", **change)
+            config = RunConfig(
+                method="p4",
+                clients=args.clients,
+                rounds=args.rounds,
+                seed=seed,
+                malicious_fraction=0.3,
+                partitioner="alpha",
+                similarity=0.5,
+                results_dir="/tmp/p4-robustness",
+                **change,
+            )
             summary = run(config, track=False).summary
             private.append(summary["accuracy_mean"])
             proxy.append(summary["accuracy_proxy_mean"])
-        rows[label] = {"private_mean": float(np.mean(private)), "private_std": float(np.std(private)),
-                       "proxy_mean": float(np.mean(proxy)), "proxy_std": float(np.std(proxy)), "per_seed": private}
+        rows[label] = {
+            "private_mean": float(np.mean(private)),
+            "private_std": float(np.std(private)),
+            "proxy_mean": float(np.mean(proxy)),
+            "proxy_std": float(np.std(proxy)),
+            "per_seed": private,
+        }
     print("| setting | private acc (benign) | proxy acc (benign) |\n|---|---|---|")
     for label, row in rows.items():
-        print(f"| {label} | {row['private_mean']:.4f} ± {row['private_std']:.4f} | {row['proxy_mean']:.4f} ± {row['proxy_std']:.4f} |")
-    print(json.dumps({"benchmark": "p4_robustness", "clients": args.clients, "rounds": args.rounds, "seeds": args.seeds,
-                      "results": rows}))
+        print(
+            f"| {label} | {row['private_mean']:.4f} ± {row['private_std']:.4f} | {row['proxy_mean']:.4f} ± {row['proxy_std']:.4f} |"
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "p4_robustness",
+                "clients": args.clients,
+                "rounds": args.rounds,
+                "seeds": args.seeds,
+                "results": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

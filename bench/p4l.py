@@ -45,8 +45,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from p4bench.plugins.p4l.crypto import PaillierBackend
-from p4bench.plugins.p4l.signing import SigningKeys, verify
+from p4bench_p4l.crypto import PaillierBackend
+from p4bench_p4l.signing import SigningKeys, verify
 
 HEADER = struct.Struct("!Q")
 MAX_FRAME = 1 << 32
@@ -97,7 +97,11 @@ class Peer:
 
     def seal(self, fields: dict[str, torch.Tensor]) -> bytes:
         """A signed safetensors frame body (the signature covers every other tensor, vk and sender included)."""
-        fields = {**fields, "from": _bytes(self.addr.encode()), "vk": _bytes(self.keys.public_bytes)}
+        fields = {
+            **fields,
+            "from": _bytes(self.addr.encode()),
+            "vk": _bytes(self.keys.public_bytes),
+        }
         with self.timed("sig"):
             signature = self.keys.sign(fields)
         return st_save({**fields, "sig": _bytes(signature)})
@@ -152,7 +156,9 @@ class Synergy:
     key: Any  # A's Paillier KeyPair
     hops: list[dict[str, Any]] = field(default_factory=list)
     done: dict[str, tuple[float, np.ndarray]] = field(default_factory=dict)
-    received: dict[tuple[str, str], float] = field(default_factory=dict)  # (kind, receiver) -> frame fully read
+    received: dict[tuple[str, str], float] = field(
+        default_factory=dict
+    )  # (kind, receiver) -> frame fully read
     t0: float = 0.0
 
     @property
@@ -163,10 +169,26 @@ class Synergy:
         """discover_nearby(exclude=L): the first peer not yet in the chain."""
         return next(p.addr for p in self.peers if p.addr not in route)
 
-    def hop(self, sender: Peer, kind: str, target: str, body: bytes, started: float, work: dict[str, float]) -> None:
+    def hop(
+        self,
+        sender: Peer,
+        kind: str,
+        target: str,
+        body: bytes,
+        started: float,
+        work: dict[str, float],
+    ) -> None:
         size = sender.send(target, body)
-        self.hops.append({"from": sender.name, "to": self._name(target), "kind": kind, "bytes": size, "started": started,
-                          **{k: round(v, 6) for k, v in work.items()}})
+        self.hops.append(
+            {
+                "from": sender.name,
+                "to": self._name(target),
+                "kind": kind,
+                "bytes": size,
+                "started": started,
+                **{k: round(v, 6) for k, v in work.items()},
+            }
+        )
 
     def _name(self, addr: str) -> str:
         return next(p.name for p in self.peers if p.addr == addr)
@@ -181,9 +203,15 @@ def initiator(syn: Synergy, a: Peer, count: int) -> None:
     started, before = time.perf_counter(), dict(a.seconds)
     with a.timed("he"), a.timed("encrypt"):
         cts = backend.encrypt(public, a.vector)
-    token = {"kind": _bytes(b"token"), "pk": backend.public_key_to_tensor(public),
-             "C": backend.to_tensor(public, cts, "ciphertexts"), "S": _int(len(syn.peers) - 1),
-             "L": _bytes(a.addr.encode()), "T": torch.tensor([time.time()], dtype=torch.float64), "count": _int(count)}
+    token = {
+        "kind": _bytes(b"token"),
+        "pk": backend.public_key_to_tensor(public),
+        "C": backend.to_tensor(public, cts, "ciphertexts"),
+        "S": _int(len(syn.peers) - 1),
+        "L": _bytes(a.addr.encode()),
+        "T": torch.tensor([time.time()], dtype=torch.float64),
+        "count": _int(count),
+    }
     body = a.seal(token)
     syn.hop(a, "token", syn.next_hop([a.addr]), body, started, _delta(a, before))
 
@@ -199,10 +227,16 @@ def initiator(syn: Synergy, a: Peer, count: int) -> None:
     a.vector = sums / len(route)  # A's aggregate
     with a.timed("he"), a.timed("proof"):
         randomness = backend.decryption_proof(syn.key.private, cts)
-    body = a.seal({"kind": _bytes(b"aggregate"), "final": _bytes(final_body), "L": final["L"],
-                   "plaintexts": backend.to_tensor(public, plaintexts, "plaintexts"),
-                   "randomness": backend.to_tensor(public, randomness, "plaintexts"),
-                   "T": torch.tensor([time.time()], dtype=torch.float64)})
+    body = a.seal(
+        {
+            "kind": _bytes(b"aggregate"),
+            "final": _bytes(final_body),
+            "L": final["L"],
+            "plaintexts": backend.to_tensor(public, plaintexts, "plaintexts"),
+            "randomness": backend.to_tensor(public, randomness, "plaintexts"),
+            "T": torch.tensor([time.time()], dtype=torch.float64),
+        }
+    )
     work = _delta(a, before)
     for target in route[1:]:
         syn.hop(a, "aggregate", target, body, started, work)
@@ -224,8 +258,12 @@ def guest(syn: Synergy, me: Peer) -> None:
     with me.timed("he"):
         cts = backend.add(public, cts, own)
     route.append(me.addr)
-    fields = {"C": backend.to_tensor(public, cts, "ciphertexts"), "L": _bytes(",".join(route).encode()),
-              "T": torch.tensor([time.time()], dtype=torch.float64), "count": _int(count)}
+    fields = {
+        "C": backend.to_tensor(public, cts, "ciphertexts"),
+        "L": _bytes(",".join(route).encode()),
+        "T": torch.tensor([time.time()], dtype=torch.float64),
+        "count": _int(count),
+    }
     if remaining == 0:
         target, kind = route[0], "final"
     else:
@@ -240,9 +278,15 @@ def guest(syn: Synergy, me: Peer) -> None:
         if _text(agg["kind"]) != "aggregate" or _text(agg["from"]) != route[0]:
             raise ValueError(f"{me.name}: not A's aggregate")
         final_body = agg["final"].numpy().tobytes()
-        final = me.open(final_body, syn.directory)  # the last guest's signed final message: the real C
+        final = me.open(
+            final_body, syn.directory
+        )  # the last guest's signed final message: the real C
         final_route = _addresses(final["L"])
-        if _text(final["kind"]) != "final" or final_route[: len(route)] != route or _text(agg["L"]) != _text(final["L"]):
+        if (
+            _text(final["kind"]) != "final"
+            or final_route[: len(route)] != route
+            or _text(agg["L"]) != _text(final["L"])
+        ):
             raise ValueError(f"{me.name}: final message does not extend my chain")
         cts = backend.from_tensor(public, final["C"], "ciphertexts")
         plaintexts = backend.from_tensor(public, agg["plaintexts"], "plaintexts")
@@ -263,6 +307,7 @@ def _run_threads(targets: list[Callable[[], None]]) -> None:
                 fn()
             except BaseException as err:  # surfaced in the main thread below
                 errors.append(err)
+
         return run
 
     threads = [threading.Thread(target=wrap(fn), daemon=True) for fn in targets]
@@ -284,7 +329,13 @@ def run_size(count: int, key: Any, workers: int, seed: int) -> dict[str, Any]:
     syn = Synergy(peers, backend, key)
     try:
         syn.t0 = time.perf_counter()
-        _run_threads([lambda: initiator(syn, peers[0], count), lambda: guest(syn, peers[1]), lambda: guest(syn, peers[2])])
+        _run_threads(
+            [
+                lambda: initiator(syn, peers[0], count),
+                lambda: guest(syn, peers[1]),
+                lambda: guest(syn, peers[2]),
+            ]
+        )
     finally:
         for p in peers:
             p.server.close()
@@ -311,26 +362,40 @@ def run_size(count: int, key: Any, workers: int, seed: int) -> dict[str, Any]:
     packed_vps = 3 * count / encrypt_s
     slots = backend.slots(key.public)
     return {
-        "params": count, "e2e_s": round(e2e, 4), "ciphertexts": -(-count // slots),
-        "encrypt_values_per_s": round(packed_vps, 1), "decrypt_values_per_s": round(count / peers[0].seconds["decrypt"], 1),
-        "encrypt_s_per_peer": round(encrypt_s / 3, 4), "decrypt_s": round(peers[0].seconds["decrypt"], 4),
+        "params": count,
+        "e2e_s": round(e2e, 4),
+        "ciphertexts": -(-count // slots),
+        "encrypt_values_per_s": round(packed_vps, 1),
+        "decrypt_values_per_s": round(count / peers[0].seconds["decrypt"], 1),
+        "encrypt_s_per_peer": round(encrypt_s / 3, 4),
+        "decrypt_s": round(peers[0].seconds["decrypt"], 4),
         "proof_s": round(peers[0].seconds["proof"], 4),
         "verify_batch_s": round(max(p.seconds["verify_proof"] for p in peers[1:]), 4),
         "guest_verify_all_s": round(max(p.seconds["verify_all"] for p in peers[1:]), 4),
         "chain_bytes_per_param": round(hops[0]["bytes"] / count, 3),
-        "hops": hops, "total_bytes": sum(h["bytes"] for h in hops),
-        "sample": len(sample), "sample_packed_encrypt_values_per_s": round(sample_vps[None], 1),
+        "hops": hops,
+        "total_bytes": sum(h["bytes"] for h in hops),
+        "sample": len(sample),
+        "sample_packed_encrypt_values_per_s": round(sample_vps[None], 1),
         "unpacked_encrypt_values_per_s": round(sample_vps[1], 1),
         "unpacked_bytes_per_param": 2 * ((key.public.n.bit_length() + 7) // 8),
-        "packing_speedup": round(sample_vps[None] / sample_vps[1], 2), "max_abs_error": max(errors),
+        "packing_speedup": round(sample_vps[None] / sample_vps[1], 2),
+        "max_abs_error": max(errors),
     }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="1000,10000,100000,1000000", help="comma-separated parameter counts")
+    parser.add_argument(
+        "--params", default="1000,10000,100000,1000000", help="comma-separated parameter counts"
+    )
     parser.add_argument("--key-bits", type=int, default=2048)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="threads for big-number work per peer")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="threads for big-number work per peer",
+    )
     parser.add_argument("--quick", action="store_true", help="params 1000,10000 (a smoke run)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -347,20 +412,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     key = PaillierBackend().generate(args.key_bits)
     keygen_s = time.perf_counter() - start
-    log(f"p4l: {args.key_bits}-bit Paillier key in {keygen_s:.2f} s; {args.workers} worker thread(s)")
+    log(
+        f"p4l: {args.key_bits}-bit Paillier key in {keygen_s:.2f} s; {args.workers} worker thread(s)"
+    )
     results = []
     for i, count in enumerate(sizes):
         result = run_size(count, key, args.workers, args.seed + i)
-        log(f"p4l: P={count}: e2e {result['e2e_s']:.2f} s, encrypt {result['encrypt_values_per_s']:.0f} values/s "
+        log(
+            f"p4l: P={count}: e2e {result['e2e_s']:.2f} s, encrypt {result['encrypt_values_per_s']:.0f} values/s "
             f"(unpacked {result['unpacked_encrypt_values_per_s']:.0f}, x{result['packing_speedup']}), "
-            f"{result['hops'][0]['bytes'] / 1e6:.2f} MB per chain hop")
+            f"{result['hops'][0]['bytes'] / 1e6:.2f} MB per chain hop"
+        )
         results.append(result)
     out = {
-        "bench": "p4l", "peers": 3, "transport": "TCP, 127.0.0.1, one connection per message", "frame": "safetensors",
-        "signature": "Ed25519", "key_bits": args.key_bits, "keygen_s": round(keygen_s, 3),
-        "slots_per_ciphertext": PaillierBackend().slots(key.public), "scale": "1e10", "workers": args.workers,
-        "worker_kind": "threads (gmpy2 releases the GIL)", "gmpy2": gmpy2_version is not None, "gmpy2_version": gmpy2_version,
-        "phe_uses_gmpy2": bool(getattr(phe_util, "HAVE_GMP", False)), "proof_verification": "batch (2^-64 soundness on plaintexts)",
+        "bench": "p4l",
+        "peers": 3,
+        "transport": "TCP, 127.0.0.1, one connection per message",
+        "frame": "safetensors",
+        "signature": "Ed25519",
+        "key_bits": args.key_bits,
+        "keygen_s": round(keygen_s, 3),
+        "slots_per_ciphertext": PaillierBackend().slots(key.public),
+        "scale": "1e10",
+        "workers": args.workers,
+        "worker_kind": "threads (gmpy2 releases the GIL)",
+        "gmpy2": gmpy2_version is not None,
+        "gmpy2_version": gmpy2_version,
+        "phe_uses_gmpy2": bool(getattr(phe_util, "HAVE_GMP", False)),
+        "proof_verification": "batch (2^-64 soundness on plaintexts)",
         "results": results,
     }
     print(json.dumps(out))

@@ -35,24 +35,50 @@ DEFENSES = {"fedavg": "m-krum", "p4": "p4-secure"}
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 if sys.platform == "darwin" else 1024)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (
+        1 if sys.platform == "darwin" else 1024
+    )
 
 
-def one(method: str, runtime: str, attack: str | None, args: argparse.Namespace) -> tuple[dict, np.ndarray, np.ndarray]:
+def one(
+    method: str, runtime: str, attack: str | None, args: argparse.Namespace
+) -> tuple[dict, np.ndarray, np.ndarray]:
     """The row of one run, each client's final accuracy, and the harness's reported mask."""
-    changes: dict = dict(method=method, clients=4, rounds=args.rounds, seed=args.seed, eval_fraction=0.0,
-                         attack=attack, defense=DEFENSES[method], malicious_fraction=0.25,
-                         results_dir=tempfile.mkdtemp(prefix="p4bench-bench-gate-"))
+    changes: dict = dict(
+        method=method,
+        clients=4,
+        rounds=args.rounds,
+        seed=args.seed,
+        eval_fraction=0.0,
+        attack=attack,
+        defense=DEFENSES[method],
+        malicious_fraction=0.25,
+        results_dir=tempfile.mkdtemp(prefix="p4bench-bench-gate-"),
+    )
     if runtime == "device":
-        changes.update(runtime="device", noise_source="seeded", device_simulation=True,
-                       options={"device_local_peers": 4})
+        changes.update(
+            runtime="device",
+            noise_source="seeded",
+            device_simulation=True,
+            options={"device_local_peers": 4},
+        )
     started = time.perf_counter()
     result = run(RunConfig(**changes), track=False)
     summary = result.summary
-    row = {"method": method, "defense": DEFENSES[method], "runtime": runtime, "attack": attack or "none",
-           "accuracy": round(float(summary["accuracy_mean"]), 4), "rejections": summary.get("rejections", {}),
-           "seconds": round(time.perf_counter() - started, 1)}
-    return row, np.asarray(result.outcome.accuracy, dtype=float), np.asarray(result.info.reported, dtype=bool)
+    row = {
+        "method": method,
+        "defense": DEFENSES[method],
+        "runtime": runtime,
+        "attack": attack or "none",
+        "accuracy": round(float(summary["accuracy_mean"]), 4),
+        "rejections": summary.get("rejections", {}),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    return (
+        row,
+        np.asarray(result.outcome.accuracy, dtype=float),
+        np.asarray(result.info.reported, dtype=bool),
+    )
 
 
 def main() -> None:
@@ -60,9 +86,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=list(DEFENSES), choices=list(DEFENSES))
-    parser.add_argument("--runtimes", nargs="+", default=["simulation", "device"], choices=["simulation", "device"])
+    parser.add_argument(
+        "--runtimes", nargs="+", default=["simulation", "device"], choices=["simulation", "device"]
+    )
     args = parser.parse_args()
-    os.environ.setdefault("P4BENCH_VERIFY", "0")  # the post-processing check is not what is measured here
+    os.environ.setdefault(
+        "P4BENCH_VERIFY", "0"
+    )  # the post-processing check is not what is measured here
     wall, cpu = time.perf_counter(), time.process_time()
     worst = 0.0
     for method in args.methods:
@@ -75,12 +105,24 @@ def main() -> None:
                 else:  # the same (honest) clients in the clean run: the attacked run reports the benign only
                     assert clean is not None
                     row["clean_accuracy_same_clients"] = round(float(clean[reported].mean()), 4)
-                    row["drop_points"] = round(100 * (row["clean_accuracy_same_clients"] - row["accuracy"]), 2)
+                    row["drop_points"] = round(
+                        100 * (row["clean_accuracy_same_clients"] - row["accuracy"]), 2
+                    )
                     worst = max(worst, row["drop_points"])
                 print(json.dumps(row), flush=True)
-    print(json.dumps({"worst_drop_points": worst, "target_points": 2.0, "threads": torch.get_num_threads(),
-                      "wall_s": round(time.perf_counter() - wall, 1), "cpu_s": round(time.process_time() - cpu, 1),
-                      "peak_rss_mb": round(peak_rss_mb(), 1)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "worst_drop_points": worst,
+                "target_points": 2.0,
+                "threads": torch.get_num_threads(),
+                "wall_s": round(time.perf_counter() - wall, 1),
+                "cpu_s": round(time.process_time() - cpu, 1),
+                "peak_rss_mb": round(peak_rss_mb(), 1),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

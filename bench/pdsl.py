@@ -1,6 +1,6 @@
 """Time one PDSL round's compute: the batched implementation vs a per-agent Python loop.
 
-What one PDSL round computes (baselines/pdsl.py), for M agents on a complete graph
+What one PDSL round computes (plugins/p4bench_pdsl/method.py), for M agents on a complete graph
 (|M_i| = M, each agent included in its own neighbourhood):
 
 (a) cross-gradients: agent i takes ONE batch B_i of its records and computes
@@ -27,10 +27,10 @@ Each timing: one warm-up, then the best of N repetitions, batched and loop inter
 (the 1-minute load average before/after is reported: on a shared machine, compare only
 numbers taken together). Total = the whole batched round (RNG draws included) vs the
 loop's two parts. One torch thread by default (both sides on one core). The batched
-Shapley values on the linear model (`p4bench.baselines.shapley_linear`) need no forward
+Shapley values on the linear model (`p4bench_pdsl.shapley_linear`) need no forward
 per coalition: one product per label group of Q gives every candidate's margins against
 the label, and each Monte-Carlo prefix is its parent's sum plus one block, extended in
-place in a buffer of rows (`p4bench.baselines.shapley_rows`). Prints ONE JSON object on stdout (progress
+place in a buffer of rows (`p4bench_pdsl.shapley_rows`). Prints ONE JSON object on stdout (progress
 on stderr) with the bench convention's thread count, wall and CPU seconds and peak RSS;
 `--profile` also prints a torch profile of the batched round.
 
@@ -52,14 +52,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from p4bench.baselines.cross_gradients import cross_gradients
-from p4bench.baselines.shapley import coalition_values, linear_in_parameters, monte_carlo_shapley
 from p4bench.config import RunConfig
 from p4bench.data import ClientTensors
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.engine.training import batched_loss_and_grad, fixed_size_batches
 from p4bench.models import LinearSoftmax
 from p4bench.rng import ClientRng, node_keys
+from p4bench_baselines.cross_gradients import cross_gradients
+from p4bench_pdsl.shapley import coalition_values, linear_in_parameters, monte_carlo_shapley
 
 M, PER_AGENT, DATA_RATE, Q_SIZE, R, LR, CLASSES = 20, 90, 0.8, 2000, 10, 0.5, 10
 
@@ -85,14 +85,28 @@ def workload(seed: int = 0) -> SimpleNamespace:
     models = x.unsqueeze(0).expand(M, M, -1).contiguous()  # slot j of row i: x_j (complete graph)
     present = torch.ones(M, M, dtype=torch.bool)
     keys = node_keys(seed, torch.arange(M))
-    return SimpleNamespace(train=train, model=model, params=params, x=x, models=models, present=present,
-                           keys=keys, q_x=images[q_idx], q_y=labels[q_idx])
+    return SimpleNamespace(
+        train=train,
+        model=model,
+        params=params,
+        x=x,
+        models=models,
+        present=present,
+        keys=keys,
+        q_x=images[q_idx],
+        q_y=labels[q_idx],
+    )
 
 
 def make_ctx(w: SimpleNamespace) -> SimpleNamespace:
     """The attributes `cross_gradients` reads, fresh RNG streams each time."""
-    return SimpleNamespace(dp=None, rng=ClientRng(w.keys), config=RunConfig(data_rate=DATA_RATE), model=w.model,
-                           loss_and_grad=partial(batched_loss_and_grad, w.model))
+    return SimpleNamespace(
+        dp=None,
+        rng=ClientRng(w.keys),
+        config=RunConfig(data_rate=DATA_RATE),
+        model=w.model,
+        loss_and_grad=partial(batched_loss_and_grad, w.model),
+    )
 
 
 # -- batched (what PDSL runs) --------------------------------------------------------------------
@@ -172,7 +186,10 @@ def best_of(fns: dict, repeats: int) -> dict[str, float]:
             start = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
-        log(f"  repetition {rep + 1}/{repeats}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in best.items()))
+        log(
+            f"  repetition {rep + 1}/{repeats}: "
+            + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in best.items())
+        )
     return best
 
 
@@ -189,9 +206,17 @@ def profile(w: SimpleNamespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (best of 2)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (default 5, --quick 2)")
-    parser.add_argument("--profile", action="store_true", help="print a torch profile of the batched round on stderr")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: both sides on one core)")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed repetitions (default 5, --quick 2)"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print a torch profile of the batched round on stderr",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1: both sides on one core)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -202,7 +227,9 @@ def main() -> None:
     index, keys = draws(w)
     grads_b, phi_b = batched_round(w)
     grads_l = loop_cross(w, index)
-    phi_l = loop_shapley(w, grads_b, keys)  # same received gradients: phi compared on the Shapley part alone
+    phi_l = loop_shapley(
+        w, grads_b, keys
+    )  # same received gradients: phi compared on the Shapley part alone
     grad_err = float((grads_b - grads_l).abs().max())
     phi_err = float((phi_b - phi_l).abs().max())
     grads_match = bool(torch.allclose(grads_b, grads_l, rtol=1e-4, atol=1e-6))
@@ -211,9 +238,16 @@ def main() -> None:
     log(f"timing (warm-up + best of {repeats}, interleaved) ...")
     load_before = os.getloadavg()[0]
     ctx = make_ctx(w)
-    best = best_of({"cross_b": lambda: batched_cross(w, ctx), "shapley_b": lambda: batched_shapley(w, ctx, grads_b),
-                    "round_b": lambda: batched_round(w), "cross_l": lambda: loop_cross(w, index),
-                    "shapley_l": lambda: loop_shapley(w, grads_b, keys)}, repeats)
+    best = best_of(
+        {
+            "cross_b": lambda: batched_cross(w, ctx),
+            "shapley_b": lambda: batched_shapley(w, ctx, grads_b),
+            "round_b": lambda: batched_round(w),
+            "cross_l": lambda: loop_cross(w, index),
+            "shapley_l": lambda: loop_shapley(w, grads_b, keys),
+        },
+        repeats,
+    )
     t_cross_b, t_shap_b, t_round_b = best["cross_b"], best["shapley_b"], best["round_b"]
     t_cross_l, t_shap_l = best["cross_l"], best["shapley_l"]
     t_round_l = t_cross_l + t_shap_l  # the loop's parts run one after the other, nothing shared
@@ -221,28 +255,61 @@ def main() -> None:
         profile(w)
 
     def pair(batched: float, loop: float) -> dict[str, float]:
-        return {"batched_s": round(batched, 6), "loop_s": round(loop, 6), "speedup": round(loop / batched, 2)}
+        return {
+            "batched_s": round(batched, 6),
+            "loop_s": round(loop, 6),
+            "speedup": round(loop / batched, 2),
+        }
 
     total = pair(t_round_b, t_round_l)
-    print(json.dumps({
-        "benchmark": "pdsl_round", "M": M, "M_i": M, "params": int(w.x.shape[1]),
-        "records_per_agent": PER_AGENT, "batch": int(round(DATA_RATE * PER_AGENT)), "Q": Q_SIZE, "R": R,
-        "model": "linear (LinearSoftmax, 64 -> 10)", "data": "sklearn digits, resampled", "dp": None,
-        "cross_gradients_per_round": M * M, "coalition_models_per_round_loop": M * R * M,
-        "cross_gradients": pair(t_cross_b, t_cross_l), "shapley": pair(t_shap_b, t_shap_l), "total": total,
-        "repeats": repeats, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-        "cpu_count": os.cpu_count(), "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "check": {"grads_allclose": grads_match, "grads_max_abs_diff": grad_err, "phi_match": phi_match,
-                  "phi_max_abs_diff": phi_err, "phi_tolerance": 1.0 / (Q_SIZE * R),
-                  "phi_spread_mean": float((phi_b.max(1).values - phi_b.min(1).values).mean())},
-        "target_speedup": 20, "meets_target": bool(total["speedup"] >= 20),
-        "shapley_path": "linear logits" if linear_in_parameters(w.model) else "forward per coalition",
-        "wall_s": round(time.perf_counter() - started, 2), "cpu_s": round(time.process_time() - cpu_started, 2),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        # The loop's coalition forwards are (|Q| x d) @ (d x C) products big enough for BLAS:
-        # its arithmetic rate shows how much of its time is Python overhead (little) vs work.
-        "loop_shapley_gflop_per_s": round(2 * M * R * M * Q_SIZE * int(w.x.shape[1]) / t_shap_l / 1e9, 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "pdsl_round",
+                "M": M,
+                "M_i": M,
+                "params": int(w.x.shape[1]),
+                "records_per_agent": PER_AGENT,
+                "batch": int(round(DATA_RATE * PER_AGENT)),
+                "Q": Q_SIZE,
+                "R": R,
+                "model": "linear (LinearSoftmax, 64 -> 10)",
+                "data": "sklearn digits, resampled",
+                "dp": None,
+                "cross_gradients_per_round": M * M,
+                "coalition_models_per_round_loop": M * R * M,
+                "cross_gradients": pair(t_cross_b, t_cross_l),
+                "shapley": pair(t_shap_b, t_shap_l),
+                "total": total,
+                "repeats": repeats,
+                "torch_threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+                "cpu_count": os.cpu_count(),
+                "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                "check": {
+                    "grads_allclose": grads_match,
+                    "grads_max_abs_diff": grad_err,
+                    "phi_match": phi_match,
+                    "phi_max_abs_diff": phi_err,
+                    "phi_tolerance": 1.0 / (Q_SIZE * R),
+                    "phi_spread_mean": float((phi_b.max(1).values - phi_b.min(1).values).mean()),
+                },
+                "target_speedup": 20,
+                "meets_target": bool(total["speedup"] >= 20),
+                "shapley_path": "linear logits"
+                if linear_in_parameters(w.model)
+                else "forward per coalition",
+                "wall_s": round(time.perf_counter() - started, 2),
+                "cpu_s": round(time.process_time() - cpu_started, 2),
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                # The loop's coalition forwards are (|Q| x d) @ (d x C) products big enough for BLAS:
+                # its arithmetic rate shows how much of its time is Python overhead (little) vs work.
+                "loop_shapley_gflop_per_s": round(
+                    2 * M * R * M * Q_SIZE * int(w.x.shape[1]) / t_shap_l / 1e9, 2
+                ),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

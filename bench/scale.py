@@ -26,7 +26,11 @@ import sys
 import time
 
 SMALL = {"fedavg": [100, 300, 1000], "p4": [100, 300, 1000], "pdsl": [10, 20, 40]}
-FULL = {"fedavg": [1000, 10_000, 100_000], "p4": [300, 1000, 3000, 10_000], "pdsl": [20, 40, 80, 160]}
+FULL = {
+    "fedavg": [1000, 10_000, 100_000],
+    "p4": [300, 1000, 3000, 10_000],
+    "pdsl": [20, 40, 80, 160],
+}
 ROUNDS = {"fedavg": 3, "p4": 3, "pdsl": 9}  # PDSL's rounds take milliseconds: a median of 8
 
 
@@ -47,9 +51,19 @@ def point(method: str, clients: int) -> dict:
     # PDSL holds out a labeled public pool Q first: the natural partition would leave its
     # writers short, so its clients draw IID from the rest
     partitioner = "iid" if method == "pdsl" else "natural"
-    config = RunConfig(method=method, dataset="synthetic", partitioner=partitioner, clients=clients,
-                       samples_per_client=50, rounds=ROUNDS[method], local_steps=1, seed=1, eval_fraction=0.0,
-                       no_dp=True, options=options)
+    config = RunConfig(
+        method=method,
+        dataset="synthetic",
+        partitioner=partitioner,
+        clients=clients,
+        samples_per_client=50,
+        rounds=ROUNDS[method],
+        local_steps=1,
+        seed=1,
+        eval_fraction=0.0,
+        no_dp=True,
+        options=options,
+    )
     started = time.perf_counter()
     result = run(config, track=False)
     by_phase: dict[str, list[float]] = {}
@@ -58,7 +72,9 @@ def point(method: str, clients: int) -> dict:
     last = list(by_phase)[-1]
     later = sorted(by_phase[last][1:] or by_phase[last])
     return {
-        "method": method, "clients": clients, "round_s": round(later[len(later) // 2], 4),
+        "method": method,
+        "clients": clients,
+        "round_s": round(later[len(later) // 2], 4),
         "phases_s": {phase: round(sum(values), 3) for phase, values in by_phase.items()},
         "run_s": round(time.perf_counter() - started, 2),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -91,24 +107,46 @@ def main() -> None:
     for method in args.methods:
         rows = []
         for clients in grid[method]:
-            child = subprocess.run([sys.executable, __file__, "--point", method, str(clients)],
-                                   capture_output=True, text=True, check=False)
+            child = subprocess.run(
+                [sys.executable, __file__, "--point", method, str(clients)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             usage = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = usage.ru_utime + usage.ru_stime
             lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
             if child.returncode or not lines:
-                row = {"method": method, "clients": clients, "error": (child.stderr.strip().splitlines() or ["?"])[-1]}
+                row = {
+                    "method": method,
+                    "clients": clients,
+                    "error": (child.stderr.strip().splitlines() or ["?"])[-1],
+                }
             else:
                 row = json.loads(lines[-1])
                 rows.append(row)
             print(json.dumps(row), flush=True)
         clients_ = [float(r["clients"]) for r in rows]
-        growth[method] = {"round": exponent(clients_, [r["round_s"] for r in rows]),
-                          "peak_rss": exponent(clients_, [r["peak_rss_mb"] for r in rows])}
-        for phase in (rows[0]["phases_s"] if rows else {}):
-            growth[method][phase] = exponent(clients_, [r["phases_s"].get(phase, 0.0) for r in rows])
-    print(json.dumps({"growth_exponents": growth, "threads": 1, "wall_s": round(time.perf_counter() - wall, 1),
-                      "cpu_s": round(cpu, 1), "full": args.full}), flush=True)
+        growth[method] = {
+            "round": exponent(clients_, [r["round_s"] for r in rows]),
+            "peak_rss": exponent(clients_, [r["peak_rss_mb"] for r in rows]),
+        }
+        for phase in rows[0]["phases_s"] if rows else {}:
+            growth[method][phase] = exponent(
+                clients_, [r["phases_s"].get(phase, 0.0) for r in rows]
+            )
+    print(
+        json.dumps(
+            {
+                "growth_exponents": growth,
+                "threads": 1,
+                "wall_s": round(time.perf_counter() - wall, 1),
+                "cpu_s": round(cpu, 1),
+                "full": args.full,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ minima much less.
     costs inside training (torch's first `torch.func.grad` imports torch._dynamo and
     sympy, about 0.8 s), counted as training here.
 
-A cache outside the run folder (the MLflow store template of `p4bench.tracking_store`,
+A cache outside the run folder (the MLflow store template of `p4bench.tracking.store`,
 where the tracker uses it) is filled by the untimed run; a machine's very first run pays
 for it once (about 1 s more).
 """
@@ -65,7 +65,7 @@ from pathlib import Path
 PROBE = r"""
 import json, os, sys, time
 from p4bench.hookspecs import hookimpl
-import p4bench.plugin_manager as plugin_manager
+import p4bench.host.manager as plugin_manager
 
 events = {"rounds": []}
 
@@ -121,20 +121,28 @@ def _with_example_plugin(site: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-def time_command(argv: list[str], repeats: int, env: dict[str, str] | None = None) -> dict[str, object]:
+def time_command(
+    argv: list[str], repeats: int, env: dict[str, str] | None = None
+) -> dict[str, object]:
     """Median wall and CPU time of `argv` over `repeats` fresh processes, after one untimed call."""
     times, cpu, code = [], [], 0
     for attempt in range(repeats + 1):
         cpu_before = _children_cpu()
         started = time.perf_counter()
-        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False)
+        done = subprocess.run(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False
+        )
         elapsed = time.perf_counter() - started
         code = done.returncode
         if attempt:  # the first call warms the caches
             times.append(elapsed)
             cpu.append(_children_cpu() - cpu_before)
-    return {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
-            "cpu_s": round(statistics.median(cpu), 3), "exit_code": code}
+    return {
+        "median_s": round(statistics.median(times), 3),
+        "min_s": round(min(times), 3),
+        "cpu_s": round(statistics.median(cpu), 3),
+        "exit_code": code,
+    }
 
 
 def time_run(rounds: int, extra: list[str]) -> dict[str, float]:
@@ -142,8 +150,20 @@ def time_run(rounds: int, extra: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="p4bench-startup-") as scratch:
         probe_file = Path(scratch) / "probe.json"
         env = {**os.environ, "P4BENCH_STARTUP_PROBE": str(probe_file)}
-        argv = [sys.executable, "-c", PROBE, "run", "--method", "fedavg", "--rounds", str(rounds),
-                "--results-dir", str(Path(scratch) / "results"), "--json", *extra]
+        argv = [
+            sys.executable,
+            "-c",
+            PROBE,
+            "run",
+            "--method",
+            "fedavg",
+            "--rounds",
+            str(rounds),
+            "--results-dir",
+            str(Path(scratch) / "results"),
+            "--json",
+            *extra,
+        ]
         cpu_before = _children_cpu()
         started_wall = time.time()
         started = time.perf_counter()
@@ -155,7 +175,9 @@ def time_run(rounds: int, extra: list[str]) -> dict[str, float]:
         events = json.loads(probe_file.read_text())
     rounds_seen = events["rounds"]
     if not rounds_seen or "run_started" not in events:
-        raise SystemExit("the probe saw no round: is the run still using the process-wide plugin manager?")
+        raise SystemExit(
+            "the probe saw no round: is the run still using the process-wide plugin manager?"
+        )
     if len(rounds_seen) < 4:
         raise SystemExit("the run needs at least 4 rounds (--rounds)")
     first_end, first_seconds = rounds_seen[0][0], rounds_seen[0][1]
@@ -178,11 +200,20 @@ def time_run(rounds: int, extra: list[str]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each command (median)")
-    parser.add_argument("--run-repeats", type=int, default=3, help="timed runs (median of each figure)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed calls of each command (median)"
+    )
+    parser.add_argument(
+        "--run-repeats", type=int, default=3, help="timed runs (median of each figure)"
+    )
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--skip-run", action="store_true", help="only the commands, not a run")
-    parser.add_argument("--run-option", action="append", default=[], help="extra argument for `p4bench run` (repeatable)")
+    parser.add_argument(
+        "--run-option",
+        action="append",
+        default=[],
+        help="extra argument for `p4bench run` (repeatable)",
+    )
     args = parser.parse_args()
 
     script = _script()
@@ -190,12 +221,16 @@ def main() -> None:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "bytecode_cache_written": not os.environ.get("PYTHONDONTWRITEBYTECODE"),
-        "load_average_at_start": round(os.getloadavg()[0], 2),  # other work on the machine inflates wall times
+        "load_average_at_start": round(
+            os.getloadavg()[0], 2
+        ),  # other work on the machine inflates wall times
         "repeats": args.repeats,
     }
     # the machine's own start-up beside ours: a bare interpreter, and one that imports torch
-    for label, argv in (("python_bare", [sys.executable, "-c", "pass"]),
-                        ("python_torch", [sys.executable, "-c", "import torch"])):
+    for label, argv in (
+        ("python_bare", [sys.executable, "-c", "pass"]),
+        ("python_torch", [sys.executable, "-c", "import torch"]),
+    ):
         timing = time_command(argv, args.repeats)
         result[f"{label}_s"] = timing["median_s"]
         result[f"{label}_min_s"] = timing["min_s"]
@@ -207,7 +242,13 @@ def main() -> None:
         result[f"{label}_exit_code"] = timing["exit_code"]
     with tempfile.TemporaryDirectory(prefix="p4bench-startup-site-") as site:
         env = _with_example_plugin(Path(site))
-        subprocess.run([script, "list"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False)
+        subprocess.run(
+            [script, "list"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            check=False,
+        )
         timing = time_command([script, "--help"], args.repeats, env=env)
         result["help_with_plugin_s"] = timing["median_s"]
         result["help_with_plugin_min_s"] = timing["min_s"]
@@ -219,7 +260,11 @@ def main() -> None:
         result["run_rounds"] = args.rounds
         for key in runs[0]:
             result[key] = round(statistics.median(float(r[key]) for r in runs), 3)
-        for key in ("run_fixed_cost_s", "run_until_started_s", "run_total_s"):  # the least disturbed run
+        for key in (
+            "run_fixed_cost_s",
+            "run_until_started_s",
+            "run_total_s",
+        ):  # the least disturbed run
             result[key[: -len("_s")] + "_min_s"] = round(min(float(r[key]) for r in runs), 3)
     result["load_average_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))

@@ -37,10 +37,24 @@ SCRIPT = Path(sys.executable).with_name("p4bench")
 def _one(mode: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="p4bench-verify-cost-") as folder:
         env = {**os.environ, "P4BENCH_CACHE_DIR": str(Path(folder) / "cache")}
-        command = [str(SCRIPT), "run", "--method", args.method, "--rounds", str(args.rounds), "--verify", mode,
-                   "--results-dir", str(Path(folder) / "runs"), "--json", *extra]
+        command = [
+            str(SCRIPT),
+            "run",
+            "--method",
+            args.method,
+            "--rounds",
+            str(args.rounds),
+            "--verify",
+            mode,
+            "--results-dir",
+            str(Path(folder) / "runs"),
+            "--json",
+            *extra,
+        ]
         started = time.perf_counter()
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+        child = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True
+        )
         assert child.stdout is not None
         out = child.stdout.read()
         _, status, usage = os.wait4(child.pid, 0)
@@ -49,7 +63,12 @@ def _one(mode: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any
     if child.returncode != 0:
         raise SystemExit(f"{' '.join(command)} exited {child.returncode}")
     summary = json.loads(out.strip().splitlines()[-1])
-    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024, "summary": summary}
+    return {
+        "wall": wall,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "rss_mb": usage.ru_maxrss / 1024,
+        "summary": summary,
+    }
 
 
 def main() -> None:
@@ -69,17 +88,26 @@ def main() -> None:
     import torch
 
     result = {
-        "bench": "verify_cost", "method": args.method, "rounds": args.rounds, "repeats": args.repeats,
+        "bench": "verify_cost",
+        "method": args.method,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
         "threads": int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())),
-        "cpu_full_s": round(median(r["cpu"] for r in full), 3), "cpu_off_s": round(median(r["cpu"] for r in off), 3),
-        "wall_full_s": round(median(r["wall"] for r in full), 3), "wall_off_s": round(median(r["wall"] for r in off), 3),
+        "cpu_full_s": round(median(r["cpu"] for r in full), 3),
+        "cpu_off_s": round(median(r["cpu"] for r in off), 3),
+        "wall_full_s": round(median(r["wall"] for r in full), 3),
+        "wall_off_s": round(median(r["wall"] for r in off), 3),
         "peak_rss_full_mb": round(max(r["rss_mb"] for r in full), 1),
         "peak_rss_off_mb": round(max(r["rss_mb"] for r in off), 1),
         "verification_cpu_s": summary_full.get("verification_cpu_s"),
-        "certified_full": summary_full.get("epsilon_certified"), "certified_off": summary_off.get("epsilon_certified"),
-        "post_processing": summary_full.get("post_processing"), "record_isolation": summary_full.get("record_isolation"),
-        "accuracy_full": summary_full.get("accuracy_mean"), "accuracy_off": summary_off.get("accuracy_mean"),
-        "load_average_at_start": round(load_before, 2), "load_average_at_end": round(os.getloadavg()[0], 2),
+        "certified_full": summary_full.get("epsilon_certified"),
+        "certified_off": summary_off.get("epsilon_certified"),
+        "post_processing": summary_full.get("post_processing"),
+        "record_isolation": summary_full.get("record_isolation"),
+        "accuracy_full": summary_full.get("accuracy_mean"),
+        "accuracy_off": summary_off.get("accuracy_mean"),
+        "load_average_at_start": round(load_before, 2),
+        "load_average_at_end": round(os.getloadavg()[0], 2),
     }
     result["cpu_ratio"] = round(result["cpu_full_s"] / result["cpu_off_s"], 3)
     result["wall_ratio"] = round(result["wall_full_s"] / result["wall_off_s"], 3)

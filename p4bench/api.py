@@ -7,7 +7,7 @@ major API version a name keeps its meaning and its call signature accepts what i
 accepted before. A name that is to change first keeps working for at least one minor
 release of p4bench, with a `PluginDeprecationWarning` naming the replacement (the command
 line shows it as one line); the CHANGELOG lists every change. Anything imported from
-elsewhere in `p4bench` (`p4bench.engine.*`, `p4bench.plugin_manager`, names starting
+elsewhere in `p4bench` (`p4bench.engine.*`, `p4bench.host.manager`, names starting
 with `_`) is internal and may change in any release.
 
 The distribution follows semantic versioning: `p4bench 0.x` may deprecate, never break
@@ -26,7 +26,6 @@ from p4bench.lazy import lazy_exports
 from p4bench.version import __version__
 
 if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
-    from p4bench.claims import ClaimCheck, ClaimContext, means, not_checked, pct, verdict
     from p4bench.config import RunConfig
     from p4bench.data.base import ArrayDataset, Dataset, Partitioner
     from p4bench.engine.messages import BROADCAST, UPDATE_PREFIX, MessageFormatError, Messages
@@ -41,15 +40,22 @@ if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
         StepContext,
     )
     from p4bench.engine.state import flatten, unflatten, unvectorize, vectorize
-    from p4bench.engine.threats import Aggregator, Attack, Defense, update_vectors, with_update_vectors
+    from p4bench.engine.threats import (
+        Aggregator,
+        Attack,
+        Defense,
+        update_vectors,
+        with_update_vectors,
+    )
     from p4bench.engine.training import TrainingContext, local_sgd
     from p4bench.errors import ConfigError, DataError, PluginDeprecationWarning, UsageError
+    from p4bench.host.manager import default_registry
     from p4bench.models import Model
     from p4bench.options import Option, resolve_options, topology_options
-    from p4bench.plugin_manager import default_registry
-    from p4bench.presets import Preset
     from p4bench.privacy.accountants import Accountant, ReleaseSegment
     from p4bench.privacy.mechanism import DPMechanism
+    from p4bench.studies.claims import ClaimCheck, ClaimContext, means, not_checked, pct, verdict
+    from p4bench.studies.presets import Preset
     from p4bench.testing import ConformanceReport, check_attack, check_defense, check_method
     from p4bench.topology import get_topology
     from p4bench.topology.graphs import Topology
@@ -57,44 +63,112 @@ if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
 API_VERSION = "1.0"
 
 __all__ = [
-    "API_VERSION", "__version__", "hookimpl",
+    "API_VERSION",
+    "__version__",
+    "hookimpl",
     # methods: the round's steps, what they send, their privacy plan
-    "Method", "Capabilities", "Phase", "LocalUpdate", "Exchange", "StepContext", "TrainingContext", "PlannedRelease",
-    "DEFAULT_EPSILON", "Messages", "MessageFormatError", "UPDATE_PREFIX", "BROADCAST", "local_sgd",
-    "flatten", "unflatten", "vectorize", "unvectorize",
+    "Method",
+    "Capabilities",
+    "Phase",
+    "LocalUpdate",
+    "Exchange",
+    "StepContext",
+    "TrainingContext",
+    "PlannedRelease",
+    "DEFAULT_EPSILON",
+    "Messages",
+    "MessageFormatError",
+    "UPDATE_PREFIX",
+    "BROADCAST",
+    "local_sgd",
+    "flatten",
+    "unflatten",
+    "vectorize",
+    "unvectorize",
     # options, shared by every plugin of a run (one namespace: `-o key=value`)
-    "Option", "resolve_options", "topology_options", "RunConfig",
+    "Option",
+    "resolve_options",
+    "topology_options",
+    "RunConfig",
     # threats: attacks replace `update.*` payloads, defenses filter them in the aggregator
-    "Attack", "Defense", "Aggregator", "update_vectors", "with_update_vectors",
+    "Attack",
+    "Defense",
+    "Aggregator",
+    "update_vectors",
+    "with_update_vectors",
     # data, models, graphs, privacy
-    "Dataset", "ArrayDataset", "Partitioner", "Model", "Topology", "get_topology", "default_registry",
-    "Accountant", "ReleaseSegment", "DPMechanism",
+    "Dataset",
+    "ArrayDataset",
+    "Partitioner",
+    "Model",
+    "Topology",
+    "get_topology",
+    "default_registry",
+    "Accountant",
+    "ReleaseSegment",
+    "DPMechanism",
     # paper reproductions (`register_presets`): the record, claim checks and their helpers
-    "Preset", "ClaimCheck", "ClaimContext", "means", "not_checked", "pct", "verdict",
+    "Preset",
+    "ClaimCheck",
+    "ClaimContext",
+    "means",
+    "not_checked",
+    "pct",
+    "verdict",
     # errors and warnings
-    "ConfigError", "DataError", "UsageError", "PluginDeprecationWarning",
+    "ConfigError",
+    "DataError",
+    "UsageError",
+    "PluginDeprecationWarning",
     # the conformance kit
-    "check_method", "check_attack", "check_defense", "ConformanceReport",
+    "check_method",
+    "check_attack",
+    "check_defense",
+    "ConformanceReport",
 ]
 
-__getattr__ = lazy_exports(globals(), {
-    "p4bench.claims": ("ClaimCheck", "ClaimContext", "means", "not_checked", "pct", "verdict"),
-    "p4bench.config": ("RunConfig",),
-    "p4bench.data.base": ("ArrayDataset", "Dataset", "Partitioner"),
-    "p4bench.engine.messages": ("BROADCAST", "UPDATE_PREFIX", "MessageFormatError", "Messages"),
-    "p4bench.engine.method": ("DEFAULT_EPSILON", "Capabilities", "Exchange", "LocalUpdate", "Method", "Phase",
-                              "PlannedRelease", "StepContext"),
-    "p4bench.engine.state": ("flatten", "unflatten", "unvectorize", "vectorize"),
-    "p4bench.engine.threats": ("Aggregator", "Attack", "Defense", "update_vectors", "with_update_vectors"),
-    "p4bench.engine.training": ("TrainingContext", "local_sgd"),
-    "p4bench.errors": ("ConfigError", "DataError", "PluginDeprecationWarning", "UsageError"),
-    "p4bench.models": ("Model",),
-    "p4bench.options": ("Option", "resolve_options", "topology_options"),
-    "p4bench.plugin_manager": ("default_registry",),
-    "p4bench.presets": ("Preset",),
-    "p4bench.privacy.accountants": ("Accountant", "ReleaseSegment"),
-    "p4bench.privacy.mechanism": ("DPMechanism",),
-    "p4bench.testing": ("ConformanceReport", "check_attack", "check_defense", "check_method"),
-    "p4bench.topology": ("get_topology",),
-    "p4bench.topology.graphs": ("Topology",),
-})
+__getattr__ = lazy_exports(
+    globals(),
+    {
+        "p4bench.studies.claims": (
+            "ClaimCheck",
+            "ClaimContext",
+            "means",
+            "not_checked",
+            "pct",
+            "verdict",
+        ),
+        "p4bench.config": ("RunConfig",),
+        "p4bench.data.base": ("ArrayDataset", "Dataset", "Partitioner"),
+        "p4bench.engine.messages": ("BROADCAST", "UPDATE_PREFIX", "MessageFormatError", "Messages"),
+        "p4bench.engine.method": (
+            "DEFAULT_EPSILON",
+            "Capabilities",
+            "Exchange",
+            "LocalUpdate",
+            "Method",
+            "Phase",
+            "PlannedRelease",
+            "StepContext",
+        ),
+        "p4bench.engine.state": ("flatten", "unflatten", "unvectorize", "vectorize"),
+        "p4bench.engine.threats": (
+            "Aggregator",
+            "Attack",
+            "Defense",
+            "update_vectors",
+            "with_update_vectors",
+        ),
+        "p4bench.engine.training": ("TrainingContext", "local_sgd"),
+        "p4bench.errors": ("ConfigError", "DataError", "PluginDeprecationWarning", "UsageError"),
+        "p4bench.models": ("Model",),
+        "p4bench.options": ("Option", "resolve_options", "topology_options"),
+        "p4bench.host.manager": ("default_registry",),
+        "p4bench.studies.presets": ("Preset",),
+        "p4bench.privacy.accountants": ("Accountant", "ReleaseSegment"),
+        "p4bench.privacy.mechanism": ("DPMechanism",),
+        "p4bench.testing": ("ConformanceReport", "check_attack", "check_defense", "check_method"),
+        "p4bench.topology": ("get_topology",),
+        "p4bench.topology.graphs": ("Topology",),
+    },
+)

@@ -20,10 +20,22 @@ __all__ = ["RunConfig", "resolve_config", "load_config_file"]
 
 
 def _meta(
-    help: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
-    choices: tuple[str, ...] | None = None, high_open: bool = False,
+    help: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    choices: tuple[str, ...] | None = None,
+    high_open: bool = False,
 ) -> dict[str, Any]:
-    return {"help": help, "low": low, "high": high, "low_open": low_open, "high_open": high_open, "choices": choices}
+    return {
+        "help": help,
+        "low": low,
+        "high": high,
+        "low_open": low_open,
+        "high_open": high_open,
+        "choices": choices,
+    }
 
 
 @dataclass(frozen=True)
@@ -32,71 +44,132 @@ class RunConfig:
 
     method: str = field(default="p4", metadata=_meta("method to run (see `p4bench list`)"))
     attack: str | None = field(default=None, metadata=_meta("attack plugin, or none"))
-    defense: str | None = field(default=None, metadata=_meta("defense plugin, or none; default: the method's (P4: p4-secure)"))
+    defense: str | None = field(
+        default=None,
+        metadata=_meta("defense plugin, or none; default: the method's (P4: p4-secure)"),
+    )
     dataset: str = field(default="digits", metadata=_meta("dataset plugin"))
     partitioner: str = field(default="iid", metadata=_meta("partitioner plugin"))
-    similarity: float = field(default=0.5, metadata=_meta("alpha partitioner: fraction of IID data", low=0, high=1))
+    similarity: float = field(
+        default=0.5, metadata=_meta("alpha partitioner: fraction of IID data", low=0, high=1)
+    )
     clients: int = field(default=20, metadata=_meta("number of clients M", low=2, high=1_000_000))
     samples_per_client: int | None = field(
-        default=None, metadata=_meta("samples per client R (train+test); default: all data, split evenly", low=2)
+        default=None,
+        metadata=_meta("samples per client R (train+test); default: all data, split evenly", low=2),
     )
     eval_fraction: float = field(
-        default=0.2, metadata=_meta("fraction of clients used only for tuning, never reported", low=0, high=0.9)
+        default=0.2,
+        metadata=_meta("fraction of clients used only for tuning, never reported", low=0, high=0.9),
     )
     eval_set: str = field(
         default="personal",
-        metadata=_meta("where accuracy is measured: personal (each client's own test split), global (one test set "
-                       "held out of the dataset before partitioning, never in a client's data; the headline) or both "
-                       "(both measured, personal the headline)", choices=("personal", "global", "both")),
+        metadata=_meta(
+            "where accuracy is measured: personal (each client's own test split), global (one test set "
+            "held out of the dataset before partitioning, never in a client's data; the headline) or both "
+            "(both measured, personal the headline)",
+            choices=("personal", "global", "both"),
+        ),
     )
     hold_out_public: bool = field(
         default=False,
-        metadata=_meta("hold out the public pool of a method that reads public data (FedDF's, PDSL's Q: the same "
-                       "records, seed and -o public_pool) even when this run's method reads none, so that its clients "
-                       "hold exactly the records they hold in such a run (a like-for-like comparison)"),
+        metadata=_meta(
+            "hold out the public pool of a method that reads public data (FedDF's, PDSL's Q: the same "
+            "records, seed and -o public_pool) even when this run's method reads none, so that its clients "
+            "hold exactly the records they hold in such a run (a like-for-like comparison)"
+        ),
     )
     federation_clients: int | None = field(
         default=None,
         metadata=_meta(
             "run on the evaluation clients alone of a federation of this many clients (same seed: same partition "
             "and evaluation clients), `clients` being their number; tuning runs use it so that no reported "
-            "client's record takes part (none: the run's own federation)", low=2, high=1_000_000,
+            "client's record takes part (none: the run's own federation)",
+            low=2,
+            high=1_000_000,
         ),
     )
     rounds: int = field(default=30, metadata=_meta("communication rounds T", low=1, high=1_000_000))
-    local_steps: int = field(default=5, metadata=_meta("local steps K per round", low=1, high=100_000))
-    client_rate: float = field(default=1.0, metadata=_meta("client sampling ratio l", low=0, high=1, low_open=True))
-    data_rate: float = field(default=0.2, metadata=_meta("data sampling ratio s (batch = s * n_train)", low=0, high=1, low_open=True))
-    lr: float = field(default=0.5, metadata=_meta("local step size", low=0, high=1e6, low_open=True))
-    global_lr: float = field(default=1.0, metadata=_meta("global step size eta_g", low=0, high=1e6, low_open=True))
-    malicious_fraction: float = field(default=0.3, metadata=_meta("fraction of malicious clients under an attack", low=0, high=0.9))
+    local_steps: int = field(
+        default=5, metadata=_meta("local steps K per round", low=1, high=100_000)
+    )
+    client_rate: float = field(
+        default=1.0, metadata=_meta("client sampling ratio l", low=0, high=1, low_open=True)
+    )
+    data_rate: float = field(
+        default=0.2,
+        metadata=_meta("data sampling ratio s (batch = s * n_train)", low=0, high=1, low_open=True),
+    )
+    lr: float = field(
+        default=0.5, metadata=_meta("local step size", low=0, high=1e6, low_open=True)
+    )
+    global_lr: float = field(
+        default=1.0, metadata=_meta("global step size eta_g", low=0, high=1e6, low_open=True)
+    )
+    malicious_fraction: float = field(
+        default=0.3,
+        metadata=_meta("fraction of malicious clients under an attack", low=0, high=0.9),
+    )
     features: str = field(
-        default="raw", metadata=_meta("input features: raw pixels or ScatterNet (J=2, L=8)", choices=("raw", "scatter"))
+        default="raw",
+        metadata=_meta(
+            "input features: raw pixels or ScatterNet (J=2, L=8)", choices=("raw", "scatter")
+        ),
     )
     model: str = field(default="linear", metadata=_meta("model architecture"))
-    runtime: str = field(default="simulation", metadata=_meta("runtime plugin that executes the method"))
+    runtime: str = field(
+        default="simulation", metadata=_meta("runtime plugin that executes the method")
+    )
     epsilon: float | None = field(
         default=None,
-        metadata=_meta("target epsilon per client; sets the noise multiplier (none: non-private)", low=0, high=1e6, low_open=True),
+        metadata=_meta(
+            "target epsilon per client; sets the noise multiplier (none: non-private)",
+            low=0,
+            high=1e6,
+            low_open=True,
+        ),
     )
     delta: float | None = field(
         default=None,
-        metadata=_meta("target delta; default 1/(10 N), N the training records of the data set", low=0, high=1,
-                       low_open=True, high_open=True),
+        metadata=_meta(
+            "target delta; default 1/(10 N), N the training records of the data set",
+            low=0,
+            high=1,
+            low_open=True,
+            high_open=True,
+        ),
     )
     noise_multiplier: float | None = field(
-        default=None, metadata=_meta("DP noise multiplier sigma; default: calibrated from --epsilon", low=0, high=1e6, low_open=True)
+        default=None,
+        metadata=_meta(
+            "DP noise multiplier sigma; default: calibrated from --epsilon",
+            low=0,
+            high=1e6,
+            low_open=True,
+        ),
     )
-    clip: float = field(default=1.0, metadata=_meta("DP per-example clipping norm C", low=0, high=1e6, low_open=True))
+    clip: float = field(
+        default=1.0,
+        metadata=_meta("DP per-example clipping norm C", low=0, high=1e6, low_open=True),
+    )
     neighbouring: str | None = field(
         default=None,
-        metadata=_meta("DP neighbouring relation; default: the method's (P4: replace-one)", choices=("add-remove", "replace-one")),
+        metadata=_meta(
+            "DP neighbouring relation; default: the method's (P4: replace-one)",
+            choices=("add-remove", "replace-one"),
+        ),
     )
     accountant: str = field(
-        default="pld", metadata=_meta("privacy accountant used for the budget and calibration (pld: tight for both relations)")
+        default="pld",
+        metadata=_meta(
+            "privacy accountant used for the budget and calibration (pld: tight for both relations)"
+        ),
     )
     no_dp: bool = field(
-        default=False, metadata=_meta("train a DP method without DP (it is private by default at its default epsilon)")
+        default=False,
+        metadata=_meta(
+            "train a DP method without DP (it is private by default at its default epsilon)"
+        ),
     )
     noise_source: str = field(
         default="auto",
@@ -116,7 +189,10 @@ class RunConfig:
         ),
     )
     device_simulation: bool = field(
-        default=False, metadata=_meta("allow seeded DP randomness on devices (a simulation on devices: epsilon uncertified)")
+        default=False,
+        metadata=_meta(
+            "allow seeded DP randomness on devices (a simulation on devices: epsilon uncertified)"
+        ),
     )
     feature_norm: str = field(
         default="sample",
@@ -129,21 +205,29 @@ class RunConfig:
     seed: int = field(default=0, metadata=_meta("random seed", low=0, high=2**63 - 1))
     device: str = field(
         default="cpu",
-        metadata=_meta("where tensors live: cpu, cuda, cuda:N (one GPU), auto (a GPU where there is one, else cpu)"),
+        metadata=_meta(
+            "where tensors live: cpu, cuda, cuda:N (one GPU), auto (a GPU where there is one, else cpu)"
+        ),
     )
     time_budget_min: float | None = field(
         default=None,
         metadata=_meta(
             "wall-clock budget in minutes: the rounds that finish within it count (the run stops after the first "
             "round that ends past it and reports the round before; checked after every round; none: run every "
-            "round)", low=0, high=1e9, low_open=True,
+            "round)",
+            low=0,
+            high=1e9,
+            low_open=True,
         ),
     )
     memory_budget_gb: float | None = field(
         default=None,
         metadata=_meta(
             "GB the DP step's per-example work may take at once: clients are processed in chunks that fit (the "
-            "numbers do not change); none: half the device's free memory", low=0, high=1e6, low_open=True,
+            "numbers do not change); none: half the device's free memory",
+            low=0,
+            high=1e6,
+            low_open=True,
         ),
     )
     verify: str | None = field(
@@ -151,12 +235,17 @@ class RunConfig:
         metadata=_meta(
             "privacy verification by behaviour: full (the run itself recorded and replayed once at its own size; "
             "the only mode that certifies), stand-in (a 4-client, 2-round federation of the method: not certified) "
-            "or off (not certified); none: $P4BENCH_VERIFY, else full", choices=("full", "stand-in", "off"),
+            "or off (not certified); none: $P4BENCH_VERIFY, else full",
+            choices=("full", "stand-in", "off"),
         ),
     )
     experiment: str = field(default="p4bench", metadata=_meta("MLflow experiment name"))
-    tracking_uri: str | None = field(default=None, metadata=_meta("MLflow tracking URI; default: local SQLite store"))
-    results_dir: str = field(default="p4bench-runs", metadata=_meta("folder for local copies of every run's results"))
+    tracking_uri: str | None = field(
+        default=None, metadata=_meta("MLflow tracking URI; default: local SQLite store")
+    )
+    results_dir: str = field(
+        default="p4bench-runs", metadata=_meta("folder for local copies of every run's results")
+    )
     options: Mapping[str, Any] = field(
         default_factory=dict, metadata=_meta("plugin-specific options, for example {'mu': 0.01}")
     )
@@ -187,15 +276,24 @@ class RunConfig:
         # claim is checked are not results
         ignored = ("experiment", "tracking_uri", "results_dir", "memory_budget_gb", "verify")
         data = {k: v for k, v in self.to_dict().items() if k not in ignored}
-        for name in ("time_budget_min", "federation_clients"):  # added later: runs without them keep their hashes
+        for name in (
+            "time_budget_min",
+            "federation_clients",
+        ):  # added later: runs without them keep their hashes
             if data[name] is None:
                 del data[name]
         # added later: older runs keep their hashes
-        for name, default in (("device", "cpu"), ("noise_generator", "auto"), ("eval_set", "personal"),
-                              ("hold_out_public", False)):
+        for name, default in (
+            ("device", "cpu"),
+            ("noise_generator", "auto"),
+            ("eval_set", "personal"),
+            ("hold_out_public", False),
+        ):
             if data[name] == default:
                 del data[name]
-        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[
+            :16
+        ]
 
 
 FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
@@ -219,11 +317,19 @@ def _check(f: dataclasses.Field[Any], value: Any) -> Any:
             raise ConfigError(f.name, f"must be true or false, got {value!r}")
         return value
     if base == "int":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or float(value) != int(value)
+        ):
             raise ConfigError(f.name, f"must be an integer{_range_text(meta)}, got {value!r}")
         value = int(value)
     elif base == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
             raise ConfigError(f.name, f"must be a number{_range_text(meta)}, got {value!r}")
         value = float(value)
     elif base == "str":
@@ -276,7 +382,9 @@ def _normalise_keys(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     for key, value in data.items():
         name = str(key).replace("-", "_")
         if name not in FIELD_NAMES:
-            raise ConfigError(str(key), f"unknown option in {source}; valid options: {', '.join(FIELD_NAMES)}")
+            raise ConfigError(
+                str(key), f"unknown option in {source}; valid options: {', '.join(FIELD_NAMES)}"
+            )
         out[name] = value
     return out
 

@@ -20,7 +20,9 @@ def main() -> None:
     """Entry point of the `p4bench` script (pyproject.toml's [project.scripts])."""
     try:
         from p4bench.cli import main as cli_main
-    except KeyboardInterrupt:  # rich may not be imported yet: a plain line, as the command line's own
+    except (
+        KeyboardInterrupt
+    ):  # rich may not be imported yet: a plain line, as the command line's own
         sys.stderr.write("interrupted\n")
         sys.stderr.flush()
         sys.exit(INTERRUPT_EXIT)

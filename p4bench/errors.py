@@ -26,8 +26,11 @@ def deprecated(what: str, instead: str, removed_in: str, stacklevel: int = 3) ->
     `stacklevel` 3 names the caller of the function that calls this."""
     import warnings
 
-    warnings.warn(f"{what} is deprecated since p4bench 0.2 and will be removed in {removed_in}: {instead}",
-                  PluginDeprecationWarning, stacklevel=stacklevel)
+    warnings.warn(
+        f"{what} is deprecated since p4bench 0.2 and will be removed in {removed_in}: {instead}",
+        PluginDeprecationWarning,
+        stacklevel=stacklevel,
+    )
 
 
 class UsageError(P4BenchError):
@@ -94,8 +97,19 @@ class DataError(UsageError):
 
 _PACKAGE_DIR = _Path(__file__).resolve().parent
 _FULL_DISK = (_errno.ENOSPC, getattr(_errno, "EDQUOT", _errno.ENOSPC))
-_CONNECTION = {getattr(_errno, name) for name in ("ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "ETIMEDOUT",
-                                                   "EHOSTUNREACH", "EHOSTDOWN", "ENETUNREACH") if hasattr(_errno, name)}
+_CONNECTION = {
+    getattr(_errno, name)
+    for name in (
+        "ECONNREFUSED",
+        "ECONNRESET",
+        "ECONNABORTED",
+        "ETIMEDOUT",
+        "EHOSTUNREACH",
+        "EHOSTDOWN",
+        "ENETUNREACH",
+    )
+    if hasattr(_errno, name)
+}
 _URI_NAMES = ("tracking_uri", "db_uri", "store_uri", "uri", "url")
 _PATH_NAMES = ("path", "file", "config_file", "filename", "fname", "folder")
 
@@ -134,7 +148,14 @@ def _in_installation(path: str) -> bool:
         resolved = _Path(path).resolve()
     except (OSError, RuntimeError, ValueError):
         return False
-    roots = {_PACKAGE_DIR, *(_Path(p).resolve() for k, p in sysconfig.get_paths().items() if k in ("purelib", "platlib"))}
+    roots = {
+        _PACKAGE_DIR,
+        *(
+            _Path(p).resolve()
+            for k, p in sysconfig.get_paths().items()
+            if k in ("purelib", "platlib")
+        ),
+    }
     return any(resolved.is_relative_to(root) for root in roots)
 
 
@@ -142,8 +163,16 @@ def _is_network(exc: OSError) -> bool:
     if isinstance(exc, (ConnectionError, TimeoutError)) or exc.errno in _CONNECTION:
         return True
     names = {f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__}
-    return bool(names & {"socket.gaierror", "socket.herror", "urllib.error.URLError",
-                         "requests.exceptions.RequestException", "urllib3.exceptions.HTTPError"})
+    return bool(
+        names
+        & {
+            "socket.gaierror",
+            "socket.herror",
+            "urllib.error.URLError",
+            "requests.exceptions.RequestException",
+            "urllib3.exceptions.HTTPError",
+        }
+    )
 
 
 def _os_reason(exc: OSError) -> str:
@@ -168,12 +197,18 @@ def _os_error_line(exc: OSError) -> str | None:
         found = _innermost_local(exc.__traceback__, _PATH_NAMES)
         filename = found[1] if found else None
     if exc.errno in _FULL_DISK:
-        return f"no space left to write {filename}: {reason}" if filename else f"disk full: {reason}"
+        return (
+            f"no space left to write {filename}: {reason}" if filename else f"disk full: {reason}"
+        )
     if filename is None:
         return reason
     target = f"{filename} -> {exc.filename2}" if exc.filename2 is not None else str(filename)
     creating = _innermost_function(exc.__traceback__) in ("mkdir", "makedirs")
-    verb = "cannot create folder" if creating else ("cannot write" if exc.errno == _errno.EROFS else "cannot access")
+    verb = (
+        "cannot create folder"
+        if creating
+        else ("cannot write" if exc.errno == _errno.EROFS else "cannot access")
+    )
     return f"{verb} {target}: {reason}"
 
 
@@ -196,7 +231,9 @@ def _chain(exc: BaseException, limit: int = 20) -> list[BaseException]:
     while current is not None and current not in links and len(links) < limit:
         links.append(current)
         orig = getattr(current, "orig", None)
-        current = orig if isinstance(orig, BaseException) else (current.__cause__ or current.__context__)
+        current = (
+            orig if isinstance(orig, BaseException) else (current.__cause__ or current.__context__)
+        )
     return links
 
 
@@ -210,7 +247,10 @@ def _is_db_error(exc: BaseException) -> bool:
     """An OperationalError (locked, unable to open, read-only), or a plain DatabaseError
     (not a database file), of sqlite3 or SQLAlchemy: never Integrity / Programming errors."""
     for module in ("sqlite3", "sqlalchemy.exc"):
-        operational, database = _class_of(module, "OperationalError"), _class_of(module, "DatabaseError")
+        operational, database = (
+            _class_of(module, "OperationalError"),
+            _class_of(module, "DatabaseError"),
+        )
         if operational is not None and isinstance(exc, operational):
             return True
         if database is not None and type(exc) is database:
@@ -229,7 +269,9 @@ def _store_line(exc: BaseException) -> str | None:
     where = f"the MLflow store {uri}" if uri else "the MLflow store"
     if db is not None:
         cause = getattr(db, "orig", None) or db
-        return f"cannot use {where}: {one_line(str(cause).split(chr(10))[0])} ({type(cause).__name__})"
+        return (
+            f"cannot use {where}: {one_line(str(cause).split(chr(10))[0])} ({type(cause).__name__})"
+        )
     message = str(exc)
     if message.startswith("API request to") and "failed with exception" in message:
         server = message.split()[3]
@@ -271,7 +313,9 @@ def yaml_reason(exc: BaseException) -> str:
 def _yaml_line(exc: BaseException) -> str:
     mark = getattr(exc, "problem_mark", None)
     source = getattr(mark, "name", None)
-    if not source or source.startswith("<"):  # read from a string: the file or KEY=VALUE p4bench was reading
+    if not source or source.startswith(
+        "<"
+    ):  # read from a string: the file or KEY=VALUE p4bench was reading
         found = _innermost_local(exc.__traceback__, (*_PATH_NAMES, "pair"), inside_package=True)
         source = None if found is None else repr(found[1]) if found[0] == "pair" else found[1]
     return f"invalid YAML{f' in {source}' if source else ''}: {yaml_reason(exc)}"
@@ -331,8 +375,9 @@ def redact(uri: str) -> str:
         return uri
 
 
-def _innermost_local(tb: _TracebackType | None, names: tuple[str, ...], *,
-                     inside_package: bool = False) -> tuple[str, str] | None:
+def _innermost_local(
+    tb: _TracebackType | None, names: tuple[str, ...], *, inside_package: bool = False
+) -> tuple[str, str] | None:
     """(name, value) of the first local variable named one of `names` holding a str or a
     path, from the innermost frame out (only p4bench's frames with `inside_package`)."""
     for frame in _frames(tb):

@@ -111,9 +111,9 @@ def register_commands(app: typer.Typer) -> None:
 
 @hookspec
 def register_presets() -> list[Any]:
-    """Return `p4bench.presets.Preset` records: a paper's experiments as `p4bench reproduce
+    """Return `p4bench.studies.presets.Preset` records: a paper's experiments as `p4bench reproduce
     NAME` runs them (variants, claims, report, per-method settings). Write them beside the
-    paper's method plugins; the claim helpers are in `p4bench.claims`."""
+    paper's method plugins; the claim helpers are in `p4bench.studies.claims`."""
 
 
 # --- observation, called while a run executes --------------------------------------

@@ -26,7 +26,9 @@ from typing import Any
 __all__ = ["LazyPackage", "lazy_exports", "package_getattr"]
 
 
-def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, tuple[str, ...]]) -> Callable[[str], Any]:
+def lazy_exports(
+    namespace: dict[str, Any], exports: Mapping[str, tuple[str, ...]]
+) -> Callable[[str], Any]:
     """A module `__getattr__` for the package whose `globals()` is `namespace`; `exports`
     maps a module to the names the package takes from it. A name is imported on first
     access and then kept in the package's namespace."""
@@ -49,7 +51,7 @@ class LazyPackage:
     `__getattr__` (`getattr`) and the classes its registration hook returns (`load`), all
     from one mapping of module -> names (the `lazy_exports` form)::
 
-        PACKAGE = LazyPackage(globals(), {"p4bench.attacks.gaussian": ("Gaussian",), ...})
+        PACKAGE = LazyPackage(globals(), {"p4bench_attacks.gaussian": ("Gaussian",), ...})
         __all__ = PACKAGE.names
         __getattr__ = PACKAGE.getattr
 
@@ -67,16 +69,22 @@ class LazyPackage:
 
     def load(self) -> list[Any]:
         """Every exported object, imported now, in declaration order."""
-        return [self._namespace[name] if name in self._namespace else self.getattr(name) for name in self.names]
+        return [
+            self._namespace[name] if name in self._namespace else self.getattr(name)
+            for name in self.names
+        ]
 
 
 def package_getattr(*packages: LazyPackage) -> Callable[[str], Any]:
     """One module `__getattr__` for a module that declares several `LazyPackage`s (one per
     registration hook)."""
+
     def __getattr__(name: str) -> Any:
         for package in packages:
             if name in package.names:
                 return package.getattr(name)
-        raise AttributeError(f"module {packages[0]._namespace['__name__']!r} has no attribute {name!r}")
+        raise AttributeError(
+            f"module {packages[0]._namespace['__name__']!r} has no attribute {name!r}"
+        )
 
     return __getattr__

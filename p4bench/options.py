@@ -23,9 +23,21 @@ if TYPE_CHECKING:
     from p4bench.config import RunConfig
 
 __all__ = [
-    "Option", "UnknownOptionError", "declared_options", "resolve_options", "run_plugins", "validate_run_options",
-    "validate_planned", "option_params", "option_rows", "option_rows_of", "option_reference", "with_option_reference",
-    "README_BEGIN", "README_END", "topology_options",
+    "Option",
+    "UnknownOptionError",
+    "declared_options",
+    "resolve_options",
+    "run_plugins",
+    "validate_run_options",
+    "validate_planned",
+    "option_params",
+    "option_rows",
+    "option_rows_of",
+    "option_reference",
+    "with_option_reference",
+    "README_BEGIN",
+    "README_END",
+    "topology_options",
 ]
 
 # `object`: any YAML value, checked by the plugin itself (e.g. label_map: a mapping or a list)
@@ -55,7 +67,9 @@ class Option:
 
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
-            raise TypeError(f"option {self.name!r}: type must be one of {', '.join(t.__name__ for t in _TYPES)}")
+            raise TypeError(
+                f"option {self.name!r}: type must be one of {', '.join(t.__name__ for t in _TYPES)}"
+            )
 
     @property
     def type_name(self) -> str:
@@ -74,8 +88,14 @@ class Option:
 
     def expected(self) -> str:
         """What a valid value looks like, for error messages."""
-        kind = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string",
-                "mapping": "a mapping", "any": "a value"}[self.type_name]
+        kind = {
+            "bool": "true or false",
+            "int": "an integer",
+            "float": "a number",
+            "str": "a string",
+            "mapping": "a mapping",
+            "any": "a value",
+        }[self.type_name]
         limits = self.range_text()
         if self.choices:
             return limits
@@ -101,9 +121,21 @@ def topology_options(default: str, choices: tuple[str, ...] | None = None) -> tu
     `topology_options` (its own options; `--topology-option KEY=VALUE`). `choices`
     restricts the graphs the method can use (default: every registered topology)."""
     listed = f" ({', '.join(choices)})" if choices else " (see `p4bench list`)"
-    return (Option("topology", str, default, f"communication graph: a topology plugin{listed}; run --topology",
-                   choices=choices),
-            Option("topology_options", dict, None, "the topology's own options, e.g. {k: 4}; run --topology-option"))
+    return (
+        Option(
+            "topology",
+            str,
+            default,
+            f"communication graph: a topology plugin{listed}; run --topology",
+            choices=choices,
+        ),
+        Option(
+            "topology_options",
+            dict,
+            None,
+            "the topology's own options, e.g. {k: 4}; run --topology-option",
+        ),
+    )
 
 
 class UnknownOptionError(ConfigError):
@@ -138,7 +170,11 @@ def _convert(kind: type, value: Any) -> Any:
         return _BAD
     if isinstance(value, str):
         try:
-            value = float(value.strip()) if kind is float or not value.strip().lstrip("+-").isdigit() else int(value)
+            value = (
+                float(value.strip())
+                if kind is float or not value.strip().lstrip("+-").isdigit()
+                else int(value)
+            )
         except ValueError:
             return _BAD
     if not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -160,11 +196,17 @@ def _num(x: float) -> str:
 
 
 def _text(value: Any) -> str:
-    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return (
+        "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    )
 
 
 def resolve_options(
-    declared: Sequence[Option], given: Mapping[str, Any], *, strict: bool = False, prefix: str = "options.",
+    declared: Sequence[Option],
+    given: Mapping[str, Any],
+    *,
+    strict: bool = False,
+    prefix: str = "options.",
     owner: str = "",
 ) -> dict[str, Any]:
     """Typed values of the `declared` options: each given value converted and checked,
@@ -177,7 +219,9 @@ def resolve_options(
         for key in given:
             if key not in names:
                 of = f" of {owner}" if owner else ""
-                raise UnknownOptionError(f"{prefix}{key}", f"unknown option{of}{_suggest(str(key), names)}")
+                raise UnknownOptionError(
+                    f"{prefix}{key}", f"unknown option{of}{_suggest(str(key), names)}"
+                )
     return {o.name: o.resolve(given.get(o.name), f"{prefix}{o.name}") for o in declared}
 
 
@@ -199,7 +243,9 @@ def run_plugins(config: RunConfig, registry: Any) -> list[tuple[str, str, type]]
     used = [("method", config.method, method)]
     if config.attack:
         used.append(("attack", config.attack, registry.get("attack", config.attack)))
-    defense = config.defense if config.defense is not None else getattr(method, "default_defense", None)
+    defense = (
+        config.defense if config.defense is not None else getattr(method, "default_defense", None)
+    )
     if defense not in (None, "none"):
         used.append(("defense", defense, registry.get("defense", defense)))
     for kind in ("dataset", "partitioner", "model", "runtime", "accountant"):
@@ -222,19 +268,29 @@ def validate_run_options(config: RunConfig, registry: Any) -> dict[str, dict[str
         if key not in owners:
             plugins = ", ".join(f"{kind} {name}" for kind, name, _ in used)
             raise UnknownOptionError(
-                f"options.{key}", f"unknown option for this run ({plugins}){_elsewhere(str(key), registry)}"
-                f"{_suggest(str(key), list(owners))}")
-    resolved = {kind: resolve_options(declared_options(cls), config.options) for kind, _, cls in used}
+                f"options.{key}",
+                f"unknown option for this run ({plugins}){_elsewhere(str(key), registry)}"
+                f"{_suggest(str(key), list(owners))}",
+            )
+    resolved = {
+        kind: resolve_options(declared_options(cls), config.options) for kind, _, cls in used
+    }
     for values in list(resolved.values()):
         if isinstance(values.get("topology"), str):  # a graph plugin and its own options
             graph = registry.get("topology", values["topology"])
-            resolved["topology"] = resolve_options(declared_options(graph), values.get("topology_options") or {},
-                                                   strict=True, prefix="options.topology_options.",
-                                                   owner=f"topology '{values['topology']}'")
+            resolved["topology"] = resolve_options(
+                declared_options(graph),
+                values.get("topology_options") or {},
+                strict=True,
+                prefix="options.topology_options.",
+                owner=f"topology '{values['topology']}'",
+            )
     return resolved
 
 
-def validate_planned(runs: Iterable[Any], registry: Any, describe: Callable[[Any], str] | None = None) -> None:
+def validate_planned(
+    runs: Iterable[Any], registry: Any, describe: Callable[[Any], str] | None = None
+) -> None:
     """`validate_run_options` for every planned run (objects with a `config`), so that a
     study fails before its first run; `describe(run)` names the failing run."""
     for run in runs:
@@ -254,9 +310,17 @@ def _kinds(registry: Any) -> list[str]:
 
 def _elsewhere(key: str, registry: Any) -> str:
     """Which registered plugins declare `key`, when the run uses none of them."""
-    found = [f"{kind} {e.name}" for kind in _kinds(registry) for e in registry.entries(kind)
-             if any(o.name == key for o in declared_options(e.cls))]
-    return f"; it is an option of {', '.join(found[:4])}{', ...' if len(found) > 4 else ''}" if found else ""
+    found = [
+        f"{kind} {e.name}"
+        for kind in _kinds(registry)
+        for e in registry.entries(kind)
+        if any(o.name == key for o in declared_options(e.cls))
+    ]
+    return (
+        f"; it is an option of {', '.join(found[:4])}{', ...' if len(found) > 4 else ''}"
+        if found
+        else ""
+    )
 
 
 def option_params(resolved: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
@@ -278,7 +342,12 @@ def option_rows(cls: Any) -> list[tuple[str, str, str, str, str]]:
 
 def option_rows_of(option: Option) -> tuple[str, str, str, str]:
     """(type, default, range or choices, help) of one option, as text ("-": no fixed default)."""
-    return option.type_name, "-" if option.default is None else _text(option.default), option.range_text(), option.help
+    return (
+        option.type_name,
+        "-" if option.default is None else _text(option.default),
+        option.range_text(),
+        option.help,
+    )
 
 
 def option_reference(registry: Any) -> str:
@@ -295,13 +364,26 @@ def option_reference(registry: Any) -> str:
             continue
         without = [f"`{e.name}`" for e in entries if not declared_options(e.cls)]
         plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
-        title = f"**{plural.capitalize()}.**" + (f" Without options: {', '.join(without)}." if without else "")
-        lines += [title, "", "| option | of | type | default | allowed | help |", "|---|---|---|---|---|---|"]
+        title = f"**{plural.capitalize()}.**" + (
+            f" Without options: {', '.join(without)}." if without else ""
+        )
+        lines += [
+            title,
+            "",
+            "| option | of | type | default | allowed | help |",
+            "|---|---|---|---|---|---|",
+        ]
         for option, owners in rows.values():
             of = f"every {kind}" if len(owners) == len(entries) > 1 else ", ".join(owners)
             type_name, default, allowed, text = option_rows_of(option)
-            cells = [f"`{option.name}`", of, type_name, default + (f" (paper: {option.paper})" if option.paper else ""),
-                     allowed, text]
+            cells = [
+                f"`{option.name}`",
+                of,
+                type_name,
+                default + (f" (paper: {option.paper})" if option.paper else ""),
+                allowed,
+                text,
+            ]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

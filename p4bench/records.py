@@ -22,7 +22,15 @@ from p4bench.data.base import PartitionReport
 from p4bench.data.federated import FederatedData
 from p4bench.privacy.certification import Certification
 
-__all__ = ["Release", "RunInfo", "RunResult", "PhaseView", "ArtifactWriter", "RoundReport", "Outcome"]
+__all__ = [
+    "Release",
+    "RunInfo",
+    "RunResult",
+    "PhaseView",
+    "ArtifactWriter",
+    "RoundReport",
+    "Outcome",
+]
 
 
 @dataclass(frozen=True)
@@ -134,7 +142,9 @@ def display_round(phases: Sequence[Any], phase: str, round_index: int) -> int:
     if not names or phase == names[-1] or phase not in names:
         return round_index + 1
     position = names.index(phase)
-    before = sum(int(p.rounds) for p in phases[:position])  # earlier rounds of the phases before this one
+    before = sum(
+        int(p.rounds) for p in phases[:position]
+    )  # earlier rounds of the phases before this one
     earlier = sum(int(p.rounds) for p in phases[:-1])
     return before + round_index - earlier + 1
 
@@ -142,7 +152,9 @@ def display_round(phases: Sequence[Any], phase: str, round_index: int) -> int:
 # Per-client values a round reports besides accuracies (`RoundReport.extra_accuracy`
 # entries named with one of these prefixes): logged as `<name>_mean`, not `accuracy_<name>_mean`.
 VALUE_PREFIXES = ("test_", "count_")
-GLOBAL_ACCURACY = "global"  # the extra accuracy of each client's deployed model on the global test set (`--eval`)
+GLOBAL_ACCURACY = (
+    "global"  # the extra accuracy of each client's deployed model on the global test set (`--eval`)
+)
 
 
 def extra_metric_name(name: str) -> str:
@@ -161,4 +173,6 @@ class Outcome:
     final_params: dict[str, torch.Tensor]  # (M, ...) deployed parameters, for cross-runtime checks
     bytes_sent: int
     final_state: dict[str, Any] | None = None  # every client's state, rows in client order
-    budget_overran_at: int | None = None  # the step of the first round that ended past the time budget
+    budget_overran_at: int | None = (
+        None  # the step of the first round that ended past the time budget
+    )

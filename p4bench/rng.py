@@ -28,8 +28,17 @@ import numpy as np
 import torch
 
 __all__ = [
-    "philox4x32", "node_keys", "ClientRng", "SecretSource", "SecretRng", "client_rng", "secret_draws", "SERVER_ID",
-    "SEED_PARTITION", "SEED_MALICIOUS", "harness_rng",
+    "philox4x32",
+    "node_keys",
+    "ClientRng",
+    "SecretSource",
+    "SecretRng",
+    "client_rng",
+    "secret_draws",
+    "SERVER_ID",
+    "SEED_PARTITION",
+    "SEED_MALICIOUS",
+    "harness_rng",
 ]
 
 SERVER_ID = -1
@@ -55,10 +64,15 @@ def _round_keys(key: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, t
     """The 10 round keys of each stream at once, (k + r * Weyl) mod 2**32 for r = 0..9,
     along a new last axis (one operation each, instead of two per round)."""
     bumps = torch.arange(10, dtype=torch.int64, device=key[0].device)
-    return ((key[0].unsqueeze(-1) + bumps * _WEYL[0]) & _MASK32, (key[1].unsqueeze(-1) + bumps * _WEYL[1]) & _MASK32)
+    return (
+        (key[0].unsqueeze(-1) + bumps * _WEYL[0]) & _MASK32,
+        (key[1].unsqueeze(-1) + bumps * _WEYL[1]) & _MASK32,
+    )
 
 
-def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def philox4x32(
+    counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
     """Philox4x32 with 10 rounds on broadcastable int64 tensors of 32-bit words."""
     c0, c1, c2, c3 = counter
     k0, k1 = _round_keys(key)
@@ -69,23 +83,45 @@ def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch
     return c0, c1, c2, c3
 
 
-def _philox_counters(keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int) -> tuple[torch.Tensor, ...]:
+def _philox_counters(
+    keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int
+) -> tuple[torch.Tensor, ...]:
     """The inputs of a draw, broadcastable to (rows, blocks): block j of row i is
     Philox(counter (j, calls lo, calls hi, tag), key i)."""
     device, count = keys.device, calls.unsqueeze(1)
     position = torch.arange(blocks, dtype=torch.int64, device=device).unsqueeze(0)
-    return (position, count & _MASK32, count >> 32, torch.full_like(count, tag & _MASK32), keys[:, :1], keys[:, 1:])
+    return (
+        position,
+        count & _MASK32,
+        count >> 32,
+        torch.full_like(count, tag & _MASK32),
+        keys[:, :1],
+        keys[:, 1:],
+    )
 
 
-def _philox_block_words(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor, k0: torch.Tensor,
-                        k1: torch.Tensor) -> torch.Tensor:
+def _philox_block_words(
+    c0: torch.Tensor,
+    c1: torch.Tensor,
+    c2: torch.Tensor,
+    c3: torch.Tensor,
+    k0: torch.Tensor,
+    k1: torch.Tensor,
+) -> torch.Tensor:
     """(rows, 4 * blocks) words of the counters and keys of `_philox_counters`."""
     rows, blocks = k0.shape[0], c0.shape[1]
-    full = (c0.expand(rows, blocks), c1.expand(rows, blocks), c2.expand(rows, blocks), c3.expand(rows, blocks))
+    full = (
+        c0.expand(rows, blocks),
+        c1.expand(rows, blocks),
+        c2.expand(rows, blocks),
+        c3.expand(rows, blocks),
+    )
     return torch.stack(philox4x32(full, (k0, k1)), dim=-1).reshape(rows, blocks * 4)
 
 
-def _philox_words_eager(keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int) -> torch.Tensor:
+def _philox_words_eager(
+    keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int
+) -> torch.Tensor:
     """(rows, 4 * blocks) words: block j of row i is Philox(counter (j, calls lo, calls hi, tag), key i)."""
     return _philox_block_words(*_philox_counters(keys, calls, blocks, tag))
 
@@ -97,7 +133,9 @@ def _philox_words_eager(keys: torch.Tensor, calls: torch.Tensor, blocks: int, ta
 _FUSED: dict[str, Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor] | None] = {}
 
 
-def _fused_for(device: torch.device) -> Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor] | None:
+def _fused_for(
+    device: torch.device,
+) -> Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor] | None:
     """The checked fused draw for `device`, or None (eager)."""
     name = str(device)
     if name in _FUSED:
@@ -107,16 +145,26 @@ def _fused_for(device: torch.device) -> Callable[[torch.Tensor, torch.Tensor, in
         try:
             compiled = torch.compile(_philox_block_words, dynamic=True)
 
-            def candidate(keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int) -> torch.Tensor:
+            def candidate(
+                keys: torch.Tensor, calls: torch.Tensor, blocks: int, tag: int
+            ) -> torch.Tensor:
                 words: torch.Tensor = compiled(*_philox_counters(keys, calls, blocks, tag))
                 return words
 
-            generator = torch.Generator().manual_seed(0)  # the check's inputs: drawn on the host, whatever the scope
-            keys = torch.randint(0, 2**32, (5, 2), generator=generator, dtype=torch.int64, device="cpu")
-            calls = torch.tensor([0, 1, 2**32 - 1, 2**32, 2**40 + 3], dtype=torch.int64, device="cpu")
+            generator = torch.Generator().manual_seed(
+                0
+            )  # the check's inputs: drawn on the host, whatever the scope
+            keys = torch.randint(
+                0, 2**32, (5, 2), generator=generator, dtype=torch.int64, device="cpu"
+            )
+            calls = torch.tensor(
+                [0, 1, 2**32 - 1, 2**32, 2**40 + 3], dtype=torch.int64, device="cpu"
+            )
             keys[0] = _MASK32
             for blocks, tag in ((7, 0), (33, 0x4E4F)):
-                with torch._C.DisableTorchFunction():  # the reference on the host, outside the run's device scope
+                with (
+                    torch._C.DisableTorchFunction()
+                ):  # the reference on the host, outside the run's device scope
                     expected = _philox_words_eager(keys, calls, blocks, tag)
                 with torch._C.DisableTorchFunction():
                     got = candidate(keys.to(device), calls.to(device), blocks, tag).cpu()
@@ -124,8 +172,11 @@ def _fused_for(device: torch.device) -> Callable[[torch.Tensor, torch.Tensor, in
                     raise RuntimeError("the fused Philox draw differs from the eager one")
             fused = candidate
         except Exception as exc:  # noqa: BLE001 - no compiler, or a wrong kernel: the eager draw is always right
-            warnings.warn(f"Philox streams on {device}: fused kernel unavailable ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''}); using the eager version", stacklevel=3)
+            warnings.warn(
+                f"Philox streams on {device}: fused kernel unavailable ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); using the eager version",
+                stacklevel=3,
+            )
     _FUSED[name] = fused
     return fused
 
@@ -146,7 +197,10 @@ def node_keys(seed: int, node_ids: torch.Tensor | list[int], purpose: int = 0) -
     (for example data sampling and DP noise) derived from one run seed.
     """
     ids = [int(i) for i in (node_ids.tolist() if isinstance(node_ids, torch.Tensor) else node_ids)]
-    words = [np.random.SeedSequence([seed, purpose, i + 1]).generate_state(2, dtype=np.uint32) for i in ids]
+    words = [
+        np.random.SeedSequence([seed, purpose, i + 1]).generate_state(2, dtype=np.uint32)
+        for i in ids
+    ]
     return torch.tensor(np.array(words, dtype=np.int64).reshape(len(ids), 2), dtype=torch.int64)
 
 
@@ -160,7 +214,9 @@ class ClientRng:
 
     def __init__(self, keys: torch.Tensor, calls: torch.Tensor | None = None) -> None:
         self.keys = keys
-        self.calls = torch.zeros(keys.shape[0], dtype=torch.int64) if calls is None else calls.clone()
+        self.calls = (
+            torch.zeros(keys.shape[0], dtype=torch.int64) if calls is None else calls.clone()
+        )
 
     def __len__(self) -> int:
         return self.keys.shape[0]
@@ -192,7 +248,9 @@ class ClientRng:
         large draw can be made a few rows at a time (each row's numbers depend on its
         own key and count alone), then `advance()` once."""
         half = (n + 1) // 2
-        words = philox_words(self.keys[rows], self.calls[rows], (4 * half + 3) // 4, tag)[:, : 4 * half]
+        words = philox_words(self.keys[rows], self.calls[rows], (4 * half + 3) // 4, tag)[
+            :, : 4 * half
+        ]
         high, low = words[:, 0::2] >> 5, words[:, 1::2] >> 6  # as `uniform`: 27 + 26 bits
         u = ((high * 67108864 + low).double() + 0.5) / 9007199254740992.0
         radius = torch.sqrt(-2.0 * torch.log(u[:, :half]))
@@ -203,7 +261,9 @@ class ClientRng:
         """Count one draw for every row (after draws made with `normal_of`)."""
         self.calls = self.calls + 1
 
-    def subsets(self, population: torch.Tensor, size: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def subsets(
+        self, population: torch.Tensor, size: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample `size[i]` of `population[i]` slots without replacement, per row.
 
         Returns (indices, mask) of shape (rows, width): the first `size[i]` entries of
@@ -214,12 +274,16 @@ class ClientRng:
         slots = int(population.max()) if len(self) else 0
         device = self.keys.device
         order = torch.empty(len(self), min(width, slots), dtype=torch.int64, device=device)
-        block = max(1, (1 << 22) // max(slots, 1))  # rows at a time: the keys of all rows are (rows, M)
+        block = max(
+            1, (1 << 22) // max(slots, 1)
+        )  # rows at a time: the keys of all rows are (rows, M)
         for start in range(0, len(self), block):
             part = slice(start, start + block)
             keys = self._words(part, max(slots, 1))[:, :slots]
             beyond = torch.arange(slots, device=device) >= population[part].unsqueeze(1)
-            order[part] = torch.argsort(keys.masked_fill_(beyond, 1 << 40), dim=1, stable=True)[:, :width]
+            order[part] = torch.argsort(keys.masked_fill_(beyond, 1 << 40), dim=1, stable=True)[
+                :, :width
+            ]
         self.calls = self.calls + 1  # one draw, as `bits`
         mask = torch.arange(order.shape[1], device=device) < size.unsqueeze(1)
         return order, mask
@@ -252,7 +316,9 @@ class SecretSource:
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
         self._pid = os.getpid()
-        self._encryptor = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(os.urandom(16))).encryptor()
+        self._encryptor = Cipher(
+            algorithms.AES(os.urandom(32)), modes.CTR(os.urandom(16))
+        ).encryptor()
 
     def read(self, nbytes: int) -> bytearray:
         """`nbytes` fresh secret bytes (a writable buffer, for `torch.frombuffer`)."""
@@ -292,7 +358,9 @@ class SecretRng(ClientRng):
     counts each row's draws, as `ClientRng` does.
     """
 
-    def __init__(self, rows: int, calls: torch.Tensor | None = None, source: SecretSource | None = None) -> None:
+    def __init__(
+        self, rows: int, calls: torch.Tensor | None = None, source: SecretSource | None = None
+    ) -> None:
         self.rows = int(rows)
         self.keys = torch.zeros(self.rows, 0, dtype=torch.int64)  # no key: nothing to recompute
         self.calls = torch.zeros(self.rows, dtype=torch.int64) if calls is None else calls.clone()
@@ -304,7 +372,9 @@ class SecretRng(ClientRng):
     def bits(self, n: int, tag: int = 0) -> torch.Tensor:
         """(rows, n) uniformly random secret 32-bit words as int64; `tag` is ignored."""
         self.calls = self.calls + 1
-        return self.source.words(self.rows, n).to(self.calls.device)  # keystream on the host, used where the run is
+        return self.source.words(self.rows, n).to(
+            self.calls.device
+        )  # keystream on the host, used where the run is
 
     def _words(self, part: slice, n: int) -> torch.Tensor:
         return self.source.words(len(range(*part.indices(self.rows))), n).to(self.calls.device)
@@ -314,7 +384,9 @@ class SecretRng(ClientRng):
         return SecretRng(len(rows), self.calls[rows], self.source)
 
 
-def client_rng(seed: int, node_ids: torch.Tensor | list[int], purpose: int, secret: bool) -> ClientRng:
+def client_rng(
+    seed: int, node_ids: torch.Tensor | list[int], purpose: int, secret: bool
+) -> ClientRng:
     """The streams of `node_ids`: secret (`SecretRng`) or reproducible from the seed."""
     count = len(node_ids)
     return SecretRng(count) if secret else ClientRng(node_keys(seed, node_ids, purpose))

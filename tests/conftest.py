@@ -39,7 +39,9 @@ def pytest_runtest_call(item):
     from p4bench.testing.emulated_device import EmulationUnavailable
 
     if outcome.excinfo is not None and isinstance(outcome.excinfo[1], EmulationUnavailable):
-        outcome.force_exception(pytest.skip.Exception(f"needs the emulated accelerator: {outcome.excinfo[1]}"))
+        outcome.force_exception(
+            pytest.skip.Exception(f"needs the emulated accelerator: {outcome.excinfo[1]}")
+        )
 
 
 @pytest.fixture
@@ -67,7 +69,9 @@ def small_config(results_dir):
     """A fast digits run: 8 clients, 3 rounds, local SQLite MLflow store in tmp."""
 
     def make(**changes) -> RunConfig:
-        base = dict(method="fedavg", clients=8, rounds=3, local_steps=2, results_dir=results_dir, seed=1)
+        base = dict(
+            method="fedavg", clients=8, rounds=3, local_steps=2, results_dir=results_dir, seed=1
+        )
         base.update(changes)
         return RunConfig(**base)
 
@@ -77,7 +81,7 @@ def small_config(results_dir):
 @pytest.fixture
 def fresh_registry(monkeypatch):
     """The process-wide plugin registry built anew (without autoload) for the test."""
-    from p4bench.plugin_manager import reset_default
+    from p4bench.host.manager import reset_default
 
     monkeypatch.setenv("P4BENCH_DISABLE_PLUGIN_AUTOLOAD", "1")
     reset_default()
@@ -88,7 +92,9 @@ def fresh_registry(monkeypatch):
 @pytest.fixture
 def install_example(tmp_path, monkeypatch):
     """`install_example(folder, subprocesses=False)`: see `_install_example`."""
-    return lambda example, subprocesses=False: _install_example(example, tmp_path, monkeypatch, subprocesses=subprocesses)
+    return lambda example, subprocesses=False: _install_example(
+        example, tmp_path, monkeypatch, subprocesses=subprocesses
+    )
 
 
 def _install_example(example, tmp_path, monkeypatch, *, subprocesses: bool = False) -> None:
@@ -97,13 +103,15 @@ def _install_example(example, tmp_path, monkeypatch, *, subprocesses: bool = Fal
     environment; with `subprocesses`, also for child processes (device peers)."""
     import tomllib
 
-    from p4bench.plugin_manager import reset_default
+    from p4bench.host.manager import reset_default
 
     project = tomllib.loads(example.joinpath("pyproject.toml").read_text())["project"]
     name, version = project["name"], project["version"]
     dist_info = tmp_path / f"{name.replace('-', '_')}-{version}.dist-info"
     dist_info.mkdir()
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    )
     lines = [f"{key} = {target}" for key, target in project["entry-points"]["p4bench"].items()]
     (dist_info / "entry_points.txt").write_text("[p4bench]\n" + "\n".join(lines) + "\n")
     monkeypatch.syspath_prepend(str(tmp_path))

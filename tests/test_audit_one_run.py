@@ -34,7 +34,9 @@ def test_steinke_p_value_is_their_formula():
     q = math.exp(eps) / (1 + math.exp(eps))
     tail = sum(binom.pmf(j, k, q) for j in range(c, k + 1))
     worst = max(sum(binom.pmf(j, k, q) for j in range(c - i, c)) / i for i in range(1, c + 1))
-    assert steinke_p_value(m, k, c, eps, delta) == pytest.approx(tail + 2 * m * delta * worst, rel=1e-9)
+    assert steinke_p_value(m, k, c, eps, delta) == pytest.approx(
+        tail + 2 * m * delta * worst, rel=1e-9
+    )
     assert steinke_p_value(m, k, c, eps, 0.0) == pytest.approx(tail, rel=1e-9)
     with pytest.raises(ValueError, match="correct <= guesses <= m"):
         steinke_p_value(10, 20, 5, 1.0, 0.0)
@@ -45,16 +47,22 @@ def test_the_fdp_analysis_at_delta_zero_is_the_binomial_bound(guesses, correct):
     """Randomized response is tight for pure DP: Steinke et al.'s p-value is then the
     binomial tail, and the f-DP recursion stays within 1% below it (never above)."""
     pure = pure_epsilon(guesses, correct, 0.05)
-    assert binom.sf(correct - 1, guesses, 1 / (1 + math.exp(-pure))) == pytest.approx(0.05, rel=1e-6)
+    assert binom.sf(correct - 1, guesses, 1 / (1 + math.exp(-pure))) == pytest.approx(
+        0.05, rel=1e-6
+    )
     fdp = one_run_epsilon(guesses, guesses, correct, 0.0, 0.05, "fdp")
     assert pure - 0.01 * pure <= fdp <= pure + 1e-9
-    assert one_run_epsilon(guesses, guesses, correct, 0.0, 0.05, "steinke") == pytest.approx(pure, abs=2e-3)
+    assert one_run_epsilon(guesses, guesses, correct, 0.0, 0.05, "steinke") == pytest.approx(
+        pure, abs=2e-3
+    )
 
 
 def test_the_fdp_test_is_monotone_in_epsilon_and_delta():
     m, k, c = 2000, 800, 790
     bound = one_run_epsilon(m, k, c, DELTA, 0.05)
-    assert fdp_rejects(m, k, c, bound - 0.01, DELTA, 0.05) and not fdp_rejects(m, k, c, bound + 0.01, DELTA, 0.05)
+    assert fdp_rejects(m, k, c, bound - 0.01, DELTA, 0.05) and not fdp_rejects(
+        m, k, c, bound + 0.01, DELTA, 0.05
+    )
     assert one_run_epsilon(m, k, c, 1e-2, 0.05) < bound  # a larger delta is a weaker claim
     assert not fdp_rejects(m, k, 0, 0.0, 0.0, 0.05)
 
@@ -67,7 +75,9 @@ def test_a_claim_of_8_needs_the_fdp_analysis_and_about_13000_canaries():
     assert one_run_ceiling(13_000, DELTA, 0.95) > 8.0 > one_run_ceiling(10_000, DELTA, 0.95)
     assert max(one_run_ceiling(m, DELTA, 0.95, "steinke") for m in (1_000, 13_000, 100_000)) < 6.3
     assert epsilon_ceiling(3_250, 3_250, DELTA, 0.95) < 7.0  # the evaluation half of 13,000 trials
-    assert one_run_ceiling(1_000, DELTA, 0.95) == pytest.approx(5.5, abs=0.05)  # the method level's 1,000 canaries
+    assert one_run_ceiling(1_000, DELTA, 0.95) == pytest.approx(
+        5.5, abs=0.05
+    )  # the method level's 1,000 canaries
     needed = one_run_runs_to_reach(8.0, 1_000, 1, DELTA, 0.95)
     assert needed is not None and one_run_ceiling(1_000 * needed, DELTA, 0.95) > 8.0
     assert one_run_ceiling(1_000 * (needed - 1), DELTA, 0.95) <= 8.0
@@ -80,8 +90,12 @@ def test_the_grid_is_fixed_in_advance_and_its_weights_sum_to_one():
         rules = guess_grid(m)
         assert sum(r.weight for r in rules) == pytest.approx(1.0)
         assert all(r.k_in + r.k_out <= m for r in rules)
-        assert rules[0].guesses == max(r.guesses for r in rules) and rules[0].weight == max(r.weight for r in rules)
-    assert guess_grid(13_000)[0].k_in == 6_500 - 172  # m/2 - 1.5 sqrt(m): the bits' imbalance stays below it
+        assert rules[0].guesses == max(r.guesses for r in rules) and rules[0].weight == max(
+            r.weight for r in rules
+        )
+    assert (
+        guess_grid(13_000)[0].k_in == 6_500 - 172
+    )  # m/2 - 1.5 sqrt(m): the bits' imbalance stays below it
 
 
 # -- the bound from scores ----------------------------------------------------------------
@@ -89,12 +103,21 @@ def test_a_perfect_separation_gives_the_ceiling_and_says_so():
     rng = np.random.default_rng(0)
     bits = rng.random(4_000) < 0.5
     bound = one_run_bound(bits + 0.01 * rng.standard_normal(4_000), bits, delta=DELTA)
-    assert bound.separated and bound.at_ceiling and bound.correct == bound.guesses == guess_grid(4_000)[0].guesses
-    assert bound.epsilon_lower == pytest.approx(one_run_ceiling(4_000, DELTA, 0.95)) and bound.bound == "one-run"
+    assert (
+        bound.separated
+        and bound.at_ceiling
+        and bound.correct == bound.guesses == guess_grid(4_000)[0].guesses
+    )
+    assert (
+        bound.epsilon_lower == pytest.approx(one_run_ceiling(4_000, DELTA, 0.95))
+        and bound.bound == "one-run"
+    )
     assert bound.threshold > bound.threshold_out and math.isnan(bound.tpr_lower)
     noise = one_run_bound(rng.standard_normal(4_000), bits, delta=DELTA)
     assert noise.epsilon_lower == 0.0 and not noise.separated and noise.ceiling == bound.ceiling
-    assert one_run_bound(np.zeros(4_000), bits, delta=DELTA).epsilon_lower == 0.0  # ties: no information
+    assert (
+        one_run_bound(np.zeros(4_000), bits, delta=DELTA).epsilon_lower == 0.0
+    )  # ties: no information
 
 
 def test_the_bound_holds_for_randomized_response_at_its_epsilon():
@@ -116,9 +139,19 @@ def test_audit_bound_dispatches_and_refuses_unknown_names():
     rng = np.random.default_rng(1)
     bits = rng.random(2_000) < 0.5
     scores = bits * 3.0 + rng.standard_normal(2_000)
-    assert audit_bound(scores, bits, delta=DELTA, confidence=0.95, bound="multi-run").bound == "multi-run"
-    one, steinke = (audit_bound(scores, bits, delta=DELTA, confidence=0.95, bound=b) for b in ("one-run", "steinke"))
-    assert one.analysis == "fdp" and steinke.analysis == "steinke" and one.epsilon_lower >= steinke.epsilon_lower > 0
+    assert (
+        audit_bound(scores, bits, delta=DELTA, confidence=0.95, bound="multi-run").bound
+        == "multi-run"
+    )
+    one, steinke = (
+        audit_bound(scores, bits, delta=DELTA, confidence=0.95, bound=b)
+        for b in ("one-run", "steinke")
+    )
+    assert (
+        one.analysis == "fdp"
+        and steinke.analysis == "steinke"
+        and one.epsilon_lower >= steinke.epsilon_lower > 0
+    )
     with pytest.raises(ValueError, match="bound must be one of"):
         audit_bound(scores, bits, delta=DELTA, confidence=0.95, bound="two-run")
 
@@ -134,17 +167,28 @@ def test_one_run_refutes_clipping_removed_and_not_the_honest_run(small_config):
     assert leaky.verdict == "refuted" and leaky.separated and leaky.bound.at_ceiling, leaky.line()
     assert "refuted: the lower bound 7." in leaky.line() and "so the claim fails" in leaky.line()
     assert honest.verdict == "consistent" and honest.bound.epsilon_lower < 4.0, honest.line()
-    assert f"consistent: the lower bound {honest.bound.epsilon_lower:.2f} is below the claim" in honest.line()
+    assert (
+        f"consistent: the lower bound {honest.bound.epsilon_lower:.2f} is below the claim"
+        in honest.line()
+    )
     assert leaky.cpu_seconds is not None and leaky.cpu_seconds > 0 and "CPU s" in leaky.line()
 
 
 def test_a_perfect_separation_below_the_claim_is_inconclusive_not_consistent(small_config):
-    result = run_audit(small_config(epsilon=8.0, local_steps=4, rounds=15), wrap_mechanism=unclipped, track=False)
+    result = run_audit(
+        small_config(epsilon=8.0, local_steps=4, rounds=15), wrap_mechanism=unclipped, track=False
+    )
     b = result.bound
     assert b.ceiling < 8.0 and result.separated and result.verdict == "inconclusive"
     needed = result.runs_needed()
     assert needed is not None and one_run_ceiling(b.trials * needed, b.delta, b.confidence) > 8.0
-    assert (f"inconclusive, canaries separated perfectly (the bound is at its ceiling): this audit cannot refute a "
-            f"claim above {b.ceiling:.2f}; --runs {needed} would lift the ceiling above the claim") in result.line()
+    assert (
+        f"inconclusive, canaries separated perfectly (the bound is at its ceiling): this audit cannot refute a "
+        f"claim above {b.ceiling:.2f}; --runs {needed} would lift the ceiling above the claim"
+    ) in result.line()
     figures = result.as_dict()
-    assert figures["separated"] and figures["verdict"] == "inconclusive" and figures["tpr_lower"] is None
+    assert (
+        figures["separated"]
+        and figures["verdict"] == "inconclusive"
+        and figures["tpr_lower"] is None
+    )

@@ -25,26 +25,37 @@ class TenthScaledNoise(DPMechanism):
     """A faulty mechanism, for tests only: `add_scaled_noise` adds a tenth of the noise asked for."""
 
     def add_scaled_noise(self, targets, scale):
-        super().add_scaled_noise(targets, torch.full((len(next(iter(targets.values()))),), 0.1) if scale is None else scale * 0.1)
+        super().add_scaled_noise(
+            targets,
+            torch.full((len(next(iter(targets.values()))),), 0.1) if scale is None else scale * 0.1,
+        )
 
     def take(self, positions):
-        return TenthScaledNoise(self.settings, self.noise.take(positions), self.report, self.allowed)
+        return TenthScaledNoise(
+            self.settings, self.noise.take(positions), self.report, self.allowed
+        )
 
 
 def tenth_scaled_noise(mechanism: DPMechanism) -> DPMechanism:
-    return TenthScaledNoise(mechanism.settings, mechanism.noise, mechanism.report, mechanism.allowed)
+    return TenthScaledNoise(
+        mechanism.settings, mechanism.noise, mechanism.report, mechanism.allowed
+    )
 
 
 # -- the release ------------------------------------------------------------------------------
 @pytest.mark.parametrize("neighbouring", ["add-remove", "replace-one"])
-def test_privatise_carries_canaries_of_the_release_sensitivity_and_observes_noise_plus_canaries(neighbouring):
+def test_privatise_carries_canaries_of_the_release_sensitivity_and_observes_noise_plus_canaries(
+    neighbouring,
+):
     settings = DPSettings(clip=1.5, noise_multiplier=0.8, neighbouring=neighbouring)
     rows = torch.tensor([0, 1, 2])
     bank = CanaryBank(num_clients=3, per_client=None, seed=5)
     ctx = SimpleNamespace(rows=rows, phase="train")
     allowed = lambda clients, rate, phase: clients != 2  # noqa: E731  client 2's budget is spent
     reported = []
-    audited = AuditedMechanism(DPMechanism(settings, NoiseStreams(9, rows.tolist()), reported.append, allowed), bank)
+    audited = AuditedMechanism(
+        DPMechanism(settings, NoiseStreams(9, rows.tolist()), reported.append, allowed), bank
+    )
     sums = {"g": torch.randn(3, 12)}  # 3 slots x 4 parameters, as cross_gradients flattens them
     clean = sums["g"].clone()
     scale = torch.tensor([1.0, 2.0, math.sqrt(3.0)], dtype=torch.float64)  # sqrt(k) for k = 1, 4, 3
@@ -53,22 +64,33 @@ def test_privatise_carries_canaries_of_the_release_sensitivity_and_observes_nois
     assert out is sums and reported[0].clients == (0, 1) and not bank.bypassed
     assert bank.per_client == 12 and bank.releases.tolist() == [1, 1, 0]
     # the same draws without canaries: what is left is the canaries, of norm scale x C
-    noise = NoiseStreams(9, rows.tolist()).normal_parts([(12,)])[0] * settings.noise_std * scale.float()[:, None]
+    noise = (
+        NoiseStreams(9, rows.tolist()).normal_parts([(12,)])[0]
+        * settings.noise_std
+        * scale.float()[:, None]
+    )
     canary = sums["g"] - clean - noise
-    coefficients = canary @ bank.directions.T / (settings.clip * scale.float()[:, None])  # 0, or +-1 when sampled
+    coefficients = (
+        canary @ bank.directions.T / (settings.clip * scale.float()[:, None])
+    )  # 0, or +-1 when sampled
     assert torch.allclose(coefficients, coefficients.round(), atol=1e-4)
     signs = bank.included.float() if neighbouring == "add-remove" else bank.included.float() * 2 - 1
     assert bool(((coefficients.round() == 0) | (coefficients.round() == signs)).all())
     assert bool((coefficients.round() != 0).any())
     # scored in units of the row's noise std (scale x noise_std): the shift is C / noise_std, as in `release`
-    x = (noise[:2] / scale.float()[:2, None] @ bank.directions.T + coefficients[:2].round() * settings.clip) / settings.noise_std
+    x = (
+        noise[:2] / scale.float()[:2, None] @ bank.directions.T
+        + coefficients[:2].round() * settings.clip
+    ) / settings.noise_std
     expected = release_scores(x, 0.5, settings.clip / settings.noise_std, neighbouring).numpy()
     assert bank.scores[:2].numpy() == pytest.approx(expected, abs=1e-4)
     assert float(bank.scores[2].abs().sum()) == 0.0
 
 
 @pytest.mark.parametrize("neighbouring", ["add-remove", "replace-one"])
-def test_the_canary_norm_is_the_sensitivity_and_never_more_than_a_clipped_release_can_move(neighbouring):
+def test_the_canary_norm_is_the_sensitivity_and_never_more_than_a_clipped_release_can_move(
+    neighbouring,
+):
     degree = torch.tensor([1.0, 4.0, 9.0], dtype=torch.float64)
     honest = DPSettings(clip=1.5, noise_multiplier=0.8, neighbouring=neighbouring)
     for mode in ("per-example", "batch"):
@@ -97,9 +119,13 @@ def _pdsl(small_config, **changes):
 def test_pdsl_is_audited_at_the_mechanism_level_and_stays_below_its_claim(small_config):
     """Before: refused (its noise went through `add_scaled_noise`, around the canaries)."""
     result = run_audit(_pdsl(small_config), track=False)
-    assert result.canaries_per_client == 1024 and result.bound.trials == 6 * 1024  # of 6 slots x 650 parameters
+    assert (
+        result.canaries_per_client == 1024 and result.bound.trials == 6 * 1024
+    )  # of 6 slots x 650 parameters
     assert result.bound.ceiling > result.claimed_epsilon == pytest.approx(4.0, abs=0.05)
-    assert result.verdict == "consistent" and 0.0 < result.bound.epsilon_lower < result.claimed_epsilon, result.line()
+    assert (
+        result.verdict == "consistent" and 0.0 < result.bound.epsilon_lower < result.claimed_epsilon
+    ), result.line()
 
 
 def test_a_fault_on_pdsl_path_is_refuted(small_config):
@@ -107,9 +133,14 @@ def test_a_fault_on_pdsl_path_is_refuted(small_config):
     clipping (where the noise does not follow the clip, so the fault applies; 20 releases at
     rate 0.5 miss an in-canary with probability 1e-6)."""
     quiet = run_audit(_pdsl(small_config), wrap_mechanism=tenth_scaled_noise, track=False)
-    assert quiet.verdict == "refuted" and quiet.bound.epsilon_lower > quiet.claimed_epsilon, quiet.line()
-    leaky = run_audit(_pdsl(small_config, rounds=20, data_rate=0.5, options={"clip_mode": "per-example"}),
-                      wrap_mechanism=unclipped, track=False)
+    assert quiet.verdict == "refuted" and quiet.bound.epsilon_lower > quiet.claimed_epsilon, (
+        quiet.line()
+    )
+    leaky = run_audit(
+        _pdsl(small_config, rounds=20, data_rate=0.5, options={"clip_mode": "per-example"}),
+        wrap_mechanism=unclipped,
+        track=False,
+    )
     assert leaky.verdict == "refuted" and leaky.separated, leaky.line()
 
 
@@ -117,15 +148,35 @@ def test_clipping_removed_cannot_apply_to_pdsl_batch_clipping(small_config):
     """PDSL's batch noise is 2 C sigma sqrt(k) with the clip in force: at clip 1e12 the noise
     grows with it, and the release is as private as claimed."""
     result = run_audit(_pdsl(small_config), wrap_mechanism=unclipped, track=False)
-    assert result.verdict == "consistent" and result.bound.epsilon_lower < result.claimed_epsilon, result.line()
+    assert result.verdict == "consistent" and result.bound.epsilon_lower < result.claimed_epsilon, (
+        result.line()
+    )
 
 
 def test_cli_audits_pdsl(capsys, results_dir):
     with pytest.raises(SystemExit) as info:
-        main(["audit", "--method", "pdsl", "--epsilon", "4", "--clients", "6", "--rounds", "2", "-o", "R=2",
-              "--results-dir", results_dir])
+        main(
+            [
+                "audit",
+                "--method",
+                "pdsl",
+                "--epsilon",
+                "4",
+                "--clients",
+                "6",
+                "--rounds",
+                "2",
+                "-o",
+                "R=2",
+                "--results-dir",
+                results_dir,
+            ]
+        )
     out, err = capsys.readouterr()
     assert (info.value.code or 0) == 0, err
     line = out.strip().splitlines()[-1]
-    assert line.startswith("audit pdsl on digits (mechanism-level") and " on 6144 canaries in 1 run; " in line
+    assert (
+        line.startswith("audit pdsl on digits (mechanism-level")
+        and " on 6144 canaries in 1 run; " in line
+    )
     assert ": consistent: the lower bound " in line

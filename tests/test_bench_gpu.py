@@ -15,38 +15,83 @@ import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPT = BENCH / "gpu.py"
-RESULT_KEYS = {"method", "model", "clients", "round_s", "rounds_s", "first_round_s", "per_client_ms", "flops_per_round", "tflops",
-               "fraction_of_peak", "peak_memory_bytes", "path", "num_parameters", "config_wall_s"}
+RESULT_KEYS = {
+    "method",
+    "model",
+    "clients",
+    "round_s",
+    "rounds_s",
+    "first_round_s",
+    "per_client_ms",
+    "flops_per_round",
+    "tflops",
+    "fraction_of_peak",
+    "peak_memory_bytes",
+    "path",
+    "num_parameters",
+    "config_wall_s",
+}
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
     # no wall-clock limit: the CPU run takes what a busy machine gives it (issue 45)
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=BENCH.parent)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=BENCH.parent
+    )
 
 
 def check_output(out: dict, device_type: str) -> None:
     assert out["benchmark"] == "gpu" and out["device_type"] == device_type and out["failed"] == 0
     assert out["torch"] == torch.__version__ and out["device"]
-    assert out["config"]["quick"] is True and out["config"]["local_steps"] == 5 and out["config"]["data_rate"] == 0.5
-    assert out["config"]["features"] == [243, 8, 8] and out["config"]["dp"]["noise_multiplier"] == 1.0
+    assert (
+        out["config"]["quick"] is True
+        and out["config"]["local_steps"] == 5
+        and out["config"]["data_rate"] == 0.5
+    )
+    assert (
+        out["config"]["features"] == [243, 8, 8] and out["config"]["dp"]["noise_multiplier"] == 1.0
+    )
     assert out["config"]["noise_generator"] == ("torch" if device_type == "cpu" else "philox")
     assert out["reduced"] is True and "reduced" in out["reduced_note"]
     assert math.isfinite(out["peak_tflops"]) and out["peak_tflops"] > 0
     assert "FlopCounterMode" in out["flops_method"]
     assert [(r["method"], r["model"], r["clients"]) for r in out["results"]] == [
-        ("p4", "linear", 4), ("p4", "scatter-cnn", 4), ("fedavg", "linear", 8)]
-    assert out["config"]["fedavg"]["clients"] == 8 and out["config"]["fedavg"]["dp"]["neighbouring"] == "add-remove"
+        ("p4", "linear", 4),
+        ("p4", "scatter-cnn", 4),
+        ("fedavg", "linear", 8),
+    ]
+    assert (
+        out["config"]["fedavg"]["clients"] == 8
+        and out["config"]["fedavg"]["dp"]["neighbouring"] == "add-remove"
+    )
     for result in out["results"]:
         assert set(result) == RESULT_KEYS, result
-        for key in ("round_s", "first_round_s", "per_client_ms", "flops_per_round", "tflops", "fraction_of_peak",
-                    "peak_memory_bytes"):
+        for key in (
+            "round_s",
+            "first_round_s",
+            "per_client_ms",
+            "flops_per_round",
+            "tflops",
+            "fraction_of_peak",
+            "peak_memory_bytes",
+        ):
             assert math.isfinite(result[key]) and result[key] > 0, (key, result)
-        assert result["per_client_ms"] == pytest.approx(result["round_s"] / result["clients"] * 1000, rel=1e-3)
-        assert result["tflops"] == pytest.approx(result["flops_per_round"] / result["round_s"] / 1e12, rel=1e-3)
+        assert result["per_client_ms"] == pytest.approx(
+            result["round_s"] / result["clients"] * 1000, rel=1e-3
+        )
+        assert result["tflops"] == pytest.approx(
+            result["flops_per_round"] / result["round_s"] / 1e12, rel=1e-3
+        )
         assert len(result["rounds_s"]) == out["config"]["timed_rounds"] == 1
     linear, cnn, fedavg = out["results"]
-    assert linear["path"] in ("span", "buckets") and cnn["path"] in ("autograd", "stacked") and fedavg["path"] == "dp-sgd"
-    assert cnn["flops_per_round"] > linear["flops_per_round"]  # convolutions over 243 channels, and 5 steps of them
+    assert (
+        linear["path"] in ("span", "buckets")
+        and cnn["path"] in ("autograd", "stacked")
+        and fedavg["path"] == "dp-sgd"
+    )
+    assert (
+        cnn["flops_per_round"] > linear["flops_per_round"]
+    )  # convolutions over 243 channels, and 5 steps of them
 
 
 def test_quick_cpu_run_prints_one_json_object():
@@ -60,7 +105,9 @@ def test_cuda_without_cuda_is_a_usage_error():
     done = run_bench("--device", "cuda", "--quick")
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --device cuda: CUDA is not available"), done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: --device cuda: CUDA is not available"), (
+        done.stderr
+    )
     assert done.stdout == ""
 
 
@@ -85,16 +132,28 @@ def gpu_bench(monkeypatch):
 def test_a_failing_configuration_is_reported_and_the_others_run(gpu_bench, monkeypatch, capsys):
     def run_config(config, model_name, data, device):
         if model_name == "scatter-cnn":
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail"
+            )
         return {"round_s": 0.5, "per_client_ms": 125.0, "tflops": 1e-3}
 
     monkeypatch.setattr(gpu_bench, "run_config", run_config)
-    assert gpu_bench.main(["--device", "cpu", "--quick", "--clients", "4,5", "--fedavg-clients", "0"]) == 1  # after the JSON
+    assert (
+        gpu_bench.main(["--device", "cpu", "--quick", "--clients", "4,5", "--fedavg-clients", "0"])
+        == 1
+    )  # after the JSON
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["failed"] == 2 and out["config"]["clients"] == [4, 5]
     assert [(r["model"], r["clients"], "error" in r) for r in out["results"]] == [
-        ("linear", 4, False), ("scatter-cnn", 4, True), ("linear", 5, False), ("scatter-cnn", 5, True)]
-    assert out["results"][1]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB"
+        ("linear", 4, False),
+        ("scatter-cnn", 4, True),
+        ("linear", 5, False),
+        ("scatter-cnn", 5, True),
+    ]
+    assert (
+        out["results"][1]["error"]
+        == "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB"
+    )
     assert out["results"][0]["fraction_of_peak"] > 0
 
 
@@ -134,6 +193,10 @@ def test_the_plan_of_the_issue_sizes_is_printed_without_a_gpu_and_counts_every_p
     for part in ("data_bytes", "state_bytes", "grouping_bytes", "dp_step_bytes_per_client"):
         assert big[part] > 0, part
     # per-example gradients of every client at once would not fit: the plan chunks them
-    assert big["dp_step_all_clients_bytes"] > rows[-1]["card_bytes"] > big["fixed_groups"]["needed_bytes"]
+    assert (
+        big["dp_step_all_clients_bytes"]
+        > rows[-1]["card_bytes"]
+        > big["fixed_groups"]["needed_bytes"]
+    )
     assert 1 <= big["fixed_groups"]["clients_per_chunk"] < 2080
     assert rows[-1]["all_fit_as_bench_gpu_runs_them"] is True

@@ -52,10 +52,16 @@ def test_every_swap_strictly_lowers_u_and_normalises():
     result = cbds_matrix(60, 10, 0.3, np.random.default_rng(4), trace=True)
     history = np.array([result.u_before, *result.history])
     assert result.swaps == len(result.history) > 0
-    assert (np.diff(history) < 0).all()  # strictly decreasing, recomputed from scratch after each swap
-    assert history[-1] == pytest.approx(result.u_after, abs=1e-12) and result.u_after < result.u_before
-    np.testing.assert_allclose(np.sort(result.swapped, axis=1), np.sort(
-        np.random.default_rng(4).dirichlet(np.full(10, 0.3), size=60), axis=1))  # rows only permuted
+    assert (
+        np.diff(history) < 0
+    ).all()  # strictly decreasing, recomputed from scratch after each swap
+    assert (
+        history[-1] == pytest.approx(result.u_after, abs=1e-12) and result.u_after < result.u_before
+    )
+    np.testing.assert_allclose(
+        np.sort(result.swapped, axis=1),
+        np.sort(np.random.default_rng(4).dirichlet(np.full(10, 0.3), size=60), axis=1),
+    )  # rows only permuted
     columns = result.normalised.sum(axis=0)
     assert (columns <= 1 + 1e-12).all() and columns.max() == pytest.approx(1.0)
     np.testing.assert_allclose(result.normalised.sum(axis=1), 1 / result.column_sums.max())
@@ -67,13 +73,26 @@ def test_undersampling_at_c100_alpha001_over_100_seeds():
     results = [cbds_matrix(100, 10, 0.01, harness_rng(seed, SEED_PARTITION)) for seed in range(100)]
     total = np.array([r.undersampling for r in results])
     worst = np.array([r.label_undersampling.max() for r in results])
-    print(f"CBDS C=100 l=10 alpha=0.01, 100 seeds: undersampling mean {total.mean():.2%} max {total.max():.2%}, "
-          f"worst label {worst.max():.2%}, runs with a label above 5%: {(worst > 0.05).mean():.0%}")
+    print(
+        f"CBDS C=100 l=10 alpha=0.01, 100 seeds: undersampling mean {total.mean():.2%} max {total.max():.2%}, "
+        f"worst label {worst.max():.2%}, runs with a label above 5%: {(worst > 0.05).mean():.0%}"
+    )
     assert total.mean() < 0.01 and total.max() < 0.05
 
 
 def labels_with_uneven_classes() -> np.ndarray:
-    sizes = [120, 100, 130, 101, 150, 99, 180, 100, 110, 105]  # the smallest class (99) is every label's pool
+    sizes = [
+        120,
+        100,
+        130,
+        101,
+        150,
+        99,
+        180,
+        100,
+        110,
+        105,
+    ]  # the smallest class (99) is every label's pool
     return np.random.default_rng(0).permutation(np.repeat(np.arange(10), sizes))
 
 
@@ -92,7 +111,9 @@ def test_partition_is_disjoint_with_equal_sizes_within_pools(alpha, clients):
     # each client's label mix is its row of P up to rounding (< 1 sample per label, plus the trim)
     stats = partitioner.report.stats
     assert stats["samples_per_client"] == len(parts[0]) and stats["u_after"] <= stats["u_before"]
-    matrix = np.loadtxt(partitioner.report.artifacts["partition_matrix.csv"].splitlines(), delimiter=",", skiprows=1)
+    matrix = np.loadtxt(
+        partitioner.report.artifacts["partition_matrix.csv"].splitlines(), delimiter=",", skiprows=1
+    )
     assert matrix.shape == (clients, 11) and (matrix[:, 1:].sum(axis=0) <= 1 + 1e-9).all()
     assert np.abs(counts - matrix[:, 1:] * 99).max() < 10 + 1e-9
 
@@ -107,11 +128,15 @@ def test_requested_size_is_exact_and_too_large_a_size_is_refused():
 
 
 def test_rounding_gives_floors_plus_largest_remainders_within_pools():
-    shares = np.array([[0.55, 0.45], [0.45, 0.55]])  # quotas at pool 9: [4.95, 4.05] and [4.05, 4.95]
+    shares = np.array(
+        [[0.55, 0.45], [0.45, 0.55]]
+    )  # quotas at pool 9: [4.95, 4.05] and [4.05, 4.95]
     assert cbds_counts(shares, 9).tolist() == [[5, 4], [4, 5]]
     uneven = np.array([[0.95, 0.0], [0.05, 1.0]])  # sizes 9.5 and 10.5 at pool 10: both get 9
     assert cbds_counts(uneven, 10).tolist() == [[9, 0], [0, 9]]
-    contested = np.array([[0.35, 0.15], [0.35, 0.15], [0.30, 0.20]])  # one sample of label 0 left for two clients
+    contested = np.array(
+        [[0.35, 0.15], [0.35, 0.15], [0.30, 0.20]]
+    )  # one sample of label 0 left for two clients
     assert cbds_counts(contested, 10).tolist() == [[4, 1], [3, 2], [3, 2]]
     assert cbds_counts(contested, 10, size=4).sum(axis=1).tolist() == [4, 4, 4]
 
@@ -123,7 +148,9 @@ def test_rounding_keeps_nearly_all_of_the_pools():
         row_total = result.normalised.sum(axis=1, keepdims=True) * pool
         quotas = result.normalised * pool * np.floor(row_total.min() + 1e-9) / row_total
         assert (counts.sum(axis=0) <= pool).all() and len(set(counts.sum(axis=1))) == 1
-        assert ((counts == np.floor(quotas)) | (counts == np.floor(quotas) + 1)).all()  # no fallback trim needed
+        assert (
+            (counts == np.floor(quotas)) | (counts == np.floor(quotas) + 1)
+        ).all()  # no fallback trim needed
         assert counts.sum() > clients * (np.floor(pool / result.column_sums.max()) - 1)
 
 
@@ -134,14 +161,33 @@ def test_thousand_clients_partition_quickly():
 
 def test_run_logs_cbds_statistics_to_mlflow(capsys, tmp_path):
     uri = f"sqlite:///{tmp_path / 'store.db'}"
-    args = ["run", "--method", "fedavg", "--partitioner", "cbds", "-o", "cbds_alpha=0.5", "--clients", "10",
-            "--rounds", "1", "--results-dir", str(tmp_path / "runs"), "--tracking-uri", uri, "--json"]
+    args = [
+        "run",
+        "--method",
+        "fedavg",
+        "--partitioner",
+        "cbds",
+        "-o",
+        "cbds_alpha=0.5",
+        "--clients",
+        "10",
+        "--rounds",
+        "1",
+        "--results-dir",
+        str(tmp_path / "runs"),
+        "--tracking-uri",
+        uri,
+        "--json",
+    ]
     with pytest.raises(SystemExit) as info:
         main(args)
     assert (info.value.code or 0) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     stats = summary["partition_stats"]
-    assert stats["u_after"] <= stats["u_before"] and 0 <= stats["undersampling"] <= stats["undersampling_worst_label"]
+    assert (
+        stats["u_after"] <= stats["u_before"]
+        and 0 <= stats["undersampling"] <= stats["undersampling_worst_label"]
+    )
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(summary["run_id"])
     assert run.data.params["option.cbds_alpha"] == "0.5"

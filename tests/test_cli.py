@@ -17,11 +17,37 @@ def invoke(args, capsys):
 
 
 def test_run_json_last_line(capsys, results_dir):
-    code, out, err = invoke(["run", "--method", "local", "--clients", "6", "--rounds", "2", "--results-dir", results_dir, "--json"], capsys)
+    code, out, err = invoke(
+        [
+            "run",
+            "--method",
+            "local",
+            "--clients",
+            "6",
+            "--rounds",
+            "2",
+            "--results-dir",
+            results_dir,
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0
     summary = json.loads(out.strip().splitlines()[-1])
-    for key in ("run_id", "method", "attack", "defense", "dataset", "seed", "rounds", "accuracy_mean",
-                "accuracy_per_client", "epsilon", "wall_time_s", "tracking_uri"):
+    for key in (
+        "run_id",
+        "method",
+        "attack",
+        "defense",
+        "dataset",
+        "seed",
+        "rounds",
+        "accuracy_mean",
+        "accuracy_per_client",
+        "epsilon",
+        "wall_time_s",
+        "tracking_uri",
+    ):
         assert key in summary
     assert summary["method"] == "local" and summary["epsilon"] is None and summary["rounds"] == 2
     assert "local rounds" in err  # the progress bar goes to stderr
@@ -46,5 +72,17 @@ def test_list_json_has_distribution_and_version(capsys):
     code, out, _ = invoke(["list", "--json"], capsys)
     listing = json.loads(out)
     assert code == 0
-    assert any(e["name"] == "fedavg" and e["distribution"] == "p4bench" and e["version"] for e in listing["method"])
-    assert set(listing) >= {"method", "attack", "defense", "dataset", "partitioner", "topology", "accountant", "runtime"}
+    assert any(
+        e["name"] == "fedavg" and e["distribution"] == "p4bench" and e["version"]
+        for e in listing["method"]
+    )
+    assert set(listing) >= {
+        "method",
+        "attack",
+        "defense",
+        "dataset",
+        "partitioner",
+        "topology",
+        "accountant",
+        "runtime",
+    }

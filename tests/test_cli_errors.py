@@ -18,7 +18,9 @@ import pytest
 from p4bench.cli import main
 from p4bench.errors import UsageError, user_error_line
 
-PROC = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (a folder nothing can be made in)")
+PROC = pytest.mark.skipif(
+    not Path("/proc/self").is_dir(), reason="needs Linux /proc (a folder nothing can be made in)"
+)
 SMALL = ["--method", "local", "--clients", "4", "--rounds", "1"]
 
 
@@ -48,8 +50,17 @@ def test_run_with_a_results_dir_that_cannot_be_made(capsys):
 
 @PROC
 def test_run_with_an_sqlite_store_whose_folder_cannot_be_made(capsys, results_dir):
-    code, _, err = invoke(["run", *SMALL, "--results-dir", results_dir, "--tracking-uri", "sqlite:////proc/nope/mlflow.db"],
-                          capsys)
+    code, _, err = invoke(
+        [
+            "run",
+            *SMALL,
+            "--results-dir",
+            results_dir,
+            "--tracking-uri",
+            "sqlite:////proc/nope/mlflow.db",
+        ],
+        capsys,
+    )
     line = one_error_line(err)
     assert code == 2 and "/proc/nope" in line
 
@@ -64,20 +75,27 @@ def test_run_with_a_results_dir_under_a_file(capsys, tmp_path):
 @PROC
 def test_compare_with_a_plot_path_that_cannot_be_written(capsys, results_dir):
     # checked before the store is read: no experiment needed
-    code, out, err = invoke(["compare", "--experiment", "none", "--results-dir", results_dir, "--plot", "/proc/x.png"], capsys)
+    code, out, err = invoke(
+        ["compare", "--experiment", "none", "--results-dir", results_dir, "--plot", "/proc/x.png"],
+        capsys,
+    )
     line = one_error_line(err)
     assert code == 2 and "/proc/x.png" in line and out == ""
 
 
 @PROC
 def test_topology_show_with_a_plot_path_that_cannot_be_written(capsys):
-    code, out, err = invoke(["topology", "show", "ring", "--clients", "4", "--plot", "/proc/x.png"], capsys)
+    code, out, err = invoke(
+        ["topology", "show", "ring", "--clients", "4", "--plot", "/proc/x.png"], capsys
+    )
     line = one_error_line(err)
     assert code == 2 and "/proc/x.png" in line and out == ""
 
 
 def test_a_plot_format_matplotlib_cannot_write_is_refused_up_front(capsys, tmp_path):
-    code, _, err = invoke(["topology", "show", "ring", "--clients", "4", "--plot", str(tmp_path / "g.xyz")], capsys)
+    code, _, err = invoke(
+        ["topology", "show", "ring", "--clients", "4", "--plot", str(tmp_path / "g.xyz")], capsys
+    )
     assert code == 2 and "unknown image format '.xyz'" in one_error_line(err)
 
 
@@ -95,10 +113,26 @@ def test_bad_yaml_in_a_config_file_or_an_option_is_one_line(capsys, tmp_path):
 def test_shards_per_client_zero_is_refused_not_dropped(capsys, results_dir):
     # issue 45: `--shards-per-client 0` was dropped as falsy and the run trained with the default 2
     for value in ("0", "-1"):
-        code, _, err = invoke(["run", *SMALL, "--partitioner", "shards", "--shards-per-client", value,
-                               "--results-dir", results_dir], capsys)
+        code, _, err = invoke(
+            [
+                "run",
+                *SMALL,
+                "--partitioner",
+                "shards",
+                "--shards-per-client",
+                value,
+                "--results-dir",
+                results_dir,
+            ],
+            capsys,
+        )
         line = one_error_line(err)
-        assert code == 2 and "options.shards_per_client" in line and ">= 1" in line and f"got {value}" in line
+        assert (
+            code == 2
+            and "options.shards_per_client" in line
+            and ">= 1" in line
+            and f"got {value}" in line
+        )
 
 
 # -- the boundary: stores, disks, bugs, interrupts -----------------------------------------------
@@ -116,7 +150,9 @@ def _compare_failing_with(monkeypatch, exc: BaseException) -> None:
 
 def test_a_locked_store_is_one_line_naming_it(capsys, monkeypatch, results_dir):
     _compare_failing_with(monkeypatch, sqlite3.OperationalError("database is locked"))
-    code, _, err = invoke(["compare", "--experiment", "e", "--tracking-uri", "sqlite:////data/mlflow.db"], capsys)
+    code, _, err = invoke(
+        ["compare", "--experiment", "e", "--tracking-uri", "sqlite:////data/mlflow.db"], capsys
+    )
     line = one_error_line(err)
     assert code == 2 and "sqlite:////data/mlflow.db" in line and "database is locked" in line
 
@@ -131,7 +167,9 @@ def test_a_full_disk_is_one_line(capsys, monkeypatch):
 def test_an_unreachable_tracking_server_is_one_line(capsys, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    code, _, err = invoke(["compare", "--experiment", "e", "--tracking-uri", "http://127.0.0.1:9"], capsys)
+    code, _, err = invoke(
+        ["compare", "--experiment", "e", "--tracking-uri", "http://127.0.0.1:9"], capsys
+    )
     line = one_error_line(err)
     assert code == 2 and "http://127.0.0.1:9" in line
 
@@ -147,7 +185,9 @@ def test_a_bug_shows_its_traceback_and_asks_for_a_report(capsys, monkeypatch):
     assert code == 1
     assert "Traceback (most recent call last)" in err and "RuntimeError: simulated bug" in err
     last = err.strip().splitlines()[-1]
-    assert "this is a bug in p4bench" in last and "please report it with the traceback above" in last
+    assert (
+        "this is a bug in p4bench" in last and "please report it with the traceback above" in last
+    )
 
 
 def test_an_unhandled_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
@@ -161,7 +201,9 @@ def test_an_unhandled_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
     code, _, err = invoke(["topology", "show", "ring", "--clients", "4"], capsys)
     assert code == 130 and err.strip() == "interrupted"
 
-    class Stopped(KeyboardInterrupt):  # a stop that knows where its results are (p4bench.run.interrupts.RunInterrupted)
+    class Stopped(
+        KeyboardInterrupt
+    ):  # a stop that knows where its results are (p4bench.run.interrupts.RunInterrupted)
         pass
 
     def stopped(*args, **kwargs):
@@ -169,7 +211,11 @@ def test_an_unhandled_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
 
     monkeypatch.setattr(p4bench.topology.summary, "summarize", stopped)
     code, _, err = invoke(["topology", "show", "ring", "--clients", "4"], capsys)
-    assert code == 130 and err.strip() == "interrupted after round 2 of 5; resume with: p4bench run --resume runs/x"
+    assert (
+        code == 130
+        and err.strip()
+        == "interrupted after round 2 of 5; resume with: p4bench run --resume runs/x"
+    )
 
     def build_app():  # Ctrl-C while the app is built (start-up)
         raise KeyboardInterrupt
@@ -187,7 +233,9 @@ def test_ctrl_c_while_the_script_imports_the_command_line_is_one_line(capsys, mo
     import p4bench.cli
     from p4bench import console
 
-    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "scripts"
+    ]
     assert scripts["p4bench"] == "p4bench.console:main"
     called = []
     monkeypatch.setattr(p4bench.cli, "main", lambda: called.append(True))
@@ -215,13 +263,22 @@ def test_which_failures_are_the_users():
 
     with pytest.raises(OSError) as info:
         in_frame("/data/runs/summary.json")
-    assert user_error_line(info.value) == f"no space left to write /data/runs/summary.json: [Errno {errno.ENOSPC}] " \
-                                          f"{os.strerror(errno.ENOSPC)}"
+    assert (
+        user_error_line(info.value)
+        == f"no space left to write /data/runs/summary.json: [Errno {errno.ENOSPC}] "
+        f"{os.strerror(errno.ENOSPC)}"
+    )
     missing = FileNotFoundError(errno.ENOENT, "No such file or directory", "/data/x.csv")
-    assert user_error_line(missing) == "cannot access /data/x.csv: [Errno 2] No such file or directory"
-    package_file = FileNotFoundError(errno.ENOENT, "No such file or directory", str(Path(__file__).parents[1] / "p4bench" / "x"))
+    assert (
+        user_error_line(missing) == "cannot access /data/x.csv: [Errno 2] No such file or directory"
+    )
+    package_file = FileNotFoundError(
+        errno.ENOENT, "No such file or directory", str(Path(__file__).parents[1] / "p4bench" / "x")
+    )
     assert user_error_line(package_file) is None  # a file of p4bench itself: a bug
-    assert user_error_line(OSError("cannot write mode RGBA as JPEG")) is None  # a library's own message
+    assert (
+        user_error_line(OSError("cannot write mode RGBA as JPEG")) is None
+    )  # a library's own message
     assert user_error_line(sqlite3.IntegrityError("UNIQUE constraint failed")) is None
     assert user_error_line(RuntimeError("x")) is None and user_error_line(KeyError("x")) is None
     assert user_error_line(UsageError("two\nlines")) == "two lines"
@@ -238,12 +295,28 @@ def test_check_run_paths(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match="afile is a file, not a folder"):
         check_run_paths(RunConfig(results_dir=str(tmp_path / "afile" / "sub")))
     with pytest.raises(UsageError, match=r"MLflow store sqlite:///.*afile/mlflow\.db"):
-        check_run_paths(RunConfig(results_dir=str(tmp_path / "ok"), tracking_uri=f"sqlite:///{tmp_path}/afile/mlflow.db"))
+        check_run_paths(
+            RunConfig(
+                results_dir=str(tmp_path / "ok"),
+                tracking_uri=f"sqlite:///{tmp_path}/afile/mlflow.db",
+            )
+        )
     with pytest.raises(UsageError, match="is a folder, not a database file"):
-        check_run_paths(RunConfig(results_dir=str(tmp_path / "ok"), tracking_uri=f"sqlite:///{tmp_path}"))
-    check_run_paths(RunConfig(results_dir=str(tmp_path / "ok" / "deeper"), tracking_uri=f"sqlite:///{tmp_path}/db/m.db"))
-    assert (tmp_path / "ok" / "deeper").is_dir() and (tmp_path / "db").is_dir()  # made, as the run would
-    assert sorted(p.name for p in (tmp_path / "ok" / "deeper").iterdir()) == []  # the write probe is gone
+        check_run_paths(
+            RunConfig(results_dir=str(tmp_path / "ok"), tracking_uri=f"sqlite:///{tmp_path}")
+        )
+    check_run_paths(
+        RunConfig(
+            results_dir=str(tmp_path / "ok" / "deeper"),
+            tracking_uri=f"sqlite:///{tmp_path}/db/m.db",
+        )
+    )
+    assert (tmp_path / "ok" / "deeper").is_dir() and (
+        tmp_path / "db"
+    ).is_dir()  # made, as the run would
+    assert (
+        sorted(p.name for p in (tmp_path / "ok" / "deeper").iterdir()) == []
+    )  # the write probe is gone
     with pytest.raises(UsageError, match="it is a folder"):
         check_output_file(tmp_path, "tuned config")
     check_output_file(tmp_path / "new" / "tuned.yaml", "tuned config")
@@ -255,13 +328,22 @@ def test_check_run_paths(tmp_path, monkeypatch):
         check_run_paths(RunConfig(results_dir=str(tmp_path / "ok")))
 
 
-@pytest.mark.parametrize("uri, says", [
-    ("sqllite:///typo.db", "unknown scheme 'sqllite:'"), ("foo://bar", "unknown scheme 'foo:'"),
-    ("htp://127.0.0.1:5000", "unknown scheme 'htp:'"), ("runs/folder-store", "folder store"),
-    ("file:///tmp/p4bench-folder-store", "folder store"),
-])
-def test_a_tracking_uri_mlflow_would_refuse_is_one_line_before_any_training(capsys, tmp_path, uri, says):
-    code, _, err = invoke(["run", "--rounds", "1", "--results-dir", str(tmp_path), "--tracking-uri", uri], capsys)
+@pytest.mark.parametrize(
+    "uri, says",
+    [
+        ("sqllite:///typo.db", "unknown scheme 'sqllite:'"),
+        ("foo://bar", "unknown scheme 'foo:'"),
+        ("htp://127.0.0.1:5000", "unknown scheme 'htp:'"),
+        ("runs/folder-store", "folder store"),
+        ("file:///tmp/p4bench-folder-store", "folder store"),
+    ],
+)
+def test_a_tracking_uri_mlflow_would_refuse_is_one_line_before_any_training(
+    capsys, tmp_path, uri, says
+):
+    code, _, err = invoke(
+        ["run", "--rounds", "1", "--results-dir", str(tmp_path), "--tracking-uri", uri], capsys
+    )
     assert code == 2 and says in one_error_line(err) and "Traceback" not in err
 
 
@@ -272,16 +354,25 @@ def test_the_tracking_schemes_are_mlflows(monkeypatch, tmp_path):
     from p4bench.run.preflight import TRACKING_SCHEMES, check_tracking_uri
 
     assert set(TRACKING_SCHEMES) == set(_tracking_store_registry._registry) | set(DATABASE_ENGINES)
-    check_tracking_uri("postgresql+psycopg2://user@127.0.0.1/db")  # a database with its driver: left to MLflow
+    check_tracking_uri(
+        "postgresql+psycopg2://user@127.0.0.1/db"
+    )  # a database with its driver: left to MLflow
     check_tracking_uri("http://127.0.0.1:5000")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own opt-in keeps folder stores usable
+    monkeypatch.setenv(
+        "MLFLOW_ALLOW_FILE_STORE", "true"
+    )  # MLflow's own opt-in keeps folder stores usable
     check_tracking_uri(str(tmp_path))
 
 
-@pytest.mark.parametrize("args, says", [
-    (["run", "--rounds", "abc"], "Invalid value for '--rounds'"), (["run", "--seed", "abc"], "Invalid value for '--seed'"),
-    (["runn"], "No such command 'runn'. Did you mean 'run'?"), (["run", "--bogus-flag"], "No such option: --bogus-flag"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["run", "--rounds", "abc"], "Invalid value for '--rounds'"),
+        (["run", "--seed", "abc"], "Invalid value for '--seed'"),
+        (["runn"], "No such command 'runn'. Did you mean 'run'?"),
+        (["run", "--bogus-flag"], "No such option: --bogus-flag"),
+    ],
+)
 def test_click_usage_errors_are_one_line_and_exit_2(capsys, args, says):
     code, _, err = invoke(args, capsys)
     assert code == 2 and says in one_error_line(err) and "--help" in err and "Usage:" not in err
@@ -298,9 +389,11 @@ def test_flags_show_no_value_type_in_help(capsys):
 
 
 def test_version_is_printed_without_building_the_app():
-    code = ("import sys\nfrom p4bench.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit as e:\n"
-            "    assert not e.code, e.code\nheavy = [m for m in ('torch', 'mlflow', 'p4bench.plugin_manager') if m in sys.modules]\n"
-            "assert not heavy, heavy\n")
+    code = (
+        "import sys\nfrom p4bench.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit as e:\n"
+        "    assert not e.code, e.code\nheavy = [m for m in ('torch', 'mlflow', 'p4bench.host.manager') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     from importlib.metadata import version
@@ -320,25 +413,44 @@ def test_help_lists_version_and_completion(capsys):
 
 def test_reproduce_quick_says_its_claims_are_not_tested(capsys, monkeypatch):
     import p4bench.studies.reproduce
-    from p4bench.claims import ClaimCheck
     from p4bench.config import RunConfig
     from p4bench.studies.backends import RunRecord
+    from p4bench.studies.claims import ClaimCheck
     from p4bench.studies.sweep import PlannedRun, SweepReport
 
     planned = [PlannedRun(RunConfig(rounds=3, seed=0), {})]
-    sweep = SweepReport("reproduce-x-digits-quick", "sqlite:///x.db", planned, [RunRecord("h", "finished", {})])
-    checks = [ClaimCheck("A beats B", "not tested", "quick smoke run; figures: A 70% vs B 60%"),
-              ClaimCheck("partitioner claim", "no", "computed", training=False)]
-    report = SimpleNamespace(quick=True, dataset="digits", tuning=None, tuned_lr={}, sweep=sweep, comparison=None, beside=None,
-                             extras=[], privacy=[], claims=checks)
+    sweep = SweepReport(
+        "reproduce-x-digits-quick", "sqlite:///x.db", planned, [RunRecord("h", "finished", {})]
+    )
+    checks = [
+        ClaimCheck("A beats B", "not tested", "quick smoke run; figures: A 70% vs B 60%"),
+        ClaimCheck("partitioner claim", "no", "computed", training=False),
+    ]
+    report = SimpleNamespace(
+        quick=True,
+        dataset="digits",
+        tuning=None,
+        tuned_lr={},
+        sweep=sweep,
+        comparison=None,
+        beside=None,
+        extras=[],
+        privacy=[],
+        claims=checks,
+    )
     monkeypatch.setattr(p4bench.studies.reproduce, "reproduce", lambda *args, **kwargs: report)
     code, out, _ = invoke(["reproduce", "privacy", "--quick"], capsys)
     assert code == 0
     lines = out.splitlines()
     header = lines.index("claims of the paper on digits (quick smoke run):")
-    assert lines[header + 1].startswith("smoke run (--quick: 3 rounds, 1 seed, shorter lists): not a test of the paper's claims")
+    assert lines[header + 1].startswith(
+        "smoke run (--quick: 3 rounds, 1 seed, shorter lists): not a test of the paper's claims"
+    )
     assert "- A beats B: not tested (quick smoke run; figures: A 70% vs B 60%)" in lines
-    assert "- partitioner claim: no (computed) no training needed: a verdict even in a smoke run" in lines
+    assert (
+        "- partitioner claim: no (computed) no training needed: a verdict even in a smoke run"
+        in lines
+    )
 
 
 def _closed_port() -> int:
@@ -352,17 +464,42 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("study", ["sweep", "tune", "reproduce"])
 def test_a_ray_address_where_nothing_answers_is_one_line_before_any_run(capsys, tmp_path, study):
     address = f"127.0.0.1:{_closed_port()}"
-    args = {"sweep": ["sweep", str(Path(__file__).resolve().parents[1] / "examples" / "grid.yaml")],
-            "tune": ["tune", "--method", "fedavg", "--grid", "lr=0.1,0.5", "--output", str(tmp_path / "tuned.yaml")],
-            "reproduce": ["reproduce", "heterogeneity", "--quick"]}[study]
-    code, _, err = invoke([*args, "--backend", "ray", "--address", address, "--results-dir", str(tmp_path)], capsys)
+    args = {
+        "sweep": ["sweep", str(Path(__file__).resolve().parents[1] / "examples" / "grid.yaml")],
+        "tune": [
+            "tune",
+            "--method",
+            "fedavg",
+            "--grid",
+            "lr=0.1,0.5",
+            "--output",
+            str(tmp_path / "tuned.yaml"),
+        ],
+        "reproduce": ["reproduce", "heterogeneity", "--quick"],
+    }[study]
+    code, _, err = invoke(
+        [*args, "--backend", "ray", "--address", address, "--results-dir", str(tmp_path)], capsys
+    )
     line = one_error_line(err)
-    assert code == 2 and f"no Ray cluster answers at {address}" in line and "ray start --head" in line
+    assert (
+        code == 2 and f"no Ray cluster answers at {address}" in line and "ray start --head" in line
+    )
     assert not list(tmp_path.glob("*/config.yaml"))  # nothing ran
 
 
 def test_a_malformed_ray_address_is_one_line(capsys, tmp_path):
     grid = str(Path(__file__).resolve().parents[1] / "examples" / "grid.yaml")
-    code, _, err = invoke(["sweep", grid, "--backend", "ray", "--address", "head-node",
-                           "--results-dir", str(tmp_path)], capsys)
+    code, _, err = invoke(
+        [
+            "sweep",
+            grid,
+            "--backend",
+            "ray",
+            "--address",
+            "head-node",
+            "--results-dir",
+            str(tmp_path),
+        ],
+        capsys,
+    )
     assert code == 2 and "--address must be HOST:PORT" in one_error_line(err)

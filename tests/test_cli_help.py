@@ -19,8 +19,13 @@ def test_run_help_shows_the_config_defaults(capsys, monkeypatch):
     assert exit_info.value.code == 0
     text = re.sub(r"\s+", " ", capsys.readouterr().out)
     defaults = RunConfig()
-    for option, value in (("--method", defaults.method), ("--clients", defaults.clients), ("--rounds", defaults.rounds),
-                          ("--results-dir", defaults.results_dir), ("--accountant", defaults.accountant)):
+    for option, value in (
+        ("--method", defaults.method),
+        ("--clients", defaults.clients),
+        ("--rounds", defaults.rounds),
+        ("--results-dir", defaults.results_dir),
+        ("--accountant", defaults.accountant),
+    ):
         assert re.search(rf"{option} .*?\[default: \({re.escape(str(value))}\)\]", text), option
 
 
@@ -44,7 +49,9 @@ def test_an_interrupted_run_does_not_advance_the_sweep_bar(monkeypatch):
         progress.stop()
 
 
-def test_list_and_completion_read_a_plugin_listing_cache_they_refresh(monkeypatch, tmp_path, capsys):
+def test_list_and_completion_read_a_plugin_listing_cache_they_refresh(
+    monkeypatch, tmp_path, capsys
+):
     """`list` and TAB completion show the cached listing while its fingerprint (versions,
     entry points, the plugin packages' files) is current, and rebuild it when it is not."""
     import json
@@ -59,9 +66,13 @@ def test_list_and_completion_read_a_plugin_listing_cache_they_refresh(monkeypatc
     cached = json.loads(path.read_text())
     assert cached["fingerprint"] == plugin_cache.fingerprint()
     assert "p4" in [e["name"] for e in cached["listing"]["method"]]
-    cached["listing"]["method"] = [{"name": "from-the-cache", "distribution": "x", "version": "1", "description": "d"}]
+    cached["listing"]["method"] = [
+        {"name": "from-the-cache", "distribution": "x", "version": "1", "description": "d"}
+    ]
     path.write_text(json.dumps(cached))
-    assert completion.plugin_names("method") == ["from-the-cache"]  # read from the cache, no registry
+    assert completion.plugin_names("method") == [
+        "from-the-cache"
+    ]  # read from the cache, no registry
     from p4bench.cli import main
 
     with pytest.raises(SystemExit):
@@ -80,10 +91,12 @@ def test_list_and_completion_read_a_plugin_listing_cache_they_refresh(monkeypatc
     assert "fedavg" in completion.plugin_names("method")
 
 
-def test_a_plugin_registered_in_code_is_listed_not_hidden_by_the_cache(monkeypatch, tmp_path, capsys):
+def test_a_plugin_registered_in_code_is_listed_not_hidden_by_the_cache(
+    monkeypatch, tmp_path, capsys
+):
     from p4bench.cli import main
     from p4bench.hookspecs import hookimpl
-    from p4bench.plugin_manager import default_plugin_manager, reset_default
+    from p4bench.host.manager import default_plugin_manager, reset_default
 
     monkeypatch.setenv("P4BENCH_CACHE_DIR", str(tmp_path))
     with pytest.raises(SystemExit):
@@ -93,7 +106,7 @@ def test_a_plugin_registered_in_code_is_listed_not_hidden_by_the_cache(monkeypat
     class InCode:
         @hookimpl
         def register_methods(self):
-            from p4bench.baselines.fedavg import FedAvg
+            from p4bench_baselines.fedavg import FedAvg
 
             class Registered(FedAvg):
                 name = "registered-in-code"
@@ -107,7 +120,9 @@ def test_a_plugin_registered_in_code_is_listed_not_hidden_by_the_cache(monkeypat
             main(["list", "--json"])
         import json
 
-        assert "registered-in-code" in [e["name"] for e in json.loads(capsys.readouterr().out)["method"]]
+        assert "registered-in-code" in [
+            e["name"] for e in json.loads(capsys.readouterr().out)["method"]
+        ]
     finally:
         reset_default()
 
@@ -121,4 +136,8 @@ def test_moved_cli_names_still_import_from_their_old_homes():
     from p4bench.cli.summary_table import print_summary as moved_print
     from p4bench.cli.summary_table import rejections_line as moved_line
 
-    assert (warn_plugin_problems, print_summary, rejections_line) == (moved_warn, moved_print, moved_line)
+    assert (warn_plugin_problems, print_summary, rejections_line) == (
+        moved_warn,
+        moved_print,
+        moved_line,
+    )

@@ -8,13 +8,13 @@ import torch
 import torch.nn as nn
 from test_data_loaders import make_cifar10
 
-from p4bench.baselines.karras_models import GrayCNN
 from p4bench.config import RunConfig
 from p4bench.data.base import load_dataset
 from p4bench.data.sources import Cifar10Dataset
 from p4bench.errors import IncompatibleError
-from p4bench.plugin_manager import default_registry
+from p4bench.host.manager import default_registry
 from p4bench.run.runner import run
+from p4bench_p2p_fl.models import GrayCNN
 
 
 def test_table_i_has_406922_parameters_and_matches_torch_layers():
@@ -22,8 +22,17 @@ def test_table_i_has_406922_parameters_and_matches_torch_layers():
     params = model.init(torch.Generator().manual_seed(0))
     assert model.num_parameters(params) == 406_922 and model.flat == 6272
     reference = nn.Sequential(  # Table I, dropout in evaluation mode
-        nn.Conv2d(1, 16, 3), nn.ReLU(), nn.Conv2d(16, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.25),
-        nn.Flatten(), nn.Linear(6272, 64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(64, 10),
+        nn.Conv2d(1, 16, 3),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Dropout(0.25),
+        nn.Flatten(),
+        nn.Linear(6272, 64),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Linear(64, 10),
     ).eval()
     assert sum(p.numel() for p in reference.parameters()) == 406_922
     names = ["conv1", "conv2", "fc1", "fc"]
@@ -47,7 +56,9 @@ def test_refuses_flat_or_tiny_inputs():
 def test_grayscale_cifar10_uses_bt601_luma(tmp_path):
     images, _ = make_cifar10(tmp_path)
     rgb = Cifar10Dataset().load(tmp_path)
-    gray = load_dataset(Cifar10Dataset, tmp_path, RunConfig(dataset="cifar10", options={"grayscale": True}))
+    gray = load_dataset(
+        Cifar10Dataset, tmp_path, RunConfig(dataset="cifar10", options={"grayscale": True})
+    )
     assert gray.x_train.shape == (15, 1, 32, 32) and gray.x_train.dtype == np.float32
     assert gray.feature_shape == (1, 32, 32) and gray.x_test.shape == (4, 1, 32, 32)
     expected = (0.299 * images[:, 0] + 0.587 * images[:, 1] + 0.114 * images[:, 2]) / 255.0
@@ -60,7 +71,17 @@ def test_grayscale_cifar10_uses_bt601_luma(tmp_path):
 def test_run_cnn_gray_on_grayscale_cifar10(tmp_path, monkeypatch, results_dir):
     make_cifar10(tmp_path, per_batch=12, test=10)  # 70 images
     monkeypatch.setenv("P4BENCH_DATA_DIR", str(tmp_path))
-    config = RunConfig(method="fedavg", dataset="cifar10", model="cnn-gray", options={"grayscale": True}, clients=3,
-                       rounds=1, local_steps=1, eval_fraction=0.0, results_dir=results_dir, seed=0)
+    config = RunConfig(
+        method="fedavg",
+        dataset="cifar10",
+        model="cnn-gray",
+        options={"grayscale": True},
+        clients=3,
+        rounds=1,
+        local_steps=1,
+        eval_fraction=0.0,
+        results_dir=results_dir,
+        seed=0,
+    )
     result = run(config, track=False)
     assert result.info.num_parameters == 406_922 and np.isfinite(result.summary["accuracy_mean"])

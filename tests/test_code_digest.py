@@ -68,11 +68,12 @@ def test_editing_a_helper_module_changes_the_digest_of_the_method(outside):
     assert code_digest(outside.cls) == first and len(first) == 24 and int(first, 16) >= 0
     assert cd._content_digest.cache_info().hits > hits  # the second call read no file
 
-    (outside.package / "helper.py").write_text(HELPER.replace("0.0", "0.1"))  # same size, older mtime
+    (outside.package / "helper.py").write_text(
+        HELPER.replace("0.0", "0.1")
+    )  # same size, older mtime
     _age(outside.package, seconds=50)
     edited = code_digest(outside.cls)
     assert edited != first
-
 
 
 def test_an_edit_within_the_clock_tick_of_the_last_one_is_seen(outside):
@@ -106,25 +107,35 @@ def test_a_data_file_of_the_package_counts(outside):
 
 
 def test_a_built_in_method_covers_the_whole_of_p4bench_and_is_stable():
-    from p4bench.baselines.fedavg import FedAvg
+    from p4bench_baselines.fedavg import FedAvg
 
     first = code_digest(FedAvg)
     assert code_digest(FedAvg) == first
     files = set(code_files(FedAvg))
-    for package in ("p4bench", "p4bench.privacy", "p4bench.plugins", "p4bench.baselines", "p4bench.attacks", "p4bench.defenses"):
-        spec = importlib.util.find_spec(package)  # where the package-dir mapping puts each one
+    for package in (
+        "p4bench",
+        "p4bench.privacy",
+        "p4bench_p4",
+        "p4bench_device",
+        "p4bench_baselines",
+        "p4bench_attacks",
+        "p4bench_defenses",
+    ):
+        spec = importlib.util.find_spec(package)  # each source root of the p4bench distribution
         assert spec is not None and spec.origin is not None
         assert Path(spec.origin).resolve() in files, package
-    assert Path(sys.modules["p4bench.baselines.fedavg"].__file__).resolve() in files
+    assert Path(sys.modules["p4bench_baselines.fedavg"].__file__).resolve() in files
 
 
 def test_another_process_elsewhere_gets_the_same_digest(tmp_path):
     """A cache key: the same in every process (another working directory, other modules imported)."""
-    from p4bench.baselines.fedavg import FedAvg
+    from p4bench_baselines.fedavg import FedAvg
 
-    script = "from p4bench.baselines.fedavg import FedAvg; from p4bench.privacy.code_digest import code_digest; print(code_digest(FedAvg))"
+    script = "from p4bench_baselines.fedavg import FedAvg; from p4bench.privacy.code_digest import code_digest; print(code_digest(FedAvg))"
     before = code_digest(FedAvg)
-    other = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+    other = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, check=True, capture_output=True, text=True
+    ).stdout.strip()
     assert other in (before, code_digest(FedAvg))  # (the tree may have been edited meanwhile)
 
 
@@ -132,12 +143,20 @@ def _change_file(monkeypatch, target: Path) -> None:
     """One file of p4bench's tree changes, as seen by the digest (the real tree is left as it is)."""
     target = target.resolve()
     read, stat = cd._read, cd._stat
-    monkeypatch.setattr(cd, "_read", lambda path: b"# edited\n" + (read(path) or b"") if Path(path) == target else read(path))
-    monkeypatch.setattr(cd, "_stat", lambda path: (stat(path)[0] + 1, *stat(path)[1:]) if Path(path) == target else stat(path))
+    monkeypatch.setattr(
+        cd,
+        "_read",
+        lambda path: b"# edited\n" + (read(path) or b"") if Path(path) == target else read(path),
+    )
+    monkeypatch.setattr(
+        cd,
+        "_stat",
+        lambda path: (stat(path)[0] + 1, *stat(path)[1:]) if Path(path) == target else stat(path),
+    )
 
 
 def test_a_change_of_p4bench_s_tree_changes_built_in_and_outside_digests(monkeypatch, outside):
-    from p4bench.baselines.fedavg import FedAvg
+    from p4bench_baselines.fedavg import FedAvg
 
     built_in, plugin = code_digest(FedAvg), code_digest(outside.cls)
     helper = Path(sys.modules["p4bench.privacy.code_digest"].__file__).with_name("noise.py")
@@ -147,7 +166,7 @@ def test_a_change_of_p4bench_s_tree_changes_built_in_and_outside_digests(monkeyp
 
 
 def test_a_change_of_the_method_s_own_module_in_p4bench_changes_its_digest(monkeypatch):
-    from p4bench.baselines.fedavg import FedAvg
+    from p4bench_baselines.fedavg import FedAvg
 
     before = code_digest(FedAvg)
     _change_file(monkeypatch, Path(sys.modules[FedAvg.__module__].__file__))
@@ -189,7 +208,9 @@ def test_it_never_raises(monkeypatch):
 
     monkeypatch.setattr(cd, "_collect", broken)
     first = code_digest(LocalMethod)
-    assert len(first) == 24 and code_digest(LocalMethod) != first  # never found again: checked again
+    assert (
+        len(first) == 24 and code_digest(LocalMethod) != first
+    )  # never found again: checked again
 
 
 def _pyproject(dist: str, package: str) -> str:
@@ -205,9 +226,23 @@ def test_an_installed_distribution_is_hashed_as_installed(tmp_path, monkeypatch,
     dist = package_name.replace("_", "-")
     (source / "pyproject.toml").write_text(_pyproject(dist, package_name))
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "--target", str(site), str(source)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     _age(site)
     monkeypatch.syspath_prepend(str(site))
@@ -216,16 +251,22 @@ def test_an_installed_distribution_is_hashed_as_installed(tmp_path, monkeypatch,
     files = set(code_files(method))
     assert (site / package_name / "helper.py").resolve() in files
     assert any(p.name == "RECORD" and p.parent.name.endswith(".dist-info") for p in files)
-    assert cd._collect(package_name, str(Path(sys.modules[method.__module__].__file__).resolve()))[0] == [[dist, "0.1"]]
+    assert cd._collect(package_name, str(Path(sys.modules[method.__module__].__file__).resolve()))[
+        0
+    ] == [[dist, "0.1"]]
 
     before = code_digest(method)
-    (source / package_name / "helper.py").write_text(HELPER.replace("0.0", "0.1"))  # not what was installed
+    (source / package_name / "helper.py").write_text(
+        HELPER.replace("0.0", "0.1")
+    )  # not what was installed
     assert code_digest(method) == before
     (site / package_name / "helper.py").write_text(HELPER.replace("0.0", "0.1"))
     assert code_digest(method) != before
 
 
-def test_an_editable_install_is_hashed_through_its_finder_mapping(tmp_path, monkeypatch, package_name):
+def test_an_editable_install_is_hashed_through_its_finder_mapping(
+    tmp_path, monkeypatch, package_name
+):
     """As setuptools' `pip install -e` writes it: a dist-info that lists a finder whose mapping
     names the source folders, one of them (package-dir) outside the package's folder."""
     source, site = tmp_path / "checkout", tmp_path / "site"
@@ -239,18 +280,28 @@ def test_an_editable_install_is_hashed_through_its_finder_mapping(tmp_path, monk
     info.mkdir(parents=True)
     finder = f"__editable___{package_name}_0_3_finder.py"
     mapping = {package_name: str(package), f"{package_name}.extras": str(mapped)}
-    (site / finder).write_text(f"MAPPING: dict[str, str] = {mapping!r}\nNAMESPACES: dict[str, list[str]] = {{}}\n")
-    (site / f"__editable__.{package_name}-0.3.pth").write_text(f"import __editable___{package_name}_0_3_finder\n")
+    (site / finder).write_text(
+        f"MAPPING: dict[str, str] = {mapping!r}\nNAMESPACES: dict[str, list[str]] = {{}}\n"
+    )
+    (site / f"__editable__.{package_name}-0.3.pth").write_text(
+        f"import __editable___{package_name}_0_3_finder\n"
+    )
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3\n")
     (info / "top_level.txt").write_text(package_name + "\n")
-    (info / "direct_url.json").write_text('{"dir_info": {"editable": true}, "url": "file:///checkout"}')
-    (info / "RECORD").write_text(f"{finder},,\n__editable__.{package_name}-0.3.pth,,\n{info.name}/RECORD,,\n")
+    (info / "direct_url.json").write_text(
+        '{"dir_info": {"editable": true}, "url": "file:///checkout"}'
+    )
+    (info / "RECORD").write_text(
+        f"{finder},,\n__editable__.{package_name}-0.3.pth,,\n{info.name}/RECORD,,\n"
+    )
     _age(tmp_path)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.syspath_prepend(str(source))  # the import itself, without running the finder
     method = importlib.import_module(f"{package_name}.method").Method
 
-    assert (mapped / "privacy.py").resolve() in set(code_files(method))  # never imported, still covered
+    assert (mapped / "privacy.py").resolve() in set(
+        code_files(method)
+    )  # never imported, still covered
     assert cd._collect(package_name, None)[0] == [[dist, "0.3"]]
     before = code_digest(method)
     (mapped / "privacy.py").write_text("SEND = True\n")
@@ -258,9 +309,11 @@ def test_an_editable_install_is_hashed_through_its_finder_mapping(tmp_path, monk
 
 
 def test_a_cold_call_is_fast():
-    from p4bench.baselines.fedavg import FedAvg
+    from p4bench_baselines.fedavg import FedAvg
 
     cd.clear_cache()
     start = time.perf_counter()
     code_digest(FedAvg)
-    assert time.perf_counter() - start < 5.0  # about 0.05 s on a laptop-class core for p4bench's ~300 files
+    assert (
+        time.perf_counter() - start < 5.0
+    )  # about 0.05 s on a laptop-class core for p4bench's ~300 files

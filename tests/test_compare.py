@@ -12,13 +12,22 @@ from mlflow.tracking import MlflowClient
 
 from p4bench.cli import main
 from p4bench.errors import UsageError
-from p4bench.studies.compare import compare_experiment, default_group_by, format_table, plot_comparison
+from p4bench.studies.compare import (
+    compare_experiment,
+    default_group_by,
+    format_table,
+    plot_comparison,
+)
 
 # (method, similarity, seed, final accuracy); each run also logs a 3-round curve ending there
 RUNS = [
-    ("p4", "0.25", 0, 0.60), ("p4", "0.25", 1, 0.64), ("p4", "0.25", 2, 0.62),
-    ("p4", "0.5", 0, 0.70), ("p4", "0.5", 1, 0.72),
-    ("local", "0.25", 0, 0.50), ("local", "0.25", 1, 0.40),
+    ("p4", "0.25", 0, 0.60),
+    ("p4", "0.25", 1, 0.64),
+    ("p4", "0.25", 2, 0.62),
+    ("p4", "0.5", 0, 0.70),
+    ("p4", "0.5", 1, 0.72),
+    ("local", "0.25", 0, 0.50),
+    ("local", "0.25", 1, 0.40),
     ("local", "0.5", 0, 0.55),
 ]
 
@@ -28,17 +37,34 @@ def store(tmp_path_factory):
     uri = f"sqlite:///{tmp_path_factory.mktemp('compare') / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     experiment = client.create_experiment("known")
-    clock = iter(range(1_000_000, 2_000_000, 1000))  # distinct start times: the latest run of a config wins
+    clock = iter(
+        range(1_000_000, 2_000_000, 1000)
+    )  # distinct start times: the latest run of a config wins
 
     def log(method, similarity, seed, final, status="FINISHED", config_hash=None):
-        tags = {"method": method, "attack": "none", "defense": "none", "dataset": "digits", "seed": str(seed),
-                "config_hash": config_hash or f"{method}-{similarity}-{seed}"}
+        tags = {
+            "method": method,
+            "attack": "none",
+            "defense": "none",
+            "dataset": "digits",
+            "seed": str(seed),
+            "config_hash": config_hash or f"{method}-{similarity}-{seed}",
+        }
         run_id = client.create_run(experiment, start_time=next(clock), tags=tags).info.run_id
-        params = {"method": method, "similarity": similarity, "seed": str(seed), "rounds": "3", "results_dir": f"/r{seed}"}
+        params = {
+            "method": method,
+            "similarity": similarity,
+            "seed": str(seed),
+            "rounds": "3",
+            "results_dir": f"/r{seed}",
+        }
         curve = [final / 3, final / 2, final]
-        client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
-                         metrics=[Metric("accuracy_mean", v, 0, step) for step, v in enumerate(curve, 1)]
-                         + [Metric("final_accuracy_mean", final, 0, 0)])
+        client.log_batch(
+            run_id,
+            params=[Param(k, v) for k, v in params.items()],
+            metrics=[Metric("accuracy_mean", v, 0, step) for step, v in enumerate(curve, 1)]
+            + [Metric("final_accuracy_mean", final, 0, 0)],
+        )
         client.set_terminated(run_id, status)
 
     log("local", "0.5", 0, 0.10)  # superseded by the next run of the same config
@@ -50,7 +76,11 @@ def store(tmp_path_factory):
 
 def _expected(method, similarity):
     values = [acc for m, s, _, acc in RUNS if (m, s) == (method, similarity)]
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else float("nan")), len(values)
+    return (
+        statistics.fmean(values),
+        (statistics.stdev(values) if len(values) > 1 else float("nan")),
+        len(values),
+    )
 
 
 def test_groups_aggregate_over_seeds_with_duplicates_and_failures_left_out(store):
@@ -62,14 +92,20 @@ def test_groups_aggregate_over_seeds_with_duplicates_and_failures_left_out(store
         mean, std, n = _expected(row["method"], row["similarity"])
         assert row["mean"] == pytest.approx(mean) and row["n"] == n
         assert (row["std"] != row["std"]) if n == 1 else row["std"] == pytest.approx(std)
-    assert list(zip(table["method"], table["similarity"])) == [("local", "0.25"), ("local", "0.5"), ("p4", "0.25"),
-                                                               ("p4", "0.5")]
+    assert list(zip(table["method"], table["similarity"])) == [
+        ("local", "0.25"),
+        ("local", "0.5"),
+        ("p4", "0.25"),
+        ("p4", "0.5"),
+    ]
 
 
 def test_group_by_and_metric_choices(store):
     by_method = compare_experiment(store, "known", ["method"]).table.set_index("method")
     assert by_method.loc["p4", "n"] == 5 and by_method.loc["local", "n"] == 3
-    assert compare_experiment(store, "known", ["method"], metric="accuracy_mean").table["n"].sum() == 8
+    assert (
+        compare_experiment(store, "known", ["method"], metric="accuracy_mean").table["n"].sum() == 8
+    )
     with pytest.raises(UsageError, match="unknown group key 'colour'.*similarity"):
         compare_experiment(store, "known", ["colour"])
     with pytest.raises(UsageError, match="metric 'loss'.*final_accuracy_mean"):
@@ -81,7 +117,10 @@ def test_group_by_and_metric_choices(store):
 def test_markdown_csv_and_plot(store, tmp_path):
     comparison = compare_experiment(store, "known")
     markdown = format_table(comparison, "markdown").splitlines()
-    assert markdown[0] == "| method | similarity | final_accuracy_mean mean | std | n |" and len(markdown) == 6
+    assert (
+        markdown[0] == "| method | similarity | final_accuracy_mean mean | std | n |"
+        and len(markdown) == 6
+    )
     rows = list(csv.DictReader(io.StringIO(format_table(comparison, "csv"))))
     assert [r["n"] for r in rows] == ["2", "1", "3", "2"]
     out = plot_comparison(comparison, tmp_path / "plots" / "cmp.png")
@@ -91,14 +130,27 @@ def test_markdown_csv_and_plot(store, tmp_path):
 def test_default_group_by_falls_back_to_method():
     import pandas as pd
 
-    frame = pd.DataFrame({"method": ["p4", "p4"], "params.seed": ["0", "1"], "params.rounds": ["3", "3"]})
+    frame = pd.DataFrame(
+        {"method": ["p4", "p4"], "params.seed": ["0", "1"], "params.rounds": ["3", "3"]}
+    )
     assert default_group_by(frame) == ["method"]
 
 
 def test_cli_table_and_plot(store, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
-        main(["compare", "--experiment", "known", "--tracking-uri", store, "--format", "markdown",
-              "--plot", str(tmp_path / "c.png")])
+        main(
+            [
+                "compare",
+                "--experiment",
+                "known",
+                "--tracking-uri",
+                store,
+                "--format",
+                "markdown",
+                "--plot",
+                str(tmp_path / "c.png"),
+            ]
+        )
     out, err = capsys.readouterr()
     assert (info.value.code or 0) == 0, err
     assert "| p4 | 0.25 | 0.6200 | 0.0200 | 3 |" in out
@@ -113,8 +165,12 @@ def test_numbers_sort_numerically_and_before_text():
 
     from p4bench.studies.compare import aggregate
 
-    runs = pd.DataFrame({"params.epsilon": ["15.0", "none", "3.0", "3.0"],
-                         "metrics.final_accuracy_mean": [0.7, 0.5, 0.6, 0.4]})
+    runs = pd.DataFrame(
+        {
+            "params.epsilon": ["15.0", "none", "3.0", "3.0"],
+            "metrics.final_accuracy_mean": [0.7, 0.5, 0.6, 0.4],
+        }
+    )
     table = aggregate(runs, ["epsilon"])
     assert list(table["epsilon"]) == ["3.0", "15.0", "none"] and list(table["n"]) == [2, 1, 1]
     assert table["mean"].iloc[0] == pytest.approx(0.5)
@@ -127,17 +183,28 @@ def test_private_runs_add_epsilon_over_rounds_and_accuracy_against_epsilon(tmp_p
     client = MlflowClient(tracking_uri=uri)
     experiment = client.create_experiment("private")
     for method, final in (("p4", 0.7), ("fedavg", 0.6)):
-        tags = {"method": method, "attack": "none", "defense": "none", "dataset": "digits", "seed": "0",
-                "config_hash": method}
+        tags = {
+            "method": method,
+            "attack": "none",
+            "defense": "none",
+            "dataset": "digits",
+            "seed": "0",
+            "config_hash": method,
+        }
         run_id = client.create_run(experiment, tags=tags).info.run_id
         metrics = [Metric("accuracy_mean", final * step / 3, 0, step) for step in (1, 2, 3)]
         metrics += [Metric("epsilon_max", 8.0 * step / 3, 0, step) for step in (1, 2, 3)]
-        client.log_batch(run_id, params=[Param("method", method), Param("seed", "0")],
-                         metrics=metrics + [Metric("final_accuracy_mean", final, 0, 0)])
+        client.log_batch(
+            run_id,
+            params=[Param("method", method), Param("seed", "0")],
+            metrics=metrics + [Metric("final_accuracy_mean", final, 0, 0)],
+        )
         client.set_terminated(run_id, "FINISHED")
     figures = []
     original = Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (figures.append(self), original(self, *a, **k))[1])
+    monkeypatch.setattr(
+        Figure, "savefig", lambda self, *a, **k: (figures.append(self), original(self, *a, **k))[1]
+    )
     plot_comparison(compare_experiment(uri, "private"), tmp_path / "cmp.png")
     axes = figures[0].axes
     assert len(axes) == 4 and axes[2].get_ylabel().startswith("epsilon spent")
@@ -155,19 +222,35 @@ def _private_store(tmp_path, runs, name="eps"):
     experiment = client.create_experiment(name)
     for method, epsilon, seed, final, dp, params in runs:
         private = dp.get("dp.private", "true") == "true"
-        tags = {"method": method, "attack": "none", "defense": "none", "dataset": "digits", "seed": str(seed),
-                "config_hash": f"{method}-{epsilon}-{seed}-{sorted(dp.items())}-{sorted(params.items())}",
-                "dp.private": "true", "dp.certified": "true" if private else "false", "dp.neighbouring": "add-remove",
-                "dp.delta": "1e-05", "dp.accountant": "pld", **dp}
+        tags = {
+            "method": method,
+            "attack": "none",
+            "defense": "none",
+            "dataset": "digits",
+            "seed": str(seed),
+            "config_hash": f"{method}-{epsilon}-{seed}-{sorted(dp.items())}-{sorted(params.items())}",
+            "dp.private": "true",
+            "dp.certified": "true" if private else "false",
+            "dp.neighbouring": "add-remove",
+            "dp.delta": "1e-05",
+            "dp.accountant": "pld",
+            **dp,
+        }
         if not private:
-            tags = {k: v for k, v in tags.items() if k not in ("dp.neighbouring", "dp.delta", "dp.accountant")}
+            tags = {
+                k: v
+                for k, v in tags.items()
+                if k not in ("dp.neighbouring", "dp.delta", "dp.accountant")
+            }
         run_id = client.create_run(experiment, tags=tags).info.run_id
         logged = {"method": method, "seed": str(seed), "epsilon": str(epsilon), **params}
         metrics = [Metric("accuracy_mean", final * step / 3, 0, step) for step in (1, 2, 3)]
         metrics += [Metric("final_accuracy_mean", final, 0, 0)]
         spent = dp.get("spent", epsilon)
         if private and spent is not None:
-            metrics += [Metric("epsilon_max", float(spent) * step / 3, 0, step) for step in (1, 2, 3)]
+            metrics += [
+                Metric("epsilon_max", float(spent) * step / 3, 0, step) for step in (1, 2, 3)
+            ]
             metrics += [Metric("epsilon", float(spent), 0, 0)]
         client.log_batch(run_id, params=[Param(k, v) for k, v in logged.items()], metrics=metrics)
         client.set_terminated(run_id, "FINISHED")
@@ -176,15 +259,37 @@ def _private_store(tmp_path, runs, name="eps"):
 
 def test_group_by_method_keeps_one_epsilon_per_row(tmp_path, capsys):
     """#44: `--group-by method` over fedavg at epsilon 1 and 8 gave one row, their mean."""
-    uri = _private_store(tmp_path, [("fedavg", 1.0, 0, 0.2, {}, {}), ("fedavg", 1.0, 1, 0.3, {}, {}),
-                                    ("fedavg", 8.0, 0, 0.8, {}, {}), ("fedavg", 8.0, 1, 0.9, {}, {})])
+    uri = _private_store(
+        tmp_path,
+        [
+            ("fedavg", 1.0, 0, 0.2, {}, {}),
+            ("fedavg", 1.0, 1, 0.3, {}, {}),
+            ("fedavg", 8.0, 0, 0.8, {}, {}),
+            ("fedavg", 8.0, 1, 0.9, {}, {}),
+        ],
+    )
     comparison = compare_experiment(uri, "eps", ["method"])
     assert comparison.group_by == ["method", "epsilon"] and comparison.split_by == ["epsilon"]
     table = comparison.table
-    assert list(zip(table["method"], table["epsilon"], table["n"])) == [("fedavg", "1.0", 2), ("fedavg", "8.0", 2)]
+    assert list(zip(table["method"], table["epsilon"], table["n"])) == [
+        ("fedavg", "1.0", 2),
+        ("fedavg", "8.0", 2),
+    ]
     assert list(table["mean"]) == pytest.approx([0.25, 0.85])
     with pytest.raises(SystemExit) as info:
-        main(["compare", "--experiment", "eps", "--tracking-uri", uri, "--group-by", "method", "--format", "markdown"])
+        main(
+            [
+                "compare",
+                "--experiment",
+                "eps",
+                "--tracking-uri",
+                uri,
+                "--group-by",
+                "method",
+                "--format",
+                "markdown",
+            ]
+        )
     out, err = capsys.readouterr()
     assert (info.value.code or 0) == 0, err
     assert "| method | epsilon | final_accuracy_mean mean | std | n |" in out
@@ -195,66 +300,112 @@ def test_group_by_method_keeps_one_epsilon_per_row(tmp_path, capsys):
 def test_one_epsilon_per_row_in_the_plot_too(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
-    uri = _private_store(tmp_path, [("fedavg", 1.0, 0, 0.2, {}, {}), ("fedavg", 8.0, 0, 0.8, {}, {})])
+    uri = _private_store(
+        tmp_path, [("fedavg", 1.0, 0, 0.2, {}, {}), ("fedavg", 8.0, 0, 0.8, {}, {})]
+    )
     figures = []
     original = Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (figures.append(self), original(self, *a, **k))[1])
+    monkeypatch.setattr(
+        Figure, "savefig", lambda self, *a, **k: (figures.append(self), original(self, *a, **k))[1]
+    )
     plot_comparison(compare_experiment(uri, "eps", ["method"]), tmp_path / "cmp.png")
-    points = [container.lines[0] for container in figures[0].axes[3].containers]  # accuracy against epsilon
-    assert sorted(float(p.get_xdata()[0]) for p in points) == pytest.approx([1.0, 8.0])  # never their mean, 4.5
+    points = [
+        container.lines[0] for container in figures[0].axes[3].containers
+    ]  # accuracy against epsilon
+    assert sorted(float(p.get_xdata()[0]) for p in points) == pytest.approx(
+        [1.0, 8.0]
+    )  # never their mean, 4.5
     assert len(figures[0].axes[0].get_lines()) == 2  # a curve per epsilon
 
 
 def test_epsilon_of_runs_without_a_target_and_of_non_private_runs(tmp_path):
     """A run given a noise multiplier (no target) counts at the epsilon its ledger reported;
     a non-private one at `none`, in a row of its own (the privacy column marks it)."""
-    uri = _private_store(tmp_path, [
-        ("fedavg", None, 0, 0.5, {"spent": 2.0}, {"noise_multiplier": "2.0"}),
-        ("fedavg", None, 0, 0.7, {"spent": 6.5}, {"noise_multiplier": "0.9"}),
-        ("fedavg", 8.0, 0, 0.8, {}, {}),
-        ("fedavg", None, 0, 0.9, {"dp.private": "false"}, {}),
-    ], name="mixed")
+    uri = _private_store(
+        tmp_path,
+        [
+            ("fedavg", None, 0, 0.5, {"spent": 2.0}, {"noise_multiplier": "2.0"}),
+            ("fedavg", None, 0, 0.7, {"spent": 6.5}, {"noise_multiplier": "0.9"}),
+            ("fedavg", 8.0, 0, 0.8, {}, {}),
+            ("fedavg", None, 0, 0.9, {"dp.private": "false"}, {}),
+        ],
+        name="mixed",
+    )
     comparison = compare_experiment(uri, "mixed", ["method"])
     rows = comparison.table.to_dict("records")
-    assert [(r["privacy"], r["epsilon"]) for r in rows] == [("add-remove", "2"), ("add-remove", "6.5"),
-                                                            ("add-remove", "8.0"), ("non-private", "none")]
+    assert [(r["privacy"], r["epsilon"]) for r in rows] == [
+        ("add-remove", "2"),
+        ("add-remove", "6.5"),
+        ("add-remove", "8.0"),
+        ("non-private", "none"),
+    ]
     # asked for by name, `epsilon` is the same setting (a non-private run's is `none`, not a blank)
     by_name = compare_experiment(uri, "mixed", ["epsilon"])
-    assert by_name.split_by == [] and sorted(by_name.table["epsilon"]) == ["2", "6.5", "8.0", "none"]
+    assert by_name.split_by == [] and sorted(by_name.table["epsilon"]) == [
+        "2",
+        "6.5",
+        "8.0",
+        "none",
+    ]
 
 
 def test_mixed_delta_and_accountant_split_rows_when_allowed(tmp_path):
-    uri = _private_store(tmp_path, [("fedavg", 8.0, 0, 0.8, {}, {}),
-                                    ("fedavg", 8.0, 1, 0.6, {"dp.delta": "1e-06"}, {}),
-                                    ("fedavg", 8.0, 2, 0.7, {"dp.accountant": "rdp"}, {})], name="deltas")
+    uri = _private_store(
+        tmp_path,
+        [
+            ("fedavg", 8.0, 0, 0.8, {}, {}),
+            ("fedavg", 8.0, 1, 0.6, {"dp.delta": "1e-06"}, {}),
+            ("fedavg", 8.0, 2, 0.7, {"dp.accountant": "rdp"}, {}),
+        ],
+        name="deltas",
+    )
     with pytest.raises(UsageError, match="different delta"):
         compare_experiment(uri, "deltas", ["method"])
     comparison = compare_experiment(uri, "deltas", ["method"], allow_mixed_privacy=True)
-    assert comparison.split_by == ["delta", "accountant"] and list(comparison.table["n"]) == [1, 1, 1]
+    assert comparison.split_by == ["delta", "accountant"] and list(comparison.table["n"]) == [
+        1,
+        1,
+        1,
+    ]
     assert sorted(zip(comparison.table["delta"], comparison.table["accountant"])) == [
-        ("1e-05", "pld"), ("1e-05", "rdp"), ("1e-06", "pld")]
+        ("1e-05", "pld"),
+        ("1e-05", "rdp"),
+        ("1e-06", "pld"),
+    ]
 
 
 def test_no_split_where_every_group_has_one_setting(store):
-    comparison = compare_experiment(store, "known", ["method"])  # non-private runs: epsilon `none` everywhere
+    comparison = compare_experiment(
+        store, "known", ["method"]
+    )  # non-private runs: epsilon `none` everywhere
     assert comparison.split_by == [] and comparison.group_by == ["method"]
 
 
 def test_the_privacy_presets_table_reads_its_epsilons(tmp_path):
     """`reproduce privacy` groups by (variant, epsilon): P4 at each target, local training
     (non-private) at `none`; its claims read the table as before."""
-    from p4bench.claims import ClaimContext
+    from p4bench.studies.claims import ClaimContext
     from p4bench.studies.reproduce import PRESETS
 
-    runs = [("p4", eps, seed, acc, {"variant": "p4 (HC)"}, {}) for eps, seed, acc in
-            ((3.0, 0, 0.60), (3.0, 1, 0.62), (15.0, 0, 0.70), (15.0, 1, 0.72))]
-    runs += [("local", None, seed, 0.5, {"dp.private": "false", "variant": label}, {"features": label})
-             for label in ("local", "local (HC)") for seed in (0, 1)]
+    runs = [
+        ("p4", eps, seed, acc, {"variant": "p4 (HC)"}, {})
+        for eps, seed, acc in ((3.0, 0, 0.60), (3.0, 1, 0.62), (15.0, 0, 0.70), (15.0, 1, 0.72))
+    ]
+    runs += [
+        ("local", None, seed, 0.5, {"dp.private": "false", "variant": label}, {"features": label})
+        for label in ("local", "local (HC)")
+        for seed in (0, 1)
+    ]
     uri = _private_store(tmp_path, runs, name="privacy-preset")
     preset = PRESETS["privacy"]
     comparison = compare_experiment(uri, "privacy-preset", list(preset.group_by))
     assert comparison.split_by == []
     rows = [(r["variant"], r["epsilon"], r["n"]) for r in comparison.table.to_dict("records")]
-    assert sorted(rows) == [("local", "none", 2), ("local (HC)", "none", 2), ("p4 (HC)", "15.0", 2), ("p4 (HC)", "3.0", 2)]
+    assert sorted(rows) == [
+        ("local", "none", 2),
+        ("local (HC)", "none", 2),
+        ("p4 (HC)", "15.0", 2),
+        ("p4 (HC)", "3.0", 2),
+    ]
     checks = preset.claims(comparison.table, ClaimContext("digits", False, ()))
     assert [c.status for c in checks] == ["yes", "yes"]

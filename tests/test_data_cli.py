@@ -16,7 +16,7 @@ from test_data_loaders import make_cifar10
 from p4bench.cli import main
 from p4bench.data import download as download_module
 from p4bench.data.download import DOWNLOADS, DownloadSpec, Resource
-from p4bench.plugin_manager import reset_default
+from p4bench.host.manager import reset_default
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +58,15 @@ def test_info_lists_datasets(capsys, tmp_path):
     report = json.loads(capsys.readouterr().out)
     rows = {row["name"]: row for row in report["datasets"]}
     assert report["data_dir"] == str(tmp_path / "data")
-    assert {"digits", "cifar10", "cifar100", "mnist", "femnist", "leaf-femnist", "synthetic"} <= set(rows)
+    assert {
+        "digits",
+        "cifar10",
+        "cifar100",
+        "mnist",
+        "femnist",
+        "leaf-femnist",
+        "synthetic",
+    } <= set(rows)
     assert rows["cifar10"]["present"] is False
     assert rows["cifar10"]["path"] == str(tmp_path / "data" / "cifar-10-batches-py")
     assert rows["digits"]["present"] is True and rows["digits"]["path"] is None
@@ -83,12 +91,18 @@ def test_download_other_names(capsys, offline, tmp_path):
     assert "nothing to download" in capsys.readouterr().err
     assert cli("data", "download", "leaf-femnist") == 2
     lines = error_lines(capsys.readouterr())
-    assert len(lines) == 1 and "preprocess.sh" in lines[0] and str(tmp_path / "data" / "leaf-femnist") in lines[0]
+    assert (
+        len(lines) == 1
+        and "preprocess.sh" in lines[0]
+        and str(tmp_path / "data" / "leaf-femnist") in lines[0]
+    )
     assert cli("data", "download", "imagenet") == 2
     assert "unknown downloadable dataset 'imagenet'" in capsys.readouterr().err
     assert cli("data", "download", "mnist", "--data-dir", str(tmp_path / "elsewhere")) == 2
     assert str(tmp_path / "elsewhere" / "downloads") in capsys.readouterr().err
-    assert len(offline) == 2 and all(u.endswith("/train-images-idx3-ubyte.gz") for u in offline)  # both mirrors
+    assert len(offline) == 2 and all(
+        u.endswith("/train-images-idx3-ubyte.gz") for u in offline
+    )  # both mirrors
 
 
 class FakeResponse(io.BytesIO):
@@ -142,8 +156,14 @@ def test_download_resumes_verifies_and_unpacks(monkeypatch, tmp_path, capsys):
 
 def test_download_rejects_bad_checksum(monkeypatch, tmp_path, capsys):
     url = "https://example.invalid/cifar-10-python.tar.gz"
-    monkeypatch.setitem(DOWNLOADS, "cifar10", DownloadSpec("cifar10", (Resource("c.tar.gz", (url,), "0" * 32),), "tar", "x"))
-    monkeypatch.setattr(urllib.request, "urlopen", lambda request, *a, **k: FakeResponse(b"tampered", 200))
+    monkeypatch.setitem(
+        DOWNLOADS,
+        "cifar10",
+        DownloadSpec("cifar10", (Resource("c.tar.gz", (url,), "0" * 32),), "tar", "x"),
+    )
+    monkeypatch.setattr(
+        urllib.request, "urlopen", lambda request, *a, **k: FakeResponse(b"tampered", 200)
+    )
     assert cli("data", "download", "cifar10") == 2
     assert "MD5 mismatch" in capsys.readouterr().err
     assert not list((tmp_path / "data" / "downloads").glob("c.tar.gz*"))
@@ -151,7 +171,9 @@ def test_download_rejects_bad_checksum(monkeypatch, tmp_path, capsys):
 
 def test_manually_placed_archive_is_used_offline(monkeypatch, tmp_path, offline):
     blob = cifar_archive(tmp_path)
-    resource = Resource("cifar-10-python.tar.gz", ("https://example.invalid/x",), hashlib.md5(blob).hexdigest())
+    resource = Resource(
+        "cifar-10-python.tar.gz", ("https://example.invalid/x",), hashlib.md5(blob).hexdigest()
+    )
     monkeypatch.setitem(DOWNLOADS, "cifar10", DownloadSpec("cifar10", (resource,), "tar", "x"))
     downloads = tmp_path / "data" / "downloads"
     downloads.mkdir(parents=True)
@@ -175,13 +197,42 @@ def test_unsafe_tar_is_refused(tmp_path):
 
 def test_partition_summary_and_heatmap(capsys, tmp_path):
     plot = tmp_path / "heatmap.png"
-    code = cli("data", "partition", "--dataset", "digits", "--partitioner", "shards", "--clients", "10",
-               "--samples-per-client", "100", "-o", "shards_per_client=2", "--seed", "3", "--plot", str(plot))
+    code = cli(
+        "data",
+        "partition",
+        "--dataset",
+        "digits",
+        "--partitioner",
+        "shards",
+        "--clients",
+        "10",
+        "--samples-per-client",
+        "100",
+        "-o",
+        "shards_per_client=2",
+        "--seed",
+        "3",
+        "--plot",
+        str(plot),
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "10 clients, 1000 samples" in out and "2..2 classes" in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert cli("data", "partition", "--partitioner", "alpha", "--clients", "5", "--similarity", "0.25", "--json") == 0
+    assert (
+        cli(
+            "data",
+            "partition",
+            "--partitioner",
+            "alpha",
+            "--clients",
+            "5",
+            "--similarity",
+            "0.25",
+            "--json",
+        )
+        == 0
+    )
     counts = json.loads(capsys.readouterr().out)["counts"]
     assert len(counts) == 5 and len(counts[0]) == 10
 
@@ -197,8 +248,21 @@ def test_partition_errors_are_one_line(capsys):
 
 
 def test_partition_natural_on_synthetic(capsys):
-    code = cli("data", "partition", "--dataset", "synthetic", "--partitioner", "natural", "--clients", "4",
-               "--samples-per-client", "30", "-o", "synthetic_dim=10", "--json")
+    code = cli(
+        "data",
+        "partition",
+        "--dataset",
+        "synthetic",
+        "--partitioner",
+        "natural",
+        "--clients",
+        "4",
+        "--samples-per-client",
+        "30",
+        "-o",
+        "synthetic_dim=10",
+        "--json",
+    )
     assert code == 0
     counts = json.loads(capsys.readouterr().out)["counts"]
     assert [sum(row) for row in counts] == [30] * 4

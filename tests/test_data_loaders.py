@@ -29,10 +29,15 @@ from p4bench.errors import ConfigError, DataError
 # --- writers for the official formats -----------------------------------------------
 
 
-def write_cifar_batch(path: Path, images: np.ndarray, labels: list[int], label_key: bytes, protocol: int = 2) -> None:
+def write_cifar_batch(
+    path: Path, images: np.ndarray, labels: list[int], label_key: bytes, protocol: int = 2
+) -> None:
     """A CIFAR python batch: dict with bytes keys, b'data' (N, 3072) uint8 rows."""
     batch = {
-        b"batch_label": b"test batch", label_key: labels, b"data": images.reshape(len(images), -1), b"filenames": [b"x.png"] * len(labels)
+        b"batch_label": b"test batch",
+        label_key: labels,
+        b"data": images.reshape(len(images), -1),
+        b"filenames": [b"x.png"] * len(labels),
     }
     with path.open("wb") as handle:
         pickle.dump(batch, handle, protocol=protocol)
@@ -65,10 +70,27 @@ def make_cifar10(root: Path, per_batch: int = 3, test: int = 4) -> tuple[np.ndar
         x, y = rng_images(i, per_batch, (3, 32, 32)), [(i + j) % 10 for j in range(per_batch)]
         write_cifar_batch(folder / f"data_batch_{i}", x, y, b"labels", protocol=2 if i % 2 else 4)
         images.append(x), labels.extend(y)
-    write_cifar_batch(folder / "test_batch", rng_images(9, test, (3, 32, 32)), list(range(test)), b"labels")
-    names = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship", b"truck"]
+    write_cifar_batch(
+        folder / "test_batch", rng_images(9, test, (3, 32, 32)), list(range(test)), b"labels"
+    )
+    names = [
+        b"airplane",
+        b"automobile",
+        b"bird",
+        b"cat",
+        b"deer",
+        b"dog",
+        b"frog",
+        b"horse",
+        b"ship",
+        b"truck",
+    ]
     with (folder / "batches.meta").open("wb") as handle:
-        pickle.dump({b"label_names": names, b"num_cases_per_batch": per_batch, b"num_vis": 3072}, handle, protocol=2)
+        pickle.dump(
+            {b"label_names": names, b"num_cases_per_batch": per_batch, b"num_vis": 3072},
+            handle,
+            protocol=2,
+        )
     return np.concatenate(images), np.array(labels)
 
 
@@ -99,11 +121,21 @@ def test_cifar100_uses_fine_labels(tmp_path):
     folder = tmp_path / "cifar-100-python"
     folder.mkdir()
     for split, count in (("train", 6), ("test", 2)):
-        batch = {b"data": rng_images(count, count, (3072,)), b"fine_labels": list(range(count)), b"coarse_labels": [0] * count}
+        batch = {
+            b"data": rng_images(count, count, (3072,)),
+            b"fine_labels": list(range(count)),
+            b"coarse_labels": [0] * count,
+        }
         with (folder / split).open("wb") as handle:
             pickle.dump(batch, handle, protocol=2)
     with (folder / "meta").open("wb") as handle:
-        pickle.dump({b"fine_label_names": [f"c{i}".encode() for i in range(100)], b"coarse_label_names": [b"x"] * 20}, handle)
+        pickle.dump(
+            {
+                b"fine_label_names": [f"c{i}".encode() for i in range(100)],
+                b"coarse_label_names": [b"x"] * 20,
+            },
+            handle,
+        )
     data = Cifar100Dataset().load(tmp_path)
     assert data.num_classes == 100 and data.class_names[5] == "c5"
     np.testing.assert_array_equal(data.y_train, np.arange(6))
@@ -144,7 +176,7 @@ def test_mnist_idx_files(tmp_path, compress):
     write_idx(folder / "train-labels-idx1-ubyte", np.arange(7) % 10, compress)
     write_idx(folder / "t10k-images-idx3-ubyte", x_test, compress)
     write_idx(folder / "t10k-labels-idx1-ubyte", np.array([9, 8, 7]), compress)
-    raw = (folder / ("train-images-idx3-ubyte" + (".gz" if compress else "")))
+    raw = folder / ("train-images-idx3-ubyte" + (".gz" if compress else ""))
     head = gzip.open(raw).read(4) if compress else raw.read_bytes()[:4]
     assert head == b"\x00\x00\x08\x03"  # the published magic number 2051
     data = MnistDataset().load(tmp_path)
@@ -160,10 +192,14 @@ def test_idx_bad_magic_and_truncation(tmp_path):
     write_idx(folder / "train-images-idx3-ubyte", rng_images(1, 2, (28, 28)), False)
     write_idx(folder / "train-labels-idx1-ubyte", np.arange(2), False)
     write_idx(folder / "t10k-images-idx3-ubyte", rng_images(2, 2, (28, 28)), False)
-    (folder / "t10k-labels-idx1-ubyte").write_bytes(b"\x12\x34\x08\x01" + struct.pack(">I", 2) + b"\x00\x01")
+    (folder / "t10k-labels-idx1-ubyte").write_bytes(
+        b"\x12\x34\x08\x01" + struct.pack(">I", 2) + b"\x00\x01"
+    )
     with pytest.raises(DataError, match="magic"):
         MnistDataset().load(tmp_path)
-    (folder / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01" + struct.pack(">I", 5) + b"\x00\x01")
+    (folder / "t10k-labels-idx1-ubyte").write_bytes(
+        b"\x00\x00\x08\x01" + struct.pack(">I", 5) + b"\x00\x01"
+    )
     with pytest.raises(DataError, match="bytes"):
         MnistDataset().load(tmp_path)
 
@@ -171,7 +207,9 @@ def test_idx_bad_magic_and_truncation(tmp_path):
 def test_mnist_missing_message(tmp_path):
     with pytest.raises(DataError) as info:
         MnistDataset().load(tmp_path)
-    assert "train-images-idx3-ubyte[.gz]" in str(info.value) and str(tmp_path / "mnist") in str(info.value)
+    assert "train-images-idx3-ubyte[.gz]" in str(info.value) and str(tmp_path / "mnist") in str(
+        info.value
+    )
 
 
 def test_emnist_balanced_is_transposed_back(tmp_path):
@@ -189,7 +227,9 @@ def test_emnist_balanced_is_transposed_back(tmp_path):
     assert data.num_classes == 47 and data.class_names[10] == "A" and data.class_names[46] == "t"
     assert data.class_names == EMNIST_BALANCED_CLASSES
     # The mapping file shipped with EMNIST, when present, gives the names.
-    (folder / "emnist-balanced-mapping.txt").write_text("\n".join(f"{i} {ord(c)}" for i, c in enumerate(EMNIST_BALANCED_CLASSES)))
+    (folder / "emnist-balanced-mapping.txt").write_text(
+        "\n".join(f"{i} {ord(c)}" for i, c in enumerate(EMNIST_BALANCED_CLASSES))
+    )
     assert EmnistBalancedDataset().load(tmp_path).class_names == EMNIST_BALANCED_CLASSES
 
 
@@ -211,8 +251,13 @@ def test_leaf_femnist_json_with_writers(tmp_path):
     pix = lambda n: rng.random((n, 784)).round(3)  # noqa: E731
     root = tmp_path / "leaf-femnist"
     a_train, b_train, a_test = pix(3), pix(2), pix(1)
-    write_leaf(root / "train" / "all_data_0_niid_0_keep_0_train_9.json", {"f0001_01": (a_train, [0, 61, 5])})
-    write_leaf(root / "train" / "all_data_1_niid_0_keep_0_train_9.json", {"f0002_07": (b_train, [10, 36])})
+    write_leaf(
+        root / "train" / "all_data_0_niid_0_keep_0_train_9.json",
+        {"f0001_01": (a_train, [0, 61, 5])},
+    )
+    write_leaf(
+        root / "train" / "all_data_1_niid_0_keep_0_train_9.json", {"f0002_07": (b_train, [10, 36])}
+    )
     write_leaf(root / "test" / "all_data_0_niid_0_keep_0_test_9.json", {"f0001_01": (a_test, [3])})
     data = LeafFemnistDataset().load(tmp_path)
     assert data.num_classes == 62 and data.class_names[36] == "a"
@@ -228,7 +273,9 @@ def test_leaf_femnist_bad_json(tmp_path):
     root = tmp_path / "leaf-femnist"
     write_leaf(root / "test" / "t.json", {"u": (np.zeros((1, 784)), [1])})
     (root / "train").mkdir()
-    (root / "train" / "t.json").write_text('{"users": ["u"], "num_samples": [2], "user_data": {"u": {"x": [], "y": [1, 2]}}}')
+    (root / "train" / "t.json").write_text(
+        '{"users": ["u"], "num_samples": [2], "user_data": {"u": {"x": [], "y": [1, 2]}}}'
+    )
     with pytest.raises(DataError, match="user 'u'"):
         LeafFemnistDataset().load(tmp_path)
     with pytest.raises(DataError, match="leaf-femnist"):
@@ -258,21 +305,28 @@ def test_synthetic_statistics_follow_the_model():
     expected = 1 + np.arange(1, 6) ** -1.2
     np.testing.assert_allclose(x.var(axis=0), expected, rtol=0.1)
     # Large beta spreads the client means apart: the between-client variance grows.
-    wide, _, clients = generate_synthetic(200, 20, alpha=0.0, beta=9.0, dim=5, num_classes=3, seed=0)
+    wide, _, clients = generate_synthetic(
+        200, 20, alpha=0.0, beta=9.0, dim=5, num_classes=3, seed=0
+    )
     means = np.stack([wide[clients == k].mean(axis=0) for k in range(200)])
     assert means.var() > 5
 
 
 def test_synthetic_dataset_reads_options():
     config = RunConfig(
-        clients=6, samples_per_client=30, seed=2, options={"synthetic_dim": 8, "synthetic_classes": 3, "synthetic_alpha": 0.1}
+        clients=6,
+        samples_per_client=30,
+        seed=2,
+        options={"synthetic_dim": 8, "synthetic_classes": 3, "synthetic_alpha": 0.1},
     )
     data = load_dataset(SyntheticDataset, Path("/nonexistent"), config)
     assert data.feature_shape == (8,) and data.num_classes == 3
     assert len(data.y_train) + len(data.y_test) == 180
     assert set(np.unique(data.pooled_writers())) == set(range(6))
     np.testing.assert_array_equal(np.bincount(data.writers_test), [6] * 6)  # 20% of each client
-    assert SyntheticDataset().load(Path("."), config=None).feature_shape == (60,)  # defaults without a config
+    assert SyntheticDataset().load(Path("."), config=None).feature_shape == (
+        60,
+    )  # defaults without a config
     with pytest.raises(ConfigError, match="synthetic_dim"):
         load_dataset(SyntheticDataset, Path("."), RunConfig(options={"synthetic_dim": 2.5}))
 
@@ -291,7 +345,16 @@ def test_array_dataset_writer_validation():
     with pytest.raises(ValueError):
         ArrayDataset("d", x, y, x, y, ("a",), writers_train=np.zeros(3, np.int64))
     with pytest.raises(ValueError):
-        ArrayDataset("d", x, y, x, y, ("a",), writers_train=np.zeros(2, np.int64), writers_test=np.zeros(3, np.int64))
+        ArrayDataset(
+            "d",
+            x,
+            y,
+            x,
+            y,
+            ("a",),
+            writers_train=np.zeros(2, np.int64),
+            writers_test=np.zeros(3, np.int64),
+        )
 
 
 def test_data_dir_env(monkeypatch, tmp_path):

@@ -9,20 +9,20 @@ import pytest
 import torch
 
 from p4bench.config import RunConfig
-from p4bench.defenses.anomaly import AnomalyDetection
-from p4bench.defenses.bulyan import Bulyan
-from p4bench.defenses.clipping import CenteredClipping, NormClipping
-from p4bench.defenses.foolsgold import FoolsGold
-from p4bench.defenses.geometric_median import GeometricMedian
-from p4bench.defenses.ideal import IdealDefense
-from p4bench.defenses.krum import Krum, MultiKrum, krum_scores
-from p4bench.defenses.median import Median
-from p4bench.defenses.trimmed_mean import TrimmedMean
 from p4bench.errors import ConfigError, IncompatibleError
 from p4bench.hookspecs import hookimpl
-from p4bench.plugin_manager import create_plugin_manager, default_registry
-from p4bench.plugins.p4.secure import P4Secure
+from p4bench.host.manager import create_plugin_manager, default_registry
 from p4bench.run.runner import run
+from p4bench_defenses.anomaly import AnomalyDetection
+from p4bench_defenses.bulyan import Bulyan
+from p4bench_defenses.clipping import CenteredClipping, NormClipping
+from p4bench_defenses.foolsgold import FoolsGold
+from p4bench_defenses.geometric_median import GeometricMedian
+from p4bench_defenses.ideal import IdealDefense
+from p4bench_defenses.krum import Krum, MultiKrum, krum_scores
+from p4bench_defenses.median import Median
+from p4bench_defenses.trimmed_mean import TrimmedMean
+from p4bench_p4.secure import P4Secure
 
 
 def cfg(**options) -> RunConfig:
@@ -47,7 +47,10 @@ def ids(*rows: list[int], receivers: list[int] | None = None) -> dict[str, torch
     senders = torch.full((len(rows), width), -1, dtype=torch.int64)
     for b, row in enumerate(rows):
         senders[b, : len(row)] = torch.tensor(row)
-    return {"receivers": torch.tensor(receivers if receivers is not None else list(range(len(rows)))), "senders": senders}
+    return {
+        "receivers": torch.tensor(receivers if receivers is not None else list(range(len(rows)))),
+        "senders": senders,
+    }
 
 
 LINE = [[0.0], [1.0], [2.0], [10.0], [11.0]]
@@ -61,11 +64,14 @@ def test_krum_scores_by_hand():
     assert scores[0].tolist() == [5.0, 2.0, 5.0, 65.0, 82.0]
 
 
-@pytest.mark.parametrize("options, kept, mean", [
-    ({}, [True, True, True, True, False], 3.25),  # m = n - f = 4
-    ({"krum_m": 3}, [True, True, True, False, False], 1.0),
-    ({"krum_m": 1}, [False, True, False, False, False], 1.0),
-])
+@pytest.mark.parametrize(
+    "options, kept, mean",
+    [
+        ({}, [True, True, True, True, False], 3.25),  # m = n - f = 4
+        ({"krum_m": 3}, [True, True, True, False, False], 1.0),
+        ({"krum_m": 1}, [False, True, False, False, False], 1.0),
+    ],
+)
 def test_m_krum_keeps_the_m_lowest_scores(options, kept, mean):
     updates, weights, mask = batch(LINE)
     combined, chosen = MultiKrum(cfg(**options)).aggregate(updates, weights, mask)
@@ -75,7 +81,13 @@ def test_m_krum_keeps_the_m_lowest_scores(options, kept, mean):
 
 def test_krum_keeps_one_and_f_follows_the_assumed_fraction():
     updates, weights, mask = batch(LINE)
-    assert Krum(cfg()).select(updates, weights, mask)[0].tolist() == [False, True, False, False, False]
+    assert Krum(cfg()).select(updates, weights, mask)[0].tolist() == [
+        False,
+        True,
+        False,
+        False,
+        False,
+    ]
     # assumed_fraction 0 -> f = 0: neighbours n - 2 = 3; scores 0:1+4+100, 1:1+1+81, 2:1+4+64, 10:1+64+81
     updates, weights, mask = batch(LINE)
     assert krum_scores(updates, mask, torch.tensor([0]))[0].tolist()[:3] == [105.0, 83.0, 69.0]
@@ -112,7 +124,9 @@ def test_trimmed_mean_is_coordinate_wise():
     assert kept.all()
     # default b = floor(assumed_fraction * n): 0.3 * 5 -> 1, same answer; 0.45 * 5 -> 2 = medians
     assert TrimmedMean(cfg()).aggregate(updates, weights, mask)[0][0].tolist() == [3.0, 1.0]
-    assert TrimmedMean(cfg(trim_fraction=0.45)).aggregate(updates, weights, mask)[0][0].tolist() == [3.0, 1.0]
+    assert TrimmedMean(cfg(trim_fraction=0.45)).aggregate(updates, weights, mask)[0][
+        0
+    ].tolist() == [3.0, 1.0]
     combined, _ = TrimmedMean(cfg(trim_fraction=0.0)).aggregate(updates, weights, mask)
     assert combined[0].tolist() == pytest.approx([22.0, -8.8])
 
@@ -127,7 +141,9 @@ def test_median_odd_even_and_padded():
 
 def test_geometric_median_by_hand():
     # on a line the geometric median is the (weighted) median; a symmetric square -> its centre
-    updates, weights, mask = batch([[0, 0], [1, 0], [2, 0], [3, 0], [100, 0]], [[0, 0], [1, 0], [0, 1], [1, 1]])
+    updates, weights, mask = batch(
+        [[0, 0], [1, 0], [2, 0], [3, 0], [100, 0]], [[0, 0], [1, 0], [0, 1], [1, 1]]
+    )
     z, kept = GeometricMedian(cfg()).aggregate(updates, weights, mask)
     assert z[0].tolist() == pytest.approx([2.0, 0.0], abs=1e-4)
     assert z[1].tolist() == pytest.approx([0.5, 0.5], abs=1e-6)
@@ -152,12 +168,18 @@ def test_centered_clipping_moves_from_the_receivers_previous_aggregate():
     defense = CenteredClipping(cfg(cclip_tau=1.0))
     updates, weights, mask = batch([[3, 4], [0, 0.5]])
     first, _ = defense.aggregate(updates, weights, mask, **ids([0, 1], receivers=[7]))
-    assert first[0].tolist() == pytest.approx([0.3, 0.65])  # mean of clip([3,4]) = [0.6,0.8] and [0, 0.5]
+    assert first[0].tolist() == pytest.approx(
+        [0.3, 0.65]
+    )  # mean of clip([3,4]) = [0.6,0.8] and [0, 0.5]
     updates, weights, mask = batch([[0.3, 2.65]])
     second, _ = defense.aggregate(updates, weights, mask, **ids([0], receivers=[7]))
-    assert second[0].tolist() == pytest.approx([0.3, 1.65])  # v0 = first; the difference [0, 2] is clipped to [0, 1]
+    assert second[0].tolist() == pytest.approx(
+        [0.3, 1.65]
+    )  # v0 = first; the difference [0, 2] is clipped to [0, 1]
     other, _ = defense.aggregate(updates, weights, mask, **ids([0], receivers=[8]))
-    assert other[0].tolist() == pytest.approx([0.3 / math.hypot(0.3, 2.65), 2.65 / math.hypot(0.3, 2.65)])  # fresh: v0 = 0
+    assert other[0].tolist() == pytest.approx(
+        [0.3 / math.hypot(0.3, 2.65), 2.65 / math.hypot(0.3, 2.65)]
+    )  # fresh: v0 = 0
 
 
 # -- filters ------------------------------------------------------------------------------
@@ -178,7 +200,9 @@ def test_foolsgold_remembers_histories_per_receiver_and_sender():
     _, fresh = defense.aggregate(updates, weights, mask, **ids([4, 5, 6], receivers=[1]))
     assert fresh[0].tolist() == [False, True, False]
     # at receiver 0 the histories [1,1], [2,0], [0,2] are equally similar (cos 0.71): all kept alike
-    combined, remembered = defense.aggregate(updates, weights, mask, **ids([4, 5, 6], receivers=[0]))
+    combined, remembered = defense.aggregate(
+        updates, weights, mask, **ids([4, 5, 6], receivers=[0])
+    )
     assert remembered[0].tolist() == [True, True, True]
     assert combined[0].tolist() == pytest.approx([1 / 3, 2 / 3])
 
@@ -248,7 +272,17 @@ def test_ideal_drops_exactly_the_malicious_senders():
 
 
 # -- batching -----------------------------------------------------------------------------
-STATELESS = [MultiKrum, Krum, AnomalyDetection, Median, TrimmedMean, GeometricMedian, NormClipping, Bulyan, P4Secure]
+STATELESS = [
+    MultiKrum,
+    Krum,
+    AnomalyDetection,
+    Median,
+    TrimmedMean,
+    GeometricMedian,
+    NormClipping,
+    Bulyan,
+    P4Secure,
+]
 STATEFUL = [CenteredClipping, FoolsGold]
 
 
@@ -264,7 +298,9 @@ def test_a_padded_batch_equals_one_call_per_receiver(defense_cls):
     together, kept = defense_cls(cfg()).aggregate(updates, weights, mask, **who)
     for b, n in enumerate(sizes):
         alone = ids(list(range(n)), receivers=[b])
-        single, single_kept = defense_cls(cfg()).aggregate(updates[b : b + 1, :n], weights[b : b + 1, :n], mask[b : b + 1, :n], **alone)
+        single, single_kept = defense_cls(cfg()).aggregate(
+            updates[b : b + 1, :n], weights[b : b + 1, :n], mask[b : b + 1, :n], **alone
+        )
         assert torch.allclose(together[b], single[0], atol=1e-9), (defense_cls.name, b)
         assert kept[b, :n].equal(single_kept[0]) and not kept[b, n:].any()
 
@@ -272,8 +308,20 @@ def test_a_padded_batch_equals_one_call_per_receiver(defense_cls):
 # -- in runs ------------------------------------------------------------------------------
 def test_every_defense_is_listed_with_a_description():
     registry = default_registry()
-    expected = {"m-krum", "krum", "anomaly-detection", "median", "trimmed-mean", "geometric-median", "norm-clipping",
-                "centered-clipping", "foolsgold", "bulyan", "p4-secure", "ideal"}
+    expected = {
+        "m-krum",
+        "krum",
+        "anomaly-detection",
+        "median",
+        "trimmed-mean",
+        "geometric-median",
+        "norm-clipping",
+        "centered-clipping",
+        "foolsgold",
+        "bulyan",
+        "p4-secure",
+        "ideal",
+    }
     entries = {e.name: e for e in registry.entries("defense")}
     assert expected <= set(entries)
     for name in expected:
@@ -284,7 +332,21 @@ def test_defense_on_a_method_without_aggregation_exits_2(capsys, results_dir):
     from p4bench.cli import main
 
     with pytest.raises(SystemExit) as info:
-        main(["run", "--method", "local", "--defense", "m-krum", "--clients", "6", "--rounds", "1", "--results-dir", results_dir])
+        main(
+            [
+                "run",
+                "--method",
+                "local",
+                "--defense",
+                "m-krum",
+                "--clients",
+                "6",
+                "--rounds",
+                "1",
+                "--results-dir",
+                results_dir,
+            ]
+        )
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "m-krum" in err and "local" in err and "aggregates none" in err
@@ -301,12 +363,19 @@ class Metrics:
 
 def _metrics(config):
     observer = Metrics()
-    result = run(config, observers=[observer], plugin_manager=create_plugin_manager(autoload=False), track=False)
+    result = run(
+        config,
+        observers=[observer],
+        plugin_manager=create_plugin_manager(autoload=False),
+        track=False,
+    )
     return result, observer.rounds
 
 
 def test_detection_precision_and_recall_per_round(small_config):
-    base = dict(method="fedavg", clients=10, rounds=3, attack="byzantine-random", malicious_fraction=0.3)
+    base = dict(
+        method="fedavg", clients=10, rounds=3, attack="byzantine-random", malicious_fraction=0.3
+    )
     _, ideal = _metrics(small_config(**base, defense="ideal"))
     assert [r["detection_precision"] for r in ideal] == [1.0] * 3
     assert [r["detection_recall"] for r in ideal] == [1.0] * 3
@@ -325,11 +394,18 @@ def test_detection_precision_and_recall_per_round(small_config):
 
 
 def test_p4_ideal_defense_keeps_the_group_proxies_clean(small_config):
-    base = dict(method="p4", clients=12, rounds=2, attack="byzantine-random", options={"group_size": 4})
+    base = dict(
+        method="p4", clients=12, rounds=2, attack="byzantine-random", options={"group_size": 4}
+    )
     result, rounds = _metrics(small_config(**base, defense="ideal"))
     precision = [r["detection_precision"] for r in rounds]
-    assert all(math.isnan(p) or p == 1.0 for p in precision) and 1.0 in precision  # NaN: nothing dropped
-    assert rounds[-1]["detection_recall_total"] == 1.0 and rounds[-1]["detection_benign_dropped_total"] == 0.0
+    assert (
+        all(math.isnan(p) or p == 1.0 for p in precision) and 1.0 in precision
+    )  # NaN: nothing dropped
+    assert (
+        rounds[-1]["detection_recall_total"] == 1.0
+        and rounds[-1]["detection_benign_dropped_total"] == 0.0
+    )
     assert np.isfinite(result.summary["accuracy_mean"])
 
 

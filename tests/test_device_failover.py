@@ -9,7 +9,7 @@ import torch
 
 from p4bench.engine.network import BytesNetwork, Delivery
 from p4bench.engine.runtime import BytesRuntime
-from p4bench.plugin_manager import Registry, create_plugin_manager
+from p4bench.host.manager import Registry, create_plugin_manager
 from p4bench.run.runner import prepare
 
 CUT, FROM_ROUND = 2, 1  # client 2 is cut off from co-training round 1 on
@@ -38,12 +38,24 @@ class CutOffRuntime(BytesRuntime):
 
 
 def _snapshot(runtime):
-    return {int(g.rows[0]): {k: (v.clone() if torch.is_tensor(v) else {n: t.clone() for n, t in v.items()})
-                             for k, v in g.state.items()} for g in runtime.driver.groups}
+    return {
+        int(g.rows[0]): {
+            k: (v.clone() if torch.is_tensor(v) else {n: t.clone() for n, t in v.items()})
+            for k, v in g.state.items()
+        }
+        for g in runtime.driver.groups
+    }
 
 
 def test_next_member_takes_over_a_lost_aggregator(small_config):
-    config = small_config(method="p4", clients=4, rounds=7, local_steps=1, eval_fraction=0.0, options={"group_size": 4})
+    config = small_config(
+        method="p4",
+        clients=4,
+        rounds=7,
+        local_steps=1,
+        eval_fraction=0.0,
+        options={"group_size": 4},
+    )
     prepared = prepare(config, Registry(create_plugin_manager()))
     runtime = CutOffRuntime()
     states = {}
@@ -69,7 +81,9 @@ def test_next_member_takes_over_a_lost_aggregator(small_config):
     assert all(int(after[c]["lead"][0]) == 0 for c in live)
     models = [torch.cat([t.flatten() for t in after[c]["group_proxy"].values()]) for c in live]
     assert all(torch.equal(models[0], m) for m in models[1:])  # one distributed group proxy
-    assert not torch.equal(models[0], torch.cat([t.flatten() for t in during[0]["group_proxy"].values()]))
+    assert not torch.equal(
+        models[0], torch.cat([t.flatten() for t in during[0]["group_proxy"].values()])
+    )
     # every later round has a live aggregator: the group keeps training
     for r in range(3, 7):
         leads = {int(states[("cotraining", r)][c]["lead"][0]) for c in live}
@@ -79,7 +93,10 @@ def test_next_member_takes_over_a_lost_aggregator(small_config):
 def test_fault_free_runs_never_mark_failures(small_config):
     from p4bench.run.runner import run
 
-    result = run(small_config(method="p4", clients=6, rounds=3, local_steps=1, options={"group_size": 3}), track=False)
+    result = run(
+        small_config(method="p4", clients=6, rounds=3, local_steps=1, options={"group_size": 3}),
+        track=False,
+    )
     state = result.outcome.final_state
     assert not bool(state["failed"].any())
     assert bool((state["lead"] >= 0).all())  # every client followed an announcing aggregator

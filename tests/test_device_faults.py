@@ -15,25 +15,45 @@ import numpy as np
 
 from p4bench.config import RunConfig
 from p4bench.hookspecs import hookimpl
-from p4bench.plugins.device.launcher import LocalPeers
 from p4bench.run.runner import run
+from p4bench_device.launcher import LocalPeers
 
-FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}
+FAST = {
+    "device_exchange_timeout_s": 30,
+    "device_round_timeout_s": 120,
+    "device_startup_timeout_s": 180,
+}
 SEEDED = {"noise_source": "seeded", "device_simulation": True}  # results equal the simulator's
 
 
 def _device_config(cluster: LocalPeers, results_dir: str, **changes) -> RunConfig:
-    options = {"device_peers": str(cluster.peers_path), "device_tls_dir": str(cluster.tls_dir), **FAST,
-               **changes.pop("options", {})}
-    base = dict(method="p4", clients=cluster.clients, rounds=6, local_steps=2, seed=4, eval_fraction=0.0,
-                runtime="device", results_dir=results_dir, options=options, **SEEDED)
+    options = {
+        "device_peers": str(cluster.peers_path),
+        "device_tls_dir": str(cluster.tls_dir),
+        **FAST,
+        **changes.pop("options", {}),
+    }
+    base = dict(
+        method="p4",
+        clients=cluster.clients,
+        rounds=6,
+        local_steps=2,
+        seed=4,
+        eval_fraction=0.0,
+        runtime="device",
+        results_dir=results_dir,
+        options=options,
+        **SEEDED,
+    )
     base.update(changes)
     return RunConfig(**base)
 
 
 def _simulated(config: RunConfig) -> dict:
     options = {k: v for k, v in config.options.items() if not k.startswith("device_")}
-    plain = config.replace(runtime="simulation", options=options, noise_source="auto", device_simulation=False)
+    plain = config.replace(
+        runtime="simulation", options=options, noise_source="auto", device_simulation=False
+    )
     return run(plain, track=False).summary
 
 
@@ -95,10 +115,15 @@ def test_a_connection_flood_during_a_run_drops_no_peer(tmp_path):
             flood.finish()
     device = result.summary["device"]
     assert flood.opened >= 300
-    assert device["dropped"] == [] and device["absences"] == [], (device["dropped"], device["absences"][:3])
+    assert device["dropped"] == [] and device["absences"] == [], (
+        device["dropped"],
+        device["absences"][:3],
+    )
     transport = device["peers"]["1"]["transport"]
     seen = {**transport.get("rejected_before_run", {}), **transport["rejected"]}
-    assert sum(n for reason, n in seen.items() if "handshake" in reason) > 0, transport  # the flood was there
+    assert sum(n for reason, n in seen.items() if "handshake" in reason) > 0, (
+        transport
+    )  # the flood was there
     simulated = _simulated(config)
     for client, accuracy in simulated["accuracy_per_client"].items():
         assert abs(result.summary["accuracy_per_client"][client] - accuracy) <= 1e-4
@@ -110,7 +135,7 @@ def test_a_connection_flood_during_a_run_drops_no_peer(tmp_path):
 COMPROMISED = r"""
 import torch
 from p4bench.engine.messages import Messages, encode
-from p4bench.plugins.device import network
+from p4bench_device import network
 
 honest = network.TLSNetwork._frames
 
@@ -123,7 +148,7 @@ def frames(self, exchange, round_index, outgoing):
     return own, out, sizes, raw
 
 network.TLSNetwork._frames = frames
-from p4bench.plugins.device.cli import main
+from p4bench_device.cli import main
 main()
 """
 
@@ -142,14 +167,20 @@ def test_a_compromised_peer_is_rejected_alone_and_the_run_holds(tmp_path):
     assert device["dropped"] == []
     for peer in ("0", "1", "2"):
         rejected = device["peers"][peer]["transport"]["rejected"]
-        layout = {reason: n for reason, n in rejected.items() if reason.startswith("payload layout")}
-        assert set(layout) == {"payload layout from 3"} and layout["payload layout from 3"] > 0, rejected
+        layout = {
+            reason: n for reason, n in rejected.items() if reason.startswith("payload layout")
+        }
+        assert set(layout) == {"payload layout from 3"} and layout["payload layout from 3"] > 0, (
+            rejected
+        )
         assert device["peers"][peer]["receive_errors"] == 0
     honest = [str(c) for c in range(3)]
     attacked = np.mean([result.summary["accuracy_per_client"][c] for c in honest])
     clean = np.mean([_simulated(config)["accuracy_per_client"][c] for c in honest])
-    print(f"honest clients' mean accuracy {attacked:.4f} attacked vs {clean:.4f} clean; "
-          f"peer 0 rejected {device['peers']['0']['transport']['rejected']}")
+    print(
+        f"honest clients' mean accuracy {attacked:.4f} attacked vs {clean:.4f} clean; "
+        f"peer 0 rejected {device['peers']['0']['transport']['rejected']}"
+    )
     assert abs(attacked - clean) <= 0.02, (attacked, clean)
 
 
@@ -182,19 +213,28 @@ def test_an_authenticated_push_to_an_idle_peer_is_survived_and_a_huge_frame_refu
 
 def test_peers_keep_serving_across_runs_with_counters_per_run(tmp_path):
     with LocalPeers(2, keep_serving=True) as cluster:
-        config = _device_config(cluster, str(tmp_path), rounds=2, local_steps=1, options={"group_size": 2})
+        config = _device_config(
+            cluster, str(tmp_path), rounds=2, local_steps=1, options={"group_size": 2}
+        )
         first = run(config, track=False).summary
-        assert all(p.poll() is None for p in cluster.processes.values())  # still serving after the launcher's stop
+        assert all(
+            p.poll() is None for p in cluster.processes.values()
+        )  # still serving after the launcher's stop
         second = run(config.replace(seed=5), track=False).summary
         for summary in (first, second):
-            assert summary["device"]["dropped"] == [] and all(p["finished"] for p in summary["device"]["peers"].values())
+            assert summary["device"]["dropped"] == [] and all(
+                p["finished"] for p in summary["device"]["peers"].values()
+            )
         for seed, summary in ((4, first), (5, second)):
             simulated = _simulated(config.replace(seed=seed))
             for client, accuracy in simulated["accuracy_per_client"].items():
                 assert abs(summary["accuracy_per_client"][client] - accuracy) <= 1e-4
         # the second run's transport counters are its own, not a running total
         for peer in ("0", "1"):
-            one, two = first["device"]["peers"][peer]["transport"], second["device"]["peers"][peer]["transport"]
+            one, two = (
+                first["device"]["peers"][peer]["transport"],
+                second["device"]["peers"][peer]["transport"],
+            )
             assert 0 < two["frames_received"] <= one["frames_received"] * 1.5, (one, two)
         for process in cluster.processes.values():
             process.terminate()
@@ -203,8 +243,8 @@ def test_peers_keep_serving_across_runs_with_counters_per_run(tmp_path):
 # A peer that withholds its end markers: it sends its messages to every other peer but never
 # the marker that closes its batch, so every receiver waits for it until the exchange timeout.
 WITHHOLDER = r"""
-from p4bench.plugins.device import admission
-from p4bench.plugins.device.protocol import KIND_END
+from p4bench_device import admission
+from p4bench_device.protocol import KIND_END
 
 honest = admission.FrameConnection.send
 
@@ -212,7 +252,7 @@ async def send(self, frames, timeout, shaper=None):
     return await honest(self, [f for f in frames if f[0] != KIND_END], timeout, shaper)
 
 admission.FrameConnection.send = send
-from p4bench.plugins.device.cli import main
+from p4bench_device.cli import main
 main()
 """
 
@@ -229,15 +269,26 @@ def test_a_peer_withholding_its_end_markers_is_dropped_as_slow_and_the_run_compl
         config = _device_config(cluster, str(tmp_path), options={"device_exchange_timeout_s": 4})
         result = run(config, observers=[_Rounds(rounds)], track=False)
     device = result.summary["device"]
-    assert device["dropped"] == [] and all(p["finished"] for p in device["peers"].values())  # the run completed
+    assert device["dropped"] == [] and all(
+        p["finished"] for p in device["peers"].values()
+    )  # the run completed
     by = {e["by"] for e in device["slow_dropped"] if e["peer"] == "3"}
-    assert by == {"0", "1", "2"} and {e["peer"] for e in device["slow_dropped"]} == {"3"}, device["slow_dropped"]
-    assert all("dropped slow peer 3" in e["message"] and "no end marker" in e["reason"] for e in device["slow_dropped"])
+    assert by == {"0", "1", "2"} and {e["peer"] for e in device["slow_dropped"]} == {"3"}, device[
+        "slow_dropped"
+    ]
+    assert all(
+        "dropped slow peer 3" in e["message"] and "no end marker" in e["reason"]
+        for e in device["slow_dropped"]
+    )
     for peer in ("0", "1", "2"):
         transport = device["peers"][peer]["transport"]
-        assert [e["peer"] for e in transport["slow_dropped"]] == ["3"] and transport["refused"] == ["3"]
+        assert [e["peer"] for e in transport["slow_dropped"]] == ["3"] and transport["refused"] == [
+            "3"
+        ]
     # dropped after K = 2 exchanges in which it was expected: announced in the round metrics from then on
-    assert rounds[-1]["device.slow_peers_dropped"] == 1 and rounds[-1]["device.3.slow_dropped_by"] == 3
+    assert (
+        rounds[-1]["device.slow_peers_dropped"] == 1 and rounds[-1]["device.3.slow_dropped_by"] == 3
+    )
     assert rounds[0].get("device.slow_peers_dropped", 0) == 0
     honest = [str(c) for c in range(3)]
     assert all(np.isfinite(result.summary["accuracy_per_client"][c]) for c in honest)

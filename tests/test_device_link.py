@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from p4bench.errors import UsageError
-from p4bench.plugins.device.link import LINKS, LinkProfile, LinkShaper, compare_transfers, parse_link
-from p4bench.plugins.device.profile import DEVICE_PROFILES, apply_device_profile
+from p4bench_device.link import LINKS, LinkProfile, LinkShaper, compare_transfers, parse_link
+from p4bench_device.profile import DEVICE_PROFILES, apply_device_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,24 +32,39 @@ def test_parse_link_named_profiles():
 def test_parse_link_rates_and_latencies():
     assert parse_link("25") == LinkProfile("25mbps", 25e6, 0.0)
     profile = parse_link("2.5:12.5")
-    assert profile.rate_bits_per_s == pytest.approx(2.5e6) and profile.latency_s == pytest.approx(0.0125)
+    assert profile.rate_bits_per_s == pytest.approx(2.5e6) and profile.latency_s == pytest.approx(
+        0.0125
+    )
     assert parse_link("1000:0").latency_s == 0.0
 
 
-@pytest.mark.parametrize("spec", ["", "fast", "0", "-5", "nan", "inf", "1e400", "10:-1", "10:abc", "10:5:3", ":5", "10:inf"])
+@pytest.mark.parametrize(
+    "spec",
+    ["", "fast", "0", "-5", "nan", "inf", "1e400", "10:-1", "10:abc", "10:5:3", ":5", "10:inf"],
+)
 def test_parse_link_rejects_bad_specs_naming_the_valid_forms(spec):
     with pytest.raises(UsageError) as info:
         parse_link(spec)
     message = str(info.value)
-    assert "\n" not in message and "ethernet" in message and "wifi" in message and "MBPS:LATENCY_MS" in message
+    assert (
+        "\n" not in message
+        and "ethernet" in message
+        and "wifi" in message
+        and "MBPS:LATENCY_MS" in message
+    )
 
 
 def test_profile_transfer_time_and_record():
     wifi = LINKS["wifi"]
     assert wifi.transfer_s(1_250_000) == pytest.approx(1.0 + 0.005)
     assert wifi.transfer_s(1_250_000, batches=3) == pytest.approx(1.0 + 0.015)
-    assert LINKS["ethernet"].to_dict() == {"name": "ethernet", "rate_bits_per_s": 100e6, "latency_s": 0.0005,
-                                           "mbit_per_s": 100.0, "latency_ms": 0.5}
+    assert LINKS["ethernet"].to_dict() == {
+        "name": "ethernet",
+        "rate_bits_per_s": 100e6,
+        "latency_s": 0.0005,
+        "mbit_per_s": 100.0,
+        "latency_ms": 0.5,
+    }
 
 
 # -- LinkShaper ---------------------------------------------------------------------------
@@ -108,13 +123,21 @@ def test_shaper_paces_bytes_at_the_rate_plus_latency():
     elapsed = _timed(lambda: asyncio.create_task(_batch(shaper, sizes)))
     assert elapsed == pytest.approx(1.0 + 0.005, abs=1e-3)
     figures = shaper.figures()
-    assert figures["bytes_paced"] == 1_250_000 and figures["frames_paced"] == 77 and figures["batches_paced"] == 1
-    assert figures["link"]["name"] == "wifi" and figures["pacing_s"] == pytest.approx(1.005, abs=1e-3)
+    assert (
+        figures["bytes_paced"] == 1_250_000
+        and figures["frames_paced"] == 77
+        and figures["batches_paced"] == 1
+    )
+    assert figures["link"]["name"] == "wifi" and figures["pacing_s"] == pytest.approx(
+        1.005, abs=1e-3
+    )
 
 
 def test_shaper_pays_latency_once_per_batch_not_per_frame():
     shaper = LinkShaper(LinkProfile("slow-start", 1e9, 0.05))
-    elapsed = _timed(lambda: asyncio.create_task(_batch(shaper, [100] * 100)))  # 100 tiny frames: ~0.05 s, not 5 s
+    elapsed = _timed(
+        lambda: asyncio.create_task(_batch(shaper, [100] * 100))
+    )  # 100 tiny frames: ~0.05 s, not 5 s
     assert elapsed == pytest.approx(0.05, abs=2e-3)
 
     async def two_batches() -> None:  # two exchanges one after the other: two tasks, two latencies
@@ -162,7 +185,9 @@ def test_concurrent_senders_share_the_link():
     shaper = LinkShaper(LinkProfile("10mbps:5ms", 10e6, 0.005))
 
     async def both() -> None:
-        await asyncio.gather(_batch(shaper, [312_500, 80]), _batch(shaper, [312_500, 80]))  # 0.25 s each
+        await asyncio.gather(
+            _batch(shaper, [312_500, 80]), _batch(shaper, [312_500, 80])
+        )  # 0.25 s each
 
     elapsed = _timed(both)
     assert elapsed == pytest.approx(0.5 + 0.005, abs=2e-3)
@@ -180,7 +205,11 @@ def test_compare_transfers_predicts_bytes_over_rate_plus_latency():
     wifi = LINKS["wifi"]
     batch = 123_330  # a phase-2 message with its header and end marker
     predicted = batch * 8 / 10e6 + 0.005
-    samples = [(batch, predicted + 0.001), (batch, predicted + 0.002), (batch, predicted * 1.5 + 0.001)]
+    samples = [
+        (batch, predicted + 0.001),
+        (batch, predicted + 0.002),
+        (batch, predicted * 1.5 + 0.001),
+    ]
     result = compare_transfers(wifi, samples, protocol_s=0.001)
     assert result["predicted_s"] == pytest.approx(predicted)
     assert result["batches"] == 3 and result["bytes"] == batch
@@ -203,20 +232,39 @@ def _bench_device():
 def test_bench_takes_each_exchange_from_its_sender():
     bench = _bench_device()
     rounds = [
-        {"device.0.wall_s": 1.0, "device.0.exchange.upload.comm_s": 0.020, "device.0.exchange.upload.wire_bytes_sent": 90.0,
-         "device.0.exchange.upload.messages_sent": 0.0, "device.1.exchange.upload.comm_s": 0.106,
-         "device.1.exchange.upload.wire_bytes_sent": 123_330.0, "device.1.exchange.upload.messages_sent": 1.0,
-         "device.0.exchange.distribute.comm_s": 0.105, "device.0.exchange.distribute.wire_bytes_sent": 123_270.0,
-         "device.0.exchange.distribute.messages_sent": 1.0, "device.1.exchange.distribute.comm_s": 0.2,
-         "device.1.exchange.distribute.wire_bytes_sent": 90.0, "device.1.exchange.distribute.messages_sent": 0.0,
-         "device.0.exchange.announce.comm_s": 0.01, "device.0.exchange.announce.messages_sent": 1.0,
-         "device.0.exchange.announce.wire_bytes_sent": 200.0},
-        {"device.1.exchange.distribute.comm_s": 0.107, "device.1.exchange.distribute.wire_bytes_sent": 123_270.0,
-         "device.1.exchange.distribute.messages_sent": 1.0},
+        {
+            "device.0.wall_s": 1.0,
+            "device.0.exchange.upload.comm_s": 0.020,
+            "device.0.exchange.upload.wire_bytes_sent": 90.0,
+            "device.0.exchange.upload.messages_sent": 0.0,
+            "device.1.exchange.upload.comm_s": 0.106,
+            "device.1.exchange.upload.wire_bytes_sent": 123_330.0,
+            "device.1.exchange.upload.messages_sent": 1.0,
+            "device.0.exchange.distribute.comm_s": 0.105,
+            "device.0.exchange.distribute.wire_bytes_sent": 123_270.0,
+            "device.0.exchange.distribute.messages_sent": 1.0,
+            "device.1.exchange.distribute.comm_s": 0.2,
+            "device.1.exchange.distribute.wire_bytes_sent": 90.0,
+            "device.1.exchange.distribute.messages_sent": 0.0,
+            "device.0.exchange.announce.comm_s": 0.01,
+            "device.0.exchange.announce.messages_sent": 1.0,
+            "device.0.exchange.announce.wire_bytes_sent": 200.0,
+        },
+        {
+            "device.1.exchange.distribute.comm_s": 0.107,
+            "device.1.exchange.distribute.wire_bytes_sent": 123_270.0,
+            "device.1.exchange.distribute.messages_sent": 1.0,
+        },
     ]
     samples = bench.exchange_samples(rounds)
-    assert samples == {"upload": [(123_330.0, 0.106)], "distribute": [(123_270.0, 0.105), (123_270.0, 0.107)]}
-    baseline = {"upload": [(123_330.0, 0.003)], "distribute": [(123_270.0, 0.001), (123_270.0, 0.001)]}
+    assert samples == {
+        "upload": [(123_330.0, 0.106)],
+        "distribute": [(123_270.0, 0.105), (123_270.0, 0.107)],
+    }
+    baseline = {
+        "upload": [(123_330.0, 0.003)],
+        "distribute": [(123_270.0, 0.001), (123_270.0, 0.001)],
+    }
     figures = bench.transfer_figures(LINKS["wifi"], samples, baseline)
     assert figures["distribute"]["protocol_s"] == pytest.approx(0.001)
     assert figures["distribute"]["predicted_s"] == pytest.approx(123_270 * 8 / 10e6 + 0.005)
@@ -236,7 +284,7 @@ def test_unknown_device_profile_lists_the_valid_ones():
 _PEER = """
 import json, os, sys
 import torch
-from p4bench.plugins.device.profile import apply_device_profile
+from p4bench_device.profile import apply_device_profile
 default_threads = torch.get_num_threads()
 record = apply_device_profile("rpi4", slot=int(sys.argv[1]))
 x = torch.randn(256, 256, requires_grad=True)
@@ -259,7 +307,13 @@ def test_rpi4_profile_in_a_peer_process(slot):
     """In a fresh process (the limits last for its lifetime): torch imported first, as in
     `device serve`; the profile pins CPUs, lowers torch's threads to them and caps the address space;
     training still runs and a 5 GiB allocation is refused."""
-    done = subprocess.run([sys.executable, "-c", _PEER, str(slot)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", _PEER, str(slot)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     record = result["record"]
@@ -271,7 +325,11 @@ def test_rpi4_profile_in_a_peer_process(slot):
         assert "cpu_affinity" in record["applied"]
         assert result["affinity"] == record["cpus"] and set(record["cpus"]) <= set(allowed)
         assert record["cpu_count"] == min(4, len(allowed))
-        assert result["threads"] == record["torch_threads"] == min(result["default_threads"], record["cpu_count"])
+        assert (
+            result["threads"]
+            == record["torch_threads"]
+            == min(result["default_threads"], record["cpu_count"])
+        )
         assert record["cpu_block_wrapped"] == ((slot + 1) * record["cpu_count"] > len(allowed))
     if sys.platform.startswith("linux"):
         assert "address_space" in record["applied"] and record["address_space_bytes"] == 4 * 2**30

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from p4bench.plugins.device.orphans import OWNER_FILE, owner_alive, sweep_orphans, write_owner
+from p4bench_device.orphans import OWNER_FILE, owner_alive, sweep_orphans, write_owner
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the peer processes in /proc")
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/cmdline").exists(), reason="finds the peer processes in /proc"
+)
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -48,12 +50,27 @@ def test_sigkill_of_the_launcher_during_start_up_leaves_no_keys_and_no_peers(tmp
     tmp = tmp_path / "tmp"  # the launcher's temporary folder goes here, not among other runs'
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "P4BENCH_VERIFY": "0"}
-    argv = [sys.executable, "-c", "from p4bench.cli import main; main()", "run", "--method", "p4", "--local-peers", "2",
-            "--rounds", "2", "--results-dir", str(tmp_path / "runs")]
+    argv = [
+        sys.executable,
+        "-c",
+        "from p4bench.cli import main; main()",
+        "run",
+        "--method",
+        "p4",
+        "--local-peers",
+        "2",
+        "--rounds",
+        "2",
+        "--results-dir",
+        str(tmp_path / "runs"),
+    ]
     log = open(tmp_path / "launcher.log", "wb")
-    launcher = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
     peers: list[int] = []
     try:
+
         def starting() -> bool:  # keys written, both peers started (still importing: start-up)
             nonlocal peers
             folders = list(tmp.glob("p4bench-device-*"))
@@ -68,10 +85,16 @@ def test_sigkill_of_the_launcher_during_start_up_leaves_no_keys_and_no_peers(tmp
         keys_gone = _poll(lambda: not list(tmp.rglob("*.key")), 30)
         assert keys_gone is not None, sorted(str(p) for p in tmp.rglob("*.key"))
         keys_s = time.monotonic() - killed
-        assert _poll(lambda: not _processes_mentioning(str(folder)), 30) is not None, _processes_mentioning(str(folder))
-        print(f"after SIGKILL of the launcher: no key file after {keys_s:.2f} s, "
-              f"no peer process after {time.monotonic() - killed:.2f} s")
-        assert not (folder / "tls").exists() and (folder / OWNER_FILE).exists()  # the rest: for the next launch
+        assert _poll(lambda: not _processes_mentioning(str(folder)), 30) is not None, (
+            _processes_mentioning(str(folder))
+        )
+        print(
+            f"after SIGKILL of the launcher: no key file after {keys_s:.2f} s, "
+            f"no peer process after {time.monotonic() - killed:.2f} s"
+        )
+        assert (
+            not (folder / "tls").exists() and (folder / OWNER_FILE).exists()
+        )  # the rest: for the next launch
         assert sweep_orphans(tmp) == [folder] and not folder.exists()
     finally:
         if launcher.poll() is None:
@@ -88,19 +111,25 @@ def test_sigkill_of_the_launcher_during_start_up_leaves_no_keys_and_no_peers(tmp
 def test_the_sweep_removes_only_folders_of_dead_owners(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(30)
-    folders = {name: tmp_path / f"p4bench-device-{name}" for name in ("dead", "kept", "alive", "unowned")}
+    folders = {
+        name: tmp_path / f"p4bench-device-{name}" for name in ("dead", "kept", "alive", "unowned")
+    }
     for folder in folders.values():
         (folder / "tls").mkdir(parents=True)
         (folder / "tls" / "0.key").write_text("key")
         (folder / "peer-0.log").write_text("log")
     for name, keep in (("dead", False), ("kept", True)):
-        (folders[name] / OWNER_FILE).write_text(json.dumps({"pid": dead.pid, "started": None, "keep": keep}))
+        (folders[name] / OWNER_FILE).write_text(
+            json.dumps({"pid": dead.pid, "started": None, "keep": keep})
+        )
     write_owner(folders["alive"])
     assert owner_alive(os.getpid()) and not owner_alive(dead.pid)
     assert sorted(sweep_orphans(tmp_path)) == sorted([folders["dead"], folders["kept"]])
     assert not folders["dead"].exists()
     assert (folders["kept"] / "peer-0.log").exists() and not (folders["kept"] / "tls").exists()
-    assert not (folders["kept"] / OWNER_FILE).exists()  # logs kept on purpose: no later sweep touches them
+    assert not (
+        folders["kept"] / OWNER_FILE
+    ).exists()  # logs kept on purpose: no later sweep touches them
     for name in ("alive", "unowned"):
         assert (folders[name] / "tls" / "0.key").exists()
     assert sweep_orphans(tmp_path) == []

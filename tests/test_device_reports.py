@@ -16,17 +16,23 @@ import torch
 from p4bench.cli import main
 from p4bench.config import RunConfig
 from p4bench.engine.method import Phase, PlannedRelease
-from p4bench.plugins.device import runtime as device_runtime
-from p4bench.plugins.device.local import LocalPeers
-from p4bench.plugins.device.node import DeviceNode, serve
-from p4bench.plugins.device.peers import PeersFile, PeerSpec
-from p4bench.plugins.device.report_check import ReleaseCheck, mismatch_reasons
-from p4bench.plugins.device.report_schema import parse_releases
 from p4bench.privacy.mechanism import DPSettings
 from p4bench.run.runner import run
+from p4bench_device import runtime as device_runtime
+from p4bench_device.local import LocalPeers
+from p4bench_device.node import DeviceNode, serve
+from p4bench_device.peers import PeersFile, PeerSpec
+from p4bench_device.report_check import ReleaseCheck, mismatch_reasons
+from p4bench_device.report_schema import parse_releases
 
-FAST = ["--option", "device_exchange_timeout_s=30", "--option", "device_round_timeout_s=120",
-        "--option", "device_startup_timeout_s=180"]
+FAST = [
+    "--option",
+    "device_exchange_timeout_s=30",
+    "--option",
+    "device_round_timeout_s=120",
+    "--option",
+    "device_startup_timeout_s=180",
+]
 # a private method that is certified on devices (secret randomness, no step outside the ledger)
 RUN = dict(method="dp-dsgt", clients=3, rounds=3, local_steps=2, seed=5, eval_fraction=0.0)
 
@@ -50,9 +56,13 @@ def _check(plan=None, phases=None, allowed=None, clients=3, server=False):
     """A ReleaseCheck over a stub job (sigma 0.8, clip 1) and peers a, b, c (clients 0-2)."""
     charged = []
     job = SimpleNamespace(
-        dp=DPSettings(clip=1.0, noise_multiplier=0.8), data=SimpleNamespace(num_clients=clients),
-        method=_Method(plan or [PlannedRelease("train", 0.2, 6, 2, 3, 1.0)], phases or [Phase("train", 3)]),
-        release_allowed=allowed or (lambda rows, rate, phase: torch.ones(len(rows), dtype=torch.bool)),
+        dp=DPSettings(clip=1.0, noise_multiplier=0.8),
+        data=SimpleNamespace(num_clients=clients),
+        method=_Method(
+            plan or [PlannedRelease("train", 0.2, 6, 2, 3, 1.0)], phases or [Phase("train", 3)]
+        ),
+        release_allowed=allowed
+        or (lambda rows, rate, phase: torch.ones(len(rows), dtype=torch.bool)),
         report_release=charged.append,
     )
     specs = [PeerSpec(name, "127.0.0.1", 1 + i, i) for i, name in enumerate("abc"[:clients])]
@@ -62,7 +72,14 @@ def _check(plan=None, phases=None, allowed=None, clients=3, server=False):
 
 
 def _release(clients, rate=0.2, sigma=0.8, steps=1, phase="train", clip=1.0):
-    return {"clients": clients, "sample_rate": rate, "noise_multiplier": sigma, "steps": steps, "phase": phase, "clip": clip}
+    return {
+        "clients": clients,
+        "sample_rate": rate,
+        "noise_multiplier": sigma,
+        "steps": steps,
+        "phase": phase,
+        "clip": clip,
+    }
 
 
 def _found(check):
@@ -72,19 +89,25 @@ def _found(check):
 def test_the_launcher_charges_the_plan_round_by_round_for_every_client():
     check, charged = _check()
     check.charge_through(1)
-    assert [(r.clients, r.sample_rate, r.noise_multiplier, r.steps, r.phase) for r in charged] == [((0, 1, 2), 0.2, 0.8, 1, "train")] * 2
+    assert [(r.clients, r.sample_rate, r.noise_multiplier, r.steps, r.phase) for r in charged] == [
+        ((0, 1, 2), 0.2, 0.8, 1, "train")
+    ] * 2
     check.charge_through(1)  # a round is charged once
     check.charge_through(3)
     assert len(charged) == 6 and check.finish()["charged"] == {"train": 6}
 
 
 def test_a_run_cut_short_is_charged_for_the_rounds_it_took_and_client_sampling_for_every_round():
-    check, charged = _check(plan=[PlannedRelease("train", 0.2, 5, 2, 4, 1.0)], phases=[Phase("train", 4)])
+    check, charged = _check(
+        plan=[PlannedRelease("train", 0.2, 5, 2, 4, 1.0)], phases=[Phase("train", 4)]
+    )
     check.charge_through(2)  # ceil(5 * 2 / 4) steps after 2 of 4 rounds
     assert len(charged) == 3
     # client_rate 0.5: the plan's typical client takes ceil(0.5 * 4) rounds, but the launcher
     # cannot see who was selected: K steps in every round for every client (a bound)
-    check, charged = _check(plan=[PlannedRelease("train", 0.2, 4, 2, 4, 0.5)], phases=[Phase("train", 4)])
+    check, charged = _check(
+        plan=[PlannedRelease("train", 0.2, 4, 2, 4, 0.5)], phases=[Phase("train", 4)]
+    )
     check.charge_through(4)
     assert len(charged) == 8
 
@@ -123,18 +146,35 @@ def test_a_release_for_another_peers_client_is_a_mismatch_that_names_the_peer():
         ("hub", "release for client(s) 1 of peer(s) b (it holds no client)"),
         ("hub", "release for client(s) 7, which no peer holds (it holds no client)"),
     ]
-    assert mismatch_reasons(check.finish())[0] == \
-        "release mismatch from peer b: release for client(s) 0, 2 of peer(s) a, c (it holds client 1)"
+    assert (
+        mismatch_reasons(check.finish())[0]
+        == "release mismatch from peer b: release for client(s) 0, 2 of peer(s) a, c (it holds client 1)"
+    )
     assert len(charged) == 6  # the reports charged nothing
 
 
 def test_settings_and_counts_other_than_the_launchers_are_mismatches():
     check, _ = _check()
     check.charge_through(2)  # 4 steps so far
-    check.check("a", "round", "train", parse_releases([
-        _release([0], sigma=0.5), _release([0], rate=0.3), _release([0], clip=5.0), _release([0], phase="extra"),
-        _release([0], clip=None), {"clients": "x"}, _release([0], steps=1)]))
-    check.check("b", "round", "train", parse_releases([_release([1], steps=5)]))  # beyond the 4 charged
+    check.check(
+        "a",
+        "round",
+        "train",
+        parse_releases(
+            [
+                _release([0], sigma=0.5),
+                _release([0], rate=0.3),
+                _release([0], clip=5.0),
+                _release([0], phase="extra"),
+                _release([0], clip=None),
+                {"clients": "x"},
+                _release([0], steps=1),
+            ]
+        ),
+    )
+    check.check(
+        "b", "round", "train", parse_releases([_release([1], steps=5)])
+    )  # beyond the 4 charged
     check.check("c", "round", "train", parse_releases([]))  # ran the phase without the DP mechanism
     assert _found(check) == [
         ("a", "noise multiplier 0.5; the launcher's is 0.8"),
@@ -143,9 +183,18 @@ def test_settings_and_counts_other_than_the_launchers_are_mismatches():
         ("a", "release in phase 'extra', which privacy_plan() does not declare"),
         ("a", "clip None; the launcher's is 1"),
         ("a", "malformed release entry"),
-        ("a", "5 release step(s) of client 0 in phase 'train'; the launcher's plan for the rounds it drove allows 4"),
-        ("b", "5 release step(s) of client 1 in phase 'train'; the launcher's plan for the rounds it drove allows 4"),
-        ("c", "no DP release of client 2 reported in phase 'train', where the plan declares 4 step(s) for the rounds it ran"),
+        (
+            "a",
+            "5 release step(s) of client 0 in phase 'train'; the launcher's plan for the rounds it drove allows 4",
+        ),
+        (
+            "b",
+            "5 release step(s) of client 1 in phase 'train'; the launcher's plan for the rounds it drove allows 4",
+        ),
+        (
+            "c",
+            "no DP release of client 2 reported in phase 'train', where the plan declares 4 step(s) for the rounds it ran",
+        ),
     ]
 
 
@@ -157,21 +206,43 @@ def test_many_distinct_mismatches_are_capped_in_the_reasons():
     figures = check.finish()
     reasons = mismatch_reasons(figures)
     assert len(figures["mismatches"]) == 100 and figures["mismatches_not_kept"] > 0
-    assert len(reasons) == 11 and reasons[-1].startswith("release mismatches: ") and reasons[-1].endswith(" more (summary device.releases)")
+    assert (
+        len(reasons) == 11
+        and reasons[-1].startswith("release mismatches: ")
+        and reasons[-1].endswith(" more (summary device.releases)")
+    )
 
 
 # -- device runs: peers on 127.0.0.1 ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     """The simulator's summary of `RUN`: the epsilon a device run must publish."""
-    return run(RunConfig(**RUN, results_dir=str(tmp_path_factory.mktemp("simulated"))), track=False).summary
+    return run(
+        RunConfig(**RUN, results_dir=str(tmp_path_factory.mktemp("simulated"))), track=False
+    ).summary
 
 
 def _device_run(capsys, monkeypatch, results_dir):
     monkeypatch.setenv("COLUMNS", "400")  # the printed table on one line per row
-    args = ["run", "--method", RUN["method"], "--local-peers", str(RUN["clients"]), "--rounds", str(RUN["rounds"]),
-            "--local-steps", str(RUN["local_steps"]), "--seed", str(RUN["seed"]), "--eval-fraction", "0",
-            "--results-dir", results_dir, "--json", *FAST]
+    args = [
+        "run",
+        "--method",
+        RUN["method"],
+        "--local-peers",
+        str(RUN["clients"]),
+        "--rounds",
+        str(RUN["rounds"]),
+        "--local-steps",
+        str(RUN["local_steps"]),
+        "--seed",
+        str(RUN["seed"]),
+        "--eval-fraction",
+        "0",
+        "--results-dir",
+        results_dir,
+        "--json",
+        *FAST,
+    ]
     with pytest.raises(SystemExit) as info:
         main(args)
     out, err = capsys.readouterr()
@@ -181,15 +252,32 @@ def _device_run(capsys, monkeypatch, results_dir):
     return summary, epsilon_row, err
 
 
-def test_an_honest_device_runs_epsilon_is_the_launchers_and_equals_the_simulators(verify_full, capsys, monkeypatch, tmp_path, simulated):
+def test_an_honest_device_runs_epsilon_is_the_launchers_and_equals_the_simulators(
+    verify_full, capsys, monkeypatch, tmp_path, simulated
+):
     summary, epsilon_row, printed = _device_run(capsys, monkeypatch, str(tmp_path))
-    for key in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_pld", "noise_multiplier", "delta", "clip"):
+    for key in (
+        "epsilon",
+        "epsilon_mean",
+        "epsilon_rdp",
+        "epsilon_pld",
+        "noise_multiplier",
+        "delta",
+        "clip",
+    ):
         assert summary[key] == simulated[key], key
     assert summary["epsilon_certified"] is True and summary["uncertified_reason"] is None
     releases = summary["device"]["releases"]
     assert releases["mismatches"] == [] and releases["charged"] == {"train": 6}
-    assert summary["device"]["rejected_reports"] == [] and "malformed report" not in summary["device"]["launcher_rejected"]
-    assert releases["reported"] == {"0": {"train": 6}, "1": {"train": 6}, "2": {"train": 6}}  # checked, not charged
+    assert (
+        summary["device"]["rejected_reports"] == []
+        and "malformed report" not in summary["device"]["launcher_rejected"]
+    )
+    assert releases["reported"] == {
+        "0": {"train": 6},
+        "1": {"train": 6},
+        "2": {"train": 6},
+    }  # checked, not charged
     assert "certified" in epsilon_row and "UNCERTIFIED" not in epsilon_row
     assert summary["device"]["self_reported"][0] == "accuracy"
     assert "self-reported" in printed and "not checked by the launcher" in printed
@@ -206,14 +294,26 @@ class _OnePeerHere(LocalPeers):
         for spec in self.peers.peers:
             if spec.id == TAMPERED:
                 self.thread = threading.Thread(
-                    target=serve, args=(spec.id, f"{spec.host}:{spec.port}", str(self.peers_path), str(self.tls_dir)),
-                    kwargs={"idle_timeout": 300.0}, daemon=True)
+                    target=serve,
+                    args=(
+                        spec.id,
+                        f"{spec.host}:{spec.port}",
+                        str(self.peers_path),
+                        str(self.tls_dir),
+                    ),
+                    kwargs={"idle_timeout": 300.0},
+                    daemon=True,
+                )
                 self.thread.start()
                 continue
             handle = open(self.folder / f"peer-{spec.id}.log", "wb")
             self._logs.append(handle)
-            self.processes[spec.id] = subprocess.Popen(self.command(spec), stdout=handle, stderr=subprocess.STDOUT,
-                                                       stdin=subprocess.DEVNULL)
+            self.processes[spec.id] = subprocess.Popen(
+                self.command(spec),
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
 
     def stop(self, failed: bool = False, timeout: float = 15.0) -> None:
         self.thread.join(timeout)  # it exits on the launcher's stop
@@ -221,7 +321,8 @@ class _OnePeerHere(LocalPeers):
 
 
 def test_a_peer_reporting_releases_for_other_clients_is_named_and_the_run_is_not_certified(
-        verify_full, capsys, monkeypatch, tmp_path, simulated):
+    verify_full, capsys, monkeypatch, tmp_path, simulated
+):
     """Acceptance (issue 30, item 4): peer 1's release reports name every client (the
     report that once published epsilon 22,672 as certified)."""
     honest = DeviceNode._record_release
@@ -231,14 +332,25 @@ def test_a_peer_reporting_releases_for_other_clients_is_named_and_the_run_is_not
         self.releases[-1]["clients"] = list(range(self.job.data.num_clients))
 
     monkeypatch.setattr(DeviceNode, "_record_release", tampered)
-    monkeypatch.setattr(device_runtime, "LocalPeers", _OnePeerHere)  # where the device runtime starts its peers
+    monkeypatch.setattr(
+        device_runtime, "LocalPeers", _OnePeerHere
+    )  # where the device runtime starts its peers
     summary, epsilon_row, printed = _device_run(capsys, monkeypatch, str(tmp_path))
     assert summary["epsilon_certified"] is False
     # the only reason: what the configuration alone would certify (the honest test above)
-    assert summary["uncertified_reason"] == \
-        "release mismatch from peer 1: release for client(s) 0, 2 of peer(s) 0, 2 (it holds client 1)"
-    assert [(m["peer"], m["count"]) for m in summary["device"]["releases"]["mismatches"]] == [("1", 6)]
-    assert summary["epsilon"] == simulated["epsilon"]  # the launcher's figure, not the peers' reports
-    assert summary["epsilon_pld"] == simulated["epsilon_pld"] and summary["epsilon_rdp"] == simulated["epsilon_rdp"]
+    assert (
+        summary["uncertified_reason"]
+        == "release mismatch from peer 1: release for client(s) 0, 2 of peer(s) 0, 2 (it holds client 1)"
+    )
+    assert [(m["peer"], m["count"]) for m in summary["device"]["releases"]["mismatches"]] == [
+        ("1", 6)
+    ]
+    assert (
+        summary["epsilon"] == simulated["epsilon"]
+    )  # the launcher's figure, not the peers' reports
+    assert (
+        summary["epsilon_pld"] == simulated["epsilon_pld"]
+        and summary["epsilon_rdp"] == simulated["epsilon_rdp"]
+    )
     assert "UNCERTIFIED" in epsilon_row and "release mismatch from peer 1" in epsilon_row
     assert not epsilon_row.split("│")[2].strip().startswith("certified")

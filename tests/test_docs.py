@@ -15,7 +15,15 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-REQUIRED = {"index.md", "quickstart.md", "options.md", "privacy.md", "device.md", "method-authors.md", "dp-dpsgd.md"}
+REQUIRED = {
+    "index.md",
+    "quickstart.md",
+    "options.md",
+    "privacy.md",
+    "device.md",
+    "method-authors.md",
+    "dp-dpsgd.md",
+}
 
 
 def _nav_pages() -> list[str]:
@@ -33,11 +41,27 @@ def _nav_pages() -> list[str]:
 
 def test_the_site_builds_in_strict_mode(tmp_path):
     site = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(site),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for page in _nav_pages():
-        built = site / ("index.html" if page == "index.md" else Path(page).with_suffix("") / "index.html")
+        built = site / (
+            "index.html" if page == "index.md" else Path(page).with_suffix("") / "index.html"
+        )
         assert built.is_file(), f"{page} was not built"
 
 
@@ -47,22 +71,28 @@ def test_the_nav_lists_every_page_and_every_page_exists():
     assert len(pages) == len(set(pages))
     for page in pages:
         assert (DOCS / page).is_file(), f"mkdocs.yml names {page}, which docs/ lacks"
-    assert {p.name for p in DOCS.glob("*.md")} == set(pages), "a page of docs/ is missing from the nav"
+    assert {p.name for p in DOCS.glob("*.md")} == set(pages), (
+        "a page of docs/ is missing from the nav"
+    )
 
 
 def _option_reference_script():
-    spec = importlib.util.spec_from_file_location("option_reference", ROOT / "scripts" / "option_reference.py")
+    spec = importlib.util.spec_from_file_location(
+        "option_reference", ROOT / "scripts" / "option_reference.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_the_option_page_is_generated_from_the_declarations():
-    from p4bench.plugin_manager import Registry, create_plugin_manager
+    from p4bench.host.manager import Registry, create_plugin_manager
 
     script = _option_reference_script()
     expected = script.options_page(Registry(create_plugin_manager(autoload=False)))
-    assert (DOCS / "options.md").read_text() == expected, "docs/options.md is stale: run python scripts/option_reference.py"
+    assert (DOCS / "options.md").read_text() == expected, (
+        "docs/options.md is stale: run python scripts/option_reference.py"
+    )
     for heading in ("## Run options", "### Methods", "### Attacks", "### Defenses", "### Runtimes"):
         assert heading in expected
     assert "| `group_size` | `p4` |" in expected and "| `rounds` | 30 |" in expected

@@ -42,12 +42,16 @@ def draws(monkeypatch):
     def checked_fill(self, parts):
         releases = current_releases()
         assert releases is not None, "DP noise drawn outside a recorded release"
-        assert self.node_ids == releases.ctx.rows.tolist(), "noise of clients the open release does not cover"
+        assert self.node_ids == releases.ctx.rows.tolist(), (
+            "noise of clients the open release does not cover"
+        )
         log.fills += 1
         return fill(self, parts)
 
     def logged_exit(self, kind, value, traceback):
-        log.transactions.append((self.ctx.rows.tolist(), self.admitted.clone(), self.steps, self.drawn))
+        log.transactions.append(
+            (self.ctx.rows.tolist(), self.admitted.clone(), self.steps, self.drawn)
+        )
         return leave(self, kind, value, traceback)
 
     monkeypatch.setattr(NoiseStreams, "fill", checked_fill)
@@ -67,7 +71,13 @@ PATHS = {
 @pytest.mark.parametrize("path", list(PATHS))
 def test_every_noise_draw_is_inside_a_recorded_release(small_config, draws, path, budget):
     # budget-stops: fixed noise that the rdp bound runs out of during co-training
-    stops = {"epsilon": 12.0, "noise_multiplier": 0.8, "accountant": "rdp", "local_steps": 4, "data_rate": 0.6}
+    stops = {
+        "epsilon": 12.0,
+        "noise_multiplier": 0.8,
+        "accountant": "rdp",
+        "local_steps": 4,
+        "data_rate": 0.6,
+    }
     privacy = stops if budget else {"epsilon": 8.0}
     config = small_config(method="p4", clients=6, rounds=2, options=PATHS[path], **privacy)
     spy = LedgerSpy()
@@ -78,7 +88,9 @@ def test_every_noise_draw_is_inside_a_recorded_release(small_config, draws, path
         assert drawn == steps  # each recorded release got its noise, no more
         for row, count in zip(rows, granted.sum(dim=0).tolist()):
             admitted[row] += count
-    assert +admitted == spy.per_client()  # the ledger saw exactly the releases the transactions admitted
+    assert (
+        +admitted == spy.per_client()
+    )  # the ledger saw exactly the releases the transactions admitted
     if budget:  # the refusals really happened, on every path
         assert {stop["phase"] for stop in result.summary["budget_stops"]} == {"cotraining"}
 
@@ -86,16 +98,24 @@ def test_every_noise_draw_is_inside_a_recorded_release(small_config, draws, path
 def test_a_path_that_skips_the_entry_point_is_caught(draws):
     """What the fast paths did by hand before: noise straight from the mechanism, no release open."""
     rows = [0, 1]
-    mechanism = DPMechanism(DPSettings(clip=1.0, noise_multiplier=1.0), NoiseStreams(0, rows), lambda r: None,
-                            lambda clients, rate, phase: torch.ones(len(clients), dtype=torch.bool))
+    mechanism = DPMechanism(
+        DPSettings(clip=1.0, noise_multiplier=1.0),
+        NoiseStreams(0, rows),
+        lambda r: None,
+        lambda clients, rate, phase: torch.ones(len(clients), dtype=torch.bool),
+    )
     with pytest.raises(AssertionError, match="outside a recorded release"):
         mechanism.add_scaled_noise({"bias": torch.zeros(2, 3)}, None)
 
 
 def test_the_transaction_refuses_unrecorded_or_missing_noise():
     recorded = []
-    mechanism = DPMechanism(DPSettings(clip=1.0, noise_multiplier=1.0), NoiseStreams(0, [0, 1]), recorded.append,
-                            lambda clients, rate, phase: clients != 1)  # client 1's budget is spent
+    mechanism = DPMechanism(
+        DPSettings(clip=1.0, noise_multiplier=1.0),
+        NoiseStreams(0, [0, 1]),
+        recorded.append,
+        lambda clients, rate, phase: clients != 1,
+    )  # client 1's budget is spent
     ctx = SimpleNamespace(rows=torch.tensor([0, 1]), phase="train")
     target = {"bias": torch.zeros(2, 3)}
     releases = Releases(mechanism, ctx, 0.5, steps=2)
@@ -116,15 +136,20 @@ def test_the_transaction_refuses_unrecorded_or_missing_noise():
 def test_the_audit_sees_every_release_of_p4(small_config):
     """The audit runs P4 on its generic path, where every release carries canaries."""
     result = run_audit(small_config(method="p4", clients=6, rounds=2, epsilon=4.0), track=False)
-    assert result.bound.trials > 0 and not result.exceeds  # raises IncompatibleError on an unobserved release
+    assert (
+        result.bound.trials > 0 and not result.exceeds
+    )  # raises IncompatibleError on an unobserved release
     assert "fused=false" in result.notes[0]
 
 
-@pytest.mark.parametrize("options, calls", [
-    ({"fused": False}, []),
-    ({"fused": "buckets"}, ["add_scaled_noise"]),
-    ({"fused": "span"}, ["draw_noise"]),
-])
+@pytest.mark.parametrize(
+    "options, calls",
+    [
+        ({"fused": False}, []),
+        ({"fused": "buckets"}, ["add_scaled_noise"]),
+        ({"fused": "span"}, ["draw_noise"]),
+    ],
+)
 def test_a_wrapped_mechanism_sees_or_names_every_noisy_call(small_config, options, calls):
     """Under `wrap_mechanism`, fused releases reach the wrapper's noise methods (the audit
     names them instead of missing them); generic ones go through its `release`."""

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from p4bench.baselines.common import GraphSchedule
-from p4bench.baselines.dsgt import DPDSGD, DPDSGT, mixing_matrix
+from p4bench.engine.method_kit import GraphSchedule
 from p4bench.engine.state import unvectorize, vectorize
 from p4bench.engine.training import batched_loss_and_grad
 from p4bench.errors import ConfigError
 from p4bench.hookspecs import hookimpl
+from p4bench.host.manager import create_plugin_manager
 from p4bench.models import LinearSoftmax
-from p4bench.plugin_manager import create_plugin_manager
 from p4bench.run.runner import run
 from p4bench.testing import check_method
+from p4bench_baselines.dsgt import DPDSGD, DPDSGT, mixing_matrix
 
 D_PSGD = {"order": "d-psgd"}
 
@@ -34,8 +34,18 @@ def one_thread():
 def _synthetic(small_config, **changes):
     """Full-batch, non-private Synthetic(1, 1) runs of 6 clients: 4 rounds x 3 iterations."""
     options = {"synthetic_dim": 5, "synthetic_classes": 3, **changes.pop("options", {})}
-    base = dict(dataset="synthetic", partitioner="natural", clients=6, samples_per_client=40, eval_fraction=0.0,
-                rounds=4, local_steps=3, data_rate=1.0, lr=0.5, no_dp=True)
+    base = dict(
+        dataset="synthetic",
+        partitioner="natural",
+        clients=6,
+        samples_per_client=40,
+        eval_fraction=0.0,
+        rounds=4,
+        local_steps=3,
+        data_rate=1.0,
+        lr=0.5,
+        no_dp=True,
+    )
     return small_config(**{**base, **changes, "options": options})
 
 
@@ -48,7 +58,10 @@ def _d_psgd_reference(result, config, topology, topology_options):
     graph = GraphSchedule(topology, topology_options, m, config.seed)
     total = config.rounds * config.local_steps
     lr_final = config.options.get("lr_final", config.lr)
-    params = {k: v.expand(m, *v.shape).clone() for k, v in model.init(torch.Generator().manual_seed(config.seed)).items()}
+    params = {
+        k: v.expand(m, *v.shape).clone()
+        for k, v in model.init(torch.Generator().manual_seed(config.seed)).items()
+    }
     for t in range(total):
         rate = config.lr * (lr_final / config.lr) ** (t / (total - 1))
         w = torch.from_numpy(mixing_matrix(graph.adjacency(t), "metropolis")).float()
@@ -58,10 +71,16 @@ def _d_psgd_reference(result, config, topology, topology_options):
     return vectorize(params)
 
 
-@pytest.mark.parametrize("topology, topology_options", [
-    ("ring", None),
-    ("k-regular", {"k": 2, "resample": True}),  # a new graph every iteration: W_t of the right t
-])
+@pytest.mark.parametrize(
+    "topology, topology_options",
+    [
+        ("ring", None),
+        (
+            "k-regular",
+            {"k": 2, "resample": True},
+        ),  # a new graph every iteration: W_t of the right t
+    ],
+)
 def test_d_psgd_order_is_the_d_psgd_loop(small_config, topology, topology_options):
     options = {"topology": topology, "lr_final": 0.2, **D_PSGD}
     if topology_options:
@@ -71,16 +90,25 @@ def test_d_psgd_order_is_the_d_psgd_loop(small_config, topology, topology_option
     reference = _d_psgd_reference(result, config, topology, topology_options)
     got = vectorize(result.outcome.final_params)
     assert float((got - reference).abs().max()) < 1e-5
-    default = run(config.replace(options={k: v for k, v in config.options.items() if k != "order"}), track=False)
-    assert float((vectorize(default.outcome.final_params) - reference).abs().max()) > 1e-2  # CTA is another map
-    assert result.outcome.bytes_sent == default.outcome.bytes_sent  # one gossip of x per iteration in both
+    default = run(
+        config.replace(options={k: v for k, v in config.options.items() if k != "order"}),
+        track=False,
+    )
+    assert (
+        float((vectorize(default.outcome.final_params) - reference).abs().max()) > 1e-2
+    )  # CTA is another map
+    assert (
+        result.outcome.bytes_sent == default.outcome.bytes_sent
+    )  # one gossip of x per iteration in both
 
 
 def test_default_order_is_combine_then_adapt(small_config):
     """Naming the default changes nothing, bit for bit."""
     config = _synthetic(small_config, method="dp-dsgd", options={"topology": "ring"})
     plain = run(config, track=False)
-    named = run(config.replace(options={**config.options, "order": "combine-then-adapt"}), track=False)
+    named = run(
+        config.replace(options={**config.options, "order": "combine-then-adapt"}), track=False
+    )
     for key, value in plain.outcome.final_params.items():
         assert torch.equal(value, named.outcome.final_params[key]), key
 
@@ -98,13 +126,25 @@ class ReleaseCounter:
 
 def test_private_d_psgd_releases_one_gradient_per_iteration(verify_full, small_config):
     counter = ReleaseCounter(8)
-    config = small_config(method="dp-dsgd", rounds=3, epsilon=5.0, options={"topology": "ring", "iterations": 3, **D_PSGD})
-    result = run(config, observers=[counter], plugin_manager=create_plugin_manager(autoload=False), track=False)
+    config = small_config(
+        method="dp-dsgd",
+        rounds=3,
+        epsilon=5.0,
+        options={"topology": "ring", "iterations": 3, **D_PSGD},
+    )
+    result = run(
+        config,
+        observers=[counter],
+        plugin_manager=create_plugin_manager(autoload=False),
+        track=False,
+    )
     assert counter.rates == {0.2} and (counter.steps == 3 * 3).all(), counter.steps
     summary = result.summary
     assert summary["private"] and summary["epsilon_certified"] and 0 < summary["epsilon"] <= 5.0
     assert summary["clients_stopped"] == 0
-    default = run(config.replace(options={"topology": "ring", "iterations": 3}), track=False).summary
+    default = run(
+        config.replace(options={"topology": "ring", "iterations": 3}), track=False
+    ).summary
     assert default["epsilon"] == summary["epsilon"]  # the same releases as combine-then-adapt
 
 
@@ -122,7 +162,13 @@ def test_d_psgd_order_is_refused_where_it_has_no_meaning(small_config):
         run(small_config(method="dp-dsgt", options={"topology": "ring", **D_PSGD}), track=False)
     assert dsgt.value.field == "options.order" and "dp-dsgd" in str(dsgt.value)
     with pytest.raises(ConfigError) as sequential:
-        run(small_config(method="dp-dsgd", options={"topology": "ring", "mixing_order": "sequential", **D_PSGD}), track=False)
+        run(
+            small_config(
+                method="dp-dsgd",
+                options={"topology": "ring", "mixing_order": "sequential", **D_PSGD},
+            ),
+            track=False,
+        )
     assert sequential.value.field == "options.order" and "synchronous" in str(sequential.value)
 
     class TrackingWithOrder(DPDSGT):  # a tracking method that declared the option anyway
@@ -132,4 +178,3 @@ def test_d_psgd_order_is_refused_where_it_has_no_meaning(small_config):
     with pytest.raises(ConfigError, match="gradient tracking") as tracking:
         TrackingWithOrder(config, LinearSoftmax((64,), 10), config.clients)
     assert tracking.value.field == "options.order"
-

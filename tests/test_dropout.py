@@ -1,4 +1,4 @@
-"""Hashed dropout (`p4bench.dropout`) in Karras et al.'s Table I CNN: training forwards drop
+"""Hashed dropout (`p4bench.models.dropout`) in Karras et al.'s Table I CNN: training forwards drop
 about p of the units, the same ones on every path that computes gradients, and evaluation
 sees the identity."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from p4bench.baselines.karras_models import GrayCNN
-from p4bench.dropout import hashed_dropout, training
 from p4bench.engine.training import batched_loss_and_grad, reference_loss_and_grad
+from p4bench.models.dropout import hashed_dropout, training
 from p4bench.privacy.clipping import clipped_gradient_sum
+from p4bench_p2p_fl.models import GrayCNN
 
 
 def _setup(clients: int = 2, batch: int = 5):
@@ -53,8 +53,13 @@ def test_every_gradient_path_drops_the_same_units():
     # clipped at a huge C the per-example path's sums are the plain sums of the same gradients
     sums, _ = clipped_gradient_sum(model, params, x, y, weight, clip=1e9)
     for key in grads_b:
-        torch.testing.assert_close(sums[key] / weight.sum(1).view(-1, *[1] * (sums[key].dim() - 1)), grads_b[key],
-                                   rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(
+            sums[key] / weight.sum(1).view(-1, *[1] * (sums[key].dim() - 1)),
+            grads_b[key],
+            rtol=1e-4,
+            atol=1e-6,
+        )
+
     # and dropout is on in them: the gradients differ from a dropout-free model's
     class NoDropout(GrayCNN):
         dropout = (0.0, 0.0)

@@ -60,7 +60,9 @@ def test_broadcast_frames_and_expansion():
     messages = Messages(torch.tensor([0, 11, 5]), torch.full((3,), BROADCAST), payload)
     expanded = messages.expand_broadcasts(12)
     assert len(expanded) == 3 * 11 and not bool((expanded.src == expanded.dst).any())
-    assert torch.equal(expanded.value("known")[expanded.src == 11], payload["known"][1].expand(11, 12))
+    assert torch.equal(
+        expanded.value("known")[expanded.src == 11], payload["known"][1].expand(11, 12)
+    )
     per_message = [len(encode("share", 3, m)) for m in expanded.split()]
     assert frame_sizes("share", 3, messages, 12).sum() == sum(per_message)
     received = torch.zeros(12, dtype=torch.int64)
@@ -92,14 +94,23 @@ def test_batched_gradients_match_autograd():
 
 
 def test_message_round_trip_and_rejection():
-    payload = {"update.weight": torch.randn(1, 3, 4), "weight": torch.tensor([7.0], dtype=torch.float64)}
+    payload = {
+        "update.weight": torch.randn(1, 3, 4),
+        "weight": torch.tensor([7.0], dtype=torch.float64),
+    }
     message = Messages(torch.tensor([2]), torch.tensor([-1]), payload)
     frame = encode("upload", 5, message)
     exchange, round_index, back = decode(frame)
     assert (exchange, round_index, int(back.src[0]), int(back.dst[0])) == ("upload", 5, 2, -1)
     assert torch.equal(back.payload["update.weight"], payload["update.weight"])
     assert back.payload["weight"].dtype == torch.float64
-    for bad in (b"", b"\x00" * 7, frame[:20], b"\xff" * 8 + frame[8:], frame.replace(b'"1"', b'"9"', 1)):
+    for bad in (
+        b"",
+        b"\x00" * 7,
+        frame[:20],
+        b"\xff" * 8 + frame[8:],
+        frame.replace(b'"1"', b'"9"', 1),
+    ):
         with pytest.raises(MessageFormatError):
             decode(bad)
     with pytest.raises(MessageFormatError, match="exceeds"):
@@ -110,7 +121,9 @@ def test_same_seed_reproduces_and_another_seed_differs(small_config):
     config = small_config(method="fedavg", client_rate=0.5)
     first = [r.accuracy.tolist() + [r.train_loss] for r in _final(config).outcome.reports]
     again = [r.accuracy.tolist() + [r.train_loss] for r in _final(config).outcome.reports]
-    other = [r.accuracy.tolist() + [r.train_loss] for r in _final(config.replace(seed=2)).outcome.reports]
+    other = [
+        r.accuracy.tolist() + [r.train_loss] for r in _final(config.replace(seed=2)).outcome.reports
+    ]
     assert first == again
     assert first != other
 
@@ -134,7 +147,9 @@ def test_freed_memory_policy_applies_once_and_can_be_switched_off(setting, expec
         pytest.skip("glibc's mallopt only")
     code = "from p4bench.engine.memory import keep_freed_memory as k; print(k(), k())"
     env = {**os.environ, "P4BENCH_KEEP_HEAP": setting}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == [expected, expected]
 
 
@@ -149,8 +164,16 @@ def test_batch_gradient_calls_a_mechanism_written_before_input_statistics():
         def step(self, ctx, params, x, y, mask, sample_rate, expected_batch, loss=None, aux=None):
             return {"w": torch.zeros(2)}, torch.zeros(2), torch.ones(2, dtype=torch.bool)
 
-    ctx = SimpleNamespace(dp=OldMechanism(), config=SimpleNamespace(data_rate=0.5), rows=torch.arange(2))
+    ctx = SimpleNamespace(
+        dp=OldMechanism(), config=SimpleNamespace(data_rate=0.5), rows=torch.arange(2)
+    )
     train = SimpleNamespace(n=torch.tensor([4, 4]))
-    grads, loss, done = batch_gradient(ctx, {"w": torch.zeros(2)}, torch.zeros(2, 1, 3), torch.zeros(2, 1, dtype=torch.long),
-                                       torch.ones(2, 1), train)
+    grads, loss, done = batch_gradient(
+        ctx,
+        {"w": torch.zeros(2)},
+        torch.zeros(2, 1, 3),
+        torch.zeros(2, 1, dtype=torch.long),
+        torch.ones(2, 1),
+        train,
+    )
     assert done.tolist() == [1.0, 1.0] and loss.dtype == torch.float64

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from p4bench.plugin_manager import Registry, create_plugin_manager, reset_default
+from p4bench.host.manager import Registry, create_plugin_manager, reset_default
 from p4bench.testing import check_attack, check_method
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "p4bench-gossip"
@@ -36,20 +36,38 @@ def test_gossip_is_discovered_and_declares_its_options(installed_gossip):
 
 def test_gossip_conforms_in_every_runtime(installed_gossip):
     report = check_method("gossip")
-    assert {"runtimes.dp", "runtimes.no-dp", "ledger.noise", "ledger.plan", "capabilities.has_aggregator",
-            "options.mix", "options.topology"} <= set(report.names())
+    assert {
+        "runtimes.dp",
+        "runtimes.no-dp",
+        "ledger.noise",
+        "ledger.plan",
+        "capabilities.has_aggregator",
+        "options.mix",
+        "options.topology",
+    } <= set(report.names())
 
 
 def test_gossip_on_a_time_varying_directed_graph(installed_gossip):
-    check_method("gossip", checks=("runtimes", "ledger", "capabilities"), privacy=("dp",),
-                 options={"topology": "exponential", "mix": 0.3}, clients=5)
+    check_method(
+        "gossip",
+        checks=("runtimes", "ledger", "capabilities"),
+        privacy=("dp",),
+        options={"topology": "exponential", "mix": 0.3},
+        clients=5,
+    )
 
 
 def test_gossip_on_local_peers_matches_the_simulator(installed_gossip):
     """One TLS peer process per client on 127.0.0.1, seeded streams (a simulation on
     devices): the same parameters, accuracies and bytes as the simulator."""
-    report = check_method("gossip", checks=("runtimes",), runtimes=("simulation",), device=True, privacy=("dp",),
-                          clients=2)  # two peer processes: starting them (imports, data) is most of the time
+    report = check_method(
+        "gossip",
+        checks=("runtimes",),
+        runtimes=("simulation",),
+        device=True,
+        privacy=("dp",),
+        clients=2,
+    )  # two peer processes: starting them (imports, data) is most of the time
     assert report.passed and "device" in report.results[0].message
 
 
@@ -61,8 +79,24 @@ def test_gossip_runs_through_the_cli(installed_gossip, capsys, results_dir):
     from p4bench.cli import main
 
     with pytest.raises(SystemExit) as info:
-        main(["run", "--method", "gossip", "-o", "mix=0.3", "--topology", "exponential", "--clients", "6",
-              "--rounds", "3", "--results-dir", results_dir, "--json"])
+        main(
+            [
+                "run",
+                "--method",
+                "gossip",
+                "-o",
+                "mix=0.3",
+                "--topology",
+                "exponential",
+                "--clients",
+                "6",
+                "--rounds",
+                "3",
+                "--results-dir",
+                results_dir,
+                "--json",
+            ]
+        )
     assert (info.value.code or 0) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["method"] == "gossip" and summary["epsilon"] is not None  # private by default

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from p4bench.plugin_manager import Registry, create_plugin_manager, reset_default
+from p4bench.host.manager import Registry, create_plugin_manager, reset_default
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "p4bench-fedprox"
 
@@ -33,8 +33,22 @@ def test_entry_point_plugin_runs_through_the_cli(installed_example, capsys, resu
     from p4bench.cli import main
 
     with pytest.raises(SystemExit) as info:
-        main(["run", "--method", "fedprox", "-o", "mu=0.1", "--clients", "6", "--rounds", "3",
-              "--results-dir", results_dir, "--json"])
+        main(
+            [
+                "run",
+                "--method",
+                "fedprox",
+                "-o",
+                "mu=0.1",
+                "--clients",
+                "6",
+                "--rounds",
+                "3",
+                "--results-dir",
+                results_dir,
+                "--json",
+            ]
+        )
     assert (info.value.code or 0) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["method"] == "fedprox" and summary["accuracy_mean"] > 0.5

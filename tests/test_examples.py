@@ -30,11 +30,31 @@ def test_run_yaml_is_a_run_config_and_runs(verify_full, capsys, results_dir):
     path = EXAMPLES / "run.yaml"
     assert set(load_config_file(path)) >= {"method", "dataset", "partitioner", "epsilon", "options"}
     config = resolve_config(path)
-    assert (config.method, config.dataset, config.partitioner, config.epsilon) == ("p4", "digits", "alpha", 8)
+    assert (config.method, config.dataset, config.partitioner, config.epsilon) == (
+        "p4",
+        "digits",
+        "alpha",
+        8,
+    )
     assert dict(config.options) == {"group_size": 4, "teacher": "none"}
     # command-line options win over the file: a small run of the same config
-    code, out, err = invoke(["run", "--config", path, "--rounds", "2", "--clients", "8", "--seed", "3",
-                             "--results-dir", results_dir, "--json"], capsys)
+    code, out, err = invoke(
+        [
+            "run",
+            "--config",
+            path,
+            "--rounds",
+            "2",
+            "--clients",
+            "8",
+            "--seed",
+            "3",
+            "--results-dir",
+            results_dir,
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["method"] == "p4" and summary["partitioner"] == "alpha" and summary["seed"] == 3
@@ -43,7 +63,7 @@ def test_run_yaml_is_a_run_config_and_runs(verify_full, capsys, results_dir):
 
 
 def test_grid_yaml_expands_to_six_runs_at_equal_privacy_and_a_cell_runs(capsys, results_dir):
-    from p4bench.plugin_manager import default_registry
+    from p4bench.host.manager import default_registry
     from p4bench.run.runner import run
     from p4bench.studies.sweep import expand, load_sweep
 
@@ -55,7 +75,9 @@ def test_grid_yaml_expands_to_six_runs_at_equal_privacy_and_a_cell_runs(capsys, 
     assert all(p.config.epsilon == 8 and p.config.neighbouring == "add-remove" for p in planned)
     assert all(p.config.options.get("group_size") == 4 for p in planned if p.config.method == "p4")
     # every run is checked before the first starts: the dry run lists all six
-    code, out, err = invoke(["sweep", EXAMPLES / "grid.yaml", "--dry-run", "--results-dir", results_dir], capsys)
+    code, out, err = invoke(
+        ["sweep", EXAMPLES / "grid.yaml", "--dry-run", "--results-dir", results_dir], capsys
+    )
     assert code == 0, err
     assert "6 runs" in out + err
     # one cell, P4 under the label-flip attack, at a small size
@@ -65,7 +87,7 @@ def test_grid_yaml_expands_to_six_runs_at_equal_privacy_and_a_cell_runs(capsys, 
 
 
 def test_peers_yaml_is_a_valid_peers_file_for_device_init(capsys, tmp_path):
-    from p4bench.plugins.device.peers import PeersFile
+    from p4bench_device.peers import PeersFile
 
     peers = PeersFile.load(EXAMPLES / "peers.yaml")
     assert peers.num_clients == 4 and peers.server is None
@@ -75,7 +97,9 @@ def test_peers_yaml_is_a_valid_peers_file_for_device_init(capsys, tmp_path):
     assert sorted(p.node for p in peers.peers) == [0, 1, 2, 3]
     # the launching machine's first step: the run's CA and one certificate per peer
     tls = tmp_path / "tls"
-    code, out, err = invoke(["device", "init", "--peers", EXAMPLES / "peers.yaml", "--tls-dir", tls], capsys)
+    code, out, err = invoke(
+        ["device", "init", "--peers", EXAMPLES / "peers.yaml", "--tls-dir", tls], capsys
+    )
     assert code == 0, err
     for name in ["ca", "launcher", *[p.id for p in peers.peers]]:
         assert (tls / f"{name}.pem").is_file() and (tls / f"{name}.key").is_file(), name

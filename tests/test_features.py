@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import p4bench.features as features
-from p4bench.data.federated import ClientTensors, build_federated_data
-from p4bench.features import (
+import p4bench.data.features as features
+from p4bench.data.features import (
     FeatureCache,
     client_channel_stats,
     normalize_client_tensors,
@@ -20,6 +19,7 @@ from p4bench.features import (
     scatter_output_shape,
     scatter_transform,
 )
+from p4bench.data.federated import ClientTensors, build_federated_data
 
 
 def test_kymatio_2d_frontend_works_with_installed_scipy():
@@ -110,7 +110,10 @@ def padded(xs: list[np.ndarray]) -> ClientTensors:
 
 def test_client_channel_stats_use_only_valid_samples():
     rng = np.random.default_rng(0)
-    xs = [rng.normal(3, 2, (7, 4, 2, 2)).astype(np.float32), rng.normal(-1, 0.5, (3, 4, 2, 2)).astype(np.float32)]
+    xs = [
+        rng.normal(3, 2, (7, 4, 2, 2)).astype(np.float32),
+        rng.normal(-1, 0.5, (3, 4, 2, 2)).astype(np.float32),
+    ]
     tensors = padded(xs)
     assert tensors.x.shape[1] == 7  # client 1 is padded with zeros
     mean, std = client_channel_stats(tensors.x, tensors.n)
@@ -123,12 +126,16 @@ def test_client_channel_stats_use_only_valid_samples():
     np.testing.assert_allclose(valid.std(dim=(0, 2, 3), unbiased=False), 1, atol=1e-3)
     assert torch.all(train.x[1, 3:] == 0)  # padding untouched
     # The test split is normalized with the client's training statistics.
-    expected = (torch.from_numpy(xs[1][:2]) - mean[1].reshape(4, 1, 1)) / (std[1].reshape(4, 1, 1) + 1e-5)
+    expected = (torch.from_numpy(xs[1][:2]) - mean[1].reshape(4, 1, 1)) / (
+        std[1].reshape(4, 1, 1) + 1e-5
+    )
     torch.testing.assert_close(test.x[1, :2], expected)
 
 
 def test_flat_features_and_empty_clients():
-    tensors = ClientTensors(torch.randn(2, 4, 3), torch.zeros(2, 4, dtype=torch.int64), torch.tensor([4, 0]))
+    tensors = ClientTensors(
+        torch.randn(2, 4, 3), torch.zeros(2, 4, dtype=torch.int64), torch.tensor([4, 0])
+    )
     mean, std = client_channel_stats(tensors.x, tensors.n)
     assert mean.shape == (2, 3) and torch.all(mean[1] == 0) and torch.all(std[1] == 1)
     normalized, _ = normalize_client_tensors(tensors)
@@ -160,7 +167,12 @@ def test_scatter_dataset_needs_images():
     from p4bench.errors import IncompatibleError
 
     flat = ArrayDataset(
-        "flat", np.zeros((2, 5), np.float32), np.zeros(2, np.int64), np.zeros((1, 5), np.float32), np.zeros(1, np.int64), ("a",)
+        "flat",
+        np.zeros((2, 5), np.float32),
+        np.zeros(2, np.int64),
+        np.zeros((1, 5), np.float32),
+        np.zeros(1, np.int64),
+        ("a",),
     )
     with pytest.raises(IncompatibleError, match="flat"):
         scatter_dataset(flat, use_cache=False)
@@ -169,7 +181,10 @@ def test_scatter_dataset_needs_images():
 def test_centralized_linear_on_digits_scatter_features_reaches_90_percent(digits_scatter):
     """Sanity check of the features: a non-private linear softmax on pooled features."""
     data = digits_scatter
-    x_train, x_test = torch.from_numpy(data.x_train).flatten(1), torch.from_numpy(data.x_test).flatten(1)
+    x_train, x_test = (
+        torch.from_numpy(data.x_train).flatten(1),
+        torch.from_numpy(data.x_test).flatten(1),
+    )
     mean, std = x_train.mean(0), x_train.std(0) + 1e-5
     x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
     y_train, y_test = torch.from_numpy(data.y_train), torch.from_numpy(data.y_test)

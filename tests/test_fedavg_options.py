@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p4bench.baselines.fedavg import select_clients
 from p4bench.errors import UsageError
 from p4bench.rng import ClientRng, node_keys
 from p4bench.run.runner import run
+from p4bench_baselines.fedavg import select_clients
 
 
 def test_power_law_client_sampling_favours_high_ids_and_refuses_dp(small_config):
@@ -22,8 +22,14 @@ def test_power_law_client_sampling_favours_high_ids_and_refuses_dp(small_config)
     assert counts[7:].sum() > 3 * counts[:3].sum()
     uniform = sum(select_clients(10, 2, "uniform", rng).float() for _ in range(400))
     assert uniform[7:].sum() < 1.5 * uniform[:3].sum()
-    config = small_config(method="fedavg", clients=10, rounds=2, client_rate=0.2, eval_fraction=0.0,
-                          options={"client_sampling": "powerlaw"})
+    config = small_config(
+        method="fedavg",
+        clients=10,
+        rounds=2,
+        client_rate=0.2,
+        eval_fraction=0.0,
+        options={"client_sampling": "powerlaw"},
+    )
     assert run(config, track=False).summary["rounds_completed"] == 2
     with pytest.raises(UsageError, match="non-private runs"):
         run(config.replace(epsilon=8.0, no_dp=False), track=False)

@@ -10,15 +10,26 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from p4bench.baselines.karras_preset import FRACTIONS, cbds_claim, karras_claims, karras_report, table_iii_lines
-from p4bench.claims import ClaimContext
 from p4bench.cli import main
-from p4bench.plugin_manager import default_registry
+from p4bench.host.manager import default_registry
+from p4bench.studies.claims import ClaimContext
 from p4bench.studies.equal_privacy import from_config
 from p4bench.studies.reproduce import plan_preset, quick_claims
+from p4bench_p2p_fl.preset import (
+    FRACTIONS,
+    cbds_claim,
+    karras_claims,
+    karras_report,
+    table_iii_lines,
+)
 
-NEEDED = (("method", "p2p-fl"), ("method", "feddf"), ("attack", "random-labels"), ("partitioner", "cbds"),
-          ("model", "cnn-gray"))
+NEEDED = (
+    ("method", "p2p-fl"),
+    ("method", "feddf"),
+    ("attack", "random-labels"),
+    ("partitioner", "cbds"),
+    ("model", "cnn-gray"),
+)
 KEYS = ("variant", "method", "malicious_fraction")
 CTX = ClaimContext("digits", False, ())
 
@@ -28,7 +39,9 @@ def _missing() -> list[str]:
     return [f"{kind} '{name}'" for kind, name in NEEDED if name not in registry.names(kind)]
 
 
-needs_plugins = pytest.mark.skipif(bool(_missing()), reason=f"karras plugins not registered yet: {', '.join(_missing())}")
+needs_plugins = pytest.mark.skipif(
+    bool(_missing()), reason=f"karras plugins not registered yet: {', '.join(_missing())}"
+)
 
 
 @pytest.fixture
@@ -37,7 +50,9 @@ def no_data(tmp_path, monkeypatch):
 
 
 def table(rows):
-    return pd.DataFrame([{**dict(zip(KEYS, map(str, r[:-1]))), "mean": r[-1], "std": 0.0, "n": 1} for r in rows])
+    return pd.DataFrame(
+        [{**dict(zip(KEYS, map(str, r[:-1]))), "mean": r[-1], "std": 0.0, "n": 1} for r in rows]
+    )
 
 
 # -- plans --------------------------------------------------------------------------------
@@ -48,31 +63,69 @@ def test_full_plan_on_greyscale_cifar10():
     plan = plan_preset("karras", "cifar10", check_data=False)
     assert plan.spec.name == "reproduce-karras-cifar10" and not plan.skipped
     runs = Counter((r.tags["variant"], r.config.method) for r in plan.runs)
-    assert runs == {("table III", "fedavg"): 3, ("table III", "centralized"): 3,
-                    ("table III: p2p", "p2p-fl"): 3,
-                    ("noisy clients", "fedavg"): 12, ("noisy clients", "feddf"): 12, ("noisy clients", "p2p-fl"): 12,
-                    ("cbds alpha 0.01", "fedavg"): 3, ("cbds alpha 0.01", "feddf"): 3, ("cbds alpha 0.01", "p2p-fl"): 3,
-                    ("dirichlet alpha 0.01", "fedavg"): 3, ("dirichlet alpha 0.01", "feddf"): 3,
-                    ("dirichlet alpha 0.01", "p2p-fl"): 3}
+    assert runs == {
+        ("table III", "fedavg"): 3,
+        ("table III", "centralized"): 3,
+        ("table III: p2p", "p2p-fl"): 3,
+        ("noisy clients", "fedavg"): 12,
+        ("noisy clients", "feddf"): 12,
+        ("noisy clients", "p2p-fl"): 12,
+        ("cbds alpha 0.01", "fedavg"): 3,
+        ("cbds alpha 0.01", "feddf"): 3,
+        ("cbds alpha 0.01", "p2p-fl"): 3,
+        ("dirichlet alpha 0.01", "fedavg"): 3,
+        ("dirichlet alpha 0.01", "feddf"): 3,
+        ("dirichlet alpha 0.01", "p2p-fl"): 3,
+    }
     configs = [r.config for r in plan.runs]
-    assert all(not from_config(c).private and c.no_dp and c.epsilon is None for c in configs)  # the paper has no DP
-    assert {c.model for c in configs} == {"cnn-gray"} and all(c.options["grayscale"] for c in configs)
+    assert all(
+        not from_config(c).private and c.no_dp and c.epsilon is None for c in configs
+    )  # the paper has no DP
+    assert {c.model for c in configs} == {"cnn-gray"} and all(
+        c.options["grayscale"] for c in configs
+    )
     assert {c.clients for c in configs} == {40} and {c.seed for c in configs} == {0, 1, 2}
     noisy = [r.config for r in plan.runs if r.tags["variant"] == "noisy clients"]
-    assert {c.malicious_fraction for c in noisy} == set(FRACTIONS) and {c.attack for c in noisy} == {"random-labels"}
+    assert {c.malicious_fraction for c in noisy} == set(FRACTIONS) and {
+        c.attack for c in noisy
+    } == {"random-labels"}
     assert all(c.options["cbds_alpha"] == 1.0 and c.rounds == 20 for c in noisy)
     by_method = {c.method: c for c in noisy}
-    assert by_method["fedavg"].client_rate == 0.5 and by_method["p2p-fl"].client_rate == 1.0  # S = K/2; Alg. 3: all
-    assert by_method["fedavg"].options["optimizer"] == "adam" and by_method["fedavg"].options["epochs"] == 20
+    assert (
+        by_method["fedavg"].client_rate == 0.5 and by_method["p2p-fl"].client_rate == 1.0
+    )  # S = K/2; Alg. 3: all
+    assert (
+        by_method["fedavg"].options["optimizer"] == "adam"
+        and by_method["fedavg"].options["epochs"] == 20
+    )
     assert by_method["feddf"].options["distill_steps"] == 10_000
     assert by_method["p2p-fl"].options["policy"] == "acc-weighted"
-    for method in ("fedavg", "feddf", "p2p-fl"):  # Table II's optimiser for every method of the comparison
-        assert by_method[method].options["optimizer"] == "adam" and by_method[method].options["lr_decay"] == 0.995
-    exchanges = {r.config.options["exchange"] for r in plan.runs if r.tags["variant"].startswith("table III:")}
-    assert exchanges == {"relay"}  # one P2P run beside both of the paper's rows (relay and mesh: identical models)
-    assert {c.eval_set for c in configs} == {"both"}  # the paper's global test set, each client's own beside
-    assert all(c.rounds == 200 and c.attack is None for r in plan.runs if r.tags["variant"] == "table III"
-               for c in [r.config])
+    for method in (
+        "fedavg",
+        "feddf",
+        "p2p-fl",
+    ):  # Table II's optimiser for every method of the comparison
+        assert (
+            by_method[method].options["optimizer"] == "adam"
+            and by_method[method].options["lr_decay"] == 0.995
+        )
+    exchanges = {
+        r.config.options["exchange"]
+        for r in plan.runs
+        if r.tags["variant"].startswith("table III:")
+    }
+    assert exchanges == {
+        "relay"
+    }  # one P2P run beside both of the paper's rows (relay and mesh: identical models)
+    assert {c.eval_set for c in configs} == {
+        "both"
+    }  # the paper's global test set, each client's own beside
+    assert all(
+        c.rounds == 200 and c.attack is None
+        for r in plan.runs
+        if r.tags["variant"] == "table III"
+        for c in [r.config]
+    )
     non_iid = {r.tags["variant"]: r.config for r in plan.runs if "0.01" in r.tags["variant"]}
     assert non_iid["cbds alpha 0.01"].options["cbds_alpha"] == 0.01
     assert non_iid["dirichlet alpha 0.01"].options["dirichlet_alpha"] == 0.01
@@ -102,28 +155,50 @@ def test_cbds_claim_is_computed_from_the_partitioner_and_can_fail():
 
 def test_robustness_and_imbalance_claims_yes_no_and_not_checked():
     cbds = cbds_claim(runs=5)
-    rows = [("noisy clients", "fedavg", 0.0, 0.60), ("noisy clients", "fedavg", 0.75, 0.20),
-            ("noisy clients", "feddf", 0.0, 0.58), ("noisy clients", "feddf", 0.75, 0.45),
-            ("cbds alpha 0.01", "fedavg", 0.0, 0.30), ("cbds alpha 0.01", "feddf", 0.0, 0.70)]
+    rows = [
+        ("noisy clients", "fedavg", 0.0, 0.60),
+        ("noisy clients", "fedavg", 0.75, 0.20),
+        ("noisy clients", "feddf", 0.0, 0.58),
+        ("noisy clients", "feddf", 0.75, 0.45),
+        ("cbds alpha 0.01", "fedavg", 0.0, 0.30),
+        ("cbds alpha 0.01", "feddf", 0.0, 0.70),
+    ]
     checks = karras_claims(table(rows), CTX, cbds)
     assert [c.status for c in checks[1:]] == ["yes", "yes"]
     assert "drop 40.0 points" in checks[1].detail and "drop 13.0 points" in checks[1].detail
-    worse = [("noisy clients", "fedavg", 0.0, 0.60), ("noisy clients", "fedavg", 0.75, 0.50),
-             ("noisy clients", "feddf", 0.0, 0.58), ("noisy clients", "feddf", 0.75, 0.45),
-             ("cbds alpha 0.01", "fedavg", 0.0, 0.30), ("cbds alpha 0.01", "feddf", 0.0, 0.29)]
+    worse = [
+        ("noisy clients", "fedavg", 0.0, 0.60),
+        ("noisy clients", "fedavg", 0.75, 0.50),
+        ("noisy clients", "feddf", 0.0, 0.58),
+        ("noisy clients", "feddf", 0.75, 0.45),
+        ("cbds alpha 0.01", "fedavg", 0.0, 0.30),
+        ("cbds alpha 0.01", "feddf", 0.0, 0.29),
+    ]
     assert [c.status for c in karras_claims(table(worse), CTX, cbds)[1:]] == ["no", "no"]
-    assert all("P2P" not in c.claim and "personal" not in c.claim for c in checks)  # only the paper's claims
+    assert all(
+        "P2P" not in c.claim and "personal" not in c.claim for c in checks
+    )  # only the paper's claims
     only_fedavg = [r for r in rows if r[1] == "fedavg"]
-    assert [c.status for c in karras_claims(table(only_fedavg), CTX, cbds)[1:]] == ["not checked", "not checked"]
+    assert [c.status for c in karras_claims(table(only_fedavg), CTX, cbds)[1:]] == [
+        "not checked",
+        "not checked",
+    ]
 
 
 def test_table_iii_is_reference_only(tmp_path):
-    rows = [("table III", "fedavg", 0.0, 0.5), ("noisy clients", "fedavg", 0.0, 0.5), ("noisy clients", "fedavg", 0.75, 0.3)]
+    rows = [
+        ("table III", "fedavg", 0.0, 0.5),
+        ("noisy clients", "fedavg", 0.0, 0.5),
+        ("noisy clients", "fedavg", 0.75, 0.3),
+    ]
     lines = table_iii_lines(table(rows), "digits")
     assert "reference values only, not a pass/fail" in lines[0]
     assert "FedAvg" in lines[1] and "paper 62.1%" in lines[1] and "ours  50.0%" in lines[1]
     assert not any(word in line for line in lines for word in (": yes", ": no"))
-    assert sum("(table III: p2p, p2p-fl)" in line for line in lines) == 2 and "identical models" in lines[-1]
+    assert (
+        sum("(table III: p2p, p2p-fl)" in line for line in lines) == 2
+        and "identical models" in lines[-1]
+    )
     report = karras_report(table(rows), CTX, tmp_path, "x")
     plot = tmp_path / "x-accuracy-vs-nk.png"
     assert report[-1] == f"plot of accuracy vs N_K: {plot}" and plot.stat().st_size > 0
@@ -136,13 +211,30 @@ def test_table_iii_is_reference_only(tmp_path):
 def test_quick_karras_runs_end_to_end_on_digits(no_data, tmp_path, capsys):
     # the smallest smoke run: no lr tuning, 1 round, the methods of the claims (no centralized)
     with pytest.raises(SystemExit) as info:
-        main(["reproduce", "karras", "--quick", "--no-tune", "--set", "rounds=1", "--only", "method=fedavg,feddf,p2p-fl",
-              "--results-dir", str(tmp_path / "runs"), "--format", "markdown"])
+        main(
+            [
+                "reproduce",
+                "karras",
+                "--quick",
+                "--no-tune",
+                "--set",
+                "rounds=1",
+                "--only",
+                "method=fedavg,feddf,p2p-fl",
+                "--results-dir",
+                str(tmp_path / "runs"),
+                "--format",
+                "markdown",
+            ]
+        )
     out, err = capsys.readouterr()
     assert (info.value.code or 0) == 0, err
     assert "falling back to digits" in err
     assert "| noisy clients | feddf | 0.75 |" in out and "| cbds alpha 0.01 | p2p-fl | 0.0 |" in out
-    assert "Table III of the paper (greyscale CIFAR-10) beside ours (digits): reference values only" in out
+    assert (
+        "Table III of the paper (greyscale CIFAR-10) beside ours (digits): reference values only"
+        in out
+    )
     plot = next(line for line in out.splitlines() if line.startswith("plot of accuracy vs N_K: "))
     assert Path(plot.split(": ", 1)[1]).is_file()
     assert "privacy: non-private: " in out and "every run is non-private, as in the paper" in out
@@ -151,4 +243,6 @@ def test_quick_karras_runs_end_to_end_on_digits(no_data, tmp_path, capsys):
         line = next(line for line in out.splitlines() if claim in line)
         assert ": not tested (quick smoke run" in line  # a smoke run is no verdict
     cbds = next(line for line in out.splitlines() if line.startswith("- CBDS undersampling"))
-    assert ": yes (" in cbds or ": no (" in cbds  # computed from the partitioner: a verdict even here
+    assert (
+        ": yes (" in cbds or ": no (" in cbds
+    )  # computed from the partitioner: a verdict even here

@@ -8,8 +8,8 @@ from torch.func import vmap
 
 from p4bench.engine.training import batched_loss_and_grad, reference_loss_and_grad
 from p4bench.errors import IncompatibleError
+from p4bench.host.manager import Registry, create_plugin_manager
 from p4bench.models import LinearSoftmax, ScatterCNN, SmallCNN
-from p4bench.plugin_manager import Registry, create_plugin_manager
 
 CASES = [
     (ScatterCNN, (243, 8, 8), 10),  # CIFAR-10 ScatterNet features

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from p4bench.baselines.muffliato import chebyshev_weights
 from p4bench.errors import ConfigError
 from p4bench.run.runner import run
 from p4bench.testing import check_method
 from p4bench.topology import RingGraph, metropolis_hastings, spectral_gap
+from p4bench_baselines.muffliato import chebyshev_weights
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,10 @@ def _spread(params) -> float:
 
 @pytest.mark.parametrize("topology", ["ring", "complete"])
 def test_runs_private_and_the_ledger_certifies_epsilon(small_config, topology):
-    result = run(small_config(method="muffliato", rounds=4, epsilon=2.0, options={"topology": topology}), track=False)
+    result = run(
+        small_config(method="muffliato", rounds=4, epsilon=2.0, options={"topology": topology}),
+        track=False,
+    )
     summary = result.summary
     assert summary["private"] and 0 < summary["epsilon"] <= 2.0 and summary["clients_stopped"] == 0
     assert summary["accuracy_mean"] > 0.3  # digits, 10 classes
@@ -51,7 +54,10 @@ def test_no_gossip_is_local_noisy_sgd(small_config, private):
     """K = 0: no message, and the same batches, noise and steps as `local` (same seed)."""
     extra = {"epsilon": 4.0} if private else {"no_dp": True}
     local = run(small_config(method="local", clients=6, **extra), track=False)
-    muff = run(small_config(method="muffliato", clients=6, options={"gossip_steps": 0}, **extra), track=False)
+    muff = run(
+        small_config(method="muffliato", clients=6, options={"gossip_steps": 0}, **extra),
+        track=False,
+    )
     assert muff.outcome.bytes_sent == 0
     for key, value in local.outcome.final_params.items():
         assert torch.equal(value, muff.outcome.final_params[key]), key
@@ -62,15 +68,22 @@ def test_no_gossip_is_local_noisy_sgd(small_config, private):
 def test_one_gossip_step_is_dp_dsgd_half_a_step_later(small_config):
     """K = 1 is adapt-then-combine DSGD; dp-dsgd (combine-then-adapt) follows the same
     trajectory half an iteration earlier: W x_dsgd = x_muffliato, same noise (docs/dp-dpsgd.md)."""
-    from p4bench.baselines.common import GraphSchedule
-    from p4bench.baselines.dsgt import mixing_matrix
+    from p4bench.engine.method_kit import GraphSchedule
     from p4bench.engine.state import vectorize
+    from p4bench_baselines.dsgt import mixing_matrix
 
-    base = dict(clients=6, epsilon=4.0, partitioner="alpha", similarity=0.0, options={"topology": "ring"})
+    base = dict(
+        clients=6, epsilon=4.0, partitioner="alpha", similarity=0.0, options={"topology": "ring"}
+    )
     dsgd = run(small_config(method="dp-dsgd", **base), track=False)
     muff = run(small_config(method="muffliato", **base), track=False)
-    w = torch.from_numpy(mixing_matrix(GraphSchedule("ring", None, 6, 1).adjacency(0), "metropolis"))
-    x_dsgd, x_muff = vectorize(dsgd.outcome.final_params).double(), vectorize(muff.outcome.final_params).double()
+    w = torch.from_numpy(
+        mixing_matrix(GraphSchedule("ring", None, 6, 1).adjacency(0), "metropolis")
+    )
+    x_dsgd, x_muff = (
+        vectorize(dsgd.outcome.final_params).double(),
+        vectorize(muff.outcome.final_params).double(),
+    )
     assert torch.allclose(w @ x_dsgd, x_muff, atol=1e-6)
     assert not torch.allclose(x_dsgd, x_muff, atol=1e-3)
     assert dsgd.summary["epsilon"] == muff.summary["epsilon"]
@@ -78,10 +91,21 @@ def test_one_gossip_step_is_dp_dsgd_half_a_step_later(small_config):
 
 def test_more_gossip_brings_nodes_closer_to_consensus(small_config):
     spreads = {}
-    for label, options in (("K0", {"gossip_steps": 0}), ("K1", {"gossip_steps": 1}), ("K4", {"gossip_steps": 4}),
-                           ("K4-cheb", {"gossip_steps": 4, "chebyshev": True})):
-        config = small_config(method="muffliato", clients=10, rounds=3, epsilon=4.0, partitioner="alpha",
-                              similarity=0.0, options={"topology": "ring", **options})
+    for label, options in (
+        ("K0", {"gossip_steps": 0}),
+        ("K1", {"gossip_steps": 1}),
+        ("K4", {"gossip_steps": 4}),
+        ("K4-cheb", {"gossip_steps": 4, "chebyshev": True}),
+    ):
+        config = small_config(
+            method="muffliato",
+            clients=10,
+            rounds=3,
+            epsilon=4.0,
+            partitioner="alpha",
+            similarity=0.0,
+            options={"topology": "ring", **options},
+        )
         spreads[label] = _spread(run(config, track=False).outcome.final_params)
     assert spreads["K0"] > spreads["K1"] > spreads["K4"] > spreads["K4-cheb"], spreads
 
@@ -109,7 +133,12 @@ def test_chebyshev_recursion_is_the_scaled_chebyshev_polynomial():
 
 def test_chebyshev_needs_an_undirected_graph(small_config):
     with pytest.raises(ConfigError, match="chebyshev"):
-        run(small_config(method="muffliato", options={"topology": "exponential", "chebyshev": True}), track=False)
+        run(
+            small_config(
+                method="muffliato", options={"topology": "exponential", "chebyshev": True}
+            ),
+            track=False,
+        )
 
 
 @pytest.mark.parametrize("options", [{"topology": "ring", "gossip_steps": 2, "chebyshev": True}])

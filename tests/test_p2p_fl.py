@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from p4bench.baselines.p2p_fl import MODEL, ORIGIN
-from p4bench.baselines.p2p_policies import policy_weights, validation_split
 from p4bench.cli import main
 from p4bench.data import ClientTensors
 from p4bench.engine.messages import Messages, encode
@@ -19,8 +17,14 @@ from p4bench.privacy.accountants import RDPAccountant, ReleaseSegment, accounted
 from p4bench.rng import SERVER_ID, node_keys
 from p4bench.run.runner import run
 from p4bench.testing import check_method
+from p4bench_p2p_fl.method import MODEL, ORIGIN
+from p4bench_p2p_fl.policies import policy_weights, validation_split
 
-FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}
+FAST = {
+    "device_exchange_timeout_s": 30,
+    "device_round_timeout_s": 120,
+    "device_startup_timeout_s": 180,
+}
 # four candidates per receiver; receiver 0 owns column 0, receiver 1 column 2
 ACC = torch.tensor([[0.5, 0.9, 0.1, 0.7], [0.2, 0.4, 0.6, 0.8]], dtype=torch.float64)
 LOSS = torch.tensor([[1.0, 0.2, 2.0, 0.5], [1.5, 1.0, 0.7, 0.3]], dtype=torch.float64)
@@ -77,7 +81,9 @@ def test_validation_split_is_disjoint_and_independent_of_padding():
     assert torch.equal(fit.n + val.n, data.n) and bool((val.n > 0).all())
     for i in range(2):
         seen = torch.cat([fit.x[i, : fit.n[i], 0], val.x[i, : val.n[i], 0]])
-        assert torch.equal(seen.sort().values, x[i, : data.n[i], 0])  # every record once, in one split
+        assert torch.equal(
+            seen.sort().values, x[i, : data.n[i], 0]
+        )  # every record once, in one split
     # client 1 alone (no padding to 50) gets the same split
     alone = ClientTensors(x[1:, :30], data.y[1:, :30], data.n[1:])
     fit1, val1 = validation_split(alone, keys[1:], 0.3)
@@ -92,7 +98,9 @@ def _config(small_config, **changes):
 
 def _params(result) -> np.ndarray:
     params = result.outcome.final_params
-    return np.concatenate([params[k].reshape(len(params[k]), -1).numpy() for k in sorted(params)], axis=1)
+    return np.concatenate(
+        [params[k].reshape(len(params[k]), -1).numpy() for k in sorted(params)], axis=1
+    )
 
 
 def test_relay_and_mesh_train_the_same_models_with_their_own_traffic(small_config):
@@ -104,7 +112,13 @@ def test_relay_and_mesh_train_the_same_models_with_their_own_traffic(small_confi
     vector = torch.zeros(1, size)
 
     def frame(exchange, src, dst, **extra):
-        return len(encode(exchange, 1, Messages(torch.tensor([src]), torch.tensor([dst]), {MODEL: vector, **extra})))
+        return len(
+            encode(
+                exchange,
+                1,
+                Messages(torch.tensor([src]), torch.tensor([dst]), {MODEL: vector, **extra}),
+            )
+        )
 
     relayed = frame("relay", SERVER_ID, 0, **{ORIGIN: torch.zeros(1, dtype=torch.long)})
     per_round = {  # round 0 trains from the common model: no exchange
@@ -112,8 +126,15 @@ def test_relay_and_mesh_train_the_same_models_with_their_own_traffic(small_confi
         "mesh": clients * (clients - 1) * frame("share", 1, 0),
     }
     for name, result in (("relay", relay), ("mesh", mesh)):
-        assert [r.bytes_sent for r in result.outcome.reports] == [0, per_round[name], per_round[name]], name
-    assert relay.info.config.clients == clients and relay.summary["bytes_sent"] > mesh.summary["bytes_sent"]
+        assert [r.bytes_sent for r in result.outcome.reports] == [
+            0,
+            per_round[name],
+            per_round[name],
+        ], name
+    assert (
+        relay.info.config.clients == clients
+        and relay.summary["bytes_sent"] > mesh.summary["bytes_sent"]
+    )
 
 
 def test_validation_accuracies_are_reported_per_round_and_written(small_config, tmp_path):
@@ -124,7 +145,9 @@ def test_validation_accuracies_are_reported_per_round_and_written(small_config, 
     assert result.summary["accuracy_prefit_val_mean"] <= 1.0
     files = result.write_method_artifacts(tmp_path)
     rows = (tmp_path / "p2p_validation.csv").read_text().strip().splitlines()
-    assert [f.name for f in files] == ["p2p_validation.csv", "p2p_weights.csv"] and len(rows) == 1 + 4 * 3
+    assert [f.name for f in files] == ["p2p_validation.csv", "p2p_weights.csv"] and len(
+        rows
+    ) == 1 + 4 * 3
     weights = np.loadtxt(tmp_path / "p2p_weights.csv", delimiter=",", skiprows=1)[:, 1:]
     np.testing.assert_allclose(weights.sum(1), 1.0)
     assert ((weights > 0).sum(1) <= 2).all()  # top-1 plus the own model
@@ -132,8 +155,13 @@ def test_validation_accuracies_are_reported_per_round_and_written(small_config, 
 
 # -- differential privacy ------------------------------------------------------------------------------
 @pytest.mark.parametrize("policy, scored", [("acc-weighted", True), ("uniform", False)])
-def test_dp_run_certifies_epsilon_per_sender_with_c_minus_1_receivers(verify_full, small_config, policy, scored):
-    result = run(_config(small_config, epsilon=4.0, accountant="rdp", options={"policy": policy}), track=False)
+def test_dp_run_certifies_epsilon_per_sender_with_c_minus_1_receivers(
+    verify_full, small_config, policy, scored
+):
+    result = run(
+        _config(small_config, epsilon=4.0, accountant="rdp", options={"policy": policy}),
+        track=False,
+    )
     s = result.summary
     assert s["private"] and s["epsilon_certified"] and s["uncertified_reason"] is None
     assert s["receivers_per_release"] == 3 and s["clients_stopped"] == 0
@@ -147,31 +175,64 @@ def test_dp_run_certifies_epsilon_per_sender_with_c_minus_1_receivers(verify_ful
 # -- command line, runtimes, conformance -------------------------------------------------------------------
 def test_cli_runs_p2p_fl_with_a_policy(capsys, results_dir):
     with pytest.raises(SystemExit) as info:
-        main(["run", "--method", "p2p-fl", "--clients", "4", "--rounds", "2", "--local-steps", "2",
-              "--results-dir", results_dir, "--json", "-o", "policy=acc-weighted"])
+        main(
+            [
+                "run",
+                "--method",
+                "p2p-fl",
+                "--clients",
+                "4",
+                "--rounds",
+                "2",
+                "--local-steps",
+                "2",
+                "--results-dir",
+                results_dir,
+                "--json",
+                "-o",
+                "policy=acc-weighted",
+            ]
+        )
     out, _ = capsys.readouterr()
     summary = json.loads(out.strip().splitlines()[-1])
-    assert (info.value.code or 0) == 0 and summary["method"] == "p2p-fl" and summary["epsilon"] is None
-    assert 0.0 < summary["accuracy_mean"] <= 1.0 and summary["accuracy_min"] <= summary["accuracy_max"]
+    assert (
+        (info.value.code or 0) == 0 and summary["method"] == "p2p-fl" and summary["epsilon"] is None
+    )
+    assert (
+        0.0 < summary["accuracy_mean"] <= 1.0 and summary["accuracy_min"] <= summary["accuracy_max"]
+    )
 
 
 @pytest.mark.parametrize("exchange", ["relay", "mesh"])
 def test_simulation_bytes_and_device_agree(small_config, exchange):
     options = {"exchange": exchange}
-    config = _config(small_config, rounds=2, noise_multiplier=1.0, noise_source="seeded", device_simulation=True,
-                     options=options)
+    config = _config(
+        small_config,
+        rounds=2,
+        noise_multiplier=1.0,
+        noise_source="seeded",
+        device_simulation=True,
+        options=options,
+    )
     results = {
         "simulation": run(config, track=False),
         "bytes": run(config.replace(runtime="bytes"), track=False),
-        "device": run(config.replace(runtime="device", options={**options, "device_local_peers": 4, **FAST}), track=False),
+        "device": run(
+            config.replace(runtime="device", options={**options, "device_local_peers": 4, **FAST}),
+            track=False,
+        ),
     }
     simulated = results["simulation"]
     for name, result in results.items():
         assert not result.summary.get("device", {}).get("dropped"), name
-        np.testing.assert_allclose(result.outcome.accuracy, simulated.outcome.accuracy, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(
+            result.outcome.accuracy, simulated.outcome.accuracy, atol=1e-4, err_msg=name
+        )
         np.testing.assert_allclose(_params(result), _params(simulated), atol=1e-4, err_msg=name)
         for key in ("prefit_val", "postfit_val"):
-            np.testing.assert_allclose(result.outcome.extra_accuracy[key], simulated.outcome.extra_accuracy[key], atol=1e-4)
+            np.testing.assert_allclose(
+                result.outcome.extra_accuracy[key], simulated.outcome.extra_accuracy[key], atol=1e-4
+            )
         assert result.summary["client_bytes_sent"] == simulated.summary["client_bytes_sent"], name
         assert result.summary["epsilon"] == pytest.approx(simulated.summary["epsilon"]), name
 
@@ -185,8 +246,15 @@ def test_p2p_fl_conforms(options):
 def test_table_ii_adam_with_per_epoch_decay_is_an_option_and_sgd_stays_the_default(small_config):
     base = dict(method="p2p-fl", clients=4, rounds=2, eval_fraction=0.0, lr=5e-3)
     plain = run(small_config(**base), track=False).summary
-    explicit = run(small_config(**base, options={"optimizer": "sgd", "lr_decay": 1.0}), track=False).summary
-    assert plain["accuracy_per_client"] == explicit["accuracy_per_client"]  # the default path unchanged
-    adam = run(small_config(**base, options={"optimizer": "adam", "lr_decay": 0.995, "epochs": 2}), track=False).summary
+    explicit = run(
+        small_config(**base, options={"optimizer": "sgd", "lr_decay": 1.0}), track=False
+    ).summary
+    assert (
+        plain["accuracy_per_client"] == explicit["accuracy_per_client"]
+    )  # the default path unchanged
+    adam = run(
+        small_config(**base, options={"optimizer": "adam", "lr_decay": 0.995, "epochs": 2}),
+        track=False,
+    ).summary
     assert adam["accuracy_per_client"] != plain["accuracy_per_client"]
     assert all(0.0 <= a <= 1.0 for a in adam["accuracy_per_client"].values())

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from p4bench.plugins.p4.grouping import collaboration_matrix, form_groups, pair_up, random_groups
 from p4bench.run.runner import run
+from p4bench_p4.grouping import collaboration_matrix, form_groups, pair_up, random_groups
 
 
 def test_mutual_best_pairs_first_then_greedy_then_random():
@@ -43,7 +43,9 @@ def test_form_groups_covers_everyone_once_and_respects_size():
     assert all(3 <= len(g) <= 7 for g in groups)
     matrix = collaboration_matrix(groups, 23)
     assert (matrix == matrix.T).all() and matrix.trace() == 0
-    assert sorted(c for g in random_groups(23, 4, np.random.default_rng(0)) for c in g) == list(range(23))
+    assert sorted(c for g in random_groups(23, 4, np.random.default_rng(0)) for c in g) == list(
+        range(23)
+    )
 
 
 def _same_dominant_fraction(groups, dominant):
@@ -58,8 +60,15 @@ def _same_dominant_fraction(groups, dominant):
 
 @pytest.mark.parametrize("grouping, low, high", [("similarity", 0.9, 1.0), ("random", 0.0, 0.4)])
 def test_grouping_quality_on_dominant_class_partition(small_config, grouping, low, high):
-    config = small_config(method="p4", partitioner="alpha", similarity=0.0, clients=40, rounds=1, no_dp=True,
-                          options={"group_size": 4, "grouping": grouping})
+    config = small_config(
+        method="p4",
+        partitioner="alpha",
+        similarity=0.0,
+        clients=40,
+        rounds=1,
+        no_dp=True,
+        options={"group_size": 4, "grouping": grouping},
+    )
     result = run(config, track=False)
     groups = result.method.groups_of(result.outcome.final_state)
     train = result.info.data.train
@@ -70,7 +79,14 @@ def test_grouping_quality_on_dominant_class_partition(small_config, grouping, lo
 
 @pytest.mark.parametrize("epsilon", [None, 20.0])
 def test_p4_is_the_same_protocol_batched_and_over_bytes(small_config, epsilon):
-    config = small_config(method="p4", clients=6, rounds=3, client_rate=0.5, epsilon=epsilon, options={"group_size": 2})
+    config = small_config(
+        method="p4",
+        clients=6,
+        rounds=3,
+        client_rate=0.5,
+        epsilon=epsilon,
+        options={"group_size": 2},
+    )
     batched = run(config, track=False)
     over_bytes = run(config.replace(runtime="bytes"), track=False)
     for key, value in batched.outcome.final_params.items():
@@ -80,7 +96,13 @@ def test_p4_is_the_same_protocol_batched_and_over_bytes(small_config, epsilon):
 
 
 def test_p4_summary_artifacts_and_privacy(small_config, tmp_path):
-    config = small_config(method="p4", clients=8, rounds=3, epsilon=10.0, tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    config = small_config(
+        method="p4",
+        clients=8,
+        rounds=3,
+        epsilon=10.0,
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+    )
     result = run(config)
     summary = result.summary
     assert summary["defense"] == "p4-secure"  # P4's default defense
@@ -96,10 +118,12 @@ def test_p4_summary_artifacts_and_privacy(small_config, tmp_path):
 
 
 def test_p4_writes_no_m_by_m_artifact_for_many_clients(small_config, tmp_path, monkeypatch):
-    import p4bench.plugins.p4.method as p4_method
+    import p4bench_p4.method as p4_method
 
     monkeypatch.setattr(p4_method, "ARTIFACT_MATRIX_CLIENTS", 4)  # 8 clients count as many here
-    config = small_config(method="p4", clients=8, rounds=1, tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    config = small_config(
+        method="p4", clients=8, rounds=1, tracking_uri=f"sqlite:///{tmp_path / 'm.db'}"
+    )
     folder = Path(run(config).summary["results_dir"])
     groups = json.loads((folder / "groups.json").read_text())
     assert sorted(c for g in groups["groups"] for c in g) == list(range(8))
@@ -108,7 +132,7 @@ def test_p4_writes_no_m_by_m_artifact_for_many_clients(small_config, tmp_path, m
 
 def test_p4_phase_one_is_counted_in_the_ledger(small_config):
     from p4bench import hookimpl
-    from p4bench.plugin_manager import create_plugin_manager
+    from p4bench.host.manager import create_plugin_manager
 
     seen = []
 
@@ -117,15 +141,25 @@ def test_p4_phase_one_is_counted_in_the_ledger(small_config):
         def privacy_release(self, run, release):
             seen.append(release.phase)
 
-    result = run(small_config(method="p4", rounds=2, epsilon=10.0), observers=[Recorder()],
-                 plugin_manager=create_plugin_manager(autoload=False), track=False)
+    result = run(
+        small_config(method="p4", rounds=2, epsilon=10.0),
+        observers=[Recorder()],
+        plugin_manager=create_plugin_manager(autoload=False),
+        track=False,
+    )
     assert "grouping" in seen and "cotraining" in seen
     assert result.summary["epsilon"] <= 10.0
 
 
 def test_defense_protects_the_shared_proxy(small_config):
-    base = dict(method="p4", clients=20, rounds=8, attack="byzantine-random", malicious_fraction=0.3,
-                options={"group_size": 4})
+    base = dict(
+        method="p4",
+        clients=20,
+        rounds=8,
+        attack="byzantine-random",
+        malicious_fraction=0.3,
+        options={"group_size": 4},
+    )
     defended = run(small_config(**base), track=False).summary
     undefended = run(small_config(**base, defense="none"), track=False).summary
     clean = run(small_config(**{**base, "attack": None}), track=False).summary
@@ -138,7 +172,9 @@ def test_p4_groups_are_a_topology_for_other_methods(small_config, tmp_path):
     from p4bench.topology.groups import GroupsGraph
     from p4bench.topology.mixing import is_doubly_stochastic, metropolis_hastings
 
-    result = run(small_config(method="p4", clients=8, rounds=1, options={"group_size": 4}), track=False)
+    result = run(
+        small_config(method="p4", clients=8, rounds=1, options={"group_size": 4}), track=False
+    )
     path = tmp_path / "groups.json"
     result.method.write_artifacts(result.outcome.final_state, tmp_path)
     adjacency = GroupsGraph({"path": str(path)}).edges(8, 0, np.random.default_rng(0))
@@ -150,31 +186,47 @@ def test_p4_groups_are_a_topology_for_other_methods(small_config, tmp_path):
 
 
 def test_single_shared_dp_model_ablation(small_config):
-    result = run(small_config(method="p4", clients=8, rounds=2, epsilon=10.0, options={"proxy": False}), track=False)
-    assert "accuracy_proxy_mean" not in result.summary  # the deployed model is the shared DP model itself
-    assert torch.equal(result.outcome.final_params["weight"], result.outcome.final_state["proxy"]["weight"])
+    result = run(
+        small_config(method="p4", clients=8, rounds=2, epsilon=10.0, options={"proxy": False}),
+        track=False,
+    )
+    assert (
+        "accuracy_proxy_mean" not in result.summary
+    )  # the deployed model is the shared DP model itself
+    assert torch.equal(
+        result.outcome.final_params["weight"], result.outcome.final_state["proxy"]["weight"]
+    )
 
 
-def test_first_cotraining_round_starts_every_member_from_the_aggregators_proxy(small_config, monkeypatch):
+def test_first_cotraining_round_starts_every_member_from_the_aggregators_proxy(
+    small_config, monkeypatch
+):
     """Deltas are taken from the model they are added to: at the first upload every member
     of a group holds the same reference proxy (the aggregator's), not its own phase-1 one."""
-    from p4bench.plugins.p4.method import P4
+    from p4bench_p4.method import P4
 
     seen = []
     original = P4._send_upload
 
     def spy(self, state, ctx):
         if ctx.round == 0:
-            seen.append(({k: v.clone() for k, v in state["group_proxy"].items()}, state["members"].clone()))
+            seen.append(
+                ({k: v.clone() for k, v in state["group_proxy"].items()}, state["members"].clone())
+            )
         return original(self, state, ctx)
 
     monkeypatch.setattr(P4, "_send_upload", spy)
-    run(small_config(method="p4", clients=8, rounds=1, epsilon=8.0, options={"group_size": 4}), track=False)
-    (reference, members), = seen
+    run(
+        small_config(method="p4", clients=8, rounds=1, epsilon=8.0, options={"group_size": 4}),
+        track=False,
+    )
+    ((reference, members),) = seen
     flat = torch.cat([v.flatten(start_dim=1) for v in reference.values()], dim=1)
     firsts = []
     for row in members.unique(dim=0):
         group = row.nonzero().squeeze(1)
         assert len(group) == 4 and torch.equal(flat[group], flat[group[:1]].expand(len(group), -1))
         firsts.append(int(group[0]))
-    assert len(firsts) == 2 and not torch.equal(flat[firsts[0]], flat[firsts[1]])  # one start per group
+    assert len(firsts) == 2 and not torch.equal(
+        flat[firsts[0]], flat[firsts[1]]
+    )  # one start per group

@@ -7,10 +7,10 @@ import torch
 
 from p4bench.data import ClientTensors
 from p4bench.engine.training import distillation_loss
-from p4bench.plugins.p4 import fused
-from p4bench.plugins.p4.fused import mutual_distillation_gradients, size_buckets
-from p4bench.plugins.p4.span import span_is_cheaper
 from p4bench.run.runner import run
+from p4bench_p4 import fused
+from p4bench_p4.fused import mutual_distillation_gradients, size_buckets
+from p4bench_p4.span import span_is_cheaper
 
 
 @pytest.mark.parametrize("alpha, beta", [(0.5, 0.5), (0.0, 1.0), (0.3, 0.0)])
@@ -51,7 +51,10 @@ def test_size_buckets_cover_every_client_once_with_bounded_padding():
         {"epsilon": 20.0},  # calibrated DP: Poisson batches of varying size
         # fixed noise: budgets run out during co-training (under rdp's looser replace-one bound)
         {"epsilon": 12.0, "noise_multiplier": 0.8, "accountant": "rdp"},
-        {"epsilon": 20.0, "client_rate": 0.5},  # partial participation: a subset of rows every round
+        {
+            "epsilon": 20.0,
+            "client_rate": 0.5,
+        },  # partial participation: a subset of rows every round
     ],
     ids=["no-dp", "dp", "budget", "partial"],
 )
@@ -65,10 +68,14 @@ def test_fused_step_matches_the_generic_path(small_config, monkeypatch, privacy,
 
     monkeypatch.setattr(fused, "size_buckets", spy)
     options = {"group_size": 3}
-    config = small_config(method="p4", clients=12, rounds=3, local_steps=4, data_rate=0.6, options=options, **privacy)
+    config = small_config(
+        method="p4", clients=12, rounds=3, local_steps=4, data_rate=0.6, options=options, **privacy
+    )
     # the span path's exact per-step draws (its default basis sampler has the same
     # distribution, tested in test_p4_span.py, but other numbers)
-    fast = run(config.replace(options={**options, "fused": mode, "span_noise": "streams"}), track=False)
+    fast = run(
+        config.replace(options={**options, "fused": mode, "span_noise": "streams"}), track=False
+    )
     generic = run(config.replace(options={**options, "fused": False}), track=False)
     if "epsilon" in privacy and mode == "buckets":
         assert max(seen) > 1  # Poisson batch sizes spread over several buckets
@@ -76,20 +83,31 @@ def test_fused_step_matches_the_generic_path(small_config, monkeypatch, privacy,
         assert not seen  # the bucketed path never ran
     if "noise_multiplier" in privacy:
         stopped = fast.outcome.final_state["stopped"]
+
         def stops(result):  # the bucketed path reports its rows in batch-size order
-            return [(stop["phase"], stop["round"], sorted(stop["clients"])) for stop in result.summary["budget_stops"]]
+            return [
+                (stop["phase"], stop["round"], sorted(stop["clients"]))
+                for stop in result.summary["budget_stops"]
+            ]
 
         assert 0 < int(stopped.sum()) and stops(fast) == stops(generic)
         assert {phase for phase, _, _ in stops(fast)} == {"cotraining"}
     for name in ("proxy", "private"):
         for key, value in fast.outcome.final_state[name].items():
-            assert torch.allclose(value, generic.outcome.final_state[name][key], atol=2e-5), (name, key)
+            assert torch.allclose(value, generic.outcome.final_state[name][key], atol=2e-5), (
+                name,
+                key,
+            )
     assert torch.equal(fast.outcome.final_state["stopped"], generic.outcome.final_state["stopped"])
 
 
 def test_gram_matrices_are_computed_once_and_shared_with_row_subsets():
     gen = torch.Generator().manual_seed(2)
-    data = ClientTensors(torch.randn(4, 6, 2, 3, generator=gen), torch.zeros(4, 6, dtype=torch.long), torch.tensor([6, 3, 5, 2]))
+    data = ClientTensors(
+        torch.randn(4, 6, 2, 3, generator=gen),
+        torch.zeros(4, 6, dtype=torch.long),
+        torch.tensor([6, 3, 5, 2]),
+    )
     flat = data.x.flatten(start_dim=2)
     assert torch.allclose(data.gram(), flat @ flat.transpose(1, 2), atol=1e-5)
     subset = data.rows(torch.tensor([3, 1]))  # trimmed to width 3
@@ -109,7 +127,9 @@ def test_span_path_is_chosen_where_it_needs_fewer_flops():
 
 
 def test_a_subset_of_all_rows_shares_the_parents_cache_without_a_copy():
-    data = ClientTensors(torch.randn(3, 4, 5), torch.zeros(3, 4, dtype=torch.long), torch.tensor([4, 4, 2]))
+    data = ClientTensors(
+        torch.randn(3, 4, 5), torch.zeros(3, 4, dtype=torch.long), torch.tensor([4, 4, 2])
+    )
     whole = data.rows(torch.arange(3))
     assert whole.orthonormal_basis()[0] is data.orthonormal_basis()[0]
     part = data.rows(torch.tensor([2, 0]))

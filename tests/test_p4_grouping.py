@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p4bench.plugins.p4.grouping import form_groups, group_dissimilarity, merge_plan, random_groups
+from p4bench_p4.grouping import form_groups, group_dissimilarity, merge_plan, random_groups
 
 SIZES = [2, 3, 4, 5, 6, 7, 8]
 COUNTS = [20, 37, 100]
@@ -34,7 +34,9 @@ def _sampled_matrix(count: int, seed: int, known: float) -> np.ndarray:
     return np.where(mask | mask.T, d, np.inf)
 
 
-def _planted(count: int, size: int, seed: int, known_between: float = 1.0) -> tuple[np.ndarray, list[list[int]]]:
+def _planted(
+    count: int, size: int, seed: int, known_between: float = 1.0
+) -> tuple[np.ndarray, list[list[int]]]:
     """Shuffled clusters of `size` (and one of count % size) with within-cluster distances
     in [0, 1) and between-cluster ones in [10, 20); a share of the between pairs unknown."""
     rng = np.random.default_rng(seed)
@@ -138,7 +140,7 @@ def test_random_groups_have_the_same_sizes(size, count):
 def test_the_old_name_of_the_unknown_distance_still_works_and_warns():
     import pytest
 
-    import p4bench.plugins.p4.method as p4_method
+    import p4bench_p4.method as p4_method
 
     with pytest.warns(DeprecationWarning, match="UNKNOWN_SENT is deprecated"):
         assert p4_method.UNKNOWN_SENT == p4_method.UNKNOWN == -1.0

@@ -9,34 +9,64 @@ import torch
 
 from p4bench.data import ClientTensors
 from p4bench.data.federated import orthonormal_bases
-from p4bench.plugins.p4.span import SpanCotraining
 from p4bench.privacy.mechanism import DPMechanism, DPSettings, NoiseStreams
 from p4bench.rng import ClientRng, node_keys
+from p4bench_p4.span import SpanCotraining
 
 CLASSES = 3
 
 
-def _clients(count: int, width: int = 4, dim: int = 6, seed: int = 0) -> tuple[ClientTensors, dict, dict]:
+def _clients(
+    count: int, width: int = 4, dim: int = 6, seed: int = 0
+) -> tuple[ClientTensors, dict, dict]:
     """`count` copies of one client (same samples and models): independent samples of its round."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(width, dim, generator=gen) * 2
     y = torch.randint(0, CLASSES, (width,), generator=gen)
-    train = ClientTensors(x.expand(count, width, dim).clone(), y.expand(count, width).clone(), torch.full((count,), width))
-    proxy = {"weight": torch.randn(CLASSES, dim, generator=gen).expand(count, CLASSES, dim).clone(), "bias": torch.zeros(count, CLASSES)}
-    private = {"weight": torch.randn(CLASSES, dim, generator=gen).expand(count, CLASSES, dim).clone(), "bias": torch.zeros(count, CLASSES)}
+    train = ClientTensors(
+        x.expand(count, width, dim).clone(),
+        y.expand(count, width).clone(),
+        torch.full((count,), width),
+    )
+    proxy = {
+        "weight": torch.randn(CLASSES, dim, generator=gen).expand(count, CLASSES, dim).clone(),
+        "bias": torch.zeros(count, CLASSES),
+    }
+    private = {
+        "weight": torch.randn(CLASSES, dim, generator=gen).expand(count, CLASSES, dim).clone(),
+        "bias": torch.zeros(count, CLASSES),
+    }
     return train, proxy, private
 
 
 def _round(noise: str, train, proxy, private, sigma: float, noise_seed: int, steps: int = 3):
     count = len(train.n)
     rows = torch.arange(count)
-    dp = DPMechanism(DPSettings(clip=1.0, noise_multiplier=sigma), NoiseStreams(noise_seed, rows.tolist()),
-                     lambda release: None, lambda ids, rate, phase: torch.ones(len(ids), dtype=torch.bool))
-    ctx = SimpleNamespace(rows=rows, dp=dp, rng=ClientRng(node_keys(5, rows, 0)), config=SimpleNamespace(data_rate=0.5), phase="cotraining")
+    dp = DPMechanism(
+        DPSettings(clip=1.0, noise_multiplier=sigma),
+        NoiseStreams(noise_seed, rows.tolist()),
+        lambda release: None,
+        lambda ids, rate, phase: torch.ones(len(ids), dtype=torch.bool),
+    )
+    ctx = SimpleNamespace(
+        rows=rows,
+        dp=dp,
+        rng=ClientRng(node_keys(5, rows, 0)),
+        config=SimpleNamespace(data_rate=0.5),
+        phase="cotraining",
+    )
     step = SpanCotraining(alpha=0.5, beta=0.5, lr=1.0, data_rate=0.5, noise=noise)
     new_proxy, new_private, _, taken = step.run(proxy, private, train, ctx, steps)
     assert torch.equal(taken, torch.full((count,), float(steps)))
-    return torch.cat([new_proxy["weight"].flatten(1), new_proxy["bias"], new_private["weight"].flatten(1), new_private["bias"]], dim=1)
+    return torch.cat(
+        [
+            new_proxy["weight"].flatten(1),
+            new_proxy["bias"],
+            new_private["weight"].flatten(1),
+            new_private["bias"],
+        ],
+        dim=1,
+    )
 
 
 def test_basis_factorisation_is_orthonormal_even_for_padded_rank_deficient_data():
@@ -53,7 +83,11 @@ def test_basis_factorisation_is_orthonormal_even_for_padded_rank_deficient_data(
 def test_basis_noise_without_noise_is_the_streams_path():
     """std 0: what is left is the Q/R algebra, which must reproduce the data-space path."""
     train, proxy, private = _clients(5)
-    assert torch.allclose(_round("basis", train, proxy, private, 0.0, 1), _round("streams", train, proxy, private, 0.0, 1), atol=1e-5)
+    assert torch.allclose(
+        _round("basis", train, proxy, private, 0.0, 1),
+        _round("streams", train, proxy, private, 0.0, 1),
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("dim", [6, 3])  # d > n: noise outside the span; d < n: the basis spans R^d
@@ -79,10 +113,12 @@ def test_basis_noise_has_the_joint_distribution_of_per_step_draws(dim):
 def test_the_span_path_gives_way_to_the_buckets_where_its_basis_would_not_fit(monkeypatch):
     """On an accelerator the basis (as large as the samples) and its QR must fit beside the
     data: otherwise `auto` takes the bucketed path (same math), never an out-of-memory."""
-    import p4bench.plugins.p4.span as p4_method
+    import p4bench_p4.span as p4_method
     from p4bench.data import ClientTensors
 
-    train = ClientTensors(torch.randn(3, 6, 40), torch.zeros(3, 6, dtype=torch.long), torch.full((3,), 6))
+    train = ClientTensors(
+        torch.randn(3, 6, 40), torch.zeros(3, 6, dtype=torch.long), torch.full((3,), 6)
+    )
     need = 2 * train.x.numel() * 4
     monkeypatch.setattr(p4_method, "free_device_memory", lambda device: (need, 10 * need))
     assert not p4_method.span_fits(train, basis=True)

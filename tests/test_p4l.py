@@ -9,24 +9,42 @@ import pytest
 import torch
 
 from p4bench.errors import ConfigError, IncompatibleError
-from p4bench.plugins.p4l.chain_crypto import ChainCrypto
-from p4bench.plugins.p4l.peer import FINAL_PREFIX, Peer
-from p4bench.plugins.p4l.plan import PlanSettings, SynergyPlan, law_weights, round_plan
 from p4bench.run.runner import run
+from p4bench_p4l.chain_crypto import ChainCrypto
+from p4bench_p4l.peer import FINAL_PREFIX, Peer
+from p4bench_p4l.plan import PlanSettings, SynergyPlan, law_weights, round_plan
 
 SMALL_KEYS = {"key_bits": 512}  # real Paillier, small modulus: test speed only
-FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}
+FAST = {
+    "device_exchange_timeout_s": 30,
+    "device_round_timeout_s": 120,
+    "device_startup_timeout_s": 180,
+}
 
 
 def _config(small_config, **changes):
     options = {**SMALL_KEYS, **changes.pop("options", {})}
-    return small_config(**{"method": "p4l", "clients": 8, "rounds": 3, "options": options, **changes})
+    return small_config(
+        **{"method": "p4l", "clients": 8, "rounds": 3, "options": options, **changes}
+    )
 
 
 # -- the protocol between real peers ---------------------------------------------------------------
 def _peers(count: int, crypto: ChainCrypto, size: int) -> list[Peer]:
-    settings = PlanSettings(seed=0, num_peers=count, synergies=1, size=size, size_min=3, size_max=10, size_law="fixed",
-                            peer_law="uniform", retries=1, drop_prob=0.0, crash_prob=0.0, global_timeout=None)
+    settings = PlanSettings(
+        seed=0,
+        num_peers=count,
+        synergies=1,
+        size=size,
+        size_min=3,
+        size_max=10,
+        size_law="fixed",
+        peer_law="uniform",
+        retries=1,
+        drop_prob=0.0,
+        crash_prob=0.0,
+        global_timeout=None,
+    )
     peers = [Peer(i, crypto, settings, size) for i in range(count)]
     for peer in peers:
         peer.directory = {p.node: p.signing.public_bytes for p in peers}
@@ -52,7 +70,9 @@ def _chain(peers: list[Peer], vectors: torch.Tensor, size: int):
 
 @pytest.mark.parametrize("size", [3, 6, 10])
 def test_chain_sum_of_packed_vectors_decrypts_exactly_and_members_verify_it(size):
-    crypto = ChainCrypto("paillier", 512, 157)  # 157 values: not a multiple of the slots per ciphertext
+    crypto = ChainCrypto(
+        "paillier", 512, 157
+    )  # 157 values: not a multiple of the slots per ciphertext
     peers = _peers(size, crypto, size)
     vectors = torch.randn(size, 157, dtype=torch.float64) * 3  # negatives included
     final = _chain(peers, vectors, size)
@@ -76,7 +96,10 @@ def test_a_tampered_hop_and_a_wrong_decryption_proof_are_rejected():
     tampered = {**token, "slots": token["slots"] + 1}  # one field changed after signing
     peers[target].hop_receive(0, 0, tampered)
     assert peers[target].stats["bad_signatures"] == 1 and not peers[target].outbox
-    forged = {**token, "vk": torch.frombuffer(bytearray(peers[2].signing.public_bytes), dtype=torch.uint8)}
+    forged = {
+        **token,
+        "vk": torch.frombuffer(bytearray(peers[2].signing.public_bytes), dtype=torch.uint8),
+    }
     peers[target].hop_receive(0, 0, forged)  # someone else's key: not the one peer 0 announced
     assert peers[target].stats["bad_signatures"] == 2
     peers[target].hop_receive(0, 0, token)  # the genuine token is taken
@@ -90,19 +113,35 @@ def test_a_tampered_hop_and_a_wrong_decryption_proof_are_rejected():
     wrong = peers[0]._sign({k: v for k, v in aggregate.items() if k != "sig"} | {"plain": plain})
     assert peers[1].open_aggregate(0, wrong) is None and peers[1].stats["bad_proofs"] == 1
     swapped = dict(aggregate)
-    swapped[FINAL_PREFIX + "slots"] = aggregate[FINAL_PREFIX + "slots"] + 1  # the final token altered
+    swapped[FINAL_PREFIX + "slots"] = (
+        aggregate[FINAL_PREFIX + "slots"] + 1
+    )  # the final token altered
     assert peers[2].open_aggregate(0, swapped) is None and peers[2].stats["bad_signatures"] == 1
     assert peers[2].open_aggregate(0, aggregate) is not None
 
 
 def test_plan_draws_are_public_and_follow_the_laws():
-    settings = PlanSettings(seed=3, num_peers=20, synergies=4, size=5, size_min=3, size_max=10, size_law="powerlaw",
-                            peer_law="powerlaw", retries=2, drop_prob=0.0, crash_prob=0.0, global_timeout=None)
+    settings = PlanSettings(
+        seed=3,
+        num_peers=20,
+        synergies=4,
+        size=5,
+        size_min=3,
+        size_max=10,
+        size_law="powerlaw",
+        peer_law="powerlaw",
+        retries=2,
+        drop_prob=0.0,
+        crash_prob=0.0,
+        global_timeout=None,
+    )
     assert round_plan(settings, 2) == round_plan(settings, 2)  # every process draws the same
     plans = [p for r in range(300) for p in round_plan(settings, r)]
     assert len({p.initiator for p in round_plan(settings, 5)}) == 4  # distinct initiators
     sizes = np.array([p.size for p in plans])
-    assert sizes.min() >= 3 and sizes.max() <= 10 and sizes.mean() > 6.5  # a = 2 favours large synergies
+    assert (
+        sizes.min() >= 3 and sizes.max() <= 10 and sizes.mean() > 6.5
+    )  # a = 2 favours large synergies
     weights = law_weights("powerlaw", 20)
     assert weights.sum() == pytest.approx(1.0) and weights[-1] > weights[0]
     high = np.mean([p.initiator >= 10 for p in plans])
@@ -119,25 +158,46 @@ def test_paillier_and_plaintext_runs_agree(small_config):
         assert s["epsilon"] is None and s["dp"] == "none" and s["p4l.completion_rate"] == 1.0
         assert s["p4l.bytes_per_hop"] > 0 and s["p4l.crypto_s_per_hop"] > 0
         assert 0.5 <= s["test_auc_mean"] <= 1.0 and s["test_loss_mean"] > 0
-    assert paillier.summary["secure_aggregation"] == "paillier-512" and paillier.summary["min_group"] == 4
-    assert paillier.summary["p4l.bytes_per_hop"] > 2 * plain.summary["p4l.bytes_per_hop"]  # ciphertexts are larger
+    assert (
+        paillier.summary["secure_aggregation"] == "paillier-512"
+        and paillier.summary["min_group"] == 4
+    )
+    assert (
+        paillier.summary["p4l.bytes_per_hop"] > 2 * plain.summary["p4l.bytes_per_hop"]
+    )  # ciphertexts are larger
 
 
-def test_churn_reports_completion_and_retries_and_a_crashed_initiator_aborts(small_config, tmp_path):
-    churn = run(_config(small_config, rounds=4, options={"crypto": "plaintext", "drop_prob": 0.2, "synergies": 3}),
-                track=False)
+def test_churn_reports_completion_and_retries_and_a_crashed_initiator_aborts(
+    small_config, tmp_path
+):
+    churn = run(
+        _config(
+            small_config,
+            rounds=4,
+            options={"crypto": "plaintext", "drop_prob": 0.2, "synergies": 3},
+        ),
+        track=False,
+    )
     s = churn.summary
     assert s["rounds_completed"] == 4 and s["p4l.retries_per_synergy"] > 0
     assert 0 < s["p4l.completion_rate"] <= 1
     assert sum(r.metrics["p4l.dropped_hops"] for r in churn.outcome.reports) > 0
     assert sum(r.metrics["p4l.retries"] for r in churn.outcome.reports) > 0
 
-    crashed = run(_config(small_config, options={"crypto": "plaintext", "crash_prob": 1.0}), track=False)
+    crashed = run(
+        _config(small_config, options={"crypto": "plaintext", "crash_prob": 1.0}), track=False
+    )
     s = crashed.summary
     assert s["p4l.completion_rate"] == 0.0 and s["p4l.wasted_fraction"] == pytest.approx(1.0)
     assert s["count_synergies_mean"] == 0.0  # nobody got an aggregate: models only trained locally
-    rows = (crashed.write_method_artifacts(tmp_path) or [tmp_path / "none"])[0].read_text().splitlines()
-    assert rows[0].startswith("round,synergy,initiator") and all(",crashed," in line for line in rows[1:])
+    rows = (
+        (crashed.write_method_artifacts(tmp_path) or [tmp_path / "none"])[0]
+        .read_text()
+        .splitlines()
+    )
+    assert rows[0].startswith("round,synergy,initiator") and all(
+        ",crashed," in line for line in rows[1:]
+    )
 
 
 def test_defenses_that_need_individual_updates_are_refused_and_accept_if_better_runs(small_config):
@@ -145,29 +205,48 @@ def test_defenses_that_need_individual_updates_are_refused_and_accept_if_better_
         run(_config(small_config, defense="m-krum"), track=False)
     with pytest.raises(ConfigError, match="no differential privacy"):
         run(_config(small_config, epsilon=4.0), track=False)
-    result = run(_config(small_config, defense="accept-if-better", options={"crypto": "plaintext"}), track=False)
+    result = run(
+        _config(small_config, defense="accept-if-better", options={"crypto": "plaintext"}),
+        track=False,
+    )
     assert result.summary["p4l.completion_rate"] == 1.0
 
 
 def test_mrt_mrr_stops_the_run(small_config):
-    result = run(_config(small_config, rounds=30, options={"crypto": "plaintext", "mrt": 2, "mrr": 0.5}), track=False)
+    result = run(
+        _config(small_config, rounds=30, options={"crypto": "plaintext", "mrt": 2, "mrr": 0.5}),
+        track=False,
+    )
     counts = result.outcome.reports[-1].extra_accuracy["count_synergies"]
     assert result.summary["stopped_by_method"] and result.summary["rounds_completed"] < 30
     assert np.mean(counts >= 2) >= 0.5
 
 
 def test_metrics_by_participation_count_follow_each_peers_rth_synergy():
-    from p4bench.participation import participation_curve
     from p4bench.records import RoundReport
+    from p4bench.tracking.participation import participation_curve
 
     def report(accuracy, counts):
-        return RoundReport("train", 0, 1, np.array(accuracy), 0.0, 0.0, 0,
-                           extra_accuracy={"count_synergies": np.array(counts, dtype=float),
-                                           "test_auc": np.array(accuracy) / 2})
+        return RoundReport(
+            "train",
+            0,
+            1,
+            np.array(accuracy),
+            0.0,
+            0.0,
+            0,
+            extra_accuracy={
+                "count_synergies": np.array(counts, dtype=float),
+                "test_auc": np.array(accuracy) / 2,
+            },
+        )
 
     # peer 0 joins in rounds 0 and 2, peer 1 twice in round 1, peer 2 never; peer 3 is not reported
-    reports = [report([0.1, 0.2, 0.3, 0.9], [1, 0, 0, 5]), report([0.4, 0.5, 0.6, 0.9], [1, 2, 0, 5]),
-               report([0.7, 0.8, 0.9, 0.9], [2, 2, 0, 5])]
+    reports = [
+        report([0.1, 0.2, 0.3, 0.9], [1, 0, 0, 5]),
+        report([0.4, 0.5, 0.6, 0.9], [1, 2, 0, 5]),
+        report([0.7, 0.8, 0.9, 0.9], [2, 2, 0, 5]),
+    ]
     rows = participation_curve(reports, np.array([True, True, True, False]))
     assert [row["r"] for row in rows] == [1.0, 2.0]
     assert rows[0]["peers"] == 2 and rows[0]["accuracy"] == pytest.approx((0.1 + 0.5) / 2)
@@ -182,7 +261,11 @@ def test_tracked_run_writes_the_participation_curve_and_logs_it_by_r(small_confi
     from pathlib import Path
 
     rows = list(csv.DictReader(open(Path(folder) / "participation_curve.csv")))
-    assert rows and rows[0]["r"] == "1" and (Path(folder) / "participation_curve.png").stat().st_size > 1000
+    assert (
+        rows
+        and rows[0]["r"] == "1"
+        and (Path(folder) / "participation_curve.png").stat().st_size > 1000
+    )
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(result.summary["tracking_uri"])
@@ -202,14 +285,26 @@ def test_accept_if_better_gates_every_method_on_the_clients_own_records(small_co
 
 def test_p4l_runs_over_tls_on_device_peers_like_the_simulator(small_config):
     options = {"crypto": "paillier", "key_bits": 1024, "drop_prob": 0.2}
-    config = small_config(method="p4l", clients=4, rounds=2, noise_source="seeded", device_simulation=True, options=options)
+    config = small_config(
+        method="p4l",
+        clients=4,
+        rounds=2,
+        noise_source="seeded",
+        device_simulation=True,
+        options=options,
+    )
     simulated = run(config, track=False)
-    device = run(config.replace(runtime="device", options={**options, "device_local_peers": 4, **FAST}), track=False)
+    device = run(
+        config.replace(runtime="device", options={**options, "device_local_peers": 4, **FAST}),
+        track=False,
+    )
     assert not device.summary.get("device", {}).get("dropped")
     np.testing.assert_allclose(device.outcome.accuracy, simulated.outcome.accuracy, atol=1e-4)
     for key in ("p4l.completion_rate", "p4l.retries_per_synergy", "p4l.bytes_per_hop"):
         assert device.summary[key] == pytest.approx(simulated.summary[key]), key
-    assert device.summary["secure_aggregation"] == "paillier-1024" and device.summary["min_group"] == 2
+    assert (
+        device.summary["secure_aggregation"] == "paillier-1024" and device.summary["min_group"] == 2
+    )
 
 
 @pytest.mark.usefixtures("fresh_registry")
@@ -218,7 +313,9 @@ def test_p4l_conforms(crypto):
     from p4bench.testing import check_method
 
     # non-private only (p4l refuses DP); 8 peers so that synergies of 5 leave models personal
-    check_method("p4l", options={"crypto": crypto, **SMALL_KEYS}, privacy=("no-dp",), no_dp=True, clients=8)
+    check_method(
+        "p4l", options={"crypto": crypto, **SMALL_KEYS}, privacy=("no-dp",), no_dp=True, clients=8
+    )
 
 
 def test_accept_if_better_makes_a_private_run_uncertified_because_it_reads_records(small_config):
@@ -231,8 +328,12 @@ def test_accept_if_better_makes_a_private_run_uncertified_because_it_reads_recor
         name, needs_individual_updates, gates_clients = "gate", False, True
 
     model = LinearSoftmax((2,), 2)
-    before = {"params": {"weight": torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]), "bias": torch.zeros(1, 2)}}
-    after = {"params": {"weight": torch.tensor([[[0.0, 1.0], [1.0, 0.0]]]), "bias": torch.zeros(1, 2)}}
+    before = {
+        "params": {"weight": torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]), "bias": torch.zeros(1, 2)}
+    }
+    after = {
+        "params": {"weight": torch.tensor([[[0.0, 1.0], [1.0, 0.0]]]), "bias": torch.zeros(1, 2)}
+    }
 
     class Deploy:
         @staticmethod
@@ -242,11 +343,21 @@ def test_accept_if_better_makes_a_private_run_uncertified_because_it_reads_recor
     from p4bench.data import ClientTensors
 
     x = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
-    one = ClientTensors(x, torch.tensor([[0, 1]]), torch.tensor([2]))  # the old model fits these labels
-    other = ClientTensors(x, torch.tensor([[1, 1]]), torch.tensor([2]))  # one record differs: now a tie, accepted
+    one = ClientTensors(
+        x, torch.tensor([[0, 1]]), torch.tensor([2])
+    )  # the old model fits these labels
+    other = ClientTensors(
+        x, torch.tensor([[1, 1]]), torch.tensor([2])
+    )  # one record differs: now a tie, accepted
     kept = gate_received(Gate(small_config()), Deploy(), model, one, before, after, {})
     taken = gate_received(Gate(small_config()), Deploy(), model, other, before, after, {})
     assert torch.equal(kept["params"]["weight"], before["params"]["weight"])
     assert torch.equal(taken["params"]["weight"], after["params"]["weight"])
-    result = run(small_config(method="fedavg", defense="accept-if-better", epsilon=4.0, rounds=2), track=False)
-    assert not result.summary["epsilon_certified"] and "outside the ledger" in result.summary["uncertified_reason"]
+    result = run(
+        small_config(method="fedavg", defense="accept-if-better", epsilon=4.0, rounds=2),
+        track=False,
+    )
+    assert (
+        not result.summary["epsilon_certified"]
+        and "outside the ledger" in result.summary["uncertified_reason"]
+    )

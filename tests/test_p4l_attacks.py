@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from p4bench.attacks.kde_noise import KDENoise, scott_bandwidth
-from p4bench.attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
-from p4bench.attacks.label_shuffle import LabelShuffle
 from p4bench.config import RunConfig
 from p4bench.engine import Messages
 from p4bench.errors import ConfigError
-from p4bench.plugin_manager import Registry, create_plugin_manager, default_registry
+from p4bench.host.manager import Registry, create_plugin_manager, default_registry
 from p4bench.rng import ClientRng, node_keys
 from p4bench.run.runner import prepare, run
 from p4bench.testing import check_attack
+from p4bench_attacks.kde_noise import KDENoise, scott_bandwidth
+from p4bench_attacks.label_pair import LabelFlipPair, LabelFlipRandomPair
+from p4bench_attacks.label_shuffle import LabelShuffle
 
 NAMES = ("label-flip-pair", "label-flip-random-pair", "label-shuffle", "kde-noise")
 
@@ -46,16 +46,29 @@ def swapped_pair(before: torch.Tensor, after: torch.Tensor) -> tuple[int, int]:
 # -- label-flip-pair -------------------------------------------------------------------------
 def test_label_flip_pair_swaps_exactly_the_pair_and_keeps_padding():
     labels = torch.tensor([[0, 5, 1, 5, 0, 9, -1], [3, 3, 3, 3, 3, 3, 10]])
-    assert LabelFlipPair(cfg(), 10).poison_labels(labels).tolist() == [[5, 0, 1, 0, 5, 9, -1], [3] * 6 + [10]]
+    assert LabelFlipPair(cfg(), 10).poison_labels(labels).tolist() == [
+        [5, 0, 1, 0, 5, 9, -1],
+        [3] * 6 + [10],
+    ]
     binary = LabelFlipPair(cfg(flip_pair=[1, 0]), 2).poison_labels(torch.tensor([[0, 1, 1, -1]]))
     assert binary.tolist() == [[1, 0, 0, -1]]
     assert LabelFlipPair(cfg(flip_pair=["2", "7"]), 10).pair == (2, 7)  # `-o` / YAML text
 
 
-@pytest.mark.parametrize("pair, message", [
-    ([0, 0], "different"), ([0, 10], r"\[0, 9\]"), ([-1, 3], r"\[0, 9\]"), ([1, 2, 3], "two class"),
-    (3, "two class"), ("0,5", "two class"), ([0.5, 1], "integers"), ([True, 2], "integers"), (["a", 2], "integers"),
-])
+@pytest.mark.parametrize(
+    "pair, message",
+    [
+        ([0, 0], "different"),
+        ([0, 10], r"\[0, 9\]"),
+        ([-1, 3], r"\[0, 9\]"),
+        ([1, 2, 3], "two class"),
+        (3, "two class"),
+        ("0,5", "two class"),
+        ([0.5, 1], "integers"),
+        ([True, 2], "integers"),
+        (["a", 2], "integers"),
+    ],
+)
 def test_bad_pairs_are_refused_naming_the_option(pair, message):
     with pytest.raises(ConfigError, match=message) as info:
         LabelFlipPair(cfg(flip_pair=pair), 10)
@@ -76,10 +89,14 @@ def test_random_pair_swaps_one_pair_per_client_reproducibly():
     pairs = [swapped_pair(labels[i], poisoned[i]) for i in range(len(clients))]
     assert (poisoned[:, -2:] == -1).all()  # padding
     assert len({tuple(sorted(p)) for p in pairs}) > 1  # clients get different pairs
-    assert torch.equal(attack.poison_labels(labels, rng=rng_for(clients)), poisoned)  # same seed, same pairs
+    assert torch.equal(
+        attack.poison_labels(labels, rng=rng_for(clients)), poisoned
+    )  # same seed, same pairs
     other = attack.poison_labels(labels, rng=rng_for(clients, seed=1))
     assert [swapped_pair(labels[i], other[i]) for i in range(len(clients))] != pairs
-    alone = attack.poison_labels(labels[5:6], rng=rng_for([5]))  # a client's pair: its own stream only
+    alone = attack.poison_labels(
+        labels[5:6], rng=rng_for([5])
+    )  # a client's pair: its own stream only
     assert torch.equal(alone[0], poisoned[5])
     with pytest.raises(ValueError, match="rng"):
         attack.poison_labels(labels)
@@ -89,14 +106,18 @@ def test_random_pairs_cover_every_pair():
     attack = LabelFlipRandomPair(cfg(), 4)
     first, second = attack.random_pairs(rng_for(list(range(400))))
     assert bool((first != second).all()) and first.max() < 4 and second.max() < 4
-    assert {tuple(sorted(p)) for p in zip(first.tolist(), second.tolist())} == {(a, b) for a in range(4) for b in range(a + 1, 4)}
+    assert {tuple(sorted(p)) for p in zip(first.tolist(), second.tolist())} == {
+        (a, b) for a in range(4) for b in range(a + 1, 4)
+    }
 
 
 # -- label-shuffle -----------------------------------------------------------------------------
 def test_label_shuffle_maps_each_client_through_a_permutation():
     attack = LabelShuffle(cfg(), 10)
     clients = list(range(8))
-    labels = torch.cat([every_class(len(clients)), every_class(len(clients))[:, :10]], dim=1)  # each class twice
+    labels = torch.cat(
+        [every_class(len(clients)), every_class(len(clients))[:, :10]], dim=1
+    )  # each class twice
     poisoned = attack.poison_labels(labels, rng=rng_for(clients))
     assert (poisoned[:, 10:12] == -1).all()
     perms = []
@@ -116,8 +137,13 @@ def test_label_shuffle_maps_each_client_through_a_permutation():
 def layered(weight: torch.Tensor, **extra: torch.Tensor) -> Messages:
     """Messages with an untargeted first layer ("update.a"), a bias and `weight` (n, m)."""
     n = weight.shape[0]
-    payload = {"update.a": torch.arange(6.0).repeat(n, 1).reshape(n, 2, 3), "update.bias": torch.linspace(-1, 1, 4).repeat(n, 1),
-               "update.weight": weight.float(), "weight": torch.ones(n, dtype=torch.float64), **extra}
+    payload = {
+        "update.a": torch.arange(6.0).repeat(n, 1).reshape(n, 2, 3),
+        "update.bias": torch.linspace(-1, 1, 4).repeat(n, 1),
+        "update.weight": weight.float(),
+        "weight": torch.ones(n, dtype=torch.float64),
+        **extra,
+    }
     return Messages(torch.arange(n), torch.full((n,), -1), payload)
 
 
@@ -137,20 +163,31 @@ def test_kde_noise_keeps_the_layer_distribution_but_not_its_values():
     assert abs(float(sent.mean()) - 0.3) < 0.01 and abs(float(sent.std()) / 0.05 - 1) < 0.1
     quantiles = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=torch.float64)
     assert torch.allclose(sent.quantile(quantiles), honest.double().quantile(quantiles), atol=0.01)
-    assert not torch.equal(out.payload["update.bias"], messages.payload["update.bias"])  # layers=2: bias too
+    assert not torch.equal(
+        out.payload["update.bias"], messages.payload["update.bias"]
+    )  # layers=2: bias too
     for key in ("update.a", "weight"):  # an untargeted layer and a non-update entry
         assert torch.equal(out.payload[key], messages.payload[key])
     again = KDENoise(cfg(kde_unit="tensor"), 10).tamper("upload", messages, rng_for([3]))
-    assert torch.equal(again.payload["update.weight"], out.payload["update.weight"])  # a function of the seed
+    assert torch.equal(
+        again.payload["update.weight"], out.payload["update.weight"]
+    )  # a function of the seed
 
 
 def test_kde_noise_layers_option():
     messages = layered(torch.randn(1, 50, generator=torch.Generator().manual_seed(2)))
-    one = KDENoise(cfg(kde_layers=1, kde_unit="tensor"), 10).tamper("upload", messages, rng_for([0]))
+    one = KDENoise(cfg(kde_layers=1, kde_unit="tensor"), 10).tamper(
+        "upload", messages, rng_for([0])
+    )
     assert torch.equal(one.payload["update.bias"], messages.payload["update.bias"])
     assert not torch.equal(one.payload["update.weight"], messages.payload["update.weight"])
-    every = KDENoise(cfg(kde_layers=9, kde_unit="tensor"), 10).tamper("upload", messages, rng_for([0]))  # more than there are: all
-    assert all(not torch.equal(every.payload[k], messages.payload[k]) for k in ("update.a", "update.bias", "update.weight"))
+    every = KDENoise(cfg(kde_layers=9, kde_unit="tensor"), 10).tamper(
+        "upload", messages, rng_for([0])
+    )  # more than there are: all
+    assert all(
+        not torch.equal(every.payload[k], messages.payload[k])
+        for k in ("update.a", "update.bias", "update.weight")
+    )
     with pytest.raises(ConfigError, match="kde_layers"):
         KDENoise(cfg(kde_layers=0), 10)
 
@@ -160,7 +197,11 @@ def test_kde_noise_is_batched_over_messages_with_their_own_distributions():
     means, stds = torch.tensor([[0.3], [-1.0], [5.0]]), torch.tensor([[0.05], [0.5], [2.0]])
     honest = means + stds * torch.randn(3, 10_000, generator=generator)
     attack = KDENoise(cfg(kde_unit="tensor"), 10)
-    sent = attack.tamper("upload", layered(honest), rng_for([4, 7, 9])).payload["update.weight"].double()
+    sent = (
+        attack.tamper("upload", layered(honest), rng_for([4, 7, 9]))
+        .payload["update.weight"]
+        .double()
+    )
     honest_mean, honest_std = honest.double().mean(dim=1), honest.double().std(dim=1)
     assert ((sent.mean(dim=1) - honest_mean).abs() < 0.05 * honest_std).all()  # 5 standard errors
     assert ((sent.std(dim=1) / honest_std - 1).abs() < 0.1).all()
@@ -172,13 +213,21 @@ def test_kde_noise_is_batched_over_messages_with_their_own_distributions():
 def test_kde_noise_on_deltas_resamples_the_honest_model():
     generator = torch.Generator().manual_seed(5)
     model = 0.3 + 0.05 * torch.randn(2, 2000, generator=generator, dtype=torch.float64)
-    reference = torch.randn(2, 2000 + 6 + 4, generator=generator, dtype=torch.float64)  # a, bias, weight
+    reference = torch.randn(
+        2, 2000 + 6 + 4, generator=generator, dtype=torch.float64
+    )  # a, bias, weight
     delta = model - reference[:, 10:]
     attack = KDENoise(cfg(kde_layers=1, kde_unit="tensor"), 10)
     out = attack.tamper("upload", layered(delta), rng_for([1, 2]), reference)
-    rebuilt = out.payload["update.weight"].double() + reference[:, 10:]  # what the receiver reconstructs
-    direct = attack.tamper("upload", layered(model), rng_for([1, 2])).payload["update.weight"].double()
-    assert torch.allclose(rebuilt, direct, atol=1e-5)  # the same samples as resampling the model itself
+    rebuilt = (
+        out.payload["update.weight"].double() + reference[:, 10:]
+    )  # what the receiver reconstructs
+    direct = (
+        attack.tamper("upload", layered(model), rng_for([1, 2])).payload["update.weight"].double()
+    )
+    assert torch.allclose(
+        rebuilt, direct, atol=1e-5
+    )  # the same samples as resampling the model itself
     assert abs(float(rebuilt.mean()) - 0.3) < 0.01 and abs(float(rebuilt.std()) / 0.05 - 1) < 0.1
 
 
@@ -195,25 +244,48 @@ def test_kde_noise_targets_the_last_dense_layers_by_depth_not_by_name():
     default (two layers) resamples both dense layers, the paper's CIFAR setting, and one
     layer is the output layer: depth comes from the shapes (fc1's outputs are fc's inputs)."""
     generator = torch.Generator().manual_seed(7)
-    shapes = {"conv1.weight": (4, 1, 3, 3), "conv1.bias": (4,), "fc1.weight": (16, 36), "fc1.bias": (16,),
-              "fc.weight": (10, 16), "fc.bias": (10,)}
-    payload = {f"update.{name}": torch.randn(2, *shape, generator=generator) for name, shape in shapes.items()}
+    shapes = {
+        "conv1.weight": (4, 1, 3, 3),
+        "conv1.bias": (4,),
+        "fc1.weight": (16, 36),
+        "fc1.bias": (16,),
+        "fc.weight": (10, 16),
+        "fc.bias": (10,),
+    }
+    payload = {
+        f"update.{name}": torch.randn(2, *shape, generator=generator)
+        for name, shape in shapes.items()
+    }
     messages = Messages(torch.tensor([0, 1]), torch.tensor([-1, -1]), payload)
 
     def changed(attack: KDENoise) -> set[str]:
         out = attack.tamper("upload", messages, rng_for([0, 1])).payload
-        return {key.removeprefix("update.") for key in payload if not torch.equal(out[key], payload[key])}
+        return {
+            key.removeprefix("update.")
+            for key in payload
+            if not torch.equal(out[key], payload[key])
+        }
 
     assert changed(KDENoise(cfg(), 10)) == {"fc1.weight", "fc1.bias", "fc.weight", "fc.bias"}
     assert changed(KDENoise(cfg(kde_layers=1), 10)) == {"fc.weight", "fc.bias"}
     assert changed(KDENoise(cfg(kde_layers=3), 10)) == set(shapes)
-    assert changed(KDENoise(cfg(kde_unit="tensor"), 10)) == {"fc1.weight", "fc1.bias"}  # sorted names: fc1 last
+    assert changed(KDENoise(cfg(kde_unit="tensor"), 10)) == {
+        "fc1.weight",
+        "fc1.bias",
+    }  # sorted names: fc1 last
 
 
 # -- end to end ----------------------------------------------------------------------------------
 def test_random_pair_is_applied_by_the_engine():
-    config = RunConfig(method="fedavg", attack="label-flip-random-pair", malicious_fraction=0.25, clients=8, rounds=1,
-                       local_steps=1, seed=3)
+    config = RunConfig(
+        method="fedavg",
+        attack="label-flip-random-pair",
+        malicious_fraction=0.25,
+        clients=8,
+        rounds=1,
+        local_steps=1,
+        seed=3,
+    )
     prepared = prepare(config, Registry(create_plugin_manager()))
     prepared.runtime.execute(prepared.job, lambda report: None)
     train, malicious, flipped = prepared.job.data.train, prepared.info.malicious, 0
@@ -231,21 +303,40 @@ def test_random_pair_is_applied_by_the_engine():
     assert flipped > 0
 
 
-@pytest.mark.parametrize("attack, options", [
-    ("label-flip-pair", {}), ("label-flip-random-pair", {}), ("label-shuffle", {}), ("kde-noise", {"kde_layers": 1}),
-])
+@pytest.mark.parametrize(
+    "attack, options",
+    [
+        ("label-flip-pair", {}),
+        ("label-flip-random-pair", {}),
+        ("label-shuffle", {}),
+        ("kde-noise", {"kde_layers": 1}),
+    ],
+)
 def test_runs_with_each_attack(small_config, attack, options):
-    result = run(small_config(method="fedavg", clients=8, rounds=2, attack=attack, malicious_fraction=0.25,
-                              options=options), track=False)
+    result = run(
+        small_config(
+            method="fedavg",
+            clients=8,
+            rounds=2,
+            attack=attack,
+            malicious_fraction=0.25,
+            options=options,
+        ),
+        track=False,
+    )
     assert result.summary["attack"] == attack and result.info.malicious.sum() == 2
     assert np.isfinite(result.summary["accuracy_mean"])
 
 
 def test_registered_with_a_description():
     entries = {e.name: e for e in default_registry().entries("attack")}
-    assert all(entries[name].description and "\n" not in entries[name].description for name in NAMES)
+    assert all(
+        entries[name].description and "\n" not in entries[name].description for name in NAMES
+    )
 
 
 @pytest.mark.parametrize("attack", NAMES)
 def test_conforms(attack):
-    check_attack(attack)  # labels/tamper contract, changes fedavg and dp-dsgd, runtimes agree, options
+    check_attack(
+        attack
+    )  # labels/tamper contract, changes fedavg and dp-dsgd, runtimes agree, options

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from p4bench.plugins.p4l.crypto import (
+from p4bench_p4l.crypto import (
     BACKENDS,
     SCALE,
     VALUE_BOUND,
@@ -20,7 +20,7 @@ from p4bench.plugins.p4l.crypto import (
     to_bytes_tensor,
     unpack,
 )
-from p4bench.plugins.p4l.signing import SigningKeys, canonical_bytes, verify
+from p4bench_p4l.signing import SigningKeys, canonical_bytes, verify
 
 
 @pytest.fixture(scope="module")
@@ -39,23 +39,44 @@ def _signed(plaintexts: list[int], n: int) -> list[int]:
 
 def test_fixed_point_and_packing_round_trip_with_negatives_and_extremes():
     top = (VALUE_BOUND - 1024) / SCALE  # the largest float below the bound (spacing 128 there)
-    values = np.array([0.0, -0.0, 1.5, -1.5, 1e-10, -1e-10, 4e-11, top, -top, 123.456789012], dtype=np.float64)
+    values = np.array(
+        [0.0, -0.0, 1.5, -1.5, 1e-10, -1e-10, 4e-11, top, -top, 123.456789012], dtype=np.float64
+    )
     fixed = encode(values)
     assert fixed.tolist() == [round(v * SCALE) for v in values.tolist()]
     np.testing.assert_allclose(decode(fixed), values, atol=1e-10, rtol=0)
     assert encode(np.float32([0.25, -3.0])).tolist() == [2_500_000_000, -30_000_000_000]
     # Slot values after summing may use the full int64 range; any block length, several slot counts.
-    ints = np.array([0, -1, 1, np.iinfo(np.int64).min, np.iinfo(np.int64).max, -(2**62), 2**62 + 7, -5, 9, 2**63 - 2, -3],
-                    dtype=np.int64)
+    ints = np.array(
+        [
+            0,
+            -1,
+            1,
+            np.iinfo(np.int64).min,
+            np.iinfo(np.int64).max,
+            -(2**62),
+            2**62 + 7,
+            -5,
+            9,
+            2**63 - 2,
+            -3,
+        ],
+        dtype=np.int64,
+    )
     for slots in (1, 2, 4, 7, 31):
         blocks = pack(ints, slots)
         assert len(blocks) == -(-len(ints) // slots)
         assert unpack(blocks, len(ints), slots).tolist() == ints.tolist()
-        expect = [sum(int(v) << (64 * i) for i, v in enumerate(ints[j : j + slots])) for j in range(0, len(ints), slots)]
+        expect = [
+            sum(int(v) << (64 * i) for i, v in enumerate(ints[j : j + slots]))
+            for j in range(0, len(ints), slots)
+        ]
         assert blocks == expect  # balanced signed digits, as specified
 
 
-@pytest.mark.parametrize("bad", [VALUE_BOUND / SCALE, -VALUE_BOUND / SCALE, 1e12, np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize(
+    "bad", [VALUE_BOUND / SCALE, -VALUE_BOUND / SCALE, 1e12, np.nan, np.inf, -np.inf]
+)
 def test_encode_rejects_out_of_range(bad):
     with pytest.raises(ValueError):
         encode(np.array([0.0, bad]))
@@ -77,8 +98,12 @@ def _chain(backend, keys, vectors):
     return c
 
 
-@pytest.mark.parametrize(("peers", "length", "bits"), [(3, 50, 512), (10, 23, 512), (5, 61, 1024), (4, 1, 1024)])
-def test_packed_chain_decrypts_exactly_to_the_fixed_point_sum(peers, length, bits, keys512, keys1024):
+@pytest.mark.parametrize(
+    ("peers", "length", "bits"), [(3, 50, 512), (10, 23, 512), (5, 61, 1024), (4, 1, 1024)]
+)
+def test_packed_chain_decrypts_exactly_to_the_fixed_point_sum(
+    peers, length, bits, keys512, keys1024
+):
     keys = keys512 if bits == 512 else keys1024
     backend = PaillierBackend(workers=2 if peers == 10 else 1)  # the threaded path too
     slots = backend.slots(keys.public)
@@ -103,14 +128,19 @@ def test_unpacked_mode_one_ciphertext_per_value(keys512):
     cts = _chain(backend, keys512, vectors)
     assert len(cts) == 9
     sums, plaintexts = backend.decrypt(keys512.private, cts, 9)
-    assert _signed(plaintexts, keys512.public.n) == [int(x) for x in sum(encode(v).astype(object) for v in vectors)]
+    assert _signed(plaintexts, keys512.public.n) == [
+        int(x) for x in sum(encode(v).astype(object) for v in vectors)
+    ]
     np.testing.assert_allclose(sums, sum(vectors), atol=1e-9, rtol=0)
 
 
 def test_2048_bit_key_packs_31_slots():
     backend = PaillierBackend()
     keys = backend.generate(2048)
-    assert keys.public.n.bit_length() == 2048 and backend.slots(keys.public) == max_slots(keys.public.n) == 31
+    assert (
+        keys.public.n.bit_length() == 2048
+        and backend.slots(keys.public) == max_slots(keys.public.n) == 31
+    )
     rng = np.random.default_rng(4)
     vectors = [rng.normal(size=70) for _ in range(3)]
     cts = _chain(backend, keys, vectors)
@@ -135,7 +165,10 @@ def test_serialization_round_trips_through_uint8_tensors(keys512):
     sums, plaintexts = backend.decrypt(keys512.private, backend.encrypt(public, values), 20)
     np.testing.assert_allclose(sums, values, atol=1e-10, rtol=0)
     pt = backend.to_tensor(public, plaintexts, "plaintexts")
-    assert pt.shape == (len(plaintexts), 64) and backend.from_tensor(public, pt, "plaintexts") == plaintexts
+    assert (
+        pt.shape == (len(plaintexts), 64)
+        and backend.from_tensor(public, pt, "plaintexts") == plaintexts
+    )
     assert from_bytes_tensor(to_bytes_tensor([0, 1, 2**64 - 1], 8)) == [0, 1, 2**64 - 1]
     assert to_bytes_tensor([], 8).shape == (0, 8)
     with pytest.raises(ValueError):
@@ -145,7 +178,9 @@ def test_serialization_round_trips_through_uint8_tensors(keys512):
     with pytest.raises(ValueError):
         backend.from_tensor(public, pt, "ciphertexts")  # wrong width
     with pytest.raises(ValueError):
-        backend.from_tensor(public, torch.full((1, 64), 255, dtype=torch.uint8), "plaintexts")  # >= n
+        backend.from_tensor(
+            public, torch.full((1, 64), 255, dtype=torch.uint8), "plaintexts"
+        )  # >= n
 
 
 @pytest.mark.parametrize("mode", ["batch", "full"])
@@ -179,7 +214,10 @@ def test_decryption_proof_verifies_and_rejects_tampering(mode, keys512):
 
 
 def test_backends_registry_and_plaintext_backend_matches_paillier(keys512):
-    assert {name: cls.name for name, cls in BACKENDS.items()} == {"paillier": "paillier", "plaintext": "plaintext"}
+    assert {name: cls.name for name, cls in BACKENDS.items()} == {
+        "paillier": "paillier",
+        "plaintext": "plaintext",
+    }
     rng = np.random.default_rng(7)
     vectors = [rng.normal(size=40).astype(np.float32) for _ in range(4)]
     paillier, plain = PaillierBackend(), PlaintextBackend()
@@ -199,8 +237,13 @@ def test_backends_registry_and_plaintext_backend_matches_paillier(keys512):
 
 
 def _fields():
-    return {"C": torch.arange(12, dtype=torch.uint8).reshape(3, 4), "S": 2, "T": 1.25, "L": b"127.0.0.1:1",
-            "w": torch.tensor([0.5, -1.0], dtype=torch.float64)}
+    return {
+        "C": torch.arange(12, dtype=torch.uint8).reshape(3, 4),
+        "S": 2,
+        "T": 1.25,
+        "L": b"127.0.0.1:1",
+        "w": torch.tensor([0.5, -1.0], dtype=torch.float64),
+    }
 
 
 def test_signatures_verify_and_reject_any_change():
@@ -209,10 +252,16 @@ def test_signatures_verify_and_reject_any_change():
     sig = keys.sign(fields)
     assert len(sig) == 64 and len(keys.public_bytes) == 32
     assert verify(keys.public_bytes, fields, sig)
-    assert canonical_bytes(fields) == canonical_bytes(dict(reversed(list(fields.items()))))  # order-free
+    assert canonical_bytes(fields) == canonical_bytes(
+        dict(reversed(list(fields.items())))
+    )  # order-free
     # Flip every byte of every field, one at a time.
     for name, value in fields.items():
-        data = value.contiguous().view(torch.uint8).reshape(-1) if isinstance(value, torch.Tensor) else None
+        data = (
+            value.contiguous().view(torch.uint8).reshape(-1)
+            if isinstance(value, torch.Tensor)
+            else None
+        )
         count = data.numel() if data is not None else 1
         for i in range(count):
             tampered = dict(fields)
@@ -240,5 +289,7 @@ def test_canonical_bytes_bind_shape_dtype_and_type():
     assert canonical_bytes({"x": t.numpy().tobytes()}) != base
     assert canonical_bytes({"x": 1}) != canonical_bytes({"x": 1.0}) != canonical_bytes({"x": True})
     assert canonical_bytes({"a": b"bc"}) != canonical_bytes({"ab": b"c"})
-    assert canonical_bytes({"x": t[::2]}) == canonical_bytes({"x": t[::2].clone()})  # non-contiguous views
+    assert canonical_bytes({"x": t[::2]}) == canonical_bytes(
+        {"x": t[::2].clone()}
+    )  # non-contiguous views
     assert canonical_bytes({"x": -(2**100)}) != canonical_bytes({"x": 2**100})

@@ -11,11 +11,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from p4bench.claims import ClaimContext
 from p4bench.cli import main
 from p4bench.errors import UsageError
-from p4bench.plugin_manager import default_registry
-from p4bench.plugins.p4l.preset import (
+from p4bench.host.manager import default_registry
+from p4bench.studies.claims import ClaimContext
+from p4bench.studies.presets import PRESETS, describe_presets
+from p4bench.studies.reproduce import plan_preset
+from p4bench_p4l.preset import (
     ATTACKED,
     ATTACKS,
     CLASSICAL,
@@ -28,21 +30,40 @@ from p4bench.plugins.p4l.preset import (
     he_claim,
     p4l_claims,
 )
-from p4bench.plugins.p4l.preset_report import load_curves, loss_drop_claim, p4l_report
-from p4bench.presets import PRESETS, describe_presets
-from p4bench.studies.reproduce import plan_preset
+from p4bench_p4l.preset_report import load_curves, loss_drop_claim, p4l_report
 
 CTX = ClaimContext("digits", False, ())
 NEEDED = (("method", "p4l"), *(("attack", a) for a in ATTACKS), ("partitioner", "shards"))
-missing = [f"{kind} '{name}'" for kind, name in NEEDED if name not in default_registry().names(kind)]
-needs_plugins = pytest.mark.skipif(bool(missing), reason=f"p4l plugins not registered: {', '.join(missing)}")
+missing = [
+    f"{kind} '{name}'" for kind, name in NEEDED if name not in default_registry().names(kind)
+]
+needs_plugins = pytest.mark.skipif(
+    bool(missing), reason=f"p4l plugins not registered: {', '.join(missing)}"
+)
 
 
-def row(variant, partitioner="iid", dist="powerlaw", size="-", attack="none", fraction=0.0, crypto="plaintext",
-        seed=0, mean=0.9):
+def row(
+    variant,
+    partitioner="iid",
+    dist="powerlaw",
+    size="-",
+    attack="none",
+    fraction=0.0,
+    crypto="plaintext",
+    seed=0,
+    mean=0.9,
+):
     # plugin options come out of MLflow JSON-encoded, as in a real table
-    values = (variant, partitioner, f'"{dist}"' if dist != "-" else "-", str(size), attack, str(fraction),
-              f'"{crypto}"' if crypto != "-" else "-", str(seed))
+    values = (
+        variant,
+        partitioner,
+        f'"{dist}"' if dist != "-" else "-",
+        str(size),
+        attack,
+        str(fraction),
+        f'"{crypto}"' if crypto != "-" else "-",
+        str(seed),
+    )
     return {**dict(zip(GROUP_BY, values)), "mean": mean, "std": float("nan"), "n": 1}
 
 
@@ -50,11 +71,22 @@ def factors_table(byzantine_gap: float) -> pd.DataFrame:
     """Size spread 4 points, IID / non-IID 6, attack 8 (none vs the worst attack), and a
     Byzantine % spread of `byzantine_gap` (10% -> 30%)."""
     sizes = {("fixed", 3): 0.88, ("fixed", 5): 0.90, ("fixed", 10): 0.91, ("powerlaw", "-"): 0.92}
-    rows = [row(GRID, p, dist, size, mean=m + (0.03 if p == "iid" else -0.03))
-            for (dist, size), m in sizes.items() for p in ("iid", "shards")]
-    drops = {"label-flip-pair": 0.02, "label-flip-random-pair": 0.01, "label-shuffle": 0.08, "kde-noise": 0.04}
-    rows += [row(ATTACKED, attack=a, fraction=f, mean=0.95 - d - byzantine_gap * (f - 0.2) / 0.2)
-             for a, d in drops.items() for f in FRACTIONS]
+    rows = [
+        row(GRID, p, dist, size, mean=m + (0.03 if p == "iid" else -0.03))
+        for (dist, size), m in sizes.items()
+        for p in ("iid", "shards")
+    ]
+    drops = {
+        "label-flip-pair": 0.02,
+        "label-flip-random-pair": 0.01,
+        "label-shuffle": 0.08,
+        "kde-noise": 0.04,
+    }
+    rows += [
+        row(ATTACKED, attack=a, fraction=f, mean=0.95 - d - byzantine_gap * (f - 0.2) / 0.2)
+        for a, d in drops.items()
+        for f in FRACTIONS
+    ]
     return pd.DataFrame(rows)
 
 
@@ -72,27 +104,55 @@ def test_registered_and_listed():
 @needs_plugins
 def test_full_grid_holds_the_papers_factors():
     plan = plan_preset("p4l")
-    assert plan.dataset == "digits" and not plan.skipped and plan.spec.name == "reproduce-p4l-digits"
+    assert (
+        plan.dataset == "digits" and not plan.skipped and plan.spec.name == "reproduce-p4l-digits"
+    )
     blocks = Counter(r.tags["variant"] for r in plan.runs)
-    assert blocks == {GRID: 4 * 2 * 3, ATTACKED: 4 * 3 * 3, HE: 2 * 2 * 3, CLASSICAL: 3, "FL baseline": 2 * 3}
+    assert blocks == {
+        GRID: 4 * 2 * 3,
+        ATTACKED: 4 * 3 * 3,
+        HE: 2 * 2 * 3,
+        CLASSICAL: 3,
+        "FL baseline": 2 * 3,
+    }
     configs = [r.config for r in plan.runs]
-    assert all(not c.private and c.epsilon is None for c in configs) and {c.clients for c in configs} == {30}
+    assert all(not c.private and c.epsilon is None for c in configs) and {
+        c.clients for c in configs
+    } == {30}
     grid = [r.config for r in plan.runs if r.tags["variant"] == GRID]
     sizes = {(c.options["size_dist"], c.options.get("size")) for c in grid}
     assert sizes == {("fixed", 3), ("fixed", 5), ("fixed", 10), ("powerlaw", None)}
-    assert all(c.options["size_min"] == 3 and c.options["size_max"] == 10 for c in grid if c.options["size_dist"] == "powerlaw")
+    assert all(
+        c.options["size_min"] == 3 and c.options["size_max"] == 10
+        for c in grid
+        if c.options["size_dist"] == "powerlaw"
+    )
     assert {c.partitioner for c in grid} == {"iid", "shards"}
-    assert {c.options["shards_per_client"] for c in grid if c.partitioner == "shards"} == {6}  # 6 of 10 classes
-    assert all(c.attack is None and c.options["crypto"] == "plaintext" and c.rounds == 100 for c in grid)
+    assert {c.options["shards_per_client"] for c in grid if c.partitioner == "shards"} == {
+        6
+    }  # 6 of 10 classes
+    assert all(
+        c.attack is None and c.options["crypto"] == "plaintext" and c.rounds == 100 for c in grid
+    )
     attacked = [r.config for r in plan.runs if r.tags["variant"] == ATTACKED]
-    assert {(c.attack, c.malicious_fraction) for c in attacked} == {(a, f) for a in ATTACKS for f in FRACTIONS}
+    assert {(c.attack, c.malicious_fraction) for c in attacked} == {
+        (a, f) for a in ATTACKS for f in FRACTIONS
+    }
     assert all(c.partitioner == "iid" and c.options["size_dist"] == "powerlaw" for c in attacked)
     assert "flip_pair" not in attacked[0].options  # the attack's default pair, 0 <-> 5
-    he = Counter((c.options["crypto"], c.options.get("key_bits"), c.partitioner, c.seed, c.rounds)
-                 for r in plan.runs if r.tags["variant"] == HE for c in [r.config])
+    he = Counter(
+        (c.options["crypto"], c.options.get("key_bits"), c.partitioner, c.seed, c.rounds)
+        for r in plan.runs
+        if r.tags["variant"] == HE
+        for c in [r.config]
+    )
     for partitioner in ("iid", "shards"):
         for seed in (0, 1, 2):  # matched pairs: the same setting and seed under both backends
-            assert he[("paillier", 2048, partitioner, seed, 10)] == he[("plaintext", None, partitioner, seed, 10)] == 1
+            assert (
+                he[("paillier", 2048, partitioner, seed, 10)]
+                == he[("plaintext", None, partitioner, seed, 10)]
+                == 1
+            )
     assert PRESETS["p4l"].group_by == GROUP_BY
 
 
@@ -100,53 +160,107 @@ def test_full_grid_holds_the_papers_factors():
 def test_quick_grid_shrinks_and_uses_short_keys():
     plan = plan_preset("p4l", quick=True)
     assert len(plan.runs) == 2 * 2 + 4 * 2 + 2 + 1 + 2 and {r.config.seed for r in plan.runs} == {0}
-    assert {r.config.rounds for r in plan.runs} == {3} and {r.config.clients for r in plan.runs} == {15}
-    assert {r.config.options.get("key_bits") for r in plan.runs if r.config.options.get("crypto") == "paillier"} == {1024}
+    assert {r.config.rounds for r in plan.runs} == {3} and {
+        r.config.clients for r in plan.runs
+    } == {15}
+    assert {
+        r.config.options.get("key_bits")
+        for r in plan.runs
+        if r.config.options.get("crypto") == "paillier"
+    } == {1024}
 
 
 # -- claims on known tables -----------------------------------------------------------------------------
 
 
 def test_he_claim_passes_fails_and_is_not_checked_without_pairs():
-    pairs = [row(HE, p, "fixed", 5, crypto=c, seed=s, mean=0.90 + 0.001 * s + (0.004 if c == "paillier" else 0))
-             for p in ("iid", "shards") for s in (0, 1, 2) for c in ("paillier", "plaintext")]
+    pairs = [
+        row(
+            HE,
+            p,
+            "fixed",
+            5,
+            crypto=c,
+            seed=s,
+            mean=0.90 + 0.001 * s + (0.004 if c == "paillier" else 0),
+        )
+        for p in ("iid", "shards")
+        for s in (0, 1, 2)
+        for c in ("paillier", "plaintext")
+    ]
     check = he_claim(pd.DataFrame(pairs))
     assert check.status == "yes" and "6 pairs, largest |difference| 0.40 points" in check.detail
     pairs[0]["mean"] += 0.02  # one pair 2.4 points apart
     failed = he_claim(pd.DataFrame(pairs))
-    assert failed.status == "no" and "IID fixed 5 seed 0: paillier" in failed.detail and "2.40 points" in failed.detail
+    assert (
+        failed.status == "no"
+        and "IID fixed 5 seed 0: paillier" in failed.detail
+        and "2.40 points" in failed.detail
+    )
     alone = he_claim(pd.DataFrame([r for r in pairs if '"plaintext"' in r[GROUP_BY[6]]]))
     assert alone.status == "not checked"
 
 
 def test_factor_effects_are_explicit_and_the_byzantine_claim_can_fail():
     effects = {e.factor: e for e in factor_effects(factors_table(byzantine_gap=0.01))}
-    assert effects["synergy size"].levels == pytest.approx({"fixed 3": 0.88, "fixed 5": 0.90, "fixed 10": 0.91,
-                                                            "powerlaw 3-10": 0.92})  # IID and non-IID averaged
+    assert effects["synergy size"].levels == pytest.approx(
+        {"fixed 3": 0.88, "fixed 5": 0.90, "fixed 10": 0.91, "powerlaw 3-10": 0.92}
+    )  # IID and non-IID averaged
     assert effects["IID / non-IID"].levels == pytest.approx({"IID": 0.9325, "non-IID": 0.8725})
     attack = effects["attack"].levels  # none: the grid's power-law IID cell
     assert attack["none"] == pytest.approx(0.95) and attack["label-shuffle"] == pytest.approx(0.87)
-    assert effects["Byzantine %"].levels == pytest.approx({"10%": 0.9175, "20%": 0.9125, "30%": 0.9075})
+    assert effects["Byzantine %"].levels == pytest.approx(
+        {"10%": 0.9175, "20%": 0.9125, "30%": 0.9075}
+    )
     spreads = {f: round(100 * e.spread, 2) for f, e in effects.items()}
     assert spreads == {"synergy size": 4.0, "IID / non-IID": 6.0, "attack": 8.0, "Byzantine %": 1.0}
     held = byzantine_claim(effects.values())
     assert held.status == "yes" and "Byzantine % 1.00 points" in held.detail
-    strong = byzantine_claim(factor_effects(factors_table(byzantine_gap=0.10)))  # 10 points from 10% to 30%
-    assert strong.status == "no" and "Byzantine % 10.00" in strong.detail and "synergy size" in strong.detail
+    strong = byzantine_claim(
+        factor_effects(factors_table(byzantine_gap=0.10))
+    )  # 10 points from 10% to 30%
+    assert (
+        strong.status == "no"
+        and "Byzantine % 10.00" in strong.detail
+        and "synergy size" in strong.detail
+    )
     no_attacks = factors_table(0.0)
-    assert byzantine_claim(factor_effects(no_attacks[no_attacks["variant"] == GRID])).status == "not checked"
-    assert [c.status for c in p4l_claims(factors_table(0.01), CTX)] == ["not checked", "yes", "not checked"]
+    assert (
+        byzantine_claim(factor_effects(no_attacks[no_attacks["variant"] == GRID])).status
+        == "not checked"
+    )
+    assert [c.status for c in p4l_claims(factors_table(0.01), CTX)] == [
+        "not checked",
+        "yes",
+        "not checked",
+    ]
 
 
-def _curve_run(folder: Path, name: str, losses: list[float], experiment: str = "x", **config) -> None:
+def _curve_run(
+    folder: Path, name: str, losses: list[float], experiment: str = "x", **config
+) -> None:
     run = folder / name
     run.mkdir(parents=True)
-    base = {"method": "p4l", "attack": None, "partitioner": "iid", "seed": 0, "rounds": 100, "experiment": experiment,
-            "options": {"crypto": "plaintext", "size_dist": "powerlaw"}}
+    base = {
+        "method": "p4l",
+        "attack": None,
+        "partitioner": "iid",
+        "seed": 0,
+        "rounds": 100,
+        "experiment": experiment,
+        "options": {"crypto": "plaintext", "size_dist": "powerlaw"},
+    }
     (run / "config.yaml").write_text(yaml.safe_dump({**base, **config}))
     (run / "summary.json").write_text(f'{{"config_hash": "{name}"}}')
-    pd.DataFrame({"r": range(1, len(losses) + 1), "peers": [10] * len(losses), "accuracy": [0.5 + 0.05 * i for i in range(len(losses))],
-                  "loss": losses, "auc": [0.9] * len(losses)}).to_csv(run / "participation_curve.csv", index=False)
+    pd.DataFrame(
+        {
+            "r": range(1, len(losses) + 1),
+            "peers": [10] * len(losses),
+            "accuracy": [0.5 + 0.05 * i for i in range(len(losses))],
+            "loss": losses,
+            "auc": [0.9] * len(losses),
+        }
+    ).to_csv(run / "participation_curve.csv", index=False)
 
 
 def test_r1_from_participation_curves_and_the_report(tmp_path):
@@ -157,14 +271,25 @@ def test_r1_from_participation_curves_and_the_report(tmp_path):
     curves = load_curves(tmp_path, "x")
     assert len(curves) == 3
     check = loss_drop_claim(curves)
-    assert check.status == "yes" and "seed 0: 25.0%" in check.detail and "seed 1: 20.0%" in check.detail
+    assert (
+        check.status == "yes"
+        and "seed 0: 25.0%" in check.detail
+        and "seed 1: 20.0%" in check.detail
+    )
     assert loss_drop_claim(curves, quick=True).status == "not tested"
     _curve_run(tmp_path, "e", [1.0, 1.1, 1.1, 1.2, 1.3], seed=2)
     assert loss_drop_claim(load_curves(tmp_path, "x")).status == "no"
-    assert loss_drop_claim([(config, curve.head(3)) for config, curve in curves]).status == "not checked"
+    assert (
+        loss_drop_claim([(config, curve.head(3)) for config, curve in curves]).status
+        == "not checked"
+    )
     lines = p4l_report(factors_table(0.01), CTX, tmp_path, "x")
-    assert any(line.startswith("  Byzantine %: 10% ") and "spread 1.00 points" in line for line in lines)
-    assert any("P4L, IID" in line and "paper 47.0%" in line and "ours  95.0%" in line for line in lines)
+    assert any(
+        line.startswith("  Byzantine %: 10% ") and "spread 1.00 points" in line for line in lines
+    )
+    assert any(
+        "P4L, IID" in line and "paper 47.0%" in line and "ours  95.0%" in line for line in lines
+    )
     assert any("not comparable" in line for line in lines)
     for name in ("factor-levels", "accuracy-vs-r"):
         assert (tmp_path / f"x-{name}.png").stat().st_size > 0
@@ -178,38 +303,79 @@ def test_r1_from_participation_curves_and_the_report(tmp_path):
 @needs_plugins
 def test_quick_p4l_runs_end_to_end(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
-        main(["reproduce", "p4l", "--quick", "--no-tune", "--results-dir", str(tmp_path / "runs"), "--format", "markdown"])
+        main(
+            [
+                "reproduce",
+                "p4l",
+                "--quick",
+                "--no-tune",
+                "--results-dir",
+                str(tmp_path / "runs"),
+                "--format",
+                "markdown",
+            ]
+        )
     out, err = capsys.readouterr()
     assert (info.value.code or 0) == 0, err
     assert '| HE vs plaintext | iid | "fixed" | 5 | none | 0.0 | "paillier" | 0 |' in out
     assert "| byzantine x attack | iid |" in out and "| classical | iid |" in out
-    assert "factor effects (claim b)" in out and "R2 of the paper (CIFAR-10, IID) beside ours" in out
+    assert (
+        "factor effects (claim b)" in out and "R2 of the paper (CIFAR-10, IID) beside ours" in out
+    )
     for kind in ("accuracy by factor level", "accuracy vs participation count r"):
         plot = next(line for line in out.splitlines() if line.startswith(f"plot of {kind}: "))
         assert Path(plot.split(": ", 1)[1]).is_file()
     assert "claims of the paper on digits (quick smoke run)" in out
     for claim in ("HE (Paillier) vs plaintext", "Byzantine % is the least influential factor"):
         line = next(line for line in out.splitlines() if claim in line)
-        assert ": not tested (quick smoke run; figures: " in line  # a smoke run is no verdict, figures kept
+        assert (
+            ": not tested (quick smoke run; figures: " in line
+        )  # a smoke run is no verdict, figures kept
 
 
 def test_the_fl_baseline_is_planned_as_the_paper_ran_it_and_r9_can_fail():
     import pandas as pd
 
-    from p4bench.plugins.p4l.preset import FL, GRID, fl_claim
+    from p4bench_p4l.preset import FL, GRID, fl_claim
 
     plan = plan_preset("p4l", quick=True)
     fl = [r.config for r in plan.runs if r.tags["variant"] == FL]
     assert {c.method for c in fl} == {"fedavg"} and {c.partitioner for c in fl} == {"iid", "shards"}
-    assert all(c.options["client_sampling"] == "powerlaw" and c.options["epochs"] == 5 and c.client_rate == 0.1
-               for c in fl)
+    assert all(
+        c.options["client_sampling"] == "powerlaw"
+        and c.options["epochs"] == 5
+        and c.client_rate == 0.1
+        for c in fl
+    )
 
     def table(p4l, fedavg):
-        rows = [{"variant": GRID, "partitioner": "shards", "options.size_dist": "powerlaw", "options.size": None,
-                 "attack": "none", "malicious_fraction": 0.0, "options.crypto": "plaintext", "seed": 0, "mean": p4l},
-                {"variant": FL, "partitioner": "shards", "options.size_dist": None, "options.size": None,
-                 "attack": "none", "malicious_fraction": 0.0, "options.crypto": None, "seed": 0, "mean": fedavg}]
+        rows = [
+            {
+                "variant": GRID,
+                "partitioner": "shards",
+                "options.size_dist": "powerlaw",
+                "options.size": None,
+                "attack": "none",
+                "malicious_fraction": 0.0,
+                "options.crypto": "plaintext",
+                "seed": 0,
+                "mean": p4l,
+            },
+            {
+                "variant": FL,
+                "partitioner": "shards",
+                "options.size_dist": None,
+                "options.size": None,
+                "attack": "none",
+                "malicious_fraction": 0.0,
+                "options.crypto": None,
+                "seed": 0,
+                "mean": fedavg,
+            },
+        ]
         return pd.DataFrame(rows)
 
-    assert fl_claim(table(0.80, 0.83)).status == "yes" and fl_claim(table(0.70, 0.83)).status == "no"
+    assert (
+        fl_claim(table(0.80, 0.83)).status == "yes" and fl_claim(table(0.70, 0.83)).status == "no"
+    )
     assert fl_claim(table(0.80, 0.83).iloc[:1]).status == "not checked"

@@ -36,7 +36,9 @@ def assert_disjoint(parts: list[np.ndarray], total: int) -> None:
 
 def run(partitioner, labels, num_classes, clients, size, seed, similarity=0.5, **options):
     config = RunConfig(similarity=similarity, options=options)
-    return partitioner.partition(labels, num_classes, clients, size, np.random.default_rng(seed), config)
+    return partitioner.partition(
+        labels, num_classes, clients, size, np.random.default_rng(seed), config
+    )
 
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -68,7 +70,12 @@ def test_iid(data, clients, size, seed):
 
 
 @SETTINGS
-@given(st.integers(2, 6), st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), st.integers(4, 12), st.integers(0, 1000))
+@given(
+    st.integers(2, 6),
+    st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]),
+    st.integers(4, 12),
+    st.integers(0, 1000),
+)
 def test_alpha_dominant_fraction(num_classes, gamma, clients, seed):
     labels = labels_for([400] * num_classes, seed)
     size = 60
@@ -78,10 +85,14 @@ def test_alpha_dominant_fraction(num_classes, gamma, clients, seed):
     dominant = np.array([np.mean(labels[p] == u % num_classes) for u, p in enumerate(parts)])
     n_iid = int(gamma * size)
     target = (size - n_iid) / size + n_iid / (num_classes * size)
-    spread = math.sqrt(n_iid * (1 / num_classes) * (1 - 1 / num_classes)) / size / math.sqrt(clients)
+    spread = (
+        math.sqrt(n_iid * (1 / num_classes) * (1 - 1 / num_classes)) / size / math.sqrt(clients)
+    )
     assert abs(dominant.mean() - target) <= 5 * spread + 1e-9
     assert (dominant >= (size - n_iid) / size).all()  # the non-IID part is all dominant class
-    assert same(parts, run(AlphaPartitioner(), labels, num_classes, clients, size, seed, similarity=gamma))
+    assert same(
+        parts, run(AlphaPartitioner(), labels, num_classes, clients, size, seed, similarity=gamma)
+    )
 
 
 def test_alpha_refuses_to_truncate():
@@ -103,17 +114,35 @@ def test_shards_exact_classes(num_classes, data, seed):
     shard = data.draw(st.integers(1, 6), label="shard size")
     counts = [per_class * shard + data.draw(st.integers(0, 5)) for _ in range(num_classes)]
     labels = labels_for(counts, seed)
-    parts = run(ShardsPartitioner(), labels, num_classes, clients, per_client * shard, seed, shards_per_client=per_client)
+    parts = run(
+        ShardsPartitioner(),
+        labels,
+        num_classes,
+        clients,
+        per_client * shard,
+        seed,
+        shards_per_client=per_client,
+    )
     assert len(parts) == clients
     assert [len(p) for p in parts] == [per_client * shard] * clients
     assert_disjoint(parts, len(labels))
     uses = np.zeros(num_classes, np.int64)
     for p in parts:
         present, count = np.unique(labels[p], return_counts=True)
-        assert len(present) == per_client and (count == shard).all()  # exactly N classes, one shard each
+        assert (
+            len(present) == per_client and (count == shard).all()
+        )  # exactly N classes, one shard each
         uses[present] += 1
     assert (uses == per_class).all()  # every class cut into exactly P shards
-    again = run(ShardsPartitioner(), labels, num_classes, clients, per_client * shard, seed, shards_per_client=per_client)
+    again = run(
+        ShardsPartitioner(),
+        labels,
+        num_classes,
+        clients,
+        per_client * shard,
+        seed,
+        shards_per_client=per_client,
+    )
     assert same(parts, again)
 
 
@@ -122,7 +151,9 @@ def test_shards_errors_are_clear():
     with pytest.raises(DataError, match="not an integer"):
         run(ShardsPartitioner(), labels, 10, 7, 20, 0, shards_per_client=2)
     with pytest.raises(DataError, match="smallest class"):
-        run(ShardsPartitioner(), labels, 10, 10, 40, 0, shards_per_client=2)  # P=2 shards of 20 > 30
+        run(
+            ShardsPartitioner(), labels, 10, 10, 40, 0, shards_per_client=2
+        )  # P=2 shards of 20 > 30
     with pytest.raises(DataError, match="equal shards"):
         run(ShardsPartitioner(), labels, 10, 10, 21, 0, shards_per_client=2)
     with pytest.raises(DataError, match="contradicts"):
@@ -147,20 +178,30 @@ def test_dirichlet(data, clients, size, alpha, seed):
     counts, label_seed = data
     labels = labels_for(counts, label_seed)
     try:
-        parts = run(DirichletPartitioner(), labels, len(counts), clients, size, seed, dirichlet_alpha=alpha)
+        parts = run(
+            DirichletPartitioner(), labels, len(counts), clients, size, seed, dirichlet_alpha=alpha
+        )
     except DataError as exc:
         assert "cannot give" in str(exc)
         return
     assert [len(p) for p in parts] == [size] * clients
     assert_disjoint(parts, len(labels))
-    assert same(parts, run(DirichletPartitioner(), labels, len(counts), clients, size, seed, dirichlet_alpha=alpha))
+    assert same(
+        parts,
+        run(
+            DirichletPartitioner(), labels, len(counts), clients, size, seed, dirichlet_alpha=alpha
+        ),
+    )
 
 
 def test_dirichlet_alpha_controls_skew():
     labels = labels_for([2000] * 10, 0)
     skewed = run(DirichletPartitioner(), labels, 10, 30, 100, 0, dirichlet_alpha=0.05)
     flat = run(DirichletPartitioner(), labels, 10, 30, 100, 0, dirichlet_alpha=1000.0)
-    top = lambda parts: np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])  # noqa: E731
+
+    def top(parts):
+        return np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])
+
     assert top(skewed) > 0.6
     assert top(flat) < 0.25  # near the uniform 0.1 (plus multinomial noise)
     # Class fractions of a flat client are within tolerance of 1/L.
@@ -185,14 +226,23 @@ def test_dirichlet_errors_instead_of_truncating():
 
 
 @SETTINGS
-@given(st.lists(st.integers(1, 30), min_size=2, max_size=15), st.integers(1, 8), st.integers(2, 12), st.integers(0, 1000))
+@given(
+    st.lists(st.integers(1, 30), min_size=2, max_size=15),
+    st.integers(1, 8),
+    st.integers(2, 12),
+    st.integers(0, 1000),
+)
 def test_natural_one_client_per_writer(writer_sizes, clients, size, seed):
-    writers = np.random.default_rng(seed).permutation(np.repeat(np.arange(len(writer_sizes)) * 7 + 3, writer_sizes))
+    writers = np.random.default_rng(seed).permutation(
+        np.repeat(np.arange(len(writer_sizes)) * 7 + 3, writer_sizes)
+    )
     labels = np.random.default_rng(seed + 1).integers(0, 4, len(writers))
     partitioner = NaturalPartitioner()
     config = RunConfig()
     try:
-        parts = partitioner.partition(labels, 4, clients, size, np.random.default_rng(seed), config, writers=writers)
+        parts = partitioner.partition(
+            labels, 4, clients, size, np.random.default_rng(seed), config, writers=writers
+        )
     except DataError:
         assert sum(s >= size for s in writer_sizes) < clients
         return
@@ -201,7 +251,9 @@ def test_natural_one_client_per_writer(writer_sizes, clients, size, seed):
     owners = [np.unique(writers[p]) for p in parts]
     assert all(len(o) == 1 for o in owners)  # each client is one writer
     assert len({int(o[0]) for o in owners}) == clients  # and no writer is used twice
-    again = partitioner.partition(labels, 4, clients, size, np.random.default_rng(seed), config, writers=writers)
+    again = partitioner.partition(
+        labels, 4, clients, size, np.random.default_rng(seed), config, writers=writers
+    )
     assert same(parts, again)
 
 
@@ -210,7 +262,9 @@ def test_natural_needs_writers_and_keeps_whole_writers():
     with pytest.raises(DataError, match="writer ids"):
         NaturalPartitioner().partition(labels, 1, 2, None, np.random.default_rng(0), RunConfig())
     writers = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 2])
-    parts = NaturalPartitioner().partition(labels, 1, 3, None, np.random.default_rng(0), RunConfig(), writers=writers)
+    parts = NaturalPartitioner().partition(
+        labels, 1, 3, None, np.random.default_rng(0), RunConfig(), writers=writers
+    )
     assert sorted(len(p) for p in parts) == [2, 3, 5]
 
 
@@ -218,10 +272,14 @@ def test_run_partitioner_passes_writers_only_when_needed():
     x = np.zeros((12, 2), np.float32)
     y = np.arange(12) % 2
     w = np.repeat(np.arange(4), 3)
-    data = ArrayDataset("d", x[:8], y[:8], x[8:], y[8:], ("a", "b"), writers_train=w[:8], writers_test=w[8:])
+    data = ArrayDataset(
+        "d", x[:8], y[:8], x[8:], y[8:], ("a", "b"), writers_train=w[:8], writers_test=w[8:]
+    )
     parts = run_partitioner(NaturalPartitioner, data, 4, 3, np.random.default_rng(0), RunConfig())
     assert sorted(int(np.unique(w[p])[0]) for p in parts) == [0, 1, 2, 3]
-    assert len(run_partitioner(IIDPartitioner, data, 3, 4, np.random.default_rng(0), RunConfig())) == 3
+    assert (
+        len(run_partitioner(IIDPartitioner, data, 3, 4, np.random.default_rng(0), RunConfig())) == 3
+    )
 
 
 def test_presets_match_the_paper():
@@ -246,6 +304,8 @@ def test_partition_heatmap_has_whole_client_ticks(tmp_path, monkeypatch):
 
     saved = []
     monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: saved.append(self))
-    plot_partition_heatmap(np.arange(40).reshape(4, 10), tuple(map(str, range(10))), tmp_path / "p.png")
+    plot_partition_heatmap(
+        np.arange(40).reshape(4, 10), tuple(map(str, range(10))), tmp_path / "p.png"
+    )
     ticks = [t for t in saved[0].axes[0].get_yticks() if -0.5 <= t <= 3.5]
     assert ticks and all(float(t).is_integer() for t in ticks)

@@ -11,7 +11,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from p4bench.baselines.pdsl_preset import (
+from p4bench.cli import main
+from p4bench.host.manager import default_registry
+from p4bench.studies.claims import ClaimContext
+from p4bench.studies.equal_privacy import from_config
+from p4bench.studies.presets import PRESETS, describe_presets
+from p4bench.studies.reproduce import plan_preset, quick_claims
+from p4bench_pdsl.preset import (
     CLIENTS,
     EPSILONS,
     GROUP_BY,
@@ -25,22 +31,27 @@ from p4bench.baselines.pdsl_preset import (
     pdsl_first_claim,
     topology_claim,
 )
-from p4bench.baselines.pdsl_preset_report import pdsl_report
-from p4bench.claims import ClaimContext
-from p4bench.cli import main
-from p4bench.plugin_manager import default_registry
-from p4bench.presets import PRESETS, describe_presets
-from p4bench.studies.equal_privacy import from_config
-from p4bench.studies.reproduce import plan_preset, quick_claims
+from p4bench_pdsl.preset_report import pdsl_report
 
 CTX = ClaimContext("digits", False, ())
-NEEDED = (*(("method", m) for m in METHODS), ("partitioner", "dirichlet"), *(("topology", t) for t in TOPOLOGIES))
-missing = [f"{kind} '{name}'" for kind, name in NEEDED if name not in default_registry().names(kind)]
-needs_plugins = pytest.mark.skipif(bool(missing), reason=f"pdsl preset plugins not registered: {', '.join(missing)}")
+NEEDED = (
+    *(("method", m) for m in METHODS),
+    ("partitioner", "dirichlet"),
+    *(("topology", t) for t in TOPOLOGIES),
+)
+missing = [
+    f"{kind} '{name}'" for kind, name in NEEDED if name not in default_registry().names(kind)
+]
+needs_plugins = pytest.mark.skipif(
+    bool(missing), reason=f"pdsl preset plugins not registered: {', '.join(missing)}"
+)
 # PDSL best everywhere, complete > bipartite > ring; the rivals' order does not matter
-GOOD = {"pdsl": {"complete": 0.90, "bipartite": 0.88, "ring": 0.80}, "dp-cga": {"complete": 0.85, "bipartite": 0.84,
-        "ring": 0.78}, "muffliato": {"complete": 0.70, "bipartite": 0.72, "ring": 0.75}, "dp-dsgd": {"complete": 0.60,
-        "bipartite": 0.60, "ring": 0.60}}
+GOOD = {
+    "pdsl": {"complete": 0.90, "bipartite": 0.88, "ring": 0.80},
+    "dp-cga": {"complete": 0.85, "bipartite": 0.84, "ring": 0.78},
+    "muffliato": {"complete": 0.70, "bipartite": 0.72, "ring": 0.75},
+    "dp-dsgd": {"complete": 0.60, "bipartite": 0.60, "ring": 0.60},
+}
 
 
 @pytest.fixture
@@ -56,8 +67,14 @@ def table(scores=GOOD, epsilons=EPSILONS, clients=CLIENTS, change=None):
             for method, by_topology in scores.items():
                 for topology, value in by_topology.items():
                     value = (change or {}).get((eps, topology, m, method), value)
-                    rows.append({**dict(zip(GROUP_BY, (str(eps), f'"{topology}"', str(m), method))),
-                                 "mean": value, "std": 0.0, "n": 3})
+                    rows.append(
+                        {
+                            **dict(zip(GROUP_BY, (str(eps), f'"{topology}"', str(m), method))),
+                            "mean": value,
+                            "std": 0.0,
+                            "n": 3,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -66,7 +83,11 @@ def table(scores=GOOD, epsilons=EPSILONS, clients=CLIENTS, change=None):
 
 def test_registered_and_listed():
     preset = PRESETS["pdsl"]
-    assert preset.report is not None and preset.group_by == GROUP_BY and preset.neighbouring == "add-remove"
+    assert (
+        preset.report is not None
+        and preset.group_by == GROUP_BY
+        and preset.neighbouring == "add-remove"
+    )
     name, datasets, summary = next(d for d in describe_presets() if d[0] == "pdsl")
     assert datasets == "digits" and "MNIST" in summary and "Dirichlet mu 0.25" in summary
 
@@ -74,15 +95,32 @@ def test_registered_and_listed():
 @needs_plugins
 def test_full_grid_holds_table_i_factors_at_equal_privacy(no_data):
     plan = plan_preset("pdsl")
-    assert plan.dataset == "digits" and not plan.skipped and plan.spec.name == "reproduce-pdsl-digits"
+    assert (
+        plan.dataset == "digits" and not plan.skipped and plan.spec.name == "reproduce-pdsl-digits"
+    )
     configs = [r.config for r in plan.runs]
     cells = Counter((c.epsilon, c.options["topology"], c.clients, c.method) for c in configs)
-    assert cells == {(e, t, m, method): 3 for e in EPSILONS for t in TOPOLOGIES for m in CLIENTS for method in METHODS}
-    assert all(from_config(c).private and c.neighbouring == "add-remove" for c in configs)  # one relation, all private
-    assert all(c.partitioner == "dirichlet" and c.options["dirichlet_alpha"] == 0.25 for c in configs)
-    assert all(c.samples_per_client == SAMPLES[c.clients] and c.rounds == 80 and c.attack is None for c in configs)
+    assert cells == {
+        (e, t, m, method): 3
+        for e in EPSILONS
+        for t in TOPOLOGIES
+        for m in CLIENTS
+        for method in METHODS
+    }
+    assert all(
+        from_config(c).private and c.neighbouring == "add-remove" for c in configs
+    )  # one relation, all private
+    assert all(
+        c.partitioner == "dirichlet" and c.options["dirichlet_alpha"] == 0.25 for c in configs
+    )
+    assert all(
+        c.samples_per_client == SAMPLES[c.clients] and c.rounds == 80 and c.attack is None
+        for c in configs
+    )
     by_method = {c.method: c.options for c in configs}
-    assert by_method["pdsl"]["clip_mode"] == by_method["dp-cga"]["clip_mode"] == "per-example"  # one mechanism
+    assert (
+        by_method["pdsl"]["clip_mode"] == by_method["dp-cga"]["clip_mode"] == "per-example"
+    )  # one mechanism
     assert by_method["dp-dsgd"]["order"] == "d-psgd" and by_method["dp-dsgd"]["iterations"] == 1
     assert by_method["muffliato"]["iterations"] == 1 and by_method["pdsl"]["momentum"] == 0.5
 
@@ -92,13 +130,23 @@ def test_quick_grid_shrinks(no_data):
     plan = plan_preset("pdsl", quick=True)
     configs = [r.config for r in plan.runs]
     assert len(configs) == len(METHODS) * len(TOPOLOGIES) and {c.seed for c in configs} == {0}
-    assert {c.epsilon for c in configs} == {3.0} and {c.clients for c in configs} == {10} and {c.rounds for c in configs} == {3}
+    assert (
+        {c.epsilon for c in configs} == {3.0}
+        and {c.clients for c in configs} == {10}
+        and {c.rounds for c in configs} == {3}
+    )
 
 
 def test_table_i_reference_values():
     assert len(TABLE_I) == 3 * 5 * 6  # epsilon x method (DP-NET-FLEET too) x topology x M
-    assert TABLE_I[(0.08, "pdsl", "complete", 10)] == 0.938 and TABLE_I[(0.3, "dp-dsgd", "ring", 20)] == 0.653
-    assert TABLE_I[(0.1, "muffliato", "bipartite", 20)] == 0.841 and TABLE_I[(0.3, "dp-net-fleet", "ring", 10)] == 0.912
+    assert (
+        TABLE_I[(0.08, "pdsl", "complete", 10)] == 0.938
+        and TABLE_I[(0.3, "dp-dsgd", "ring", 20)] == 0.653
+    )
+    assert (
+        TABLE_I[(0.1, "muffliato", "bipartite", 20)] == 0.841
+        and TABLE_I[(0.3, "dp-net-fleet", "ring", 10)] == 0.912
+    )
     assert [paper_epsilon(e) for e in EPSILONS] == [0.08, 0.1, 0.3] and paper_epsilon(2.0) is None
 
 
@@ -108,8 +156,13 @@ def test_table_i_reference_values():
 def test_pdsl_first_passes_and_fails_per_cell():
     cells = cell_means(table())
     assert len(cells) == 18 and cells[(3.0, "ring", 20)]["pdsl"] == 0.80
-    assert pdsl_first_claim(cells).status == "yes" and "PDSL first in 18 of 18 cells" in pdsl_first_claim(cells).detail
-    lost = cell_means(table(change={(1.0, "ring", 20, "dp-cga"): 0.81, (8.0, "complete", 10, "muffliato"): 0.90}))
+    assert (
+        pdsl_first_claim(cells).status == "yes"
+        and "PDSL first in 18 of 18 cells" in pdsl_first_claim(cells).detail
+    )
+    lost = cell_means(
+        table(change={(1.0, "ring", 20, "dp-cga"): 0.81, (8.0, "complete", 10, "muffliato"): 0.90})
+    )
     check = pdsl_first_claim(lost)
     assert check.status == "no" and "PDSL first in 16 of 18 cells" in check.detail
     assert "eps 1 / ring / M=20: dp-cga 81.0%, pdsl 80.0%" in check.detail
@@ -120,23 +173,33 @@ def test_pdsl_first_passes_and_fails_per_cell():
 
 def test_topology_order_passes_and_fails():
     assert topology_claim(cell_means(table())).status == "yes"
-    tie = cell_means(table(change={(3.0, "bipartite", 10, "pdsl"): 0.90}))  # complete == bipartite: still in order
+    tie = cell_means(
+        table(change={(3.0, "bipartite", 10, "pdsl"): 0.90})
+    )  # complete == bipartite: still in order
     assert topology_claim(tie).status == "yes"
     flat = table(change={(3.0, "ring", 10, "pdsl"): 0.88})  # bipartite == ring: not strictly above
     check = topology_claim(cell_means(flat))
     assert check.status == "no" and "5 of 6 (epsilon, M) in order" in check.detail
     assert "eps 3 M=10: complete 90.0%, bipartite 88.0%, ring 88.0% (out of order)" in check.detail
-    swapped = cell_means(table(change={(8.0, "complete", 20, "pdsl"): 0.85}))  # bipartite above complete
+    swapped = cell_means(
+        table(change={(8.0, "complete", 20, "pdsl"): 0.85})
+    )  # bipartite above complete
     assert topology_claim(swapped).status == "no"
     no_ring = table()
-    assert topology_claim(cell_means(no_ring[no_ring[GROUP_BY[1]] != '"ring"'])).status == "not checked"
+    assert (
+        topology_claim(cell_means(no_ring[no_ring[GROUP_BY[1]] != '"ring"'])).status
+        == "not checked"
+    )
     assert [c.status for c in pdsl_claims(flat, CTX)] == ["yes", "no"]
     assert [c.status for c in quick_claims(pdsl_claims(flat, CTX))] == ["not tested", "not tested"]
 
 
 def test_report_verdicts_reference_values_and_plot(tmp_path):
     lines = pdsl_report(table(change={(1.0, "ring", 20, "dp-cga"): 0.81}), CTX, tmp_path, "x")
-    assert "  eps 1 / ring / M=20: no (dp-cga 81.0%, pdsl 80.0%, muffliato 75.0%, dp-dsgd 60.0%)" in lines
+    assert (
+        "  eps 1 / ring / M=20: no (dp-cga 81.0%, pdsl 80.0%, muffliato 75.0%, dp-dsgd 60.0%)"
+        in lines
+    )
     assert "  eps 8 / M=20: yes (complete 90.0%, bipartite 88.0%, ring 80.0%)" in lines
     assert any("REFERENCE ONLY, NOT COMPARABLE" in line for line in lines)
     assert "  ours eps 1 <-> paper eps 0.08/round" in lines
@@ -146,7 +209,10 @@ def test_report_verdicts_reference_values_and_plot(tmp_path):
     plot = tmp_path / "x-accuracy-by-cell.png"
     assert lines[-1] == f"plot of accuracy per cell: {plot}" and plot.stat().st_size > 0
     quick = pdsl_report(table(), ClaimContext("digits", True, ()), tmp_path, "y")
-    assert "  eps 3 / complete / M=10: not tested (pdsl 90.0%, dp-cga 85.0%, muffliato 70.0%, dp-dsgd 60.0%)" in quick
+    assert (
+        "  eps 3 / complete / M=10: not tested (pdsl 90.0%, dp-cga 85.0%, muffliato 70.0%, dp-dsgd 60.0%)"
+        in quick
+    )
     assert pdsl_report(None, CTX, tmp_path, "z")[-1] == "plot of accuracy per cell: no run finished"
 
 
@@ -157,8 +223,22 @@ def test_report_verdicts_reference_values_and_plot(tmp_path):
 def test_quick_pdsl_runs_end_to_end(verify_full, no_data, tmp_path, capsys):
     # the smallest smoke run: no lr tuning, 2 rounds, PDSL and one rival on the three graphs
     with pytest.raises(SystemExit) as info:
-        main(["reproduce", "pdsl", "--quick", "--no-tune", "--set", "rounds=2", "--only", "method=pdsl,dp-dsgd",
-              "--results-dir", str(tmp_path / "runs"), "--format", "markdown"])
+        main(
+            [
+                "reproduce",
+                "pdsl",
+                "--quick",
+                "--no-tune",
+                "--set",
+                "rounds=2",
+                "--only",
+                "method=pdsl,dp-dsgd",
+                "--results-dir",
+                str(tmp_path / "runs"),
+                "--format",
+                "markdown",
+            ]
+        )
     out, err = capsys.readouterr()
     assert (info.value.code or 0) == 0, err
     assert '| 3.0 | "ring" | 10 | pdsl |' in out and '| 3.0 | "complete" | 10 | dp-dsgd |' in out
@@ -168,7 +248,10 @@ def test_quick_pdsl_runs_end_to_end(verify_full, no_data, tmp_path, capsys):
     assert Path(plot.split(": ", 1)[1]).is_file()
     assert "one neighbouring relation for the preset: add-remove; target epsilon 3" in out
     assert "claims of the paper on digits (quick smoke run)" in out
-    for claim in ("PDSL has the best accuracy in every cell", "PDSL: fully connected >= bipartite > ring"):
+    for claim in (
+        "PDSL has the best accuracy in every cell",
+        "PDSL: fully connected >= bipartite > ring",
+    ):
         line = next(line for line in out.splitlines() if claim in line)
         assert ": not tested (quick smoke run; figures: " in line
 
@@ -176,12 +259,19 @@ def test_quick_pdsl_runs_end_to_end(verify_full, no_data, tmp_path, capsys):
 def test_muffliato_gossips_several_times_and_the_table_uses_the_global_test_set(no_data):
     plan = plan_preset("pdsl", quick=True)
     muffliato = next(r.config for r in plan.runs if r.config.method == "muffliato")
-    assert muffliato.options["gossip_steps"] > 1 and muffliato.options["chebyshev"] is True  # not DP-DPSGD again
-    assert {r.config.eval_set for r in plan.runs} == {"both"} and PRESETS["pdsl"].metric == "final_accuracy_global_mean"
+    assert (
+        muffliato.options["gossip_steps"] > 1 and muffliato.options["chebyshev"] is True
+    )  # not DP-DPSGD again
+    assert {r.config.eval_set for r in plan.runs} == {"both"} and PRESETS[
+        "pdsl"
+    ].metric == "final_accuracy_global_mean"
 
 
 def test_the_report_says_q_is_smaller_than_the_papers():
-    from p4bench.baselines.pdsl_preset_report import q_line
+    from p4bench_pdsl.preset_report import q_line
 
     line = q_line("digits")
-    assert line.startswith("Q, PDSL's shared validation set: ") and "SMALLER than the paper's 2,000" in line
+    assert (
+        line.startswith("Q, PDSL's shared validation set: ")
+        and "SMALLER than the paper's 2,000" in line
+    )

@@ -11,19 +11,23 @@ import pytest
 import torch
 
 from p4bench import hookimpl
-from p4bench.baselines import cross_gradients as cg
-from p4bench.baselines.neighbour_table import NeighbourTable
 from p4bench.config import RunConfig
 from p4bench.engine.state import vectorize
 from p4bench.privacy.post_processing import run_check
 from p4bench.privacy.replay import replaying
 from p4bench.run.runner import run
 from p4bench.topology import metropolis_hastings
+from p4bench_baselines import cross_gradients as cg
+from p4bench_baselines.neighbour_table import NeighbourTable
 
 
 def _run(small_config, method, observers=(), **changes):
-    options = {"R": 3, **changes.pop("options", {})} if method == "pdsl" else changes.pop("options", {})
-    config = small_config(method=method, clients=changes.pop("clients", 5), rounds=3, options=options, **changes)
+    options = (
+        {"R": 3, **changes.pop("options", {})} if method == "pdsl" else changes.pop("options", {})
+    )
+    config = small_config(
+        method=method, clients=changes.pop("clients", 5), rounds=3, options=options, **changes
+    )
     return run(config, observers=list(observers), track=False)
 
 
@@ -42,10 +46,14 @@ def test_the_table_holds_each_neighbourhood_in_ascending_slots_padded_to_the_lar
     assert table.width == 5 and table.ids.shape == (5, 5)
     assert table.ids[0].tolist() == [0, 1, 2, 3, 4] and table.ids[3, :3].tolist() == [0, 3, 4]
     assert table.real.sum(1).tolist() == [5, 2, 2, 3, 3] and table.own.tolist() == [0, 1, 1, 1, 2]
-    assert bool((table.ids[~table.real] == torch.arange(5).unsqueeze(1).expand(5, 5)[~table.real]).all())  # padding: self
+    assert bool(
+        (table.ids[~table.real] == torch.arange(5).unsqueeze(1).expand(5, 5)[~table.real]).all()
+    )  # padding: self
     for i in range(5):
         ids = table.ids[i][table.real[i]]
-        torch.testing.assert_close(table.weights[i][table.real[i]], torch.from_numpy(weights[i, ids.numpy()]))
+        torch.testing.assert_close(
+            table.weights[i][table.real[i]], torch.from_numpy(weights[i, ids.numpy()])
+        )
         assert float(table.weights[i][~table.real[i]].abs().sum()) == 0.0
     # what peers claim to be is untrusted: non-neighbours and ids out of range find no slot
     slot, valid = table.slot_of(torch.tensor([3, 3, 3, 1, 1, 1]), torch.tensor([4, 0, 2, 0, 5, -1]))
@@ -75,17 +83,43 @@ def test_the_shapley_log_lists_each_agents_own_neighbours(small_config):
 # the same; without noise or random Shapley orders a sparse graph gives the same numbers too.
 PREVIOUS = [
     ("pdsl", {}, {"epsilon": 4.0}, -3746.3266989588737, 35670.432367026806),
-    ("pdsl", {"clip_mode": "per-example"}, {"epsilon": 4.0}, -9.830670281662606, 292.53226715663914),
+    (
+        "pdsl",
+        {"clip_mode": "per-example"},
+        {"epsilon": 4.0},
+        -9.830670281662606,
+        292.53226715663914,
+    ),
     ("dp-cga", {}, {"epsilon": 4.0}, -253.33511447161436, 8002.8628902211785),
-    ("dp-cga", {"order": "atc", "anchor": "mean"}, {"epsilon": 4.0}, -190.91288164258003, 13190.977593809366),
-    ("pdsl", {"shapley": "exact", "topology": "ring"}, {"no_dp": True}, 5.3448771183611825, 320.3544084976311),
+    (
+        "dp-cga",
+        {"order": "atc", "anchor": "mean"},
+        {"epsilon": 4.0},
+        -190.91288164258003,
+        13190.977593809366,
+    ),
+    (
+        "pdsl",
+        {"shapley": "exact", "topology": "ring"},
+        {"no_dp": True},
+        5.3448771183611825,
+        320.3544084976311,
+    ),
     ("dp-cga", {"topology": "ring"}, {"no_dp": True}, 5.344877349794842, 227.1128920285264),
-    ("pdsl", {"shapley": "exact", "topology": "bipartite"}, {"no_dp": True, "clients": 7}, 7.4828214882873, 677.9938996204874),
+    (
+        "pdsl",
+        {"shapley": "exact", "topology": "bipartite"},
+        {"no_dp": True, "clients": 7},
+        7.4828214882873,
+        677.9938996204874,
+    ),
 ]
 
 
 @pytest.mark.parametrize(("method", "options", "changes", "total", "magnitude"), PREVIOUS)
-def test_numbers_equal_the_per_client_implementation(small_config, method, options, changes, total, magnitude):
+def test_numbers_equal_the_per_client_implementation(
+    small_config, method, options, changes, total, magnitude
+):
     flat = _flat(_run(small_config, method, options=options, **changes))
     assert float(flat.sum()) == pytest.approx(total, rel=1e-6, abs=1e-6)
     assert float(flat.abs().sum()) == pytest.approx(magnitude, rel=1e-6)
@@ -110,9 +144,13 @@ class _Spy:
 
 
 @pytest.mark.parametrize("method", ["pdsl", "dp-cga"])
-@pytest.mark.parametrize(("topology", "clients", "degrees"), [("ring", 6, [3] * 6), ("bipartite", 7, [4, 4, 4, 4, 5, 5, 5])])
-def test_one_release_per_agent_and_round_with_std_scaled_by_its_own_degree(verify_full, small_config, monkeypatch, method, topology,
-                                                                         clients, degrees):
+@pytest.mark.parametrize(
+    ("topology", "clients", "degrees"),
+    [("ring", 6, [3] * 6), ("bipartite", 7, [4, 4, 4, 4, 5, 5, 5])],
+)
+def test_one_release_per_agent_and_round_with_std_scaled_by_its_own_degree(
+    verify_full, small_config, monkeypatch, method, topology, clients, degrees
+):
     spy = _Spy()
 
     class Recording(cg.Releases):
@@ -123,13 +161,24 @@ def test_one_release_per_agent_and_round_with_std_scaled_by_its_own_degree(verif
             return super().privatise(sums, scale)
 
     monkeypatch.setattr(cg, "Releases", Recording)
-    result = _run(small_config, method, observers=[spy], clients=clients, epsilon=4.0, accountant="rdp",
-                  options={"topology": topology})
+    result = _run(
+        small_config,
+        method,
+        observers=[spy],
+        clients=clients,
+        epsilon=4.0,
+        accountant="rdp",
+        options={"topology": topology},
+    )
     s, size = result.summary, _flat(result).shape[1]
-    assert s["epsilon_certified"] and spy.counts == Counter({(t, c): 1 for t in range(3) for c in range(clients)})
+    assert s["epsilon_certified"] and spy.counts == Counter(
+        {(t, c): 1 for t in range(3) for c in range(clients)}
+    )
     assert spy.shapes == [(clients, max(degrees) * size)] * 3  # K slots per agent, not M
     settings = result.method.dp_settings if method == "pdsl" else None
-    expected = torch.tensor(degrees, dtype=torch.float64).sqrt()  # batch clipping: sqrt(k_i) 2 C sigma / noise_std
+    expected = torch.tensor(
+        degrees, dtype=torch.float64
+    ).sqrt()  # batch clipping: sqrt(k_i) 2 C sigma / noise_std
     for scale in spy.scales:
         ratio = scale.double() / expected
         torch.testing.assert_close(ratio, ratio[:1].expand_as(ratio))
@@ -143,7 +192,9 @@ def test_one_release_per_agent_and_round_with_std_scaled_by_its_own_degree(verif
 @pytest.mark.parametrize("method", ["pdsl", "dp-cga"])
 @pytest.mark.parametrize("topology", ["ring", "bipartite"])
 def test_post_processing_check_passes_on_sparse_graphs(method, topology):
-    result = run_check(RunConfig(method=method, epsilon=8.0, clients=5, options={"topology": topology}), run)
+    result = run_check(
+        RunConfig(method=method, epsilon=8.0, clients=5, options={"topology": topology}), run
+    )
     assert result.status == "verified", result.findings
     assert result.releases > 0 and result.messages > 0
 
@@ -151,14 +202,19 @@ def test_post_processing_check_passes_on_sparse_graphs(method, topology):
 # -- gossip methods: messages by edge list ------------------------------------------------------------
 @pytest.mark.parametrize("rows", [list(range(6)), [1, 4], [0, 2, 3, 5]])
 def test_messages_along_edges_equal_those_of_the_support_matrix(rows):
-    from p4bench.baselines.common import Edges, send_along
+    from p4bench.engine.method_kit import Edges, send_along
 
     support = torch.rand(6, 6, generator=torch.Generator().manual_seed(3)) < 0.4
     support[0, 1] = False
     support[:, 1] = False  # a sender without receivers
     index = torch.tensor(rows)
-    payload = {"v": torch.arange(len(rows), dtype=torch.float32).unsqueeze(1) + 10 * index.unsqueeze(1)}
-    dense, listed = send_along(index, support, payload), send_along(index, Edges.of(support), payload)
+    payload = {
+        "v": torch.arange(len(rows), dtype=torch.float32).unsqueeze(1) + 10 * index.unsqueeze(1)
+    }
+    dense, listed = (
+        send_along(index, support, payload),
+        send_along(index, Edges.of(support), payload),
+    )
     assert torch.equal(dense.src, listed.src) and torch.equal(dense.dst, listed.dst)
     assert torch.equal(dense.value("v"), listed.value("v"))
 
@@ -166,8 +222,15 @@ def test_messages_along_edges_equal_those_of_the_support_matrix(rows):
 @pytest.mark.parametrize("method", ["pdsl", "dp-cga"])
 def test_the_bytes_runtime_agrees_on_a_graph_with_padded_slots(small_config, method):
     options = {"topology": "bipartite", **({"R": 3} if method == "pdsl" else {})}
-    config = small_config(method=method, clients=5, rounds=2, noise_multiplier=1.0, noise_source="seeded",
-                          device_simulation=True, options=options)
+    config = small_config(
+        method=method,
+        clients=5,
+        rounds=2,
+        noise_multiplier=1.0,
+        noise_source="seeded",
+        device_simulation=True,
+        options=options,
+    )
     simulated, carried = run(config, track=False), run(config.replace(runtime="bytes"), track=False)
     np.testing.assert_allclose(carried.outcome.accuracy, simulated.outcome.accuracy, atol=1e-6)
     torch.testing.assert_close(_flat(carried), _flat(simulated))

@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 
-from p4bench.plugin_manager import Registry, create_plugin_manager, reset_default
+from p4bench.host.manager import Registry, create_plugin_manager, reset_default
 
-HEADER = "from p4bench import hookimpl\nfrom p4bench.baselines.fedavg import FedAvg\n"
+HEADER = "from p4bench import hookimpl\nfrom p4bench_baselines.fedavg import FedAvg\n"
 
 # case -> (distribution, module source, a name that must exit 2 when used, or None)
 BROKEN = {
@@ -52,7 +52,9 @@ def install(tmp_path, monkeypatch):
         (site / f"{module}.py").write_text(HEADER + textwrap.dedent(source))
         dist_info = site / f"{distribution.replace('-', '_')}-{version}.dist-info"
         dist_info.mkdir()
-        (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+        (dist_info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n"
+        )
         (dist_info / "entry_points.txt").write_text(f"[p4bench]\n{distribution} = {module}\n")
         modules.append(module)
         return module
@@ -89,13 +91,28 @@ def test_a_broken_plugin_is_one_warning_line(case, install, capsys, results_dir)
     assert naming(err, distribution) == [naming(err, distribution)[0]]
     assert naming(err, distribution)[0].startswith(f"warning: plugin {distribution} 1.0: ")
 
-    code, out, err = invoke(["list", "--json"], capsys)  # a fresh process would warn again; this one does not
+    code, out, err = invoke(
+        ["list", "--json"], capsys
+    )  # a fresh process would warn again; this one does not
     problems = json.loads(out)["problems"]
     assert code == 0 and [p["distribution"] for p in problems] == [distribution] and err == ""
 
     reset_default()  # as a new process: a run that does not use the broken plugin says nothing of it
-    code, out, err = invoke(["run", "--method", "fedavg", "--clients", "4", "--rounds", "1",
-                             "--results-dir", results_dir, "--json"], capsys)
+    code, out, err = invoke(
+        [
+            "run",
+            "--method",
+            "fedavg",
+            "--clients",
+            "4",
+            "--rounds",
+            "1",
+            "--results-dir",
+            results_dir,
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert naming(err, distribution) == []
     summary = json.loads(out.strip().splitlines()[-1])
@@ -107,14 +124,29 @@ def test_a_broken_plugin_is_one_warning_line(case, install, capsys, results_dir)
         assert code == 2 and len(errors) == 1 and distribution in errors[0]
 
 
-def test_a_name_claimed_by_two_installed_plugins_is_refused_only_when_used(install, capsys, results_dir):
+def test_a_name_claimed_by_two_installed_plugins_is_refused_only_when_used(
+    install, capsys, results_dir
+):
     install("twin-a", TWIN)
     install("twin-b", TWIN)
     code, out, err = invoke(["list"], capsys)
     warnings = [line for line in err.splitlines() if "twin-" in line]
     assert code == 0 and len(warnings) == 1 and "twin-a" in warnings[0] and "twin-b" in warnings[0]
 
-    code, _, err = invoke(["run", "--method", "fedavg", "--clients", "4", "--rounds", "1", "--results-dir", results_dir], capsys)
+    code, _, err = invoke(
+        [
+            "run",
+            "--method",
+            "fedavg",
+            "--clients",
+            "4",
+            "--rounds",
+            "1",
+            "--results-dir",
+            results_dir,
+        ],
+        capsys,
+    )
     assert code == 0, err
 
     code, _, err = invoke(["run", "--method", "twin", "--results-dir", results_dir], capsys)
@@ -124,17 +156,24 @@ def test_a_name_claimed_by_two_installed_plugins_is_refused_only_when_used(insta
 
 def test_a_misspelt_hook_is_one_warning_line_of_list(install, capsys):
     # issue 45: a plugin's `register_method` (for `register_methods`) was never called, and nothing said so
-    install("p4bench-misspelt", "class Lost(FedAvg):\n    name = 'lost'\n\n@hookimpl\ndef register_method():\n    return [Lost]\n")
+    install(
+        "p4bench-misspelt",
+        "class Lost(FedAvg):\n    name = 'lost'\n\n@hookimpl\ndef register_method():\n    return [Lost]\n",
+    )
     code, out, err = invoke(["list"], capsys)
     (line,) = naming(err, "p4bench-misspelt")
     assert code == 0 and "fedavg" in out
-    assert line == ("warning: plugin p4bench-misspelt 1.0: module p4bench_misspelt_plugin implements unknown hook "
-                    "'register_method' (did you mean 'register_methods'?): it is never called")
+    assert line == (
+        "warning: plugin p4bench-misspelt 1.0: module p4bench_misspelt_plugin implements unknown hook "
+        "'register_method' (did you mean 'register_methods'?): it is never called"
+    )
     assert "unknown hook 'register_method'" in out  # and in the table's list of problems
 
 
 def test_registry_records_problems_and_keeps_the_good_parts(install):
-    install("half-good", """
+    install(
+        "half-good",
+        """
         class Good(FedAvg):
             name = 'good'
 
@@ -149,15 +188,19 @@ def test_registry_records_problems_and_keeps_the_good_parts(install):
         @hookimpl
         def register_commands(app):
             raise RuntimeError('no commands today')
-    """, version="2.0")
+    """,
+        version="2.0",
+    )
     registry = Registry(create_plugin_manager())
     assert registry.entry("method", "good").distribution == "half-good"
     problems = registry.problems
-    assert {(p.distribution, p.version, p.kind) for p in problems} == {("half-good", "2.0", k) for k in ("method", "attack")}
+    assert {(p.distribution, p.version, p.kind) for p in problems} == {
+        ("half-good", "2.0", k) for k in ("method", "attack")
+    }
     assert len(problems) == 3 and all("\n" not in p.line() for p in problems)
 
     from p4bench.cli import build_app
-    from p4bench.plugin_manager import default_registry
+    from p4bench.host.manager import default_registry
 
     reset_default()
     app = build_app()  # a failing register_commands is a problem too; the app is still built
@@ -172,7 +215,10 @@ def test_a_method_of_a_package_that_failed_to_load_names_the_package(install, ca
     code, _, err = invoke(["run", "--method", "typo-method", "--results-dir", results_dir], capsys)
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1
-    assert "unknown method 'typo-method'" in errors[0] and "p4bench-typo 1.0: cannot be loaded" in errors[0]
+    assert (
+        "unknown method 'typo-method'" in errors[0]
+        and "p4bench-typo 1.0: cannot be loaded" in errors[0]
+    )
     assert "NoSuchName" in errors[0]
 
 
@@ -182,7 +228,7 @@ def test_built_in_problems_still_fail_loudly():
     class ReturnsAClass:
         @hookimpl
         def register_methods(self):
-            from p4bench.baselines.fedavg import FedAvg
+            from p4bench_baselines.fedavg import FedAvg
 
             return FedAvg
 
@@ -191,10 +237,28 @@ def test_built_in_problems_still_fail_loudly():
 
 
 def test_runs_record_each_plugins_distribution_and_version(install, capsys, results_dir):
-    install("p4bench-tiny", "class Tiny(FedAvg):\n    name = 'tiny'\n\n@hookimpl\ndef register_methods():\n    return [Tiny]\n",
-            version="2.3.4")
-    code, out, err = invoke(["run", "--method", "tiny", "--clients", "4", "--rounds", "1", "--epsilon", "8",
-                             "--results-dir", results_dir, "--json"], capsys)
+    install(
+        "p4bench-tiny",
+        "class Tiny(FedAvg):\n    name = 'tiny'\n\n@hookimpl\ndef register_methods():\n    return [Tiny]\n",
+        version="2.3.4",
+    )
+    code, out, err = invoke(
+        [
+            "run",
+            "--method",
+            "tiny",
+            "--clients",
+            "4",
+            "--rounds",
+            "1",
+            "--epsilon",
+            "8",
+            "--results-dir",
+            results_dir,
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
     plugins = summary["plugins"]

@@ -15,8 +15,9 @@ from p4bench.data.digits import DigitsDataset
 from p4bench.engine import Attack, Defense
 from p4bench.engine.runtime import SimulationRuntime
 from p4bench.errors import DuplicateNameError, UnknownNameError
+from p4bench.host.loading import load_entry_points
+from p4bench.host.manager import BUILTIN_PLUGINS, KINDS, Registry, create_plugin_manager
 from p4bench.models import LinearSoftmax
-from p4bench.plugin_manager import KINDS, Registry, create_plugin_manager
 from p4bench.privacy.accountants import Accountant
 from p4bench.run.runner import run
 from p4bench.topology.graphs import Topology
@@ -52,7 +53,11 @@ class ZeroUpdates(Attack):
     name = "test-zero"
 
     def tamper(self, exchange, messages, rng, reference=None):
-        return messages.__class__(messages.src, messages.dst, {k: torch.zeros_like(v) for k, v in messages.payload.items()})
+        return messages.__class__(
+            messages.src,
+            messages.dst,
+            {k: torch.zeros_like(v) for k, v in messages.payload.items()},
+        )
 
 
 class Recorder(Defense):
@@ -182,13 +187,20 @@ def test_duplicate_names_name_both_sources():
 
 def test_autoload_switch(monkeypatch):
     seen = []
-    monkeypatch.setattr("p4bench.plugin_manager.load_entry_points", lambda pm, group="p4bench": seen.append(group))
+    real = load_entry_points
+
+    def spy(pm, group="p4bench", *, only_distribution=None):
+        seen.append(only_distribution)
+        real(pm, group, only_distribution=only_distribution)
+
+    monkeypatch.setattr("p4bench.host.manager.load_entry_points", spy)
     monkeypatch.setenv("P4BENCH_DISABLE_PLUGIN_AUTOLOAD", "1")
-    create_plugin_manager()
-    assert seen == []
+    pm = create_plugin_manager()
+    assert seen == ["p4bench"]  # p4bench's own plugin packages only: they load as entry points too
+    assert {name for name, _ in pm.list_name_plugin()} >= set(BUILTIN_PLUGINS)
     monkeypatch.delenv("P4BENCH_DISABLE_PLUGIN_AUTOLOAD")
     create_plugin_manager()
-    assert seen == ["p4bench"]
+    assert seen == ["p4bench", None]
 
 
 def test_observation_hooks_and_plugin_parts_in_a_run(small_config):
@@ -198,11 +210,22 @@ def test_observation_hooks_and_plugin_parts_in_a_run(small_config):
     pm = create_plugin_manager(extra_plugins=(plugin,), autoload=False)
     Recorder.seen = []
     config = small_config(
-        dataset="tiny-digits", partitioner="first-half", model="wide-linear", runtime="test-echo",
-        attack="test-zero", defense="test-recorder", malicious_fraction=0.25,
+        dataset="tiny-digits",
+        partitioner="first-half",
+        model="wide-linear",
+        runtime="test-echo",
+        attack="test-zero",
+        defense="test-recorder",
+        malicious_fraction=0.25,
     )
     result = run(config, plugin_manager=pm, track=False)
-    assert plugin.calls == ["run_started:3", "round_finished:1", "round_finished:2", "round_finished:3", "run_finished:3"]
+    assert plugin.calls == [
+        "run_started:3",
+        "round_finished:1",
+        "round_finished:2",
+        "round_finished:3",
+        "run_finished:3",
+    ]
     malicious = torch.from_numpy(result.info.malicious)
     assert int(malicious.sum()) == 2
     assert Recorder.seen, "the defense saw the uploads"
@@ -218,11 +241,16 @@ def test_a_misspelt_hook_is_a_problem_naming_it_not_silence():
         def register_method(self):
             return [TinyDigits]
 
-    assert create_plugin_manager(autoload=False).problems == []  # the built-ins implement no unknown hook
+    assert (
+        create_plugin_manager(autoload=False).problems == []
+    )  # the built-ins implement no unknown hook
     registry = Registry(create_plugin_manager(extra_plugins=(Misspelt(),), autoload=False))
     (problem,) = registry.problems
     assert problem.kind == "hook" and "\n" not in problem.line()
-    assert "Misspelt implements unknown hook 'register_method' (did you mean 'register_methods'?)" in problem.line()
+    assert (
+        "Misspelt implements unknown hook 'register_method' (did you mean 'register_methods'?)"
+        in problem.line()
+    )
 
 
 def test_register_commands_adds_cli_commands(capsys):
@@ -238,7 +266,9 @@ def test_register_commands_adds_cli_commands(capsys):
 
 def test_every_hook_is_documented_and_tested():
     tests_text = "\n".join(
-        p.read_text() for p in Path(__file__).parent.glob("test_*.py") if p.name != Path(__file__).name
+        p.read_text()
+        for p in Path(__file__).parent.glob("test_*.py")
+        if p.name != Path(__file__).name
     ) + inspect.getsource(AllHooksPlugin)
     for name in hookspecs.HOOK_NAMES:
         spec = getattr(hookspecs, name)

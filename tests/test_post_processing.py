@@ -9,18 +9,31 @@ import json
 import pytest
 import torch
 
-from p4bench.baselines.common import draw_batch, per_row
-from p4bench.baselines.dsgt import DPDSGD
 from p4bench.config import RunConfig
+from p4bench.engine.method_kit import draw_batch, per_row
 from p4bench.engine.state import flatten
 from p4bench.engine.training import batch_gradient, distillation_loss, logits_of
 from p4bench.privacy.post_processing import check_post_processing, replaced_records, run_check
 from p4bench.privacy.tape import ReleaseTape, ReplayDiverged
 from p4bench.run.runner import run
 from p4bench.testing.runs import resolve_plugin
+from p4bench_baselines.dsgt import DPDSGD
 
-BUILT_IN_PRIVATE = ("centralized", "dp-cga", "dp-dsgd", "dp-dsgt", "fedavg", "feddf", "local", "muffliato", "p2p-fl",
-                    "p4", "pdsl", "proxyfl", "scaffold")
+BUILT_IN_PRIVATE = (
+    "centralized",
+    "dp-cga",
+    "dp-dsgd",
+    "dp-dsgt",
+    "fedavg",
+    "feddf",
+    "local",
+    "muffliato",
+    "p2p-fl",
+    "p4",
+    "pdsl",
+    "proxyfl",
+    "scaffold",
+)
 
 
 def _non_dp_step(method, params, train, ctx):
@@ -70,7 +83,10 @@ class SendsMixture(DPDSGD):
         messages = super().outgoing(exchange, state, ctx)
         mixture = {k: 0.5 * (state["params"][k] + state["personal"][k]) for k in state["params"]}
         sender = torch.searchsorted(ctx.rows, messages.src)  # the row of each message's sender
-        payload = {**messages.payload, **{k: v[sender] for k, v in flatten(mixture, "update.").items()}}
+        payload = {
+            **messages.payload,
+            **{k: v[sender] for k, v in flatten(mixture, "update.").items()},
+        }
         return type(messages)(messages.src, messages.dst, payload)
 
 
@@ -88,16 +104,33 @@ class HiddenTeacher(DPDSGD):
     def local_update(self, state, train, ctx):
         x, y, mask = draw_batch(ctx, train)
         teacher = logits_of(ctx.model, state["personal"], x)
-        grads, loss, done = batch_gradient(ctx, state["params"], x, y, mask, train, distillation_loss(0.5), teacher)
-        params = {k: v - self.config.lr * grads[k] * per_row(done, v) for k, v in state["params"].items()}
+        grads, loss, done = batch_gradient(
+            ctx, state["params"], x, y, mask, train, distillation_loss(0.5), teacher
+        )
+        params = {
+            k: v - self.config.lr * grads[k] * per_row(done, v) for k, v in state["params"].items()
+        }
         personal, _ = _non_dp_step(self, state["personal"], train, ctx)
-        return {**state, "params": params, "personal": personal, "iteration": state["iteration"] + 1}, loss
+        return {
+            **state,
+            "params": params,
+            "personal": personal,
+            "iteration": state["iteration"] + 1,
+        }, loss
 
 
 def _check(method_cls, **changes):
     name, _, pm = resolve_plugin("method", method_cls)
-    config = RunConfig(method=name, epsilon=8.0, clients=4, rounds=2, local_steps=2, eval_fraction=0.0,
-                       accountant="rdp", **changes)
+    config = RunConfig(
+        method=name,
+        epsilon=8.0,
+        clients=4,
+        rounds=2,
+        local_steps=2,
+        eval_fraction=0.0,
+        accountant="rdp",
+        **changes,
+    )
     return check_post_processing(config, run, pm)
 
 
@@ -113,7 +146,12 @@ def test_a_method_that_sends_more_than_its_releases_fails_naming_the_message(met
 
 def test_the_honest_parent_of_those_methods_passes():
     result = _check(DPDSGD)
-    assert result.status == "verified" and result.findings == [] and result.messages > 0 and result.releases > 0
+    assert (
+        result.status == "verified"
+        and result.findings == []
+        and result.messages > 0
+        and result.releases > 0
+    )
 
 
 @pytest.mark.parametrize("method", BUILT_IN_PRIVATE)
@@ -122,7 +160,9 @@ def test_every_built_in_private_method_passes(method):
     assert result.status == "verified", result.findings
     # batch clipping (PDSL's and DP-CGA's default) has no per-record term to take out
     # and P2P-FL's private validation scores are a sum of per-record outcomes outside any clipped gradient sum
-    expected = {"pdsl": "not checked", "dp-cga": "not checked", "p2p-fl": "partly checked"}.get(method, "verified")
+    expected = {"pdsl": "not checked", "dp-cga": "not checked", "p2p-fl": "partly checked"}.get(
+        method, "verified"
+    )
     assert result.isolation == expected, result.notes
     assert result.releases > 0 and (result.messages > 0 or method == "local")
 
@@ -130,34 +170,59 @@ def test_every_built_in_private_method_passes(method):
 def test_a_teacher_trained_without_dp_fails_the_isolation_replay_naming_the_release():
     """Post-processing holds for it (every message comes from the releases): only the
     isolation replay sees the leak, for a third-party method and for ProxyFL's and P4's paper teacher."""
-    paper_teachers = [run_check(RunConfig(method=m, epsilon=8.0, options={"teacher": "private"}), run) for m in ("proxyfl", "p4")]
+    paper_teachers = [
+        run_check(RunConfig(method=m, epsilon=8.0, options={"teacher": "private"}), run)
+        for m in ("proxyfl", "p4")
+    ]
     for result in (_check(HiddenTeacher), *paper_teachers):
         assert result.status == "failed" and result.isolation == "failed", result.findings
-        assert result.findings[0].startswith("record isolation: clipped sum ") and "(phase '" in result.findings[0]
+        assert (
+            result.findings[0].startswith("record isolation: clipped sum ")
+            and "(phase '" in result.findings[0]
+        )
         assert "batch row " in result.findings[0] and "differs (norm" in result.findings[0]
-    honest = run_check(RunConfig(method="proxyfl", epsilon=8.0, options={"teacher": "last-proxy"}), run)
+    honest = run_check(
+        RunConfig(method="proxyfl", epsilon=8.0, options={"teacher": "last-proxy"}), run
+    )
     assert honest.status == "verified" and honest.isolation == "verified", honest.findings
 
 
 def test_the_isolation_replay_changes_a_random_half_and_keeps_their_terms_out_of_the_kept_sums():
     from p4bench.data.federated import ClientTensors
-    from p4bench.privacy.isolation import ChangedRecords, changed_slots, excluding, features_at, kept_mask, with_changed_records
+    from p4bench.privacy.isolation import (
+        ChangedRecords,
+        changed_slots,
+        excluding,
+        features_at,
+        kept_mask,
+        with_changed_records,
+    )
 
     x = torch.arange(2 * 40 * 3, dtype=torch.float32).reshape(2, 40, 3)
     train = ClientTensors(x, torch.zeros(2, 40, dtype=torch.int64), torch.tensor([40, 30]))
     replacement = ClientTensors(-x - 1, torch.ones(2, 40, dtype=torch.int64), train.n)
-    replacement.x[0, 5] = x[1, 7]  # a replacement equal to a record: slot 5 of client 0 stays unchanged
+    replacement.x[0, 5] = x[
+        1, 7
+    ]  # a replacement equal to a record: slot 5 of client 0 stays unchanged
     slots = changed_slots(train, replacement, seed=3)
-    assert not slots[0, 5] and not slots[1, 30:].any() and 20 <= int(slots.sum()) <= 50  # about half, drawn
+    assert (
+        not slots[0, 5] and not slots[1, 30:].any() and 20 <= int(slots.sum()) <= 50
+    )  # about half, drawn
     assert torch.equal(slots, changed_slots(train, replacement, seed=3))  # the seed's draw
     assert not torch.equal(slots, changed_slots(train, replacement, seed=4))
     changed = with_changed_records(train, replacement, slots)
-    assert torch.equal(changed.x[slots], replacement.x[slots]) and torch.equal(changed.x[~slots], x[~slots])
+    assert torch.equal(changed.x[slots], replacement.x[slots]) and torch.equal(
+        changed.x[~slots], x[~slots]
+    )
     batch, mask = x[:, :6], torch.ones(2, 6)
     assert kept_mask(batch, mask) is None  # outside a checked run: nothing computed
     with excluding(ChangedRecords(features_at(train, slots))) as records:
         kept = kept_mask(batch, mask)
-        assert kept is not None and torch.equal(kept, (~slots[:, :6]).float()) and records.matched == int(slots[:, :6].sum())
+        assert (
+            kept is not None
+            and torch.equal(kept, (~slots[:, :6]).float())
+            and records.matched == int(slots[:, :6].sum())
+        )
 
 
 def test_the_check_finds_the_documented_leak_of_pdsl_local_val():
@@ -208,19 +273,29 @@ def test_a_replay_refuses_a_different_sequence_of_releases():
 
 def test_the_runner_verifies_once_and_uncertifies_a_failing_method(verify_on):
     name, _, pm = resolve_plugin("method", SendsMixture)
-    config = RunConfig(method=name, epsilon=8.0, clients=4, rounds=2, local_steps=1, accountant="rdp")
+    config = RunConfig(
+        method=name, epsilon=8.0, clients=4, rounds=2, local_steps=1, accountant="rdp"
+    )
     result = run(config, plugin_manager=pm, track=False)
-    assert result.summary["post_processing"] == "failed" and result.summary["epsilon_certified"] is False
+    assert (
+        result.summary["post_processing"] == "failed"
+        and result.summary["epsilon_certified"] is False
+    )
     assert "post-processing check failed" in result.summary["uncertified_reason"]
     cached = json.loads(verify_on.read_text())
     assert len(cached) == 1 and next(iter(cached.values()))["status"] == "failed"
     again = run(config.replace(seed=3), plugin_manager=pm, track=False)  # the cached verdict
-    assert again.summary["post_processing"] == "failed" and json.loads(verify_on.read_text()) == cached
+    assert (
+        again.summary["post_processing"] == "failed" and json.loads(verify_on.read_text()) == cached
+    )
 
 
 def test_the_runner_reports_a_verified_method(verify_on):
     result = run(RunConfig(method="fedavg", epsilon=8.0, clients=4, rounds=1), track=False)
-    assert result.summary["post_processing"] == "verified" and result.summary["epsilon_certified"] is True
+    assert (
+        result.summary["post_processing"] == "verified"
+        and result.summary["epsilon_certified"] is True
+    )
 
 
 def test_without_verification_the_epsilon_is_uncertified(monkeypatch, capsys, results_dir):
@@ -228,8 +303,22 @@ def test_without_verification_the_epsilon_is_uncertified(monkeypatch, capsys, re
 
     monkeypatch.setenv("P4BENCH_VERIFY", "0")
     with pytest.raises(SystemExit):
-        main(["run", "--method", "fedavg", "--epsilon", "8", "--clients", "4", "--rounds", "1", "--results-dir", results_dir,
-              "--json"])
+        main(
+            [
+                "run",
+                "--method",
+                "fedavg",
+                "--epsilon",
+                "8",
+                "--clients",
+                "4",
+                "--rounds",
+                "1",
+                "--results-dir",
+                results_dir,
+                "--json",
+            ]
+        )
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["post_processing"] == "not verified" and summary["epsilon_certified"] is False
@@ -258,25 +347,52 @@ def test_more_releases_than_the_plan_declares_is_uncertified():
     """With a target epsilon the budget refuses the extra releases; with a given noise
     multiplier nothing stops them, and the plan the run was set up with is wrong."""
     name, _, pm = resolve_plugin("method", StepsTwice)
-    result = run(RunConfig(method=name, noise_multiplier=1.0, clients=4, rounds=2, local_steps=1, accountant="rdp"),
-                 plugin_manager=pm, track=False)
+    result = run(
+        RunConfig(
+            method=name, noise_multiplier=1.0, clients=4, rounds=2, local_steps=1, accountant="rdp"
+        ),
+        plugin_manager=pm,
+        track=False,
+    )
     assert result.summary["epsilon_certified"] is False
-    assert "a client made 4 releases in phase 'train'; privacy_plan() declares 2" in result.summary["uncertified_reason"]
+    assert (
+        "a client made 4 releases in phase 'train'; privacy_plan() declares 2"
+        in result.summary["uncertified_reason"]
+    )
 
 
 def test_p4s_span_path_is_forced_as_a_whole():
-    result = check_post_processing(RunConfig(method="p4", epsilon=8.0, clients=4, rounds=2, local_steps=2,
-                                             eval_fraction=0.0, accountant="rdp", options={"fused": "span"}), run)
+    result = check_post_processing(
+        RunConfig(
+            method="p4",
+            epsilon=8.0,
+            clients=4,
+            rounds=2,
+            local_steps=2,
+            eval_fraction=0.0,
+            accountant="rdp",
+            options={"fused": "span"},
+        ),
+        run,
+    )
     assert result.status == "verified", result.findings
     # the grouping's clipped sums are compared; the span kernel clips in n-space, with no kept sum to compare
-    assert result.isolation == "partly checked" and any("span" in n or "own kernels" in n for n in result.notes), result.notes
+    assert result.isolation == "partly checked" and any(
+        "span" in n or "own kernels" in n for n in result.notes
+    ), result.notes
 
 
 def test_the_check_of_a_device_run_leaves_out_the_runtimes_own_options():
     from p4bench.privacy.post_processing import check_config
 
-    config = RunConfig(method="p4", clients=4, runtime="device",
-                       options={"device_local_peers": 4, "device_exchange_timeout_s": 30, "group_size": 4})
+    config = RunConfig(
+        method="p4",
+        clients=4,
+        runtime="device",
+        options={"device_local_peers": 4, "device_exchange_timeout_s": 30, "group_size": 4},
+    )
     checked, _ = check_config(config)
-    assert checked.runtime == "simulation" and not any(k.startswith("device_") for k in checked.options)
+    assert checked.runtime == "simulation" and not any(
+        k.startswith("device_") for k in checked.options
+    )
     assert checked.options["group_size"] == 4

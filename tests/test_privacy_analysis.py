@@ -7,7 +7,7 @@ import math
 import pytest
 
 from p4bench.errors import ConfigError, UsageError
-from p4bench.plugin_manager import Registry, create_plugin_manager
+from p4bench.host.manager import Registry, create_plugin_manager
 from p4bench.privacy import (
     DEFAULT_ORDERS,
     NobleAccountant,
@@ -29,7 +29,9 @@ from p4bench.privacy import (
     rdp_privacy_spent,
 )
 
-NOBLE_DEFAULTS = dict(data_rate=0.2, local_steps=50, rounds=100, client_rate=0.2, clients=100, delta=2.5e-6)
+NOBLE_DEFAULTS = dict(
+    data_rate=0.2, local_steps=50, rounds=100, client_rate=0.2, clients=100, delta=2.5e-6
+)
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +44,9 @@ def _no_autoload(monkeypatch):
 
 def test_rdp_golden_proxyfl_mnist():
     # baselines-from-reference-code.md section 4: ProxyFL MNIST defaults, Opacus RDP.
-    assert rdp_epsilon(noise_multiplier=1.0, sample_rate=0.25, steps=1200, delta=1e-3) == pytest.approx(86.78, abs=0.05)
+    assert rdp_epsilon(
+        noise_multiplier=1.0, sample_rate=0.25, steps=1200, delta=1e-3
+    ) == pytest.approx(86.78, abs=0.05)
 
 
 def test_rdp_golden_proxyfl_cifar():
@@ -64,7 +68,9 @@ def test_rdp_grid_refines_opacus_default():
 
 def test_rdp_history_composes_segments():
     whole = rdp_epsilon(noise_multiplier=1.5, sample_rate=0.1, steps=200, delta=1e-5)
-    halves = rdp_epsilon_history(history=[(1.5, 0.1, 120), (1.5, 0.1, 80), (3.0, 0.5, 0)], delta=1e-5)
+    halves = rdp_epsilon_history(
+        history=[(1.5, 0.1, 120), (1.5, 0.1, 80), (3.0, 0.5, 0)], delta=1e-5
+    )
     assert halves == pytest.approx(whole, rel=1e-12)
     mixed = rdp_epsilon_history(history=[(1.5, 0.1, 200), (4.0, 0.2, 50)], delta=1e-5)
     assert mixed > whole
@@ -81,13 +87,21 @@ def test_empty_history_costs_nothing():
 
 @pytest.mark.parametrize("function", [rdp_epsilon, prv_epsilon])
 def test_epsilon_grows_with_steps_and_falls_with_noise(function):
-    by_steps = [function(noise_multiplier=1.2, sample_rate=0.05, steps=n, delta=1e-5) for n in (50, 200, 800)]
+    by_steps = [
+        function(noise_multiplier=1.2, sample_rate=0.05, steps=n, delta=1e-5)
+        for n in (50, 200, 800)
+    ]
     assert by_steps[0] < by_steps[1] < by_steps[2]
-    by_noise = [function(noise_multiplier=s, sample_rate=0.05, steps=200, delta=1e-5) for s in (0.9, 1.5, 3.0)]
+    by_noise = [
+        function(noise_multiplier=s, sample_rate=0.05, steps=200, delta=1e-5)
+        for s in (0.9, 1.5, 3.0)
+    ]
     assert by_noise[0] > by_noise[1] > by_noise[2]
 
 
-@pytest.mark.parametrize("sigma,q,steps", [(1.0, 0.01, 1000), (2.0, 0.05, 500), (1.0, 1 / 12, 2400)])
+@pytest.mark.parametrize(
+    "sigma,q,steps", [(1.0, 0.01, 1000), (2.0, 0.05, 500), (1.0, 1 / 12, 2400)]
+)
 def test_prv_and_rdp_roughly_agree(sigma, q, steps):
     rdp = rdp_epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=1e-5)
     prv = prv_epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=1e-5)
@@ -149,12 +163,20 @@ def test_noble_aggregator_view_and_floor():
     assert floor <= third_party
 
 
-@pytest.mark.parametrize("local_steps,expected", [(10, 9.39), (20, 10.04), (50, 11.36), (100, 11.44)])
+@pytest.mark.parametrize(
+    "local_steps,expected", [(10, 9.39), (20, 10.04), (50, 11.36), (100, 11.44)]
+)
 def test_noble_golden_femnist_like(local_steps, expected):
     # T=400, M=40, R=2000 (delta = 1/(M*R)), l=s=0.2, sigma=30, the script's third-party view.
     eps = noble_epsilon(
-        noise_multiplier=30, data_rate=0.2, local_steps=local_steps, rounds=400,
-        client_rate=0.2, clients=40, delta=1 / (40 * 2000), view="third-party",
+        noise_multiplier=30,
+        data_rate=0.2,
+        local_steps=local_steps,
+        rounds=400,
+        client_rate=0.2,
+        clients=40,
+        delta=1 / (40 * 2000),
+        view="third-party",
     )
     assert eps == pytest.approx(expected, abs=0.01)
 
@@ -187,14 +209,24 @@ def test_accountants_are_registered_by_name():
 
 def test_rdp_accountant_takes_no_client_sampling_amplification():
     plain = ReleaseSegment(noise_multiplier=1.0, sample_rate=0.1, steps=300)
-    sampled = ReleaseSegment(noise_multiplier=1.0, sample_rate=0.1, steps=300, client_rate=0.1, clients=50, rounds=3000)
+    sampled = ReleaseSegment(
+        noise_multiplier=1.0, sample_rate=0.1, steps=300, client_rate=0.1, clients=50, rounds=3000
+    )
     expected = rdp_epsilon(noise_multiplier=1.0, sample_rate=0.1, steps=300, delta=1e-5)
     assert RDPAccountant().epsilon([plain], 1e-5) == pytest.approx(expected)
     assert RDPAccountant().epsilon([sampled], 1e-5) == pytest.approx(expected)
 
 
 def test_noble_accountant_composes_rounds_across_segments():
-    seg = ReleaseSegment(noise_multiplier=60, sample_rate=0.2, steps=0, local_steps=50, rounds=50, client_rate=0.2, clients=100)
+    seg = ReleaseSegment(
+        noise_multiplier=60,
+        sample_rate=0.2,
+        steps=0,
+        local_steps=50,
+        rounds=50,
+        client_rate=0.2,
+        clients=100,
+    )
     split = NobleAccountant().epsilon([seg, seg], 2.5e-6)
     whole = NobleAccountant().epsilon([ReleaseSegment(**{**seg.__dict__, "rounds": 100})], 2.5e-6)
     assert split == pytest.approx(whole, rel=1e-12) == pytest.approx(8.1914, abs=1e-3)
@@ -237,7 +269,9 @@ def test_calibrate_noise_unreachable_names_the_floor():
 def test_calibrate_rdp_round_trip_matches_bayrooti():
     # Bayrooti CIFAR-100: q=0.01, T=25000, epsilon 10, delta 1e-5 -> sigma 1.072 (section 4).
     template = [ReleaseSegment(noise_multiplier=1.0, sample_rate=0.01, steps=25000)]
-    sigma = calibrate_accountant(RDPAccountant(), template, delta=1e-5, target_epsilon=10.0, tolerance=0.01)
+    sigma = calibrate_accountant(
+        RDPAccountant(), template, delta=1e-5, target_epsilon=10.0, tolerance=0.01
+    )
     eps = rdp_epsilon(noise_multiplier=sigma, sample_rate=0.01, steps=25000, delta=1e-5)
     assert 9.99 <= eps <= 10.0
     assert sigma == pytest.approx(1.072, abs=0.003)
@@ -245,14 +279,25 @@ def test_calibrate_rdp_round_trip_matches_bayrooti():
 
 def test_calibrate_prv_round_trip():
     template = [ReleaseSegment(noise_multiplier=1.0, sample_rate=0.05, steps=300)]
-    sigma = calibrate_accountant(PRVAccountant(), template, delta=1e-5, target_epsilon=4.0, tolerance=0.02)
+    sigma = calibrate_accountant(
+        PRVAccountant(), template, delta=1e-5, target_epsilon=4.0, tolerance=0.02
+    )
     eps = prv_epsilon(noise_multiplier=sigma, sample_rate=0.05, steps=300, delta=1e-5)
     assert 4.0 - 0.02 <= eps <= 4.0
 
 
 def test_calibrate_noble_round_trip_and_floor_error():
-    template = [ReleaseSegment(noise_multiplier=1.0, sample_rate=0.2, steps=0, local_steps=50, rounds=100,
-                               client_rate=0.2, clients=100)]
+    template = [
+        ReleaseSegment(
+            noise_multiplier=1.0,
+            sample_rate=0.2,
+            steps=0,
+            local_steps=50,
+            rounds=100,
+            client_rate=0.2,
+            clients=100,
+        )
+    ]
     sigma = calibrate_accountant(NobleAccountant(), template, delta=2.5e-6, target_epsilon=9.0)
     eps = noble_epsilon(noise_multiplier=sigma, **NOBLE_DEFAULTS)
     assert 8.99 <= eps <= 9.0
@@ -261,15 +306,23 @@ def test_calibrate_noble_round_trip_and_floor_error():
 
 
 def test_noble_floor_is_noise_independent():
-    floor = noble_epsilon_floor(data_rate=0.2, local_steps=50, rounds=400, client_rate=0.2, delta=1 / 80000)
-    assert floor == pytest.approx(11.29, abs=0.01)  # FEMNIST K=50 at sigma -> infinity (section 3.8)
+    floor = noble_epsilon_floor(
+        data_rate=0.2, local_steps=50, rounds=400, client_rate=0.2, delta=1 / 80000
+    )
+    assert floor == pytest.approx(
+        11.29, abs=0.01
+    )  # FEMNIST K=50 at sigma -> infinity (section 3.8)
     assert math.isfinite(floor)
 
 
 def test_accountants_declare_relation_and_round_dependence():
     assert RDPAccountant.relation == PRVAccountant.relation == "add-remove"
     assert NobleAccountant.relation == "replace-one"
-    assert NobleAccountant.uses_rounds and not RDPAccountant.uses_rounds and not PRVAccountant.uses_rounds
+    assert (
+        NobleAccountant.uses_rounds
+        and not RDPAccountant.uses_rounds
+        and not PRVAccountant.uses_rounds
+    )
 
 
 def test_noble_tiny_noise_does_not_overflow():

@@ -8,12 +8,12 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from p4bench.baselines.proxyfl import ProxyFL
 from p4bench.config import RunConfig
 from p4bench.engine.training import distillation_loss, logits_of
 from p4bench.models import LinearSoftmax
-from p4bench.plugins.p4.method import P4
 from p4bench.privacy.mechanism import clipped_gradient_sum
+from p4bench_baselines.proxyfl import ProxyFL
+from p4bench_p4.method import P4
 
 CLIP = 1.0
 
@@ -37,10 +37,19 @@ def neighbours():
     x = torch.tensor(digits.data[:120] / 16.0, dtype=torch.float32)
     y = torch.tensor(digits.target[:120])
     x2, y2 = x.clone(), y.clone()
-    x2[0], y2[0] = torch.tensor(digits.data[500] / 16.0, dtype=torch.float32), (y[0] + 5) % 10  # replace z
+    x2[0], y2[0] = (
+        torch.tensor(digits.data[500] / 16.0, dtype=torch.float32),
+        (y[0] + 5) % 10,
+    )  # replace z
     model = LinearSoftmax((64,), 10)
     batch = torch.arange(1, 41)
-    return model, _private_model(model, x, y), _private_model(model, x2, y2), x[batch].unsqueeze(0), y[batch].unsqueeze(0)
+    return (
+        model,
+        _private_model(model, x, y),
+        _private_model(model, x2, y2),
+        x[batch].unsqueeze(0),
+        y[batch].unsqueeze(0),
+    )
 
 
 def _movement(model, proxy, teacher_of, loss, neighbours) -> float:
@@ -60,7 +69,9 @@ def _p4(teacher: str) -> P4:
     return P4(RunConfig(method="p4", clients=4, options=options), LinearSoftmax((64,), 10), 4)
 
 
-@pytest.mark.parametrize("teacher, moves", [("none", False), ("last-proxy", False), ("private", True)])
+@pytest.mark.parametrize(
+    "teacher, moves", [("none", False), ("last-proxy", False), ("private", True)]
+)
 def test_p4_teacher_counterexample(neighbours, teacher, moves):
     model = neighbours[0]
     method = _p4(teacher)
@@ -76,7 +87,9 @@ def test_p4_teacher_counterexample(neighbours, teacher, moves):
     assert bool(method.uncertified_steps()) == moves
 
 
-@pytest.mark.parametrize("teacher, moves", [("none", False), ("last-proxy", False), ("private", True)])
+@pytest.mark.parametrize(
+    "teacher, moves", [("none", False), ("last-proxy", False), ("private", True)]
+)
 def test_proxyfl_teacher_counterexample(neighbours, teacher, moves):
     model = neighbours[0]
     method = ProxyFL(RunConfig(method="proxyfl", clients=4, options={"teacher": teacher}), model, 4)
@@ -96,8 +109,8 @@ def test_feature_normalisation_counterexample():
     features; per-sample normalisation (the default) leaves them exactly as they were."""
     import numpy as np
 
+    from p4bench.data.features import normalize_federated, normalize_samples
     from p4bench.data.federated import ClientTensors, FederatedData
-    from p4bench.features import normalize_federated, normalize_samples
 
     gen = torch.Generator().manual_seed(3)
     x = torch.rand(1, 10, 81, 2, 2, generator=gen) * 5
@@ -108,8 +121,12 @@ def test_feature_normalisation_counterexample():
 
     def features(data_x, normalise):
         tensors = ClientTensors(data_x, y, n)
-        data = FederatedData(tensors, tensors, torch.zeros(1, dtype=torch.bool), 10, (81, 2, 2), (), (np.arange(10),))
+        data = FederatedData(
+            tensors, tensors, torch.zeros(1, dtype=torch.bool), 10, (81, 2, 2), (), (np.arange(10),)
+        )
         return normalise(data).train.x[0, others]
 
     assert torch.equal(features(x, normalize_samples), features(x2, normalize_samples))
-    assert not torch.allclose(features(x, normalize_federated), features(x2, normalize_federated), atol=1e-3)
+    assert not torch.allclose(
+        features(x, normalize_federated), features(x2, normalize_federated), atol=1e-3
+    )

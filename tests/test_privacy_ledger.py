@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from p4bench import hookimpl
+from p4bench.host.manager import Registry, create_plugin_manager
 from p4bench.models import LinearSoftmax
-from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.privacy import get_accountant
 from p4bench.privacy.accountants import RDPAccountant, ReleaseSegment
 from p4bench.privacy.ledger import accounted_epsilon
@@ -32,7 +32,10 @@ def test_noise_is_really_in_the_update(neighbouring, factor):
     """All-zero gradients (an empty batch): what is sent is pure noise of the configured std."""
     model = LinearSoftmax((64,), 10)
     mech = _mechanism([0, 1], std_sigma=1.5, clip=0.8, neighbouring=neighbouring)
-    params = {k: v.expand(2, *v.shape).clone() for k, v in model.init(torch.Generator().manual_seed(0)).items()}
+    params = {
+        k: v.expand(2, *v.shape).clone()
+        for k, v in model.init(torch.Generator().manual_seed(0)).items()
+    }
     x, y = torch.rand(2, 4, 64), torch.zeros(2, 4, dtype=torch.long)
     mask = torch.zeros(2, 4)
     expected_batch = torch.tensor([10.0, 10.0])
@@ -68,7 +71,12 @@ def test_scaled_noise_is_the_same_draw_scaled_per_row():
     settings = DPSettings(clip=1.0, noise_multiplier=1.5, neighbouring="replace-one")
 
     def mechanism():
-        return DPMechanism(settings, NoiseStreams(0, [0, 1, 2]), lambda release: None, lambda *a: torch.ones(3, dtype=torch.bool))
+        return DPMechanism(
+            settings,
+            NoiseStreams(0, [0, 1, 2]),
+            lambda release: None,
+            lambda *a: torch.ones(3, dtype=torch.bool),
+        )
 
     plain = {"weight": torch.zeros(3, 2, 4), "bias": torch.zeros(3, 2)}
     scaled = {"weight": torch.ones(3, 2, 4), "bias": torch.ones(3, 2)}
@@ -89,7 +97,9 @@ def test_releases_reserved_and_drawn_up_front_equal_releases_one_at_a_time():
 
     def mechanism(log):
         def allowed(rows, rate, phase):
-            return torch.tensor([sum(r.clients.count(int(c)) for r in log) < budget[int(c)] for c in rows])
+            return torch.tensor(
+                [sum(r.clients.count(int(c)) for r in log) < budget[int(c)] for c in rows]
+            )
 
         return DPMechanism(settings, NoiseStreams(4, [0, 1, 2]), log.append, allowed)
 
@@ -116,7 +126,9 @@ def test_releases_reserved_and_drawn_up_front_equal_releases_one_at_a_time():
 def test_ghost_clipping_matches_per_example_autograd():
     model = LinearSoftmax((5,), 3)
     gen = torch.Generator().manual_seed(1)
-    params = {k: torch.stack([model.init(gen)[k] * 5 for _ in range(2)]) for k in ("weight", "bias")}
+    params = {
+        k: torch.stack([model.init(gen)[k] * 5 for _ in range(2)]) for k in ("weight", "bias")
+    }
     x = torch.randn(2, 6, 5, generator=gen) * 3
     y = torch.randint(0, 3, (2, 6), generator=gen)
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.float32)
@@ -127,7 +139,9 @@ def test_ghost_clipping_matches_per_example_autograd():
             if not mask[c, i]:
                 continue
             own = {k: v[c].clone().requires_grad_(True) for k, v in params.items()}
-            loss = torch.nn.functional.cross_entropy(model.forward(own, x[c, i : i + 1]), y[c, i : i + 1])
+            loss = torch.nn.functional.cross_entropy(
+                model.forward(own, x[c, i : i + 1]), y[c, i : i + 1]
+            )
             g = dict(zip(own, torch.autograd.grad(loss, list(own.values()))))
             norm = torch.sqrt(sum(t.pow(2).sum() for t in g.values()))
             for k in g:
@@ -140,7 +154,9 @@ def test_replace_one_conversion_is_between_the_naive_and_group_bounds():
     rdp = RDPAccountant()
     history = [ReleaseSegment(noise_multiplier=1.2, sample_rate=0.1, steps=200)]
     add_remove = accounted_epsilon(rdp, history, 1e-5, "add-remove")
-    replace_one = accounted_epsilon(rdp, history, 1e-5, "replace-one")  # noise is doubled, counted twice
+    replace_one = accounted_epsilon(
+        rdp, history, 1e-5, "replace-one"
+    )  # noise is doubled, counted twice
     assert 0 < replace_one < 2 * add_remove
 
 
@@ -156,10 +172,17 @@ class ReleaseRecorder:
 def test_private_run_reports_epsilon_and_every_release(small_config):
     recorder = ReleaseRecorder()
     pm = create_plugin_manager(autoload=False)
-    result = run(small_config(method="local", epsilon=3.0, rounds=4), observers=[recorder], plugin_manager=pm, track=False)
+    result = run(
+        small_config(method="local", epsilon=3.0, rounds=4),
+        observers=[recorder],
+        plugin_manager=pm,
+        track=False,
+    )
     summary = result.summary
     assert 0 < summary["epsilon"] <= 3.0 + 1e-9
-    assert summary["accountant"] == "pld" and summary["epsilon_pld"] == pytest.approx(summary["epsilon"])  # the default
+    assert summary["accountant"] == "pld" and summary["epsilon_pld"] == pytest.approx(
+        summary["epsilon"]
+    )  # the default
     assert summary["epsilon_rdp"] >= summary["epsilon"]  # rdp, the cross-check, is looser
     assert summary["noise_multiplier"] > 0 and summary["neighbouring"] == "add-remove"
     # local: every client releases K=2 steps in each of 4 rounds
@@ -175,7 +198,9 @@ def test_budget_stops_a_clients_releases_and_logs_it(small_config):
     recorder = ReleaseRecorder()
     pm = create_plugin_manager(autoload=False)
     # sigma fixed and small, budget tiny: clients exhaust the budget mid-run
-    config = small_config(method="local", epsilon=1.0, noise_multiplier=1.0, rounds=5, data_rate=0.3)
+    config = small_config(
+        method="local", epsilon=1.0, noise_multiplier=1.0, rounds=5, data_rate=0.3
+    )
     result = run(config, observers=[recorder], plugin_manager=pm, track=False)
     summary = result.summary
     assert summary["clients_stopped"] == 8 and summary["budget_stops"]
@@ -185,7 +210,9 @@ def test_budget_stops_a_clients_releases_and_logs_it(small_config):
         steps[list(release.clients)] += release.steps
     assert (steps < 10).all()  # fewer than the 5 x 2 planned steps
     budget = get_accountant(summary["accountant"], registry=Registry(pm))
-    spent = accounted_epsilon(budget, [ReleaseSegment(1.0, 0.3, int(steps.max()) + 1)], summary["delta"], "add-remove")
+    spent = accounted_epsilon(
+        budget, [ReleaseSegment(1.0, 0.3, int(steps.max()) + 1)], summary["delta"], "add-remove"
+    )
     assert spent > 1.0  # one more step would have exceeded the budget, under the run's accountant
 
 

@@ -9,16 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from p4bench.attacks.random_labels import RandomLabels
 from p4bench.cli import main
 from p4bench.config import RunConfig
-from p4bench.plugin_manager import Registry, create_plugin_manager
+from p4bench.host.manager import Registry, create_plugin_manager
 from p4bench.rng import ClientRng, node_keys
 from p4bench.run.runner import prepare
 from p4bench.testing import check_attack
+from p4bench_attacks.random_labels import RandomLabels
 
 
-def trained_labels(config: RunConfig) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], np.ndarray]:
+def trained_labels(
+    config: RunConfig,
+) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], np.ndarray]:
     """(labels each client trained on, its true labels, malicious mask) after one round."""
     prepared = prepare(config, Registry(create_plugin_manager()))
     prepared.runtime.execute(prepared.job, lambda report: None)
@@ -32,8 +34,15 @@ def trained_labels(config: RunConfig) -> tuple[dict[int, torch.Tensor], dict[int
 
 
 def config(**changes) -> RunConfig:
-    base = dict(method="fedavg", attack="random-labels", malicious_fraction=0.25, clients=12, rounds=1,
-                local_steps=1, seed=3)
+    base = dict(
+        method="fedavg",
+        attack="random-labels",
+        malicious_fraction=0.25,
+        clients=12,
+        rounds=1,
+        local_steps=1,
+        seed=3,
+    )
     return RunConfig(**{**base, **changes})
 
 
@@ -48,7 +57,9 @@ def test_malicious_clients_get_uniform_labels_and_honest_ones_keep_theirs():
     expected = len(poisoned) / 10
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 27.9  # chi-square with 9 degrees of freedom: p = 0.001
-    kept = float((poisoned == original).double().mean())  # a random label equals the true one w.p. 1/10
+    kept = float(
+        (poisoned == original).double().mean()
+    )  # a random label equals the true one w.p. 1/10
     assert 0.02 < kept < 0.2
 
 
@@ -78,8 +89,24 @@ def test_conforms_and_is_accepted_by_every_method():
 
 def test_cli_run_with_random_labels(capsys, results_dir):
     with pytest.raises(SystemExit) as info:
-        main(["run", "--method", "fedavg", "--attack", "random-labels", "--malicious-fraction", "0.25",
-              "--clients", "8", "--rounds", "2", "--results-dir", results_dir, "--json"])
+        main(
+            [
+                "run",
+                "--method",
+                "fedavg",
+                "--attack",
+                "random-labels",
+                "--malicious-fraction",
+                "0.25",
+                "--clients",
+                "8",
+                "--rounds",
+                "2",
+                "--results-dir",
+                results_dir,
+                "--json",
+            ]
+        )
     assert (info.value.code or 0) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["attack"] == "random-labels" and summary["reported_clients"] < 8

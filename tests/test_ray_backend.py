@@ -21,10 +21,17 @@ def local_ray():
 
 def test_ray_sweep_matches_in_process_runs_and_logs_to_one_experiment(local_ray, tmp_path):
     results = str(tmp_path / "runs")
-    spec = parse_sweep({"name": "on-ray", "base": {"dataset": "digits", "clients": 8, "rounds": 2, "local_steps": 2},
-                        "axes": {"method": ["fedavg", "p4"], "seed": [4]}})
+    spec = parse_sweep(
+        {
+            "name": "on-ray",
+            "base": {"dataset": "digits", "clients": 8, "rounds": 2, "local_steps": 2},
+            "axes": {"method": ["fedavg", "p4"], "seed": [4]},
+        }
+    )
     report = run_sweep(spec, RayBackend(), results_dir=results)
-    assert [r.status for r in report.records] == ["finished", "finished"], [r.error for r in report.records]
+    assert [r.status for r in report.records] == ["finished", "finished"], [
+        r.error for r in report.records
+    ]
     for planned, record in zip(report.planned, report.records):
         reference = execute_task(RunTask(planned.config.to_dict(), track=False))
         assert record.rounds == reference.rounds  # every round's accuracy, exactly

@@ -35,7 +35,9 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'p4bench[ray]'")
 if not Path("/proc/self/stat").exists():
-    pytest.skip("stopping the test's Ray processes by session needs /proc (Linux)", allow_module_level=True)
+    pytest.skip(
+        "stopping the test's Ray processes by session needs /proc (Linux)", allow_module_level=True
+    )
 
 from mlflow.entities import ViewType  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -47,8 +49,10 @@ BIN = Path(sys.executable).parent
 # 127.0.0.1, but `ray start --address` refuses to add a node under it: the worker node is
 # `ray start` with Ray's loopback rewrite turned off instead.
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-JOIN_ON_LOOPBACK = ("import sys, ray._private.services as services; services.resolve_ip_for_localhost = lambda host: host; "
-                    "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()")
+JOIN_ON_LOOPBACK = (
+    "import sys, ray._private.services as services; services.resolve_ip_for_localhost = lambda host: host; "
+    "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()"
+)
 STARTUP_S = 120  # the MLflow server alone takes ~30 s on a loaded 2-core machine
 SWEEP_S = 240
 
@@ -103,7 +107,9 @@ class Service:
 def _start(name: str, argv: list[str], env: dict[str, str], folder: Path) -> Service:
     log = folder / f"{name}.log"
     with open(log, "w") as handle:
-        process = subprocess.Popen(argv, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            argv, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
     return Service(name, process, log)
 
 
@@ -114,7 +120,9 @@ def _wait(what: str, ready, services: list[Service], seconds: float = STARTUP_S)
             return
         dead = [s for s in services if s.process.poll() is not None]
         if dead:
-            pytest.fail(f"{dead[0].name} exited while waiting for {what}:\n{dead[0].log.read_text()[-3000:]}")
+            pytest.fail(
+                f"{dead[0].name} exited while waiting for {what}:\n{dead[0].log.read_text()[-3000:]}"
+            )
         time.sleep(0.5)
     pytest.fail(f"{what} not ready within {seconds} s")
 
@@ -142,11 +150,24 @@ class Cluster:
         return MlflowClient(tracking_uri=self.tracking_uri)
 
     def sweep_argv(self, spec: Path) -> list[str]:
-        return [str(BIN / "p4bench"), "sweep", str(spec), "--backend", "ray", "--address", self.address,
-                "--tracking-uri", self.tracking_uri, "--results-dir", str(self.root / "runs")]
+        return [
+            str(BIN / "p4bench"),
+            "sweep",
+            str(spec),
+            "--backend",
+            "ray",
+            "--address",
+            self.address,
+            "--tracking-uri",
+            self.tracking_uri,
+            "--results-dir",
+            str(self.root / "runs"),
+        ]
 
     def sweep(self, spec: Path) -> subprocess.CompletedProcess:
-        return subprocess.run(self.sweep_argv(spec), env=self.env, capture_output=True, text=True, timeout=SWEEP_S)
+        return subprocess.run(
+            self.sweep_argv(spec), env=self.env, capture_output=True, text=True, timeout=SWEEP_S
+        )
 
 
 @pytest.fixture(scope="module")
@@ -154,28 +175,100 @@ def cluster() -> Iterator[Cluster]:
     # a short folder: Ray's Unix sockets live under --temp-dir and their paths are limited to ~100 characters
     root = Path(tempfile.mkdtemp(prefix="p4ray-", dir="/tmp"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
-    env.update({LOOPBACK_ONLY: "0"}, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0",
-               # a dead node is noticed in seconds, not the default half minute
-               RAY_health_check_period_ms="1000", RAY_health_check_timeout_ms="1000",
-               RAY_health_check_failure_threshold="3")
+    env.update(
+        {LOOPBACK_ONLY: "0"},
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),
+        RAY_USAGE_STATS_ENABLED="0",
+        # a dead node is noticed in seconds, not the default half minute
+        RAY_health_check_period_ms="1000",
+        RAY_health_check_timeout_ms="1000",
+        RAY_health_check_failure_threshold="3",
+    )
     ray_port, ml_port = _free_port(), _free_port()
     services: list[Service] = []
     try:
-        services.append(_start("mlflow", [str(BIN / "mlflow"), "server", "--backend-store-uri",
-                                          f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "artifacts"),
-                                          "--host", "127.0.0.1", "--port", str(ml_port), "--workers", "1"], env, root))
-        node = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--disable-usage-stats", "--block"]
-        head = _start("ray-head", [str(BIN / "ray"), "start", "--head", "--port", str(ray_port), "--include-dashboard",
-                                   "false", "--temp-dir", str(root / "head"), *node], env, root)
+        services.append(
+            _start(
+                "mlflow",
+                [
+                    str(BIN / "mlflow"),
+                    "server",
+                    "--backend-store-uri",
+                    f"sqlite:///{root}/mlflow.db",
+                    "--artifacts-destination",
+                    str(root / "artifacts"),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(ml_port),
+                    "--workers",
+                    "1",
+                ],
+                env,
+                root,
+            )
+        )
+        node = [
+            "--node-ip-address",
+            "127.0.0.1",
+            "--num-cpus",
+            "1",
+            "--disable-usage-stats",
+            "--block",
+        ]
+        head = _start(
+            "ray-head",
+            [
+                str(BIN / "ray"),
+                "start",
+                "--head",
+                "--port",
+                str(ray_port),
+                "--include-dashboard",
+                "false",
+                "--temp-dir",
+                str(root / "head"),
+                *node,
+            ],
+            env,
+            root,
+        )
         services.append(head)
         _wait("the Ray head", lambda: _answers(ray_port), services)
-        joining = {k: v for k, v in env.items() if k != LOOPBACK_ONLY}  # Ray refuses to join a node in that mode
-        worker = _start("ray-worker", [sys.executable, "-c", JOIN_ON_LOOPBACK, "start", "--address", f"127.0.0.1:{ray_port}",
-                                       "--temp-dir", str(root / "worker"), *node], joining, root)
+        joining = {
+            k: v for k, v in env.items() if k != LOOPBACK_ONLY
+        }  # Ray refuses to join a node in that mode
+        worker = _start(
+            "ray-worker",
+            [
+                sys.executable,
+                "-c",
+                JOIN_ON_LOOPBACK,
+                "start",
+                "--address",
+                f"127.0.0.1:{ray_port}",
+                "--temp-dir",
+                str(root / "worker"),
+                *node,
+            ],
+            joining,
+            root,
+        )
         services.append(worker)
-        _wait("the Ray worker node", lambda: "Ray runtime started" in worker.log.read_text(), services)
+        _wait(
+            "the Ray worker node", lambda: "Ray runtime started" in worker.log.read_text(), services
+        )
         _wait("the MLflow server", lambda: _answers(ml_port), services)
-        yield Cluster(root, env, f"127.0.0.1:{ray_port}", f"http://127.0.0.1:{ml_port}", head, worker, root / "worker")
+        yield Cluster(
+            root,
+            env,
+            f"127.0.0.1:{ray_port}",
+            f"http://127.0.0.1:{ml_port}",
+            head,
+            worker,
+            root / "worker",
+        )
     finally:
         for service in reversed(services):
             service.stop()
@@ -184,9 +277,11 @@ def cluster() -> Iterator[Cluster]:
 
 def _write_sweep(folder: Path, name: str, rounds: int, local_steps: int = 2) -> Path:
     path = folder / f"{name}.yaml"
-    path.write_text(f"name: {name}\n"
-                    f"base: {{dataset: digits, clients: 6, rounds: {rounds}, local_steps: {local_steps}}}\n"
-                    "axes: {method: [fedavg], seed: [0, 1, 2, 3]}\n")
+    path.write_text(
+        f"name: {name}\n"
+        f"base: {{dataset: digits, clients: 6, rounds: {rounds}, local_steps: {local_steps}}}\n"
+        "axes: {method: [fedavg], seed: [0, 1, 2, 3]}\n"
+    )
     return path
 
 
@@ -198,7 +293,9 @@ def _runs(cluster: Cluster, experiment: str, view: int = ViewType.ACTIVE_ONLY) -
 
 
 def _one_finished_run_per_point(runs: list, points: int) -> None:
-    assert [r.info.status for r in runs] == ["FINISHED"] * points, [(r.info.status, r.data.tags.get("seed")) for r in runs]
+    assert [r.info.status for r in runs] == ["FINISHED"] * points, [
+        (r.info.status, r.data.tags.get("seed")) for r in runs
+    ]
     assert len({r.data.tags["config_hash"] for r in runs}) == points
     assert sorted(r.data.tags["seed"] for r in runs) == [str(s) for s in range(points)]
 
@@ -210,38 +307,59 @@ def test_a_sweep_runs_on_both_nodes_and_logs_each_point_once_to_the_server(clust
     _one_finished_run_per_point(runs, 4)
     assert len({r.data.tags["ray_node_id"] for r in runs}) == 2  # both nodes ran runs
     client = cluster.client()
-    assert {a.path for a in client.list_artifacts(runs[0].info.run_id)} >= {"metrics.csv", "config.yaml"}  # the artifact store
+    assert {a.path for a in client.list_artifacts(runs[0].info.run_id)} >= {
+        "metrics.csv",
+        "config.yaml",
+    }  # the artifact store
 
 
 def test_a_killed_worker_node_loses_no_point_and_lands_none_twice(cluster):
     # runs long enough (seconds) to be caught training when the worker is stopped
     spec = _write_sweep(cluster.root, "cluster-kill", rounds=200, local_steps=20)
     worker_node = _node_id(cluster.worker_dir)
-    sweep = subprocess.Popen(cluster.sweep_argv(spec), env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    sweep = subprocess.Popen(
+        cluster.sweep_argv(spec),
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         client = cluster.client()
         deadline = time.monotonic() + SWEEP_S
-        while time.monotonic() < deadline and sweep.poll() is None:  # a run training on the worker node
+        while (
+            time.monotonic() < deadline and sweep.poll() is None
+        ):  # a run training on the worker node
             experiment = client.get_experiment_by_name("cluster-kill")
             if experiment is not None and client.search_runs(
-                    [experiment.experiment_id], f"tags.ray_node_id = '{worker_node}' and attributes.status = 'RUNNING'"):
+                [experiment.experiment_id],
+                f"tags.ray_node_id = '{worker_node}' and attributes.status = 'RUNNING'",
+            ):
                 break
             time.sleep(0.5)
         else:
-            pytest.fail("no run started on the worker node" + (sweep.communicate()[1][-3000:] if sweep.poll() is not None else ""))
+            pytest.fail(
+                "no run started on the worker node"
+                + (sweep.communicate()[1][-3000:] if sweep.poll() is not None else "")
+            )
         cluster.worker.stop()
         out, err = sweep.communicate(timeout=SWEEP_S)
     finally:
         if sweep.poll() is None:
             sweep.kill()
             sweep.wait()
-    assert sweep.returncode == 0, out[-2000:] + err[-3000:]  # Ray ran the lost task again on the head
+    assert sweep.returncode == 0, (
+        out[-2000:] + err[-3000:]
+    )  # Ray ran the lost task again on the head
     runs = _runs(cluster, "cluster-kill")
     _one_finished_run_per_point(runs, 4)
     # the attempt lost with the worker was either replaced (no checkpoint yet: its MLflow run is
     # superseded and deleted) or resumed from its checkpoint into the same MLflow run
-    superseded = [r for r in _runs(cluster, "cluster-kill", ViewType.DELETED_ONLY) if "superseded" in r.data.tags]
+    superseded = [
+        r
+        for r in _runs(cluster, "cluster-kill", ViewType.DELETED_ONLY)
+        if "superseded" in r.data.tags
+    ]
     resumed = [r for r in runs if "resumed_from_step" in r.data.tags]
     assert superseded or resumed
     assert all(r.data.tags["ray_node_id"] == worker_node for r in superseded)
@@ -256,7 +374,14 @@ def test_a_driver_without_the_cluster_token_is_one_line_and_exit_2(cluster):
     home = cluster.root / "home-without-token"  # no ~/.ray/auth_token to fall back on
     home.mkdir(exist_ok=True)
     env = {k: v for k, v in cluster.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-    done = subprocess.run(cluster.sweep_argv(_write_sweep(cluster.root, "cluster-no-token", rounds=1)),
-                          env={**env, "HOME": str(home)}, capture_output=True, text=True, timeout=SWEEP_S)
+    done = subprocess.run(
+        cluster.sweep_argv(_write_sweep(cluster.root, "cluster-no-token", rounds=1)),
+        env={**env, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=SWEEP_S,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
-    assert "requires token authentication" in done.stderr and "RAY_AUTH_TOKEN" in done.stderr, done.stderr
+    assert "requires token authentication" in done.stderr and "RAY_AUTH_TOKEN" in done.stderr, (
+        done.stderr
+    )

@@ -41,12 +41,28 @@ TOLERANCE = 0.03
 # Commands that cannot run on a test machine: a prefix of the arguments after `p4bench`,
 # and why. Keep this short; everything else runs.
 CANNOT_RUN_HERE: dict[tuple[str, ...], str] = {
-    ("device", "serve"): "a peer serves until a launcher runs it: needs every peer of the peers file (docs/device.md)",
-    ("device", "launch"): "needs every peer of the peers file serving at its address (Raspberry Pis, docs/device.md)",
-    ("run", "--config", "examples/configs/karras-table2.yaml"): "needs CIFAR-10 files (`p4bench data download cifar10`, network)",
+    (
+        "device",
+        "serve",
+    ): "a peer serves until a launcher runs it: needs every peer of the peers file (docs/device.md)",
+    (
+        "device",
+        "launch",
+    ): "needs every peer of the peers file serving at its address (Raspberry Pis, docs/device.md)",
+    (
+        "run",
+        "--config",
+        "examples/configs/karras-table2.yaml",
+    ): "needs CIFAR-10 files (`p4bench data download cifar10`, network)",
     ("--install-completion",): "writes the user's shell start-up files",
-    ("sweep", "examples/grid.yaml", "--backend", "ray", "--address"): "needs a Ray cluster and an MLflow server: "
-                                                                      "tests/test_ray_cluster.py starts both on 127.0.0.1",
+    (
+        "sweep",
+        "examples/grid.yaml",
+        "--backend",
+        "ray",
+        "--address",
+    ): "needs a Ray cluster and an MLflow server: "
+    "tests/test_ray_cluster.py starts both on 127.0.0.1",
     ("run", "--method", "p4", "--model", "scatter-cnn", "--device", "cuda"): "needs a CUDA GPU",
 }
 
@@ -126,8 +142,11 @@ def fenced_segments(path: Path) -> list[tuple[int, int, tuple[tuple[str, str], .
 
 def fenced_commands(path: Path) -> list[Command]:
     """The `p4bench` commands of the shell blocks of a Markdown file (`fenced_segments`)."""
-    return [Command(path.name, block, line, tuple(words[1:]), env)
-            for block, line, env, words in fenced_segments(path) if Path(words[0]).name == "p4bench"]
+    return [
+        Command(path.name, block, line, tuple(words[1:]), env)
+        for block, line, env, words in fenced_segments(path)
+        if Path(words[0]).name == "p4bench"
+    ]
 
 
 def cannot_run_here(command: Command) -> str | None:
@@ -155,7 +174,15 @@ def small_sizes(argv: tuple[str, ...]) -> list[str]:
     if sub == "reproduce":
         only = REPRODUCE_ONLY.get(argv[1] if len(argv) > 1 else "", [])
         # 10 clients: the presets' shards partitions need M * N / L to be an integer
-        return ["--quick", "--no-tune", "--set", "rounds=1", "--set", "clients=10", *[a for kv in only for a in ("--only", kv)]]
+        return [
+            "--quick",
+            "--no-tune",
+            "--set",
+            "rounds=1",
+            "--set",
+            "clients=10",
+            *[a for kv in only for a in ("--only", kv)],
+        ]
     return []
 
 
@@ -224,8 +251,14 @@ def expected_rows(text: str) -> list[Expected]:
     for line in table.strip().splitlines()[2:]:
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         numbers = [float(x) for x in re.findall(r"\d+\.\d+", cells[1])]
-        rows.append(Expected(cells[0].strip("`"), numbers[0], numbers[1] if len(numbers) > 1 else None,
-                             cells[-1] == "tested"))
+        rows.append(
+            Expected(
+                cells[0].strip("`"),
+                numbers[0],
+                numbers[1] if len(numbers) > 1 else None,
+                cells[-1] == "tested",
+            )
+        )
     return rows
 
 
@@ -241,7 +274,9 @@ def test_the_readme_has_commands_and_no_placeholders():
     assert len(README_COMMANDS) >= 30
     for command in README_COMMANDS:
         odd = [token for token in command.argv if _PLACEHOLDER.search(token)]
-        assert not odd, f"README line {command.line}: {command.text!r} is not runnable as written ({odd})"
+        assert not odd, (
+            f"README line {command.line}: {command.text!r} is not runnable as written ({odd})"
+        )
 
 
 SHELL_BUILTINS = {"source", ".", "export", "cd"}
@@ -268,7 +303,9 @@ def test_every_readme_command_resolves_in_the_activated_environment():
 def test_the_table_lists_readme_commands():
     texts = {command.text for command in README_COMMANDS}
     for row in EXPECTED:
-        assert row.command in texts, f"the expected-accuracy table lists {row.command!r}, which no README command block has"
+        assert row.command in texts, (
+            f"the expected-accuracy table lists {row.command!r}, which no README command block has"
+        )
     assert "p4bench run" in TESTED
 
 
@@ -282,23 +319,35 @@ def _run_small(command: Command, blocks) -> Outcome:
     done = blocks["done"]
     if command not in done:
         root = workspace(blocks["root"] / f"block-{command.block}")
-        done[command] = invoke([*command.argv, *small_sizes(command.argv)], root, _environment_of(command, root))
+        done[command] = invoke(
+            [*command.argv, *small_sizes(command.argv)], root, _environment_of(command, root)
+        )
     return done[command]
 
 
-@pytest.mark.parametrize("command", [c for c in README_COMMANDS if c.text not in TESTED], ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "command", [c for c in README_COMMANDS if c.text not in TESTED], ids=lambda c: c.id
+)
 def test_readme_command(verify_full, command, blocks):
     reason = cannot_run_here(command)
     if reason:
         pytest.skip(reason)
     for earlier in README_COMMANDS:  # a block is a sequence: `compare` reads what `sweep` wrote
-        if earlier.block == command.block and earlier.line < command.line and not cannot_run_here(earlier):
+        if (
+            earlier.block == command.block
+            and earlier.line < command.line
+            and not cannot_run_here(earlier)
+        ):
             _run_small(earlier, blocks)
     outcome = _run_small(command, blocks)
-    assert outcome.code == 0, f"{command.text} (+ {' '.join(small_sizes(command.argv))}) exited {outcome.code}:\n{outcome.err[-3000:]}"
+    assert outcome.code == 0, (
+        f"{command.text} (+ {' '.join(small_sizes(command.argv))}) exited {outcome.code}:\n{outcome.err[-3000:]}"
+    )
 
 
-@pytest.mark.parametrize("row", [row for row in EXPECTED if row.tested], ids=lambda row: row.command)
+@pytest.mark.parametrize(
+    "row", [row for row in EXPECTED if row.tested], ids=lambda row: row.command
+)
 def test_expected_accuracy(row, tmp_path_factory):
     command = next(c for c in README_COMMANDS if c.text == row.command)
     root = workspace(tmp_path_factory.getbasetemp() / "expected")
@@ -307,7 +356,9 @@ def test_expected_accuracy(row, tmp_path_factory):
     summary = json.loads(outcome.out.strip().splitlines()[-1])
     assert summary["accuracy_mean"] == pytest.approx(row.accuracy, abs=TOLERANCE), row.command
     if row.proxy is not None:
-        assert summary["accuracy_proxy_mean"] == pytest.approx(row.proxy, abs=TOLERANCE), row.command
+        assert summary["accuracy_proxy_mean"] == pytest.approx(row.proxy, abs=TOLERANCE), (
+            row.command
+        )
 
 
 def parse_only(argv: list[str]) -> None:
@@ -335,7 +386,9 @@ def parse_only(argv: list[str]) -> None:
         raise
 
 
-@pytest.mark.parametrize("command", [c for c in README_COMMANDS if cannot_run_here(c)], ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "command", [c for c in README_COMMANDS if cannot_run_here(c)], ids=lambda c: c.id
+)
 def test_skipped_commands_parse(command, tmp_path):
     with _environment(workspace(tmp_path), {"HOME": str(tmp_path)}):
         parse_only(list(command.argv))

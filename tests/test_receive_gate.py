@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p4bench.baselines.fedavg import FedAvg
 from p4bench.cli.summary_table import rejections_line
 from p4bench.config import RunConfig
 from p4bench.engine import Messages
 from p4bench.engine.receive_gate import ReceiveGate, Rejections, rejection_counts
 from p4bench.run.runner import run
+from p4bench_baselines.fedavg import FedAvg
 
 
 class _Declared:
@@ -72,7 +72,10 @@ def test_declared_counts_per_pair_and_from_the_server():
     inbox = _messages([4, 4, 4, -1, -1, -1, -1], [0] * 7, [[float(i)] for i in range(7)])
     kept = gate.admit("relay", "train", 0, inbox)
     assert kept.src.tolist() == [4, 4, -1, -1, -1]
-    assert rejections.metrics() == {"rejected extra message from -1": 1.0, "rejected extra message from 4": 1.0}
+    assert rejections.metrics() == {
+        "rejected extra message from -1": 1.0,
+        "rejected extra message from 4": 1.0,
+    }
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -85,7 +88,12 @@ def test_non_finite_payloads_are_rejected_naming_the_sender(bad):
 
 def test_a_shared_table_row_is_checked_once_for_every_receiver():
     table = {"update.w": torch.tensor([[1.0], [float("nan")]])}
-    inbox = Messages(torch.tensor([5, 5, 6, 6]), torch.tensor([0, 1, 0, 1]), table, rows=torch.tensor([0, 0, 1, 1]))
+    inbox = Messages(
+        torch.tensor([5, 5, 6, 6]),
+        torch.tensor([0, 1, 0, 1]),
+        table,
+        rows=torch.tensor([0, 0, 1, 1]),
+    )
     gate, rejections = _gate()
     assert gate.admit("gossip", "train", 0, inbox).src.tolist() == [5, 5]
     assert rejections.metrics() == {"rejected non-finite from 6": 2.0}
@@ -95,25 +103,38 @@ def test_weights_outside_zero_to_the_records_of_the_data_set_are_rejected():
     gate, rejections = _gate(records=100)
     inbox = _messages([1, 2, 3, 4], [-1] * 4, [[0.0]] * 4, weight=[10.0, 100.0, 101.0, -1.0])
     assert gate.admit("upload", "train", 0, inbox).src.tolist() == [1, 2]
-    assert rejection_counts(rejections.metrics()) == {"out of range weight from 3": 1, "out of range weight from 4": 1}
+    assert rejection_counts(rejections.metrics()) == {
+        "out of range weight from 3": 1,
+        "out of range weight from 4": 1,
+    }
 
 
 def test_method_bounds_apply_and_each_message_is_counted_once():
     gate, rejections = _gate(_Declared(bounds={"update.w": (0.0, 1.0)}))
     inbox = _messages([1, 2, 2], [0, 0, 0], [[0.5], [float("nan")], [2.0]])
     assert gate.admit("share", "train", 0, inbox).src.tolist() == [1]
-    assert rejection_counts(rejections.metrics()) == {"non-finite from 2": 1, "extra message from 2": 1}
+    assert rejection_counts(rejections.metrics()) == {
+        "non-finite from 2": 1,
+        "extra message from 2": 1,
+    }
 
 
 def test_ids_outside_the_federation_are_rejected():
     gate, rejections = _gate()
-    assert gate.admit("gossip", "train", 0, _messages([1, 8, -2], [0, 0, 0], [[0.0]] * 3)).src.tolist() == [1]
-    assert rejection_counts(rejections.metrics()) == {"unknown node from 8": 1, "unknown node from -2": 1}
+    assert gate.admit(
+        "gossip", "train", 0, _messages([1, 8, -2], [0, 0, 0], [[0.0]] * 3)
+    ).src.tolist() == [1]
+    assert rejection_counts(rejections.metrics()) == {
+        "unknown node from 8": 1,
+        "unknown node from -2": 1,
+    }
 
 
 def test_rejections_line_names_reason_sender_and_count():
-    assert rejections_line({"non-finite from 3": 5, "extra message from 1": 9}) == \
-        "rejected 14 messages: extra message from 1 (9), non-finite from 3 (5)"
+    assert (
+        rejections_line({"non-finite from 3": 5, "extra message from 1": 9})
+        == "rejected 14 messages: extra message from 1 (9), non-finite from 3 (5)"
+    )
 
 
 # -- FedAvg: weights the receiver fixes -------------------------------------------------------
@@ -151,8 +172,17 @@ def test_private_fedavg_weights_uniformly_and_records_weighting_is_uncertified_u
 
 # -- end to end: one compromised client of four --------------------------------------------------
 def _fedavg(attack: str | None, **options) -> dict:
-    config = RunConfig(method="fedavg", clients=4, rounds=8, seed=3, eval_fraction=0.0, attack=attack,
-                       defense="m-krum", malicious_fraction=0.25, options=options)
+    config = RunConfig(
+        method="fedavg",
+        clients=4,
+        rounds=8,
+        seed=3,
+        eval_fraction=0.0,
+        attack=attack,
+        defense="m-krum",
+        malicious_fraction=0.25,
+        options=options,
+    )
     return run(config, track=False).summary
 
 
@@ -161,9 +191,17 @@ def clean_fedavg() -> dict:
     return _fedavg(None)
 
 
-@pytest.mark.parametrize("attack, reason", [("nan-update", "non-finite"), ("duplicate-messages", "extra message"),
-                                            ("weight-lie", "non-finite")])
-def test_each_payload_attack_is_rejected_by_sender_and_honest_accuracy_holds(clean_fedavg, attack, reason):
+@pytest.mark.parametrize(
+    "attack, reason",
+    [
+        ("nan-update", "non-finite"),
+        ("duplicate-messages", "extra message"),
+        ("weight-lie", "non-finite"),
+    ],
+)
+def test_each_payload_attack_is_rejected_by_sender_and_honest_accuracy_holds(
+    clean_fedavg, attack, reason
+):
     summary = _fedavg(attack)
     senders = {key.rsplit(" from ", 1)[1] for key in summary["rejections"]}
     assert len(senders) == 1 and all(key.startswith(reason) for key in summary["rejections"])
@@ -173,15 +211,19 @@ def test_each_payload_attack_is_rejected_by_sender_and_honest_accuracy_holds(cle
 
 def test_a_lied_weight_within_range_changes_nothing_after_the_first_upload(clean_fedavg):
     summary = _fedavg("weight-lie", lied_weight=1000.0)
-    assert not summary["rejections"]  # a constant lie in range is a declaration: fixed, not rejected
+    assert not summary[
+        "rejections"
+    ]  # a constant lie in range is a declaration: fixed, not rejected
     assert abs(summary["accuracy_mean"] - clean_fedavg["accuracy_mean"]) <= 0.02
 
 
 def test_an_attack_cannot_send_as_a_client_it_does_not_control(monkeypatch):
-    from p4bench.attacks.duplicate_messages import DuplicateMessages
+    from p4bench_attacks.duplicate_messages import DuplicateMessages
 
     def impersonate(self, exchange, messages, rng, reference=None):
-        return Messages(messages.src + 1, messages.dst, messages.payload).select(torch.tensor([0, 0]))
+        return Messages(messages.src + 1, messages.dst, messages.payload).select(
+            torch.tensor([0, 0])
+        )
 
     monkeypatch.setattr(DuplicateMessages, "tamper", impersonate)
     with pytest.raises(ValueError, match="does not control"):

@@ -57,8 +57,16 @@ def test_interrupted_p4_run_resumes_to_the_uninterrupted_result(tmp_path, capsys
     resumed through the CLI, it ends with the same per-client accuracies and epsilon; the
     MLflow run was KILLED, then goes on with continuous steps and finishes."""
     uri = f"sqlite:///{tmp_path / 'store.db'}"
-    config = RunConfig(method="p4", clients=6, rounds=4, local_steps=2, seed=1, results_dir=str(tmp_path / "runs"),
-                       tracking_uri=uri, experiment="resume")
+    config = RunConfig(
+        method="p4",
+        clients=6,
+        rounds=4,
+        local_steps=2,
+        seed=1,
+        results_dir=str(tmp_path / "runs"),
+        tracking_uri=uri,
+        experiment="resume",
+    )
     full = run(config).summary
 
     with pytest.raises(RunInterrupted) as stopped:
@@ -82,7 +90,13 @@ def test_interrupted_p4_run_resumes_to_the_uninterrupted_result(tmp_path, capsys
     logged = client.get_run(mlflow_id)
     assert logged.info.status == "FINISHED"
     # MLflow shows the grouping round at 0 and co-training rounds 1..4 (`display_round`)
-    assert [m.step for m in client.get_metric_history(mlflow_id, "accuracy_mean")] == [0, 1, 2, 3, 4]
+    assert [m.step for m in client.get_metric_history(mlflow_id, "accuracy_mean")] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
     rows = (folder / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4", "5"]
     assert not (folder / CHECKPOINT_FILE).exists()  # a finished run keeps no checkpoint
@@ -94,13 +108,25 @@ def test_interrupted_p4_run_resumes_to_the_uninterrupted_result(tmp_path, capsys
 
 
 def test_first_ctrl_c_in_the_cli_says_where_the_results_are_and_how_to_resume(tmp_path, capsys):
-    from p4bench.plugin_manager import default_plugin_manager
+    from p4bench.host.manager import default_plugin_manager
 
     stopper = StopAfterStep(2)
     default_plugin_manager().register(stopper)
     try:
-        code, out, err = invoke(["run", "--method", "local", "--clients", "4", "--rounds", "5",
-                                 "--results-dir", str(tmp_path / "runs")], capsys)
+        code, out, err = invoke(
+            [
+                "run",
+                "--method",
+                "local",
+                "--clients",
+                "4",
+                "--rounds",
+                "5",
+                "--results-dir",
+                str(tmp_path / "runs"),
+            ],
+            capsys,
+        )
     finally:
         default_plugin_manager().unregister(stopper)
     (folder,) = (tmp_path / "runs").glob(f"*/{CHECKPOINT_FILE}")
@@ -123,10 +149,29 @@ def test_interrupt_during_start_up_is_one_line(tmp_path, capsys, monkeypatch):
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "COLUMNS": "200"}
-    command = [sys.executable, "-c", "from p4bench.cli import main; main()", "run", "--method", "fedavg",
-               "--clients", "4", "--rounds", "300", "--results-dir", str(tmp_path / "runs"), *args]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's job
+    command = [
+        sys.executable,
+        "-c",
+        "from p4bench.cli import main; main()",
+        "run",
+        "--method",
+        "fedavg",
+        "--clients",
+        "4",
+        "--rounds",
+        "300",
+        "--results-dir",
+        str(tmp_path / "runs"),
+        *args,
+    ]
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as a terminal's job
 
 
 def _first_checkpoint(tmp_path: Path, process: subprocess.Popen, timeout: float = 60.0) -> Path:
@@ -148,11 +193,15 @@ def test_ctrl_c_in_a_real_process_checkpoints_and_a_second_one_exits_at_once(tmp
     process.send_signal(signal.SIGINT)
     time.sleep(0.1)
     process.send_signal(signal.SIGINT)  # mid-round: the rounds take far longer than this
-    _, err = process.communicate(timeout=120)  # a bound, not a measurement: "at once" is the message below
+    _, err = process.communicate(
+        timeout=120
+    )  # a bound, not a measurement: "at once" is the message below
     assert process.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     last = err.splitlines()[-1]
-    assert last.startswith("stopped at once") and f"resume with: p4bench run --resume {folder}" in last
+    assert (
+        last.startswith("stopped at once") and f"resume with: p4bench run --resume {folder}" in last
+    )
     store = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     (logged,) = store.search_runs([store.get_experiment_by_name("p4bench").experiment_id])
     assert logged.info.status == "KILLED" and logged.info.run_name == "fedavg-none-none-digits-0"
@@ -160,8 +209,13 @@ def test_ctrl_c_in_a_real_process_checkpoints_and_a_second_one_exits_at_once(tmp
 
 def test_sweep_interrupted_resumes_its_run_and_a_finished_sweep_exits_normally(tmp_path):
     runs = str(tmp_path / "runs")
-    spec = parse_sweep({"name": "resumable", "base": {"dataset": "digits", "clients": 4, "rounds": 3, "local_steps": 1},
-                        "axes": {"method": ["local", "fedavg"]}})
+    spec = parse_sweep(
+        {
+            "name": "resumable",
+            "base": {"dataset": "digits", "clients": 4, "rounds": 3, "local_steps": 1},
+            "axes": {"method": ["local", "fedavg"]},
+        }
+    )
     with pytest.raises(SweepInterrupted) as stopped:
         _sweep_stopping_at(spec, runs, step=2)
     first, second = stopped.value.report.records
@@ -172,14 +226,19 @@ def test_sweep_interrupted_resumes_its_run_and_a_finished_sweep_exits_normally(t
     assert again.records[0].mlflow_run_id == first.mlflow_run_id  # the same MLflow run, resumed
     assert [r["step"] for r in again.records[0].rounds] == [1, 2, 3]
     # a stop request in the last round of the last run: every run is done, so no interrupt
-    fresh = parse_sweep({"name": "done", "base": {"dataset": "digits", "clients": 4, "rounds": 2, "local_steps": 1},
-                         "axes": {"method": ["local"]}})
+    fresh = parse_sweep(
+        {
+            "name": "done",
+            "base": {"dataset": "digits", "clients": 4, "rounds": 2, "local_steps": 1},
+            "axes": {"method": ["local"]},
+        }
+    )
     report = _sweep_stopping_at(fresh, runs, step=2)
     assert [r.status for r in report.records] == ["finished"]
 
 
 def _sweep_stopping_at(spec, runs: str, step: int):
-    from p4bench.plugin_manager import create_plugin_manager
+    from p4bench.host.manager import create_plugin_manager
     from p4bench.studies.backends import LocalBackend
 
     pm = create_plugin_manager(extra_plugins=(StopAfterStep(step),), autoload=False)

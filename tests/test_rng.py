@@ -80,11 +80,15 @@ def test_batched_philox_equals_the_definition_on_random_and_extreme_words():
     generator = torch.Generator().manual_seed(1)
     keys = torch.randint(0, 2**32, (16, 2), generator=generator, dtype=torch.int64)
     keys[0], keys[1] = 0xFFFFFFFF, 0
-    counter = [torch.randint(0, 2**32, (16, 9), generator=generator, dtype=torch.int64) for _ in range(4)]
+    counter = [
+        torch.randint(0, 2**32, (16, 9), generator=generator, dtype=torch.int64) for _ in range(4)
+    ]
     for word in counter:
         word[:, 0], word[:, 1] = 0xFFFFFFFF, 0
     got = philox4x32(tuple(counter), (keys[:, :1], keys[:, 1:]))
     for row in range(16):
         for column in range(9):
-            expected = _philox_in_python_integers([int(w[row, column]) for w in counter], keys[row].tolist())
+            expected = _philox_in_python_integers(
+                [int(w[row, column]) for w in counter], keys[row].tolist()
+            )
             assert [int(w[row, column]) for w in got] == expected, (row, column)

@@ -11,12 +11,14 @@ import textwrap
 
 import pytest
 import torch
-from test_post_processing import SendsMixture  # the tests folder is on sys.path (no __init__.py: rootdir insertion)
+from test_post_processing import (
+    SendsMixture,
+)  # the tests folder is on sys.path (no __init__.py: rootdir insertion)
 
-from p4bench.baselines.dsgt import DPDSGD
 from p4bench.config import RunConfig
 from p4bench.run.runner import run
 from p4bench.testing.runs import resolve_plugin
+from p4bench_baselines.dsgt import DPDSGD
 
 
 class LeaksFromRoundThree(SendsMixture):
@@ -25,7 +27,11 @@ class LeaksFromRoundThree(SendsMixture):
     name = "test-leaks-from-round-three"
 
     def outgoing(self, exchange, state, ctx):
-        return super().outgoing(exchange, state, ctx) if ctx.round >= 2 else DPDSGD.outgoing(self, exchange, state, ctx)
+        return (
+            super().outgoing(exchange, state, ctx)
+            if ctx.round >= 2
+            else DPDSGD.outgoing(self, exchange, state, ctx)
+        )
 
 
 class LeaksAboveEightClients(SendsMixture):
@@ -34,16 +40,30 @@ class LeaksAboveEightClients(SendsMixture):
     name = "test-leaks-above-eight"
 
     def outgoing(self, exchange, state, ctx):
-        return super().outgoing(exchange, state, ctx) if ctx.num_clients > 8 else DPDSGD.outgoing(self, exchange, state, ctx)
+        return (
+            super().outgoing(exchange, state, ctx)
+            if ctx.num_clients > 8
+            else DPDSGD.outgoing(self, exchange, state, ctx)
+        )
 
 
 def _config(name, **changes):
-    base = dict(method=name, epsilon=8.0, rounds=4, local_steps=2, clients=10, accountant="rdp", verify="full")
+    base = dict(
+        method=name,
+        epsilon=8.0,
+        rounds=4,
+        local_steps=2,
+        clients=10,
+        accountant="rdp",
+        verify="full",
+    )
     base.update(changes)
     return RunConfig(**base)
 
 
-@pytest.mark.parametrize(("method_cls", "first"), [(LeaksFromRoundThree, 2), (LeaksAboveEightClients, 0)])
+@pytest.mark.parametrize(
+    ("method_cls", "first"), [(LeaksFromRoundThree, 2), (LeaksAboveEightClients, 0)]
+)
 def test_a_leak_the_stand_in_misses_is_found_at_the_runs_size(method_cls, first, verify_on):
     name, _, pm = resolve_plugin("method", method_cls)
     stand_in = run(_config(name, verify="stand-in"), plugin_manager=pm, track=False).summary
@@ -54,19 +74,41 @@ def test_a_leak_the_stand_in_misses_is_found_at_the_runs_size(method_cls, first,
     assert full["post_processing"] == "failed" and full["epsilon_certified"] is False
     reason = full["uncertified_reason"]
     # the round, the exchange, the sender and the payload entry
-    assert f"phase 'train' round {first}, exchange 'gossip': message client " in reason and "'update." in reason, reason
+    assert (
+        f"phase 'train' round {first}, exchange 'gossip': message client " in reason
+        and "'update." in reason
+    ), reason
     assert full["verification_scope"] == "run" and full["verify"] == "full"
 
 
-BUILT_IN_PRIVATE = ("centralized", "dp-cga", "dp-dsgd", "dp-dsgt", "fedavg", "feddf", "local", "muffliato", "p2p-fl",
-                    "p4", "pdsl", "proxyfl", "scaffold")
+BUILT_IN_PRIVATE = (
+    "centralized",
+    "dp-cga",
+    "dp-dsgd",
+    "dp-dsgt",
+    "fedavg",
+    "feddf",
+    "local",
+    "muffliato",
+    "p2p-fl",
+    "p4",
+    "pdsl",
+    "proxyfl",
+    "scaffold",
+)
 
 
 @pytest.mark.parametrize("method", BUILT_IN_PRIVATE)
 def test_every_built_in_private_method_passes_on_the_run_itself(method, verify_on):
-    summary = run(RunConfig(method=method, epsilon=8.0, clients=10, rounds=3, local_steps=2, accountant="rdp"),
-                  track=False).summary
-    assert summary["post_processing"] == "verified" and summary["verification_scope"] == "run", summary["uncertified_reason"]
+    summary = run(
+        RunConfig(
+            method=method, epsilon=8.0, clients=10, rounds=3, local_steps=2, accountant="rdp"
+        ),
+        track=False,
+    ).summary
+    assert summary["post_processing"] == "verified" and summary["verification_scope"] == "run", (
+        summary["uncertified_reason"]
+    )
     assert summary["epsilon_certified"] is True, summary["uncertified_reason"]
 
 
@@ -75,7 +117,10 @@ def test_an_honest_outside_gossip_method_stays_certified_at_the_runs_size(verify
     summary = run(_config(name), plugin_manager=pm, track=False).summary
     assert summary["epsilon_certified"] is True, summary["uncertified_reason"]
     assert summary["post_processing"] == "verified" and summary["record_isolation"] == "verified"
-    assert summary["verification_messages"] > 0 and "the run itself (10 clients, 4 rounds" in summary["verification_notes"][0]
+    assert (
+        summary["verification_messages"] > 0
+        and "the run itself (10 clients, 4 rounds" in summary["verification_notes"][0]
+    )
 
 
 def test_a_verdict_is_reused_for_another_seed_only(verify_on):
@@ -83,7 +128,11 @@ def test_a_verdict_is_reused_for_another_seed_only(verify_on):
     first = run(_config(name, rounds=2), plugin_manager=pm, track=False).summary
     again = run(_config(name, rounds=2, seed=5), plugin_manager=pm, track=False).summary
     other = run(_config(name, rounds=3), plugin_manager=pm, track=False).summary
-    assert (first["verification_cached"], again["verification_cached"], other["verification_cached"]) == (False, True, False)
+    assert (
+        first["verification_cached"],
+        again["verification_cached"],
+        other["verification_cached"],
+    ) == (False, True, False)
     assert len(json.loads(verify_on.read_text())) == 2
 
 
@@ -95,8 +144,8 @@ def private_share():
 
 METHOD = '''
 import torch
-from p4bench.baselines.common import draw_batch
-from p4bench.baselines.dsgt import DPDSGD
+from p4bench.engine.method_kit import draw_batch
+from p4bench_baselines.dsgt import DPDSGD
 from p4bench.engine.state import flatten
 from {package}.helper import private_share
 
@@ -164,8 +213,17 @@ def test_verification_off_is_uncertified(monkeypatch, verify_on):
 
 
 def test_noble_third_party_runs_and_is_uncertified_with_the_tight_figure_beside_it(verify_on):
-    summary = run(RunConfig(method="fedavg", epsilon=8.0, clients=6, rounds=2, accountant="noble",
-                            options={"noble_view": "third-party"}), track=False).summary
+    summary = run(
+        RunConfig(
+            method="fedavg",
+            epsilon=8.0,
+            clients=6,
+            rounds=2,
+            accountant="noble",
+            options={"noble_view": "third-party"},
+        ),
+        track=False,
+    ).summary
     assert summary["epsilon_certified"] is False and summary["post_processing"] == "verified"
     assert "noble" in summary["uncertified_reason"] and summary["epsilon_pld"] is not None
 
@@ -173,16 +231,32 @@ def test_noble_third_party_runs_and_is_uncertified_with_the_tight_figure_beside_
 def test_the_stand_in_check_drops_the_accountants_own_options():
     from p4bench.privacy.post_processing import check_config
 
-    checked, _ = check_config(RunConfig(method="fedavg", epsilon=8.0, accountant="noble",
-                                        options={"noble_view": "third-party", "lr_scaling": "noble"}))
-    assert checked.accountant == "rdp" and "noble_view" not in checked.options and checked.options["lr_scaling"] == "noble"
+    checked, _ = check_config(
+        RunConfig(
+            method="fedavg",
+            epsilon=8.0,
+            accountant="noble",
+            options={"noble_view": "third-party", "lr_scaling": "noble"},
+        )
+    )
+    assert (
+        checked.accountant == "rdp"
+        and "noble_view" not in checked.options
+        and checked.options["lr_scaling"] == "noble"
+    )
 
 
 def test_a_run_stopped_by_its_time_budget_is_replayed_to_the_same_round(verify_on, monkeypatch):
     from p4bench.run import session
 
-    monkeypatch.setattr(session.RunSession, "stop_after", lambda self, step: step >= 2 or (
-        self.prepared.stop_at_step is not None and step >= self.prepared.stop_at_step))
+    monkeypatch.setattr(
+        session.RunSession,
+        "stop_after",
+        lambda self, step: (
+            step >= 2
+            or (self.prepared.stop_at_step is not None and step >= self.prepared.stop_at_step)
+        ),
+    )
     name, _, pm = resolve_plugin("method", DPDSGD)
     summary = run(_config(name, rounds=4), plugin_manager=pm, track=False).summary
     assert summary["post_processing"] == "verified", summary["uncertified_reason"]

@@ -23,14 +23,16 @@ def test_local_training_runs_and_learns(results_dir):
 
 
 def test_alpha_partition_gives_skewed_clients(small_config):
-    result = run(small_config(method="local", partitioner="alpha", similarity=0.0, clients=10), track=False)
+    result = run(
+        small_config(method="local", partitioner="alpha", similarity=0.0, clients=10), track=False
+    )
     assert result.summary["accuracy_mean"] > 0.9  # one class per client is easy locally
 
 
 def test_reported_clients_exclude_evaluation_and_malicious(small_config):
     from p4bench import hookimpl
     from p4bench.engine import Attack
-    from p4bench.plugin_manager import create_plugin_manager
+    from p4bench.host.manager import create_plugin_manager
 
     class Nothing(Attack):
         name = "nothing"
@@ -41,7 +43,11 @@ def test_reported_clients_exclude_evaluation_and_malicious(small_config):
             return [Nothing]
 
     pm = create_plugin_manager(extra_plugins=(Plugin(),), autoload=False)
-    result = run(small_config(clients=10, attack="nothing", malicious_fraction=0.3), plugin_manager=pm, track=False)
+    result = run(
+        small_config(clients=10, attack="nothing", malicious_fraction=0.3),
+        plugin_manager=pm,
+        track=False,
+    )
     info = result.info
     assert info.evaluation.sum() == 2 and info.malicious.sum() == 3
     reported = [int(c) for c in result.summary["accuracy_per_client"]]
@@ -49,7 +55,10 @@ def test_reported_clients_exclude_evaluation_and_malicious(small_config):
 
 
 def test_bad_requests_fail_before_training(small_config):
-    with pytest.raises(UnknownNameError, match="registered methods: centralized, dp-cga, dp-dsgd, dp-dsgt, fedavg, feddf, local"):
+    with pytest.raises(
+        UnknownNameError,
+        match="registered methods: centralized, dp-cga, dp-dsgd, dp-dsgt, fedavg, feddf, local",
+    ):
         run(small_config(method="nope"), track=False)
     with pytest.raises(DataError, match="at most"):
         run(small_config(samples_per_client=5000), track=False)
@@ -58,7 +67,7 @@ def test_bad_requests_fail_before_training(small_config):
 def test_defense_on_a_method_without_aggregation_is_refused(small_config):
     from p4bench import hookimpl
     from p4bench.engine import Defense
-    from p4bench.plugin_manager import create_plugin_manager
+    from p4bench.host.manager import create_plugin_manager
 
     class KeepAll(Defense):
         name = "keep-all"

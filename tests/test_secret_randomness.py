@@ -18,14 +18,18 @@ from p4bench.config import RunConfig
 from p4bench.engine.runtime import STREAM_TRAINING
 from p4bench.engine.training import poisson_batches
 from p4bench.errors import UsageError
-from p4bench.plugin_manager import Registry, create_plugin_manager
-from p4bench.plugins.device.node import DeviceNode, peer_config
+from p4bench.host.manager import Registry, create_plugin_manager
 from p4bench.privacy.noise import NoiseStreams
 from p4bench.rng import SecretRng, client_rng
 from p4bench.run.runner import prepare, run
+from p4bench_device.node import DeviceNode, peer_config
 
 IDS = [0, 1, 2, 3]
-FAST = {"device_exchange_timeout_s": 30, "device_round_timeout_s": 120, "device_startup_timeout_s": 180}
+FAST = {
+    "device_exchange_timeout_s": 30,
+    "device_round_timeout_s": 120,
+    "device_startup_timeout_s": 180,
+}
 
 
 def _membership(rng, n: torch.Tensor, rate: float) -> torch.Tensor:
@@ -38,7 +42,10 @@ def _membership(rng, n: torch.Tensor, rate: float) -> torch.Tensor:
 @pytest.mark.parametrize("secret", [True, False])
 def test_streams_are_secret_or_reproducible(secret):
     n = torch.tensor([300, 250, 280, 310])
-    first, second = client_rng(5, IDS, STREAM_TRAINING, secret), client_rng(5, IDS, STREAM_TRAINING, secret)
+    first, second = (
+        client_rng(5, IDS, STREAM_TRAINING, secret),
+        client_rng(5, IDS, STREAM_TRAINING, secret),
+    )
     assert isinstance(first, SecretRng) == secret
     batches = [_membership(r, n, 0.2) for r in (first, second)]
     noises = [NoiseStreams(5, IDS, secure=secret).normal(2000).clone() for _ in range(2)]
@@ -76,7 +83,9 @@ def _device_client(config: RunConfig, client: int):
     (`run_session`): its group's training stream and DP noise streams."""
     config = peer_config(RunConfig(**config.to_dict()))
     prepared = prepare(config, Registry(create_plugin_manager()))
-    peers = SimpleNamespace(peers=[SimpleNamespace(node=i, id=str(i)) for i in range(config.clients)])
+    peers = SimpleNamespace(
+        peers=[SimpleNamespace(node=i, id=str(i)) for i in range(config.clients)]
+    )
     node = DeviceNode(SimpleNamespace(node=client, id=str(client)), peers, transport=None)
     node.setup(prepared.job, prepared.ledger)
     (group,) = node.groups
@@ -85,8 +94,15 @@ def _device_client(config: RunConfig, client: int):
 
 @pytest.mark.parametrize("source", ["secure", "auto", "seeded"])
 def test_a_peer_holding_the_run_config_cannot_reproduce_a_neighbours_noise(small_config, source):
-    config = small_config(method="p4", clients=4, epsilon=8.0, runtime="device", noise_source=source,
-                          device_simulation=source == "seeded", options={"group_size": 2})
+    config = small_config(
+        method="p4",
+        clients=4,
+        epsilon=8.0,
+        runtime="device",
+        noise_source=source,
+        device_simulation=source == "seeded",
+        options={"group_size": 2},
+    )
     victim = _device_client(config, 1)
     assert victim.dp is not None  # a private run
     noise = victim.dp.noise.normal(512).clone()
@@ -105,7 +121,9 @@ def test_a_peer_holding_the_run_config_cannot_reproduce_a_neighbours_noise(small
 
 
 def test_a_peer_refuses_seeded_randomness_unless_the_run_is_a_simulation(small_config):
-    config = small_config(method="p4", clients=4, epsilon=8.0, runtime="device", noise_source="seeded")
+    config = small_config(
+        method="p4", clients=4, epsilon=8.0, runtime="device", noise_source="seeded"
+    )
     with pytest.raises(UsageError, match="device-simulation"):
         peer_config(config)
     assert peer_config(config.replace(noise_source="auto")).noise_source == "secure"
@@ -114,8 +132,21 @@ def test_a_peer_refuses_seeded_randomness_unless_the_run_is_a_simulation(small_c
 
 @pytest.mark.parametrize("source", ["secure", "auto"])
 def test_simulation_is_secret_with_secure_noise_and_reproducible_by_default(small_config, source):
-    runs = [run(small_config(method="p4", clients=4, rounds=1, local_steps=1, epsilon=8.0, noise_source=source,
-                             options={"group_size": 2}), track=False) for _ in range(2)]
+    runs = [
+        run(
+            small_config(
+                method="p4",
+                clients=4,
+                rounds=1,
+                local_steps=1,
+                epsilon=8.0,
+                noise_source=source,
+                options={"group_size": 2},
+            ),
+            track=False,
+        )
+        for _ in range(2)
+    ]
     first, second = (r.outcome.final_params for r in runs)
     if source == "secure":
         assert any(not torch.equal(first[k], second[k]) for k in first)
@@ -126,7 +157,9 @@ def test_simulation_is_secret_with_secure_noise_and_reproducible_by_default(smal
 
 def _params(result) -> np.ndarray:
     params = result.outcome.final_params
-    return np.concatenate([params[k].reshape(len(params[k]), -1).numpy() for k in sorted(params)], axis=1)
+    return np.concatenate(
+        [params[k].reshape(len(params[k]), -1).numpy() for k in sorted(params)], axis=1
+    )
 
 
 def test_device_runs_with_one_seed_give_different_noise(small_config):
@@ -135,8 +168,17 @@ def test_device_runs_with_one_seed_give_different_noise(small_config):
     (The seeded counterpart, a device run equal to the simulator, is
     tests/test_device_runtime.py::test_local_peers_match_the_simulator_and_log_to_mlflow.)"""
     # a given noise multiplier: the same DP path as --epsilon without calibrating on every peer
-    config = small_config(method="p4", clients=3, rounds=1, local_steps=1, noise_multiplier=1.0, eval_fraction=0.0,
-                          seed=4, runtime="device", options={"group_size": 3, "device_local_peers": 3, **FAST})
+    config = small_config(
+        method="p4",
+        clients=3,
+        rounds=1,
+        local_steps=1,
+        noise_multiplier=1.0,
+        eval_fraction=0.0,
+        seed=4,
+        runtime="device",
+        options={"group_size": 3, "device_local_peers": 3, **FAST},
+    )
     runs = [run(config, track=False) for _ in range(2)]
     assert all(r.info.config.noise_source == "secure" for r in runs)  # auto, on devices
     first, second = _params(runs[0]), _params(runs[1])

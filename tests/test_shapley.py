@@ -1,4 +1,4 @@
-"""Batched Shapley values of PDSL's candidate models (p4bench.baselines.shapley)."""
+"""Batched Shapley values of PDSL's candidate models (p4bench_pdsl.shapley)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad, vmap
 
-from p4bench.baselines.shapley import (
+from p4bench.engine.state import unvectorize, vectorize
+from p4bench.models import LinearSoftmax
+from p4bench_pdsl.shapley import (
     coalition_game,
     coalition_values,
     exact_shapley,
     minmax_shares,
     monte_carlo_shapley,
 )
-from p4bench.engine.state import unvectorize, vectorize
-from p4bench.models import LinearSoftmax
 
 LR = 2.0
 
@@ -56,7 +56,9 @@ def make_game(digits, present, seed=0):
         if present[a, j]:
             rows = slice(int(start[a, j]), int(start[a, j]) + 40)
             one = {k: v[a] for k, v in stacked.items()}
-            g[a, j] = vectorize({k: v[None] for k, v in grad(loss)(one, x_all[rows], y_all[rows]).items()})[0]
+            g[a, j] = vectorize(
+                {k: v[None] for k, v in grad(loss)(one, x_all[rows], y_all[rows]).items()}
+            )[0]
     last = present.long().cumsum(1).argmax(1)  # the last present slot of each agent
     g[torch.arange(num_agents), last] += 0.5 * torch.randn(num_agents, x.shape[1], generator=gen)
     return model, stacked, x, g, present, q_x, q_y
@@ -112,9 +114,13 @@ def test_monte_carlo_converges_to_exact_on_a_4_player_neighbourhood(digits):
     model, like, x, g, present, q_x, q_y = make_game(digits, [[1, 1, 1, 1]] * 2, seed=3)
     game = coalition_game(model, like, x, g, LR, q_x, q_y)
     exact = exact_shapley(game, present)
-    torch.testing.assert_close(exact[0], permutation_average(lambda m: game(m.expand(2, -1, -1))[:1], present[0]))
+    torch.testing.assert_close(
+        exact[0], permutation_average(lambda m: game(m.expand(2, -1, -1))[:1], present[0])
+    )
     assert (exact.amax(1) - exact.amin(1) > 0.02).all()  # a non-trivial game
-    torch.testing.assert_close(exact.sum(1), game(present[:, None, :])[:, 0])  # efficiency, v(empty) = 0
+    torch.testing.assert_close(
+        exact.sum(1), game(present[:, None, :])[:, 0]
+    )  # efficiency, v(empty) = 0
     estimate = monte_carlo_shapley(game, present, 2000, torch.Generator().manual_seed(0))
     torch.testing.assert_close(estimate, exact, atol=0.015, rtol=0)
 
@@ -136,7 +142,9 @@ def test_single_permutation_estimate_is_one_order_of_the_players(digits):
     for seed in range(30):
         estimate = monte_carlo_shapley(game, present, 1, torch.Generator().manual_seed(seed))[0]
         match = torch.nonzero(torch.isclose(candidates_t, estimate).all(1)).flatten()
-        assert len(match) >= 1 and estimate.sum() == pytest.approx(float(game(present[:, None])[0, 0]))
+        assert len(match) >= 1 and estimate.sum() == pytest.approx(
+            float(game(present[:, None])[0, 0])
+        )
         seen.add(int(match[0]))
     assert len(seen) > 5  # the orders do vary with the generator
     # unbiased: the mean over all orders is the exact value
@@ -149,21 +157,31 @@ def test_padding_gives_the_values_of_each_agent_alone(digits):
     for a in range(3):
         keep = present[a]
         alone = exact_shapley(
-            coalition_game(model, like, x[a : a + 1], g[a : a + 1, keep], LR, q_x, q_y), torch.ones(1, int(keep.sum()), dtype=torch.bool)
+            coalition_game(model, like, x[a : a + 1], g[a : a + 1, keep], LR, q_x, q_y),
+            torch.ones(1, int(keep.sum()), dtype=torch.bool),
         )
         torch.testing.assert_close(batched[a, keep], alone[0])
         assert (batched[a, ~keep] == 0).all()
-    mc = monte_carlo_shapley(coalition_game(model, like, x, g, LR, q_x, q_y), present, 3, torch.Generator().manual_seed(0))
+    mc = monte_carlo_shapley(
+        coalition_game(model, like, x, g, LR, q_x, q_y),
+        present,
+        3,
+        torch.Generator().manual_seed(0),
+    )
     assert (mc[~present] == 0).all()
     full = coalition_values(model, like, x, g, present[:, None, :], LR, q_x, q_y)[:, 0]
     torch.testing.assert_close(mc.sum(1), full)  # efficiency of every agent despite the padding
     # With per-agent keys the orders, hence the estimates, do not depend on the batch.
     keys = torch.rand(3, 5, 6, generator=torch.Generator().manual_seed(4))
-    batched = monte_carlo_shapley(coalition_game(model, like, x, g, LR, q_x, q_y), present, 5, keys=keys)
+    batched = monte_carlo_shapley(
+        coalition_game(model, like, x, g, LR, q_x, q_y), present, 5, keys=keys
+    )
     for a in range(3):
         keep = present[a]
         alone = monte_carlo_shapley(
-            coalition_game(model, like, x[a : a + 1], g[a : a + 1, keep], LR, q_x, q_y), keep[None, keep], 5,
+            coalition_game(model, like, x[a : a + 1], g[a : a + 1, keep], LR, q_x, q_y),
+            keep[None, keep],
+            5,
             keys=keys[a : a + 1, :, keep],
         )
         torch.testing.assert_close(batched[a, keep], alone[0])
@@ -174,7 +192,9 @@ def test_padding_gives_the_values_of_each_agent_alone(digits):
 
 def table_game(num_agents, slots, seed, empty_value=0.0):
     """v(S) = a random number per (agent, coalition), v(empty) = empty_value."""
-    table = torch.rand(num_agents, 2**slots, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    table = torch.rand(
+        num_agents, 2**slots, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
     table[:, 0] = empty_value
     bits = 2 ** torch.arange(slots)
 
@@ -194,7 +214,9 @@ def test_additive_game_gives_the_individual_values():
     expected = weights * present
     torch.testing.assert_close(exact_shapley(additive, present), expected)
     for r in (1, 7):
-        torch.testing.assert_close(monte_carlo_shapley(additive, present, r, torch.Generator().manual_seed(r)), expected)
+        torch.testing.assert_close(
+            monte_carlo_shapley(additive, present, r, torch.Generator().manual_seed(r)), expected
+        )
 
 
 def test_symmetric_game_gives_equal_values():
@@ -213,13 +235,18 @@ def test_symmetric_game_gives_equal_values():
 
 @pytest.mark.parametrize("empty_value", [0.0, 0.4])
 def test_efficiency_and_brute_force_on_random_games(empty_value):
-    present = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 1, 0, 1], [0, 0, 0, 1, 0]], dtype=torch.bool)
+    present = torch.tensor(
+        [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 1, 0, 1], [0, 0, 0, 1, 0]], dtype=torch.bool
+    )
     game = table_game(4, 5, seed=2, empty_value=empty_value)
     grand = game(present[:, None, :])[:, 0] - empty_value
     exact = exact_shapley(game, present)
     torch.testing.assert_close(exact.sum(1), grand)
     for a in range(4):
-        torch.testing.assert_close(exact[a], permutation_average(lambda m, a=a: game(m.expand(4, -1, -1))[a : a + 1], present[a]))
+        torch.testing.assert_close(
+            exact[a],
+            permutation_average(lambda m, a=a: game(m.expand(4, -1, -1))[a : a + 1], present[a]),
+        )
     for seed in range(5):  # every single-order estimate is efficient
         one = monte_carlo_shapley(game, present, 1, torch.Generator().manual_seed(seed))
         torch.testing.assert_close(one.sum(1), grand)
@@ -247,15 +274,22 @@ def test_minmax_shares_normalise_over_present_players():
     phi = torch.tensor([[0.1, 0.3, 0.2, 9.0], [0.5, -0.5, 0.0, 0.0]], dtype=torch.float64)
     present = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
     phi_hat, shares, fallback = minmax_shares(phi, present)
-    torch.testing.assert_close(phi_hat, torch.tensor([[0.0, 1.0, 0.5, 0.0], [1.0, 0.0, 0.5, 0.5]], dtype=torch.float64))
+    torch.testing.assert_close(
+        phi_hat, torch.tensor([[0.0, 1.0, 0.5, 0.0], [1.0, 0.0, 0.5, 0.5]], dtype=torch.float64)
+    )
     torch.testing.assert_close(shares.sum(1), torch.ones(2, dtype=torch.float64))
-    torch.testing.assert_close(shares[0], torch.tensor([0.0, 2 / 3, 1 / 3, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(
+        shares[0], torch.tensor([0.0, 2 / 3, 1 / 3, 0.0], dtype=torch.float64)
+    )
     assert not fallback.any()
 
 
 def test_minmax_falls_back_to_uniform_when_all_values_are_equal():
     third = 1 / 3
-    phi = torch.tensor([[0.2, 0.2, 0.2, -7.0], [third, 1 - 2 * third, third, third], [0.9, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    phi = torch.tensor(
+        [[0.2, 0.2, 0.2, -7.0], [third, 1 - 2 * third, third, third], [0.9, 0.0, 0.0, 0.0]],
+        dtype=torch.float64,
+    )
     present = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
     phi_hat, shares, fallback = minmax_shares(phi, present)
     assert fallback.tolist() == [True, True, True]  # equal, equal up to rounding, a single player
@@ -271,7 +305,9 @@ def test_vmap_forward_over_models_shares_q(digits):
     params = unvectorize(x, like)
     batched = vmap(model.forward, in_dims=(0, None))(params, q_x)
     for a in range(3):
-        torch.testing.assert_close(batched[a], model.forward({k: v[a] for k, v in params.items()}, q_x))
+        torch.testing.assert_close(
+            batched[a], model.forward({k: v[a] for k, v in params.items()}, q_x)
+        )
 
 
 class _SameForwardModel(LinearSoftmax):
@@ -283,16 +319,22 @@ class _SameForwardModel(LinearSoftmax):
 
 
 def test_the_linear_shortcut_equals_the_per_coalition_forward(digits):
-    from p4bench.baselines.shapley import linear_in_parameters
+    from p4bench_pdsl.shapley import linear_in_parameters
 
     model, like, x, g, present, q_x, q_y = make_game(digits, PRESENT, seed=5)
     generic = _SameForwardModel((1, 8, 8), 10)
     assert linear_in_parameters(model) and not linear_in_parameters(generic)
-    masks = (torch.rand(3, 40, 6, generator=torch.Generator().manual_seed(2)) < 0.5) & present[:, None, :]
+    masks = (torch.rand(3, 40, 6, generator=torch.Generator().manual_seed(2)) < 0.5) & present[
+        :, None, :
+    ]
     shortcut = coalition_values(model, like, x, g, masks, LR, q_x, q_y, chunk=7)
-    torch.testing.assert_close(shortcut, coalition_values(generic, like, x, g, masks, LR, q_x, q_y, chunk=7))
+    torch.testing.assert_close(
+        shortcut, coalition_values(generic, like, x, g, masks, LR, q_x, q_y, chunk=7)
+    )
     # per-agent validation sets (pdsl-local-val)
     q_n = torch.tensor([300, 120, 0])
     local_x, local_y = q_x.expand(3, *q_x.shape).clone(), q_y.expand(3, -1).clone()
-    torch.testing.assert_close(coalition_values(model, like, x, g, masks, LR, local_x, local_y, q_n=q_n, chunk=5),
-                               coalition_values(generic, like, x, g, masks, LR, local_x, local_y, q_n=q_n, chunk=5))
+    torch.testing.assert_close(
+        coalition_values(model, like, x, g, masks, LR, local_x, local_y, q_n=q_n, chunk=5),
+        coalition_values(generic, like, x, g, masks, LR, local_x, local_y, q_n=q_n, chunk=5),
+    )

@@ -17,14 +17,27 @@ import pytest
 HEAVY = ("torch", "scipy", "mlflow", "pandas", "sklearn", "kymatio", "matplotlib")
 
 LAZY_MODULES = (  # packages re-exporting their submodules' names, and hook modules the names they used to import
-    "p4bench.engine", "p4bench.data", "p4bench.privacy", "p4bench.topology", "p4bench.baselines", "p4bench.attacks",
-    "p4bench.defenses", "p4bench.plugins.p4", "p4bench.plugins.p4l", "p4bench.plugins.device",
-    "p4bench.engine.runtimes", "p4bench.data.builtin", "p4bench.privacy.builtin", "p4bench.topology.builtin",
+    "p4bench.engine",
+    "p4bench.data",
+    "p4bench.privacy",
+    "p4bench.topology",
+    "p4bench_baselines",
+    "p4bench_attacks",
+    "p4bench_defenses",
+    "p4bench_p4",
+    "p4bench_p4l",
+    "p4bench_device",
+    "p4bench.engine.runtimes",
+    "p4bench.data.builtin",
+    "p4bench.privacy.builtin",
+    "p4bench.topology.builtin",
 )
 
 
 def _in_fresh_interpreter(code: str) -> object:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -47,7 +60,7 @@ def test_help_imports_no_heavy_library():
 def test_default_registry_calls_no_hook_until_used():
     result = _in_fresh_interpreter(
         "import json, sys\n"
-        "from p4bench.plugin_manager import default_registry\n"
+        "from p4bench.host.manager import default_registry\n"
         "registry = default_registry()\n"
         "problems = registry.problems\n"
         "before = 'torch' in sys.modules\n"
@@ -72,12 +85,12 @@ def test_lazy_exports_are_the_defined_objects(name):
 
 
 def test_from_imports_and_submodules_still_work():
-    from p4bench.baselines import FedAvg
-    from p4bench.baselines.fedavg import FedAvg as defined
     from p4bench.engine import Method
     from p4bench.engine.runtime import SimulationRuntime as runtime
     from p4bench.engine.runtimes import SimulationRuntime
     from p4bench.privacy import BUILTIN_ACCOUNTANTS, Accountant
+    from p4bench_baselines import FedAvg
+    from p4bench_baselines.fedavg import FedAvg as defined
 
     assert FedAvg is defined and issubclass(FedAvg, Method)
     assert SimulationRuntime is runtime
@@ -104,7 +117,10 @@ def _schema(path) -> dict[str, list[str]]:
     order a table's constraints differently from one store to the next."""
     with sqlite3.connect(path) as db:
         rows = db.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL")
-        return {name: sorted(line.strip().rstrip(",") for line in sql.splitlines()) for name, sql in rows}
+        return {
+            name: sorted(line.strip().rstrip(",") for line in sql.splitlines())
+            for name, sql in rows
+        }
 
 
 def _rows(path, query: str) -> list[tuple]:
@@ -115,10 +131,12 @@ def _rows(path, query: str) -> list[tuple]:
 def test_a_seeded_store_is_a_fresh_store(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from p4bench.tracking_store import seed_sqlite_store, template_path
+    from p4bench.tracking.store import seed_sqlite_store, template_path
 
     monkeypatch.setenv("P4BENCH_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)  # MLflow puts the Default experiment's artifacts under the working folder
+    monkeypatch.chdir(
+        tmp_path
+    )  # MLflow puts the Default experiment's artifacts under the working folder
     (tmp_path / "fresh").mkdir()
     (tmp_path / "seeded").mkdir()
     fresh, seeded = tmp_path / "fresh" / "mlflow.db", tmp_path / "seeded" / "mlflow.db"
@@ -130,10 +148,16 @@ def test_a_seeded_store_is_a_fresh_store(tmp_path, monkeypatch):
     for client in clients.values():
         assert client.create_experiment("p4bench") == "1"
         default = client.get_experiment("0")
-        assert (default.name, default.artifact_location) == ("Default", str(tmp_path / "mlruns" / "0"))
+        assert (default.name, default.artifact_location) == (
+            "Default",
+            str(tmp_path / "mlruns" / "0"),
+        )
     assert _schema(seeded) == _schema(fresh)
-    for query in ("SELECT version_num FROM alembic_version", "SELECT * FROM workspaces",
-                  "SELECT experiment_id, name, artifact_location, lifecycle_stage FROM experiments"):
+    for query in (
+        "SELECT version_num FROM alembic_version",
+        "SELECT * FROM workspaces",
+        "SELECT experiment_id, name, artifact_location, lifecycle_stage FROM experiments",
+    ):
         assert _rows(seeded, query) == _rows(fresh, query)
 
     # the template is made once and reused; an existing store is never touched
@@ -147,11 +171,16 @@ def test_a_seeded_store_is_a_fresh_store(tmp_path, monkeypatch):
 
 
 def test_a_store_that_cannot_be_seeded_is_left_to_mlflow(tmp_path, monkeypatch):
-    from p4bench.tracking_store import seed_sqlite_store, template_path
+    from p4bench.tracking.store import seed_sqlite_store, template_path
 
     monkeypatch.setenv("P4BENCH_CACHE_DIR", str(tmp_path / "cache"))
-    for uri in ("http://localhost:5000", "sqlite:///:memory:", f"sqlite:///{tmp_path}/x.db?timeout=5",
-                f"sqlite:///{tmp_path}/missing/mlflow.db", "file:///tmp/mlruns"):
+    for uri in (
+        "http://localhost:5000",
+        "sqlite:///:memory:",
+        f"sqlite:///{tmp_path}/x.db?timeout=5",
+        f"sqlite:///{tmp_path}/missing/mlflow.db",
+        "file:///tmp/mlruns",
+    ):
         assert not seed_sqlite_store(uri)
     assert not (tmp_path / "x.db").exists() and not (tmp_path / "missing").exists()
 

@@ -34,17 +34,27 @@ def invoke(args, capsys):
 
 
 def test_axes_expand_to_their_cartesian_product_with_none_and_plugin_options():
-    spec = parse_sweep({
-        "name": "grid",
-        "base": {**TINY, "local-steps": 3},
-        "axes": {"method": ["local", "fedavg"], "attack": ["none", "label-flip"], "defense": ["none", None],
-                 "options.group_size": [2, 4], "seed": [0, 1]},
-    })
+    spec = parse_sweep(
+        {
+            "name": "grid",
+            "base": {**TINY, "local-steps": 3},
+            "axes": {
+                "method": ["local", "fedavg"],
+                "attack": ["none", "label-flip"],
+                "defense": ["none", None],
+                "options.group_size": [2, 4],
+                "seed": [0, 1],
+            },
+        }
+    )
     planned = expand(spec)
     assert len(planned) == 2 * 2 * 2 * 2 * 2
     configs = [p.config for p in planned]
     assert {c.attack for c in configs} == {None, "label-flip"}  # `none` = no attack
-    assert {c.defense for c in configs} == {"none", None}  # `none` = no defense, null = the method's default
+    assert {c.defense for c in configs} == {
+        "none",
+        None,
+    }  # `none` = no defense, null = the method's default
     assert {c.options["group_size"] for c in configs} == {2, 4}
     assert all(c.experiment == "grid" and c.local_steps == 3 for c in configs)
     assert all(p.tags["sweep"] == "grid" for p in planned)
@@ -52,7 +62,9 @@ def test_axes_expand_to_their_cartesian_product_with_none_and_plugin_options():
 
 
 def test_precedence_variants_tuned_include_and_duplicates(tmp_path):
-    (tmp_path / "tuned.yaml").write_text("tuned:\n  fedavg: {lr: 0.7, local_steps: 4}\n  p4: {lr: 2.0}\n")
+    (tmp_path / "tuned.yaml").write_text(
+        "tuned:\n  fedavg: {lr: 0.7, local_steps: 4}\n  p4: {lr: 2.0}\n"
+    )
     (tmp_path / "sweep.yaml").write_text(
         "name: prec\n"
         "base: {lr: 0.1, epsilon: 15, clients: 8}\n"
@@ -100,8 +112,13 @@ def test_unknown_plugin_name_fails_before_any_run(results_dir, monkeypatch):
 
 
 def test_failing_run_is_recorded_and_the_others_finish(store):
-    spec = parse_sweep({"name": "failing", "base": {**TINY, "method": "p4", "rounds": 1},
-                        "axes": {"options.group_size": [2, 99], "seed": [0]}})
+    spec = parse_sweep(
+        {
+            "name": "failing",
+            "base": {**TINY, "method": "p4", "rounds": 1},
+            "axes": {"options.group_size": [2, 99], "seed": [0]},
+        }
+    )
     report = run_sweep(spec, results_dir=store)
     statuses = [r.status for r in report.records]
     assert statuses == ["finished", "failed"]
@@ -110,7 +127,10 @@ def test_failing_run_is_recorded_and_the_others_finish(store):
     client = MlflowClient(tracking_uri=report.tracking_uri)
     failed_run = client.get_run(failed.mlflow_run_id)
     assert failed_run.info.status == "FAILED" and "group_size" in failed_run.data.tags["error"]
-    assert failed_run.data.tags["sweep"] == "failing" and failed_run.data.tags["config_hash"] == failed.config_hash
+    assert (
+        failed_run.data.tags["sweep"] == "failing"
+        and failed_run.data.tags["config_hash"] == failed.config_hash
+    )
     # resuming retries only the failed run
     again = run_sweep(spec, results_dir=store)
     assert [r.status for r in again.records] == ["skipped", "failed"]
@@ -118,14 +138,19 @@ def test_failing_run_is_recorded_and_the_others_finish(store):
 
 def test_worker_processes_give_the_same_per_round_metrics_as_in_process(small_config):
     # one task keeps it to one spawned worker (the reproduce test runs two in parallel)
-    tasks = [RunTask(small_config(method="p4", rounds=2, seed=3).to_dict(), track=False, autoload=False)]
+    tasks = [
+        RunTask(small_config(method="p4", rounds=2, seed=3).to_dict(), track=False, autoload=False)
+    ]
     in_process = [execute_task(t) for t in tasks]
     records = {}
     LocalBackend(jobs=2).map(tasks, lambda i, record: records.__setitem__(i, record))
     for index, reference in enumerate(in_process):
         assert reference.status == records[index].status == "finished"
         assert records[index].rounds == reference.rounds  # exactly, round by round
-        assert records[index].summary["accuracy_per_client"] == reference.summary["accuracy_per_client"]
+        assert (
+            records[index].summary["accuracy_per_client"]
+            == reference.summary["accuracy_per_client"]
+        )
 
 
 # -- the acceptance scenario through the CLI ----------------------------------------------------
@@ -160,22 +185,39 @@ def test_sweep_runs_every_combination_into_one_experiment(finished_sweep, capsys
 
 def test_compare_prints_four_groups_with_mean_std_and_n(finished_sweep, capsys):
     _, results = finished_sweep
-    code, out, err = invoke(["compare", "--experiment", "two-by-two", "--results-dir", results, "--format", "csv"], capsys)
+    code, out, err = invoke(
+        ["compare", "--experiment", "two-by-two", "--results-dir", results, "--format", "csv"],
+        capsys,
+    )
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 4
-    assert {(r["method"], r["attack"]) for r in rows} == {(m, a) for m in ("local", "fedavg") for a in ("none", "label-flip")}
+    assert {(r["method"], r["attack"]) for r in rows} == {
+        (m, a) for m in ("local", "fedavg") for a in ("none", "label-flip")
+    }
     for row in rows:
         assert row["n"] == "2" and 0 <= float(row["mean"]) <= 1 and math.isfinite(float(row["std"]))
-    code, out, _ = invoke(["compare", "--experiment", "two-by-two", "--results-dir", results, "--group-by", "method,attack"],
-                          capsys)
+    code, out, _ = invoke(
+        [
+            "compare",
+            "--experiment",
+            "two-by-two",
+            "--results-dir",
+            results,
+            "--group-by",
+            "method,attack",
+        ],
+        capsys,
+    )
     assert code == 0 and "label-flip" in out and "mean" in out and "std" in out
 
 
 def test_running_the_sweep_again_trains_nothing(finished_sweep, capsys, monkeypatch):
     import p4bench.run.runner
 
-    monkeypatch.setattr(p4bench.run.runner, "run", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(
+        p4bench.run.runner, "run", lambda *a, **k: pytest.fail("a finished run was trained again")
+    )
     path, results = finished_sweep
     code, out, err = invoke(["sweep", str(path), "--results-dir", results, "--json"], capsys)
     assert code == 0, err

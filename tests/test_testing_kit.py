@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p4bench.baselines.fedavg import FedAvg
-from p4bench.baselines.local import LocalTraining
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Messages
 from p4bench.engine.state import flatten, unvectorize, vectorize
 from p4bench.engine.threats import Defense, ModelReplacementAttack, weighted_mean
@@ -15,6 +13,8 @@ from p4bench.engine.training import fixed_size_batches, gather_batch
 from p4bench.options import Option
 from p4bench.testing import ConformanceError, check_attack, check_defense, check_method
 from p4bench.testing.pytest_plugin import conformance  # noqa: F401 - the fixture, as the pytest plugin provides it
+from p4bench_baselines.fedavg import FedAvg
+from p4bench_baselines.local import LocalTraining
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 
@@ -29,7 +29,9 @@ class SkipsDP(LocalTraining):
         params = state["params"]
         for _ in range(self.config.local_steps):
             index, mask = fixed_size_batches(ctx, train)
-            loss, grads = ctx.loss_and_grad(params, gather_batch(train.x, index), gather_batch(train.y, index), mask.float())
+            loss, grads = ctx.loss_and_grad(
+                params, gather_batch(train.x, index), gather_batch(train.y, index), mask.float()
+            )
             params = {k: params[k] - self.config.lr * grads[k] for k in params}
         return {**state, "params": params}, loss.detach().double()
 
@@ -39,7 +41,9 @@ class LyingFedAvg(FedAvg):
     personalized models."""
 
     name = "broken-lying"
-    capabilities = Capabilities(shares_individual_updates=False, has_aggregator=False, uses_server=True, personalized=True)
+    capabilities = Capabilities(
+        shares_individual_updates=False, has_aggregator=False, uses_server=True, personalized=True
+    )
 
 
 class ReadsTable(LocalTraining):
@@ -56,12 +60,16 @@ class ReadsTable(LocalTraining):
         count = ctx.num_clients
         sender = torch.arange(len(ctx.rows)).repeat_interleave(2)
         receiver = torch.stack([(ctx.rows + 1) % count, (ctx.rows - 1) % count], dim=1).reshape(-1)
-        return Messages(ctx.rows[sender], receiver, flatten(state["params"], "update."), rows=sender)
+        return Messages(
+            ctx.rows[sender], receiver, flatten(state["params"], "update."), rows=sender
+        )
 
     def receive(self, exchange, state, inbox, ctx):
         if not len(inbox):
             return state
-        senders = len(next(iter(inbox.table.values())))  # wrong: table rows, not this node's messages
+        senders = len(
+            next(iter(inbox.table.values()))
+        )  # wrong: table rows, not this node's messages
         models = vectorize({k: inbox.value(k) for k in inbox.table})  # one row per message: right
         own = vectorize(state["params"])
         mixed = own.clone()
@@ -72,7 +80,9 @@ class ReadsTable(LocalTraining):
 
 class BadDefault(LocalTraining):
     name = "broken-option"
-    options = (Option("rate", float, 2.0, "a rate in [0, 1] whose default is not", low=0.0, high=1.0),)
+    options = (
+        Option("rate", float, 2.0, "a rate in [0, 1] whose default is not", low=0.0, high=1.0),
+    )
 
 
 class UnseededAttack(ModelReplacementAttack):
@@ -105,7 +115,9 @@ def test_a_dp_method_that_skips_ctx_dp_fails_the_ledger_check():
         check_method(SkipsDP, checks=("ledger",))
     report = info.value.report
     assert report.failed("ledger.noise") and report.failed("ledger.plan")
-    assert "ctx.dp" in str(info.value) and "privacy_plan() plans 4 releases per client" in str(info.value)
+    assert "ctx.dp" in str(info.value) and "privacy_plan() plans 4 releases per client" in str(
+        info.value
+    )
 
 
 def test_lying_capabilities_are_caught():
@@ -117,28 +129,49 @@ def test_lying_capabilities_are_caught():
 
 
 def test_a_method_that_differs_under_bytes_is_caught():
-    report = check_method(ReadsTable, checks=("runtimes", "state"), privacy=("no-dp",), raise_on_failure=False)
+    report = check_method(
+        ReadsTable, checks=("runtimes", "state"), privacy=("no-dp",), raise_on_failure=False
+    )
     failure = next(r for r in report.failures if r.name == "runtimes.no-dp")
-    assert "bytes vs simulation" in failure.message and "reference vs simulation" not in failure.message
+    assert (
+        "bytes vs simulation" in failure.message
+        and "reference vs simulation" not in failure.message
+    )
     assert not report.failed("state")
 
 
 def test_an_option_whose_default_is_invalid_is_caught():
     report = check_method(BadDefault, checks=("options",), raise_on_failure=False)
-    assert report.failed("options.rate") and "default 2.0 is not valid" in report.failures[0].message
+    assert (
+        report.failed("options.rate") and "default 2.0 is not valid" in report.failures[0].message
+    )
 
 
 def test_an_unseeded_attack_that_accepts_everything_is_caught():
-    report = check_attack(UnseededAttack, methods=("fedavg", "local"), checks=("tamper", "needs"), raise_on_failure=False)
+    report = check_attack(
+        UnseededAttack,
+        methods=("fedavg", "local"),
+        checks=("tamper", "needs"),
+        raise_on_failure=False,
+    )
     assert report.failed("tamper") and "same random stream" in report.failures[0].message
     assert report.failed("needs.local") and not report.failed("needs.fedavg")
 
 
 def test_a_defense_that_averages_padding_is_caught():
-    report = check_defense(AveragesPadding, methods=("fedavg", "local"), checks=("aggregate", "needs"), raise_on_failure=False)
+    report = check_defense(
+        AveragesPadding,
+        methods=("fedavg", "local"),
+        checks=("aggregate", "needs"),
+        raise_on_failure=False,
+    )
     # the shared screen restricts `kept` to the real updates; the padding still moves the mean
-    assert report.failed("aggregate") and "padding changes the aggregate" in report.failures[0].message
-    assert report.failed("needs.local") and "no update ever reached it" in report.failures[-1].message
+    assert (
+        report.failed("aggregate") and "padding changes the aggregate" in report.failures[0].message
+    )
+    assert (
+        report.failed("needs.local") and "no update ever reached it" in report.failures[-1].message
+    )
     assert not report.failed("needs.fedavg")
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from p4bench.errors import ConfigError, IncompatibleError, UnknownNameError
-from p4bench.plugin_manager import Registry, create_plugin_manager
+from p4bench.host.manager import Registry, create_plugin_manager
 from p4bench.topology import (
     CompleteGraph,
     EdgeListGraph,
@@ -81,7 +81,9 @@ def test_uniform_averaging_is_only_row_stochastic_on_irregular_graphs():
     assert is_row_stochastic(weights) and not is_doubly_stochastic(weights)
     assert is_doubly_stochastic(metropolis_hastings(star))
     # on a regular graph plain averaging happens to be doubly stochastic
-    assert is_doubly_stochastic(uniform_averaging(RingGraph().edges(6, 0, np.random.default_rng(0))))
+    assert is_doubly_stochastic(
+        uniform_averaging(RingGraph().edges(6, 0, np.random.default_rng(0)))
+    )
 
 
 def test_metropolis_hastings_refuses_directed_graphs():
@@ -122,7 +124,9 @@ def test_exponential_schedule_example_from_proxyfl():
     assert hops == [1, 2, 4, 1]
 
 
-@pytest.mark.parametrize("m,shape", [(9, (3, 3)), (12, (3, 4)), (16, (4, 4)), (20, (4, 5)), (100, (10, 10))])
+@pytest.mark.parametrize(
+    "m,shape", [(9, (3, 3)), (12, (3, 4)), (16, (4, 4)), (20, (4, 5)), (100, (10, 10))]
+)
 def test_torus_is_4_regular_on_square_factorisation(m, shape, rng):
     assert torus_shape(m) == shape
     adjacency = TorusGraph().edges(m, 0, rng)
@@ -174,11 +178,18 @@ def test_erdos_renyi_density_and_failure(rng):
 
 def test_edge_list_from_file(tmp_path, rng):
     path = tmp_path / "graph.txt"
-    path.write_text("# a path 0-1-2 and a triangle 2-3-4\n0 1\n1 2   # trailing comment\n\n2 3\n3 4\n4 2\n")
+    path.write_text(
+        "# a path 0-1-2 and a triangle 2-3-4\n0 1\n1 2   # trailing comment\n\n2 3\n3 4\n4 2\n"
+    )
     adjacency = EdgeListGraph({"path": str(path)}).edges(5, 0, rng)
     assert is_symmetric(adjacency) and is_connected(adjacency)
     assert degree_stats(adjacency) == {
-        "out_min": 1, "out_mean": 2.0, "out_max": 3, "in_min": 1, "in_mean": 2.0, "in_max": 3,
+        "out_min": 1,
+        "out_mean": 2.0,
+        "out_max": 3,
+        "in_min": 1,
+        "in_mean": 2.0,
+        "in_max": 3,
     }
     directed = EdgeListGraph({"path": str(path), "directed": True}).edges(5, 0, rng)
     assert directed.sum() == 5 and directed[0, 1] and not directed[1, 0]

@@ -6,9 +6,15 @@ import numpy as np
 import pytest
 
 from p4bench.errors import ConfigError
-from p4bench.plugin_manager import Registry, create_plugin_manager
+from p4bench.host.manager import Registry, create_plugin_manager
 from p4bench.topology.assumptions import check_pdsl_assumption, mixing_report
-from p4bench.topology.graphs import BipartiteGraph, CompleteGraph, RingGraph, is_connected, is_symmetric
+from p4bench.topology.graphs import (
+    BipartiteGraph,
+    CompleteGraph,
+    RingGraph,
+    is_connected,
+    is_symmetric,
+)
 from p4bench.topology.mixing import metropolis_hastings
 
 RNG = np.random.default_rng(0)
@@ -20,7 +26,9 @@ def test_bipartite_edges(m, left):
     assert adjacency.dtype == bool and adjacency.shape == (m, m)
     assert not adjacency.diagonal().any() and is_symmetric(adjacency) and is_connected(adjacency)
     assert adjacency[:left, left:].all()  # every cross pair
-    assert not adjacency[:left, :left].any() and not adjacency[left:, left:].any()  # no edge within a side
+    assert (
+        not adjacency[:left, :left].any() and not adjacency[left:, left:].any()
+    )  # no edge within a side
     assert int(np.triu(adjacency).sum()) == left * (m - left)
 
 
@@ -37,7 +45,11 @@ def test_mh_weights_satisfy_a3_and_rho_orders_the_graphs(m):
     for cls in (CompleteGraph, BipartiteGraph, RingGraph):
         weights = metropolis_hastings(cls().edges(m, 0, RNG))
         reports[cls.name] = check_pdsl_assumption(weights)
-        assert reports[cls.name]["symmetric"] and reports[cls.name]["doubly_stochastic"] and reports[cls.name]["self_loops"]
+        assert (
+            reports[cls.name]["symmetric"]
+            and reports[cls.name]["doubly_stochastic"]
+            and reports[cls.name]["self_loops"]
+        )
         assert reports[cls.name]["lambda_1"] == pytest.approx(1.0)
     # Closed forms for MH weights: complete W = J/M (rho 0); K_{h,h} with weights
     # 1/(h+1) and W_ii = 1/(h+1) has lambda_min = (1-h)/(h+1); the ring (weights 1/3) has

@@ -20,7 +20,13 @@ def test_mlflow_run_holds_params_metrics_tags_and_artifacts(small_config, tmp_pa
     mlrun = client.get_run(summary["run_id"])
     params, tags = mlrun.data.params, mlrun.data.tags
     assert params["method"] == "fedavg" and params["clients"] == "8" and params["rounds"] == "3"
-    for key, value in {"method": "fedavg", "attack": "none", "defense": "none", "dataset": "digits", "seed": "1"}.items():
+    for key, value in {
+        "method": "fedavg",
+        "attack": "none",
+        "defense": "none",
+        "dataset": "digits",
+        "seed": "1",
+    }.items():
         assert tags[key] == value
     assert tags["p4bench_version"]
     history = client.get_metric_history(summary["run_id"], "accuracy_mean")
@@ -34,7 +40,10 @@ def test_mlflow_run_holds_params_metrics_tags_and_artifacts(small_config, tmp_pa
     assert given.dataset.name == "digits" and "iid over 8 clients" in given.dataset.source
     assert json.loads(given.dataset.profile)["train_records"] > 0
     assert {t.key: t.value for t in given.tags}["mlflow.data.context"] == "training"
-    assert client.get_experiment(mlrun.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert (
+        client.get_experiment(mlrun.info.experiment_id).tags["mlflow.experimentKind"]
+        == "custom_model_development"
+    )
 
 
 def test_unreachable_tracking_server_keeps_results_locally(small_config):

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from p4bench import tracking_worker
 from p4bench.run.runner import run
-from p4bench.tracking_worker import WorkerBackend, serve
+from p4bench.tracking import worker as tracking_worker
+from p4bench.tracking.worker import WorkerBackend, serve
 
 
 def _run_record(uri: str, run_id: str) -> dict[str, object]:
@@ -26,12 +26,28 @@ def _run_record(uri: str, run_id: str) -> dict[str, object]:
     client = MlflowClient(tracking_uri=uri)
     held = client.get_run(run_id)
     varying = {"local_run_id", "results_dir", "mlflow.runName", "git_commit"}
-    metrics = {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
-               for key in held.data.metrics if key not in ("wall_time_s", "round_seconds")}
-    return {"status": held.info.status, "params": {k: v for k, v in held.data.params.items() if k not in ("results_dir", "tracking_uri")},
-            "tags": {k: v for k, v in held.data.tags.items() if k not in varying and not k.startswith("mlflow.user")},
-            "metrics": metrics, "artifacts": sorted(a.path for a in client.list_artifacts(run_id)),
-            "dataset": [(d.dataset.name, d.dataset.digest, d.dataset.profile) for d in held.inputs.dataset_inputs]}
+    metrics = {
+        key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+        for key in held.data.metrics
+        if key not in ("wall_time_s", "round_seconds")
+    }
+    return {
+        "status": held.info.status,
+        "params": {
+            k: v for k, v in held.data.params.items() if k not in ("results_dir", "tracking_uri")
+        },
+        "tags": {
+            k: v
+            for k, v in held.data.tags.items()
+            if k not in varying and not k.startswith("mlflow.user")
+        },
+        "metrics": metrics,
+        "artifacts": sorted(a.path for a in client.list_artifacts(run_id)),
+        "dataset": [
+            (d.dataset.name, d.dataset.digest, d.dataset.profile)
+            for d in held.inputs.dataset_inputs
+        ],
+    }
 
 
 def test_worker_records_what_the_run_process_records(small_config, tmp_path, monkeypatch):
@@ -39,7 +55,9 @@ def test_worker_records_what_the_run_process_records(small_config, tmp_path, mon
     for label, prestarted in (("local", False), ("worker", True)):
         uri = f"sqlite:///{tmp_path / label / 'mlflow.db'}"
         (tmp_path / label).mkdir()
-        config = small_config(method="fedavg", tracking_uri=uri, results_dir=str(tmp_path / label), experiment="e")
+        config = small_config(
+            method="fedavg", tracking_uri=uri, results_dir=str(tmp_path / label), experiment="e"
+        )
         tracking_worker.prestart(enabled=prestarted)
         worker = tracking_worker._prestarted
         assert (worker is not None) == prestarted
@@ -72,22 +90,45 @@ def test_a_store_that_cannot_be_opened_is_one_line_and_later_requests_are_skippe
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     uri = f"sqlite:///{blocker / 'store.db'}"  # its folder is a file: SQLite cannot create it
-    answers = _serve([("open", uri, {}), ("ask", "create run", "start_run", ("e", {}, "r", {}, None)),
-                      ("call", "log metrics", "log_metrics", ([("m", 1.0, 0, 1)],)), ("close",)])
+    answers = _serve(
+        [
+            ("open", uri, {}),
+            ("ask", "create run", "start_run", ("e", {}, "r", {}, None)),
+            ("call", "log metrics", "log_metrics", ([("m", 1.0, 0, 1)],)),
+            ("close",),
+        ]
+    )
     (created, error), (closing_value, closing_error) = answers
-    assert created is None and error.startswith(f"MLflow store {uri} cannot be opened (") and "\n" not in error
+    assert (
+        created is None
+        and error.startswith(f"MLflow store {uri} cannot be opened (")
+        and "\n" not in error
+    )
     assert closing_value is None and closing_error == error
 
 
 def test_the_first_failure_is_kept_and_ends_the_writes(tmp_path):
     uri = f"sqlite:///{tmp_path / 'store.db'}"
-    answers = _serve([("open", uri, {}), ("ask", "create run", "start_run", ("e", {}, "r", {}, None)),
-                      ("call", "tag run", "set_tags", ({"x" * 300: "v"},)),  # MLflow refuses a 300-character key
-                      ("call", "log metrics", "log_metrics", ([("m", 1.0, 0, 1)],)), ("close",)])
+    answers = _serve(
+        [
+            ("open", uri, {}),
+            ("ask", "create run", "start_run", ("e", {}, "r", {}, None)),
+            (
+                "call",
+                "tag run",
+                "set_tags",
+                ({"x" * 300: "v"},),
+            ),  # MLflow refuses a 300-character key
+            ("call", "log metrics", "log_metrics", ([("m", 1.0, 0, 1)],)),
+            ("close",),
+        ]
+    )
     (run_id, none), (_, error) = answers
     assert none is None and run_id
     assert error.startswith("MLflow tag run failed (")
-    assert MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics == {}  # nothing written after the failure
+    assert (
+        MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics == {}
+    )  # nothing written after the failure
 
 
 def test_worker_ignores_ctrl_c_and_a_lost_worker_is_one_line(tmp_path):
@@ -96,8 +137,13 @@ def test_worker_ignores_ctrl_c_and_a_lost_worker_is_one_line(tmp_path):
         worker.open(f"sqlite:///{tmp_path / 'store.db'}")
         reply = worker.ask("create run", "start_run", "e", {}, "r", {}, None)
         assert reply.value()
-        worker.process.send_signal(signal.SIGINT)  # the run's handler still marks the MLflow run KILLED through it
-        assert worker.ask("tag run", "set_tags", {"after": "ctrl-c"}).value() is None and worker.process.poll() is None
+        worker.process.send_signal(
+            signal.SIGINT
+        )  # the run's handler still marks the MLflow run KILLED through it
+        assert (
+            worker.ask("tag run", "set_tags", {"after": "ctrl-c"}).value() is None
+            and worker.process.poll() is None
+        )
         assert worker.error is None
         worker.process.kill()
         worker.process.wait(timeout=30)
@@ -114,32 +160,47 @@ def test_a_run_that_fails_before_it_starts_leaves_no_worker(tmp_path):
     script = Path(sys.executable).parent / "p4bench"
     if not script.exists():
         pytest.skip("no p4bench console script beside this interpreter")
-    code = ("import subprocess, sys\n"
-            "children = []\n"
-            "real = subprocess.Popen\n"
-            "def spy(*args, **kwargs):\n"
-            "    child = real(*args, **kwargs)\n"
-            "    children.append(child)\n"
-            "    return child\n"
-            "subprocess.Popen = spy\n"
-            "from p4bench.cli import main\n"
-            "sys.argv = ['p4bench', 'run', '--method', 'no-such-method', '--results-dir', sys.argv[1]]\n"
-            "try:\n"
-            "    main()\n"
-            "except SystemExit as exc:\n"
-            "    code = exc.code\n"
-            "workers = [c for c in children if 'p4bench.tracking_worker' in c.args]\n"
-            "print(code, len(workers), [w.wait(timeout=60) for w in workers])\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, tracking_worker.ENV: ""})
+    code = (
+        "import subprocess, sys\n"
+        "children = []\n"
+        "real = subprocess.Popen\n"
+        "def spy(*args, **kwargs):\n"
+        "    child = real(*args, **kwargs)\n"
+        "    children.append(child)\n"
+        "    return child\n"
+        "subprocess.Popen = spy\n"
+        "from p4bench.cli import main\n"
+        "sys.argv = ['p4bench', 'run', '--method', 'no-such-method', '--results-dir', sys.argv[1]]\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "workers = [c for c in children if 'p4bench.tracking.worker' in c.args]\n"
+        "print(code, len(workers), [w.wait(timeout=60) for w in workers])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, tracking_worker.ENV: ""},
+    )
     assert done.stdout.split()[:2] == ["2", "1"], done.stderr  # exit 2, one worker started ...
     assert done.stdout.strip().endswith("[0]")  # ... and ended cleanly when the run was refused
 
 
 def test_store_written_by_the_worker_is_a_plain_mlflow_store(tmp_path):
     uri = f"sqlite:///{tmp_path / 'store.db'}"
-    answers = _serve([("open", uri, {}), ("ask", "create run", "start_run", ("e", {"method": "m"}, "r", {"p": "1"}, None)),
-                      ("call", "finish run", "terminate", ("FINISHED",)), ("close",)])
+    answers = _serve(
+        [
+            ("open", uri, {}),
+            ("ask", "create run", "start_run", ("e", {"method": "m"}, "r", {"p": "1"}, None)),
+            ("call", "finish run", "terminate", ("FINISHED",)),
+            ("close",),
+        ]
+    )
     (run_id, _), _ = answers
     with sqlite3.connect(tmp_path / "store.db") as db:
-        assert db.execute("SELECT status FROM runs WHERE run_uuid = ?", (run_id,)).fetchone() == ("FINISHED",)
+        assert db.execute("SELECT status FROM runs WHERE run_uuid = ?", (run_id,)).fetchone() == (
+            "FINISHED",
+        )

@@ -10,8 +10,20 @@ the multi-run hypothesis test (`empirical_epsilon`). `p4bench audit` is the comm
 
 from p4bench.audit.canaries import AuditedMechanism, CanaryBank
 from p4bench.audit.core import AuditResult, audit_config, run_audit
-from p4bench.audit.one_run import audit_bound, one_run_bound, one_run_ceiling, one_run_epsilon, steinke_p_value
-from p4bench.audit.stats import AuditBound, clopper_pearson, empirical_epsilon, epsilon_from_rates, release_scores
+from p4bench.audit.one_run import (
+    audit_bound,
+    one_run_bound,
+    one_run_ceiling,
+    one_run_epsilon,
+    steinke_p_value,
+)
+from p4bench.audit.stats import (
+    AuditBound,
+    clopper_pearson,
+    empirical_epsilon,
+    epsilon_from_rates,
+    release_scores,
+)
 
 __all__ = [
     "AuditBound",

@@ -45,7 +45,9 @@ else:
 
 __all__ = ["AuditedMechanism", "CanaryBank", "DEFAULT_MAX_CANARIES"]
 
-DEFAULT_MAX_CANARIES = 1024  # per client, when the model has more parameters (cost m x P per release)
+DEFAULT_MAX_CANARIES = (
+    1024  # per client, when the model has more parameters (cost m x P per release)
+)
 _DIRECTIONS, _SAMPLING = 1, 2  # independent streams of the audit seed
 
 
@@ -79,7 +81,12 @@ class CanaryBank:
         if m < 1:
             raise IncompatibleError("the audit needs at least one canary per client")
         generator = torch.Generator().manual_seed(_stream(self.seed, _DIRECTIONS))
-        gaussian = torch.randn(size, m, generator=generator, dtype=torch.float64 if size * m <= 1 << 22 else torch.float32)
+        gaussian = torch.randn(
+            size,
+            m,
+            generator=generator,
+            dtype=torch.float64 if size * m <= 1 << 22 else torch.float32,
+        )
         basis, _ = torch.linalg.qr(gaussian)  # (P, m), orthonormal columns
         self.shapes = shapes
         self.directions = basis.T.to(torch.float32).contiguous()
@@ -99,44 +106,68 @@ class CanaryBank:
         return keys
 
     def insert(
-        self, rows: torch.Tensor, sums: dict[str, torch.Tensor], sample_rate: float, clip: float | torch.Tensor,
+        self,
+        rows: torch.Tensor,
+        sums: dict[str, torch.Tensor],
+        sample_rate: float,
+        clip: float | torch.Tensor,
         neighbouring: str,
     ) -> tuple[str, ...]:
         """Add the sampled canaries' clipped gradients of `rows` to `sums`, in place: each
         canary's norm is `clip`, or clip[i] for row i (a (C,) tensor)."""
         keys = self._check(sums)
-        assert self.included is not None and self.directions is not None  # drawn by _check on the first release
+        assert (
+            self.included is not None and self.directions is not None
+        )  # drawn by _check on the first release
         sampled = torch.rand(len(rows), self.per_client, generator=self._sampling) < sample_rate
         bits = self.included[rows]
-        sign = bits.to(torch.float32) if neighbouring == "add-remove" else bits.to(torch.float32) * 2.0 - 1.0
+        sign = (
+            bits.to(torch.float32)
+            if neighbouring == "add-remove"
+            else bits.to(torch.float32) * 2.0 - 1.0
+        )
         norm = clip.to(torch.float32).reshape(-1, 1) if isinstance(clip, torch.Tensor) else clip
         contribution = ((sampled.to(torch.float32) * sign) @ self.directions) * norm  # (C, P)
         offset = 0
         for key in keys:
             target = sums[key]
             width = target[0].numel()
-            target.add_(contribution[:, offset : offset + width].reshape(target.shape).to(target.dtype))
+            target.add_(
+                contribution[:, offset : offset + width].reshape(target.shape).to(target.dtype)
+            )
             offset += width
         return keys
 
     def observe(
-        self, rows: torch.Tensor, observation: torch.Tensor, released: torch.Tensor, sample_rate: float,
-        mu: float | torch.Tensor, std: float, neighbouring: str,
+        self,
+        rows: torch.Tensor,
+        observation: torch.Tensor,
+        released: torch.Tensor,
+        sample_rate: float,
+        mu: float | torch.Tensor,
+        std: float,
+        neighbouring: str,
     ) -> None:
         """Score the (C, P) observations (noise + canaries) of the released rows; `mu`, the
         canary's shift in units of `std`, is one figure or one per row ((C,) tensor)."""
         if not bool(released.any()):
             return
-        assert self.directions is not None and self.scores is not None  # drawn by `insert`, which comes first
+        assert (
+            self.directions is not None and self.scores is not None
+        )  # drawn by `insert`, which comes first
         chosen = rows[released]
-        x = (observation[released] @ self.directions.T) / std  # (C', m) projections in units of the claimed std
+        x = (
+            observation[released] @ self.directions.T
+        ) / std  # (C', m) projections in units of the claimed std
         shift = mu[released].reshape(-1, 1) if isinstance(mu, torch.Tensor) else mu
         self.scores[chosen] += release_scores(x, sample_rate, shift, neighbouring)
         self.releases[chosen] += 1
 
 
 def _stream(seed: int, tag: int) -> int:
-    return int(np.random.SeedSequence([int(seed), 0xA0D17, tag]).generate_state(1, np.uint64)[0] >> 1)
+    return int(
+        np.random.SeedSequence([int(seed), 0xA0D17, tag]).generate_state(1, np.uint64)[0] >> 1
+    )
 
 
 def privatised_norm(settings: Any, factor: torch.Tensor) -> torch.Tensor:
@@ -158,7 +189,9 @@ def privatised_norm(settings: Any, factor: torch.Tensor) -> torch.Tensor:
     """
     relation = 2.0 if settings.neighbouring == "replace-one" else 1.0
     clip, sigma = float(settings.clip), float(settings.noise_multiplier)
-    calibrated = float(settings.noise_std) / (relation * sigma) if sigma > 0 else clip  # the C of the noise std
+    calibrated = (
+        float(settings.noise_std) / (relation * sigma) if sigma > 0 else clip
+    )  # the C of the noise std
     return (factor.to(torch.float64) * min(clip, calibrated)).clamp_min(clip)
 
 
@@ -205,11 +238,24 @@ class AuditedMechanism(_Mechanism):
         scale = expected_batch.to(torch.float32).clamp_min(1.0).reshape(-1, 1)
         observation = _flat(noisy, keys) * scale - _flat(clean, keys)
         std = float(settings.noise_std)
-        self.bank.observe(ctx.rows, observation, released.to(torch.bool), sample_rate, settings.clip / std, std, settings.neighbouring)
+        self.bank.observe(
+            ctx.rows,
+            observation,
+            released.to(torch.bool),
+            sample_rate,
+            settings.clip / std,
+            std,
+            settings.neighbouring,
+        )
         return noisy, released
 
     def privatise_sums(
-        self, ctx: ReleaseContext, sums: Params, scale: torch.Tensor | None, sample_rate: float, released: torch.Tensor,
+        self,
+        ctx: ReleaseContext,
+        sums: Params,
+        scale: torch.Tensor | None,
+        sample_rate: float,
+        released: torch.Tensor,
     ) -> None:
         """`Releases.privatise`'s release (PDSL's and DP-CGA's cross-gradients): `sums` hold the
         release's clipped values alone, and the inner mechanism adds noise of std
@@ -236,25 +282,54 @@ class AuditedMechanism(_Mechanism):
         norm of a shift matters, not how it splits over the models.
         """
         settings = self.inner.settings
-        factor = torch.ones(len(ctx.rows), dtype=torch.float64) if scale is None else scale.detach().double().reshape(-1)
+        factor = (
+            torch.ones(len(ctx.rows), dtype=torch.float64)
+            if scale is None
+            else scale.detach().double().reshape(-1)
+        )
         norm = privatised_norm(settings, factor)
         clean = {k: v.detach().clone() for k, v in sums.items()}
         keys = self.bank.insert(ctx.rows, sums, sample_rate, norm, settings.neighbouring)
         self.inner.privatise_sums(ctx, sums, scale, sample_rate, released)
         # in units of the mechanism's noise std: row i's noise is factor[i] x noise_std
-        observation = (_flat(sums, keys) - _flat(clean, keys)) / factor.to(torch.float32).reshape(-1, 1)
+        observation = (_flat(sums, keys) - _flat(clean, keys)) / factor.to(torch.float32).reshape(
+            -1, 1
+        )
         std = float(settings.noise_std)
-        self.bank.observe(ctx.rows, observation, released.to(torch.bool), sample_rate, norm / factor / std, std,
-                          settings.neighbouring)
+        self.bank.observe(
+            ctx.rows,
+            observation,
+            released.to(torch.bool),
+            sample_rate,
+            norm / factor / std,
+            std,
+            settings.neighbouring,
+        )
 
     def step(
-        self, ctx: Any, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, sample_rate: float,
-        expected_batch: torch.Tensor, *args: Any, **kwargs: Any,
+        self,
+        ctx: Any,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        sample_rate: float,
+        expected_batch: torch.Tensor,
+        *args: Any,
+        **kwargs: Any,
     ) -> tuple[Params, torch.Tensor, torch.Tensor]:
-        return self._template().step(self, ctx, params, x, y, mask, sample_rate, expected_batch, *args, **kwargs)
+        return self._template().step(
+            self, ctx, params, x, y, mask, sample_rate, expected_batch, *args, **kwargs
+        )
 
     def sgd(
-        self, ctx: Any, params: Params, train: Any, steps: int, lr: float, sample_rate: float | None = None
+        self,
+        ctx: Any,
+        params: Params,
+        train: Any,
+        steps: int,
+        lr: float,
+        sample_rate: float | None = None,
     ) -> tuple[Params, torch.Tensor]:
         # the inner class's sgd with this wrapper as `self` (duck-typed), so its releases come through `release`
         return self._template().sgd(self, ctx, params, train, steps, lr, sample_rate)

@@ -45,12 +45,16 @@ def audit_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
     notes = []
     if config.method == "p4" and config.options.get("fused") not in (False, "off"):
         config = config.replace(options={**config.options, "fused": False})
-        notes.append("p4 is audited with -o fused=false: its fused paths add noise outside DPMechanism.release, "
-                     "where canaries cannot be inserted (same releases, unfused)")
+        notes.append(
+            "p4 is audited with -o fused=false: its fused paths add noise outside DPMechanism.release, "
+            "where canaries cannot be inserted (same releases, unfused)"
+        )
     return config, notes
 
 
-def check_audit_inputs(runs: int, canaries_per_client: int | None, confidence: float, bound: str = "one-run") -> None:
+def check_audit_inputs(
+    runs: int, canaries_per_client: int | None, confidence: float, bound: str = "one-run"
+) -> None:
     """UsageError (exit 2) for runs < 1, canaries per client < 1, a confidence outside (0, 1)
     or an unknown bound."""
     if bound not in BOUNDS:
@@ -85,19 +89,23 @@ def run_audit(
     audit's figures, tags and plot are added to every one of them. `plot` (a PNG path)
     defaults to the last run's results folder when tracked, else no plot.
     """
-    from p4bench.plugin_manager import Registry, create_plugin_manager
+    from p4bench.host.manager import Registry, create_plugin_manager
     from p4bench.run.runner import resolve_run_config, run
 
     started, cpu = time.perf_counter(), time.process_time()
     check_audit_inputs(runs, canaries_per_client, confidence, bound)
     plugin_manager = plugin_manager or create_plugin_manager()
-    config, notes = audit_config(resolve_run_config(config, Registry(plugin_manager)))  # DP methods: their default epsilon
+    config, notes = audit_config(
+        resolve_run_config(config, Registry(plugin_manager))
+    )  # DP methods: their default epsilon
     scores, included, summaries, claims, deltas, sizes = [], [], [], [], [], []
     for index in range(runs):
         run_config = config.replace(seed=config.seed + index)
         state: dict[str, Any] = {}
 
-        def on_prepared(prepared: PreparedRun, state: dict[str, Any] = state, seed: int = run_config.seed) -> None:
+        def on_prepared(
+            prepared: PreparedRun, state: dict[str, Any] = state, seed: int = run_config.seed
+        ) -> None:
             bank = CanaryBank(prepared.job.data.num_clients, canaries_per_client, seed)
             existing = prepared.job.wrap_mechanism
 
@@ -111,8 +119,16 @@ def run_audit(
             prepared.job.wrap_mechanism = wrap
             state.update(bank=bank, ledger=prepared.ledger)
 
-        early = [*observers, _FirstRoundCheck(run_config.method, state)] if index == 0 else observers
-        result = run(run_config, observers=early, plugin_manager=plugin_manager, track=track, on_prepared=on_prepared)
+        early = (
+            [*observers, _FirstRoundCheck(run_config.method, state)] if index == 0 else observers
+        )
+        result = run(
+            run_config,
+            observers=early,
+            plugin_manager=plugin_manager,
+            track=track,
+            on_prepared=on_prepared,
+        )
         bank, ledger = state["bank"], state["ledger"]
         _check_observed(run_config.method, bank, ledger)
         claimed = float(result.summary["epsilon"])
@@ -129,28 +145,54 @@ def run_audit(
             on_run(index, result.summary)
 
     all_scores, all_included = np.concatenate(scores), np.concatenate(included)
-    figures = audit_bound(all_scores, all_included, delta=max(deltas), confidence=confidence, bound=bound,
-                          seed=config.seed)
+    figures = audit_bound(
+        all_scores,
+        all_included,
+        delta=max(deltas),
+        confidence=confidence,
+        bound=bound,
+        seed=config.seed,
+    )
     certified_flags = [s.get("epsilon_certified") for s in summaries]
-    certified = None if any(f is None for f in certified_flags) else all(bool(f) for f in certified_flags)
+    certified = (
+        None if any(f is None for f in certified_flags) else all(bool(f) for f in certified_flags)
+    )
     last = summaries[-1]
     audit = AuditResult(
-        config=config, bound=figures, claimed_epsilon=max(claims), certified=certified,
-        accountant=str(last.get("accountant")), neighbouring=str(last.get("neighbouring")), runs=runs,
-        canaries_per_client=max(sizes), scores=all_scores, included=all_included, summaries=summaries, notes=notes,
+        config=config,
+        bound=figures,
+        claimed_epsilon=max(claims),
+        certified=certified,
+        accountant=str(last.get("accountant")),
+        neighbouring=str(last.get("neighbouring")),
+        runs=runs,
+        canaries_per_client=max(sizes),
+        scores=all_scores,
+        included=all_included,
+        summaries=summaries,
+        notes=notes,
     )
     return finish_audit(audit, last, track=track, plot=plot, started=started, cpu=cpu)
 
 
-def finish_audit(audit: AuditResult, last: dict[str, Any], *, track: bool, plot: str | Path | None,
-                 started: float, cpu: float | None = None) -> AuditResult:
+def finish_audit(
+    audit: AuditResult,
+    last: dict[str, Any],
+    *,
+    track: bool,
+    plot: str | Path | None,
+    started: float,
+    cpu: float | None = None,
+) -> AuditResult:
     """The audit's plot (`plot`, else the last run's results folder when tracked), its
     wall and CPU time (from `started`, `cpu`: `time.perf_counter()` and
     `time.process_time()` at its start), and its MLflow figures when tracked."""
     from p4bench.audit.report import log_audit, plot_scores
 
     folder = last.get("results_dir") if track else None
-    target = Path(plot) if plot is not None else (Path(folder) / "audit_scores.png" if folder else None)
+    target = (
+        Path(plot) if plot is not None else (Path(folder) / "audit_scores.png" if folder else None)
+    )
     if target is not None:
         audit.plot = plot_scores(audit, target)
     audit.seconds = time.perf_counter() - started
@@ -175,7 +217,9 @@ class _FirstRoundCheck:
             _check_observed(self.method, self.state["bank"], self.state["ledger"], final=False)
 
 
-def _check_observed(method: str, bank: CanaryBank, ledger: PrivacyLedger, final: bool = True) -> None:
+def _check_observed(
+    method: str, bank: CanaryBank, ledger: PrivacyLedger, final: bool = True
+) -> None:
     """Refuse when the ledger counted releases the canaries never went through (and, at
     the end of a run, when there were none at all)."""
     counted = np.zeros(bank.num_clients, dtype=np.int64)
@@ -193,4 +237,6 @@ def _check_observed(method: str, bank: CanaryBank, ledger: PrivacyLedger, final:
         )
     assert bank.scores is not None  # drawn at the first observed release
     if math.isnan(float(bank.scores.sum())):
-        raise IncompatibleError(f"method '{method}': canary scores are not finite (the mechanism reported zero noise?)")
+        raise IncompatibleError(
+            f"method '{method}': canary scores are not finite (the mechanism reported zero noise?)"
+        )

@@ -34,8 +34,16 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_DELTA", "InversionResult", "InversionRow", "inversion_experiment", "pdsl_noise_multiplier",
-           "probe_gradient", "reconstruct_class_means", "unclip_factor"]
+__all__ = [
+    "DEFAULT_DELTA",
+    "InversionResult",
+    "InversionRow",
+    "inversion_experiment",
+    "pdsl_noise_multiplier",
+    "probe_gradient",
+    "reconstruct_class_means",
+    "unclip_factor",
+]
 
 DEFAULT_DELTA = 1.0 / 1126
 """The delta `p4bench run --method pdsl --epsilon E` reports on digits (1 / the 1,126 records its agents train on)."""
@@ -63,7 +71,11 @@ def unclip_factor(bias_gradient: torch.Tensor, batch_size: int, tolerance: float
 
 
 def reconstruct_class_means(
-    gradient: torch.Tensor, num_classes: int, feature_dim: int, *, batch_size: int | None = None,
+    gradient: torch.Tensor,
+    num_classes: int,
+    feature_dim: int,
+    *,
+    batch_size: int | None = None,
     prior_mean: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(means (L, d), counts (L,)) from the probe's gradient (P,) = [bias (L), weight (L*d)].
@@ -78,37 +90,64 @@ def reconstruct_class_means(
     scale = unclip_factor(bias, batch_size) if batch_size else 1.0
     fractions = 1.0 / num_classes - scale * bias
     centered = -scale * weight  # S_c / b - xbar / L
-    xbar = num_classes * (-centered).max(0).values.clamp_min(0) if prior_mean is None else prior_mean.double().flatten()
+    xbar = (
+        num_classes * (-centered).max(0).values.clamp_min(0)
+        if prior_mean is None
+        else prior_mean.double().flatten()
+    )
     floor = 0.5 / batch_size if batch_size else 0.0
     present = (fractions > floor).unsqueeze(1)
-    means = torch.where(present, (xbar / num_classes + centered) / fractions.clamp_min(1e-12).unsqueeze(1), 0.0)
+    means = torch.where(
+        present, (xbar / num_classes + centered) / fractions.clamp_min(1e-12).unsqueeze(1), 0.0
+    )
     return means, fractions * batch_size if batch_size else fractions
 
 
 def probe_gradient(
-    x: torch.Tensor, y: torch.Tensor, num_classes: int, *, noise_multiplier: float | None, clip: float = 1.0,
-    degree: int = 20, seed: int = 0,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    *,
+    noise_multiplier: float | None,
+    clip: float = 1.0,
+    degree: int = 20,
+    seed: int = 0,
 ) -> torch.Tensor:
     """(P,) the cross-gradient a victim with batch (x (b, ...), y (b,)) returns for the
     zero model, computed by `cross_gradients` itself (batch mode) with a real
     `DPMechanism` (sigma, clip, add-remove; ledger discarded) and k = `degree` models in
     its release, the probe in each slot; `noise_multiplier` None: without DP (plain mean)."""
-    from p4bench.baselines.cross_gradients import cross_gradients
     from p4bench.data.federated import ClientTensors
     from p4bench.engine.training import batched_loss_and_grad
     from p4bench.models import LinearSoftmax
     from p4bench.privacy.mechanism import DPMechanism, DPSettings, NoiseStreams
     from p4bench.rng import client_rng
+    from p4bench_baselines.cross_gradients import cross_gradients
 
     model = LinearSoftmax(tuple(x.shape[1:]), num_classes)
-    like = {k: torch.zeros(1, *v.shape) for k, v in model.init(torch.Generator().manual_seed(0)).items()}
+    like = {
+        k: torch.zeros(1, *v.shape) for k, v in model.init(torch.Generator().manual_seed(0)).items()
+    }
     size = sum(v[0].numel() for v in like.values())
-    dp = None if noise_multiplier is None else DPMechanism(
-        DPSettings(clip, float(noise_multiplier)), NoiseStreams(seed, [0]), lambda release: None,
-        lambda rows, rate, phase: torch.ones(len(rows), dtype=torch.bool))
-    ctx = SimpleNamespace(dp=dp, rng=client_rng(seed, [0], 0, False), config=SimpleNamespace(data_rate=1.0),
-                          loss_and_grad=partial(batched_loss_and_grad, model), model=model, rows=torch.arange(1),
-                          phase="train")
+    dp = (
+        None
+        if noise_multiplier is None
+        else DPMechanism(
+            DPSettings(clip, float(noise_multiplier)),
+            NoiseStreams(seed, [0]),
+            lambda release: None,
+            lambda rows, rate, phase: torch.ones(len(rows), dtype=torch.bool),
+        )
+    )
+    ctx = SimpleNamespace(
+        dp=dp,
+        rng=client_rng(seed, [0], 0, False),
+        config=SimpleNamespace(data_rate=1.0),
+        loss_and_grad=partial(batched_loss_and_grad, model),
+        model=model,
+        rows=torch.arange(1),
+        phase="train",
+    )
     train = ClientTensors(x.float().unsqueeze(0), y.long().unsqueeze(0), torch.tensor([len(y)]))
     present = torch.ones(1, degree, dtype=torch.bool)
     grads, _, _ = cross_gradients(ctx, torch.zeros(1, degree, size), like, present, train, "batch")
@@ -125,7 +164,9 @@ def pdsl_noise_multiplier(epsilon: float, rounds: int = 30, delta: float = DEFAU
     accountant = PLDAccountant()
 
     def epsilon_at(sigma: float) -> float:
-        return accounted_epsilon(accountant, [ReleaseSegment(sigma, 1.0, rounds)], delta, "add-remove")
+        return accounted_epsilon(
+            accountant, [ReleaseSegment(sigma, 1.0, rounds)], delta, "add-remove"
+        )
 
     return calibrate_noise(epsilon_at, epsilon, tolerance=min(0.01, 0.01 * epsilon))
 
@@ -138,7 +179,9 @@ class InversionRow:
     epsilon: float | None  # the target it was calibrated for, if any
     noise_std: float  # per coordinate, 2 C sigma sqrt(k)
     cosine_centered: float  # reconstructed vs true S_c/b - xbar/L, mean over present classes
-    cosine_means: float  # reconstructed vs true class means (compare with InversionResult.prior_cosine_means)
+    cosine_means: (
+        float  # reconstructed vs true class means (compare with InversionResult.prior_cosine_means)
+    )
     count_error: float  # max_c |n_hat_c - n_c| in records, mean over trials
     counts_exact: float  # fraction of trials whose rounded counts are all exact
 
@@ -162,10 +205,16 @@ class InversionResult:
 
     def lines(self) -> list[str]:
         """One line per noise level, then the prior's cosine."""
-        return [*(f"sigma {r.noise_multiplier:.4g}" + (f" (eps {r.epsilon:g})" if r.epsilon is not None else "")
+        return [
+            *(
+                f"sigma {r.noise_multiplier:.4g}"
+                + (f" (eps {r.epsilon:g})" if r.epsilon is not None else "")
                 + f": cosine centered {r.cosine_centered:.3f}, means {r.cosine_means:.3f}, "
-                f"count error {r.count_error:.2f}, counts exact {r.counts_exact:.0%}" for r in self.rows),
-                f"(no gradient, the data set's mean image as every class mean: cosine means {self.prior_cosine_means:.3f})"]
+                f"count error {r.count_error:.2f}, counts exact {r.counts_exact:.0%}"
+                for r in self.rows
+            ),
+            f"(no gradient, the data set's mean image as every class mean: cosine means {self.prior_cosine_means:.3f})",
+        ]
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -179,9 +228,17 @@ def _cosines(estimate: torch.Tensor, truth: torch.Tensor, present: torch.Tensor)
 
 
 def inversion_experiment(
-    noise_multipliers: Sequence[float] = (0.0, 1e-3, 1e-2), *, epsilons: Sequence[float] = (8.0, 1.0), rounds: int = 30,
-    delta: float = DEFAULT_DELTA, clip: float = 1.0, batch_size: int = 11, degree: int = 20, trials: int = 5,
-    seed: int = 0, plot: str | Path | None = None,
+    noise_multipliers: Sequence[float] = (0.0, 1e-3, 1e-2),
+    *,
+    epsilons: Sequence[float] = (8.0, 1.0),
+    rounds: int = 30,
+    delta: float = DEFAULT_DELTA,
+    clip: float = 1.0,
+    batch_size: int = 11,
+    degree: int = 20,
+    trials: int = 5,
+    seed: int = 0,
+    plot: str | Path | None = None,
 ) -> InversionResult:
     """Probe victims' digits batches at each noise level (`noise_multipliers`, 0 = no DP,
     then PDSL's calibrated sigma for each of `epsilons` at `rounds`, `delta`) and score
@@ -197,7 +254,9 @@ def inversion_experiment(
     batches, prior = [], []
     population = x_all.flatten(1).double().mean(0)
     for trial in range(trials):  # one victim batch per trial, the same at every noise level
-        pick = torch.from_numpy(np.random.default_rng([seed, trial]).choice(len(y_all), batch_size, replace=False))
+        pick = torch.from_numpy(
+            np.random.default_rng([seed, trial]).choice(len(y_all), batch_size, replace=False)
+        )
         x, y = x_all[pick], y_all[pick]
         flat = x.flatten(1).double()
         counts = torch.bincount(y, minlength=classes).double()
@@ -207,22 +266,45 @@ def inversion_experiment(
         prior.append(_cosines(population.expand_as(true_means), true_means, counts > 0))
     levels: list[tuple[float, float | None]] = [(float(s), None) for s in noise_multipliers]
     levels += [(pdsl_noise_multiplier(e, rounds, delta), float(e)) for e in epsilons]
-    result = InversionResult(batch_size, clip, degree, rounds, delta, trials, seed, float(np.mean(prior)))
+    result = InversionResult(
+        batch_size, clip, degree, rounds, delta, trials, seed, float(np.mean(prior))
+    )
     pictures: list[tuple[str, torch.Tensor]] = []
     for sigma, epsilon in levels:
         scores = []
         for trial, (x, y, counts, true_centered, true_means) in enumerate(batches):
-            g = probe_gradient(x, y, classes, noise_multiplier=sigma or None, clip=clip, degree=degree,
-                               seed=seed * 1000 + trial)
-            means, estimate = reconstruct_class_means(g, classes, true_means.shape[1], batch_size=batch_size)
-            centered = -g[classes:].double().view(classes, -1)  # S_c/b - xbar/L up to the clipping scale
+            g = probe_gradient(
+                x,
+                y,
+                classes,
+                noise_multiplier=sigma or None,
+                clip=clip,
+                degree=degree,
+                seed=seed * 1000 + trial,
+            )
+            means, estimate = reconstruct_class_means(
+                g, classes, true_means.shape[1], batch_size=batch_size
+            )
+            centered = (
+                -g[classes:].double().view(classes, -1)
+            )  # S_c/b - xbar/L up to the clipping scale
             present = counts > 0
-            scores.append((_cosines(centered, true_centered, present), _cosines(means, true_means, present),
-                           float((estimate - counts).abs().max()), float(torch.equal(estimate.round(), counts))))
+            scores.append(
+                (
+                    _cosines(centered, true_centered, present),
+                    _cosines(means, true_means, present),
+                    float((estimate - counts).abs().max()),
+                    float(torch.equal(estimate.round(), counts)),
+                )
+            )
             if trial == 0:
                 pictures.append((f"sigma {sigma:.3g}" if sigma else "no DP", means))
         mean = np.mean(scores, axis=0)
-        result.rows.append(InversionRow(sigma, epsilon, 2.0 * clip * sigma * degree ** 0.5, *(float(v) for v in mean)))
+        result.rows.append(
+            InversionRow(
+                sigma, epsilon, 2.0 * clip * sigma * degree**0.5, *(float(v) for v in mean)
+            )
+        )
     if plot is not None:
         result.plot = _plot(Path(plot), batches[0][4], pictures)
     return result
@@ -238,7 +320,9 @@ def _plot(path: Path, truth: torch.Tensor, pictures: list[tuple[str, torch.Tenso
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [("true", truth), *pictures]
     classes = truth.shape[0]
-    fig, axes = plt.subplots(len(rows), classes, figsize=(classes * 0.9, len(rows) * 1.0), dpi=100, squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows), classes, figsize=(classes * 0.9, len(rows) * 1.0), dpi=100, squeeze=False
+    )
     for r, (label, images) in enumerate(rows):
         for c in range(classes):
             axis = axes[r][c]

@@ -54,7 +54,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_RECORD_CANARIES", "OBSERVERS", "method_scope", "run_method_audit"]
 
-DEFAULT_RECORD_CANARIES = 50  # per client: D = clients x m marker columns, each record that much wider
+DEFAULT_RECORD_CANARIES = (
+    50  # per client: D = clients x m marker columns, each record that much wider
+)
 OBSERVERS = {"messages": "neighbour messages", "final": "final models"}
 CANARY_KIND = "input records with probe twins"
 REPLAYS = "post-processing and record-isolation replays"
@@ -65,8 +67,14 @@ def method_scope(observer: str) -> str:
     return f"method-level: observer {OBSERVERS[observer]}, canaries: {CANARY_KIND}; {REPLAYS}"
 
 
-def _check_inputs(config: RunConfig, runs: int, canaries_per_client: int | None, confidence: float, observer: str,
-                  bound: str) -> None:
+def _check_inputs(
+    config: RunConfig,
+    runs: int,
+    canaries_per_client: int | None,
+    confidence: float,
+    observer: str,
+    bound: str,
+) -> None:
     check_audit_inputs(runs, canaries_per_client, confidence, bound)
     if observer not in OBSERVERS:
         raise UsageError(f"--observer must be one of {', '.join(OBSERVERS)}, got '{observer}'")
@@ -96,8 +104,8 @@ def run_method_audit(
     plant faults there: clipping removed, sampling above the claimed rate). Tracking
     and `plot` as `run_audit`.
     """
+    from p4bench.host.manager import Registry, create_plugin_manager
     from p4bench.models import LinearSoftmax
-    from p4bench.plugin_manager import Registry, create_plugin_manager
     from p4bench.run.runner import resolve_run_config, run
 
     started, cpu = time.perf_counter(), time.process_time()
@@ -107,8 +115,10 @@ def run_method_audit(
     _check_inputs(config, runs, canaries_per_client, confidence, observer, bound)
     model_cls = registry.get("model", config.model)
     if not issubclass(model_cls, LinearSoftmax):
-        raise IncompatibleError(f"the method-level audit reads canaries from a linear model's marker columns; "
-                                f"model '{config.model}' is not one (use --model linear on flat features)")
+        raise IncompatibleError(
+            f"the method-level audit reads canaries from a linear model's marker columns; "
+            f"model '{config.model}' is not one (use --model linear on flat features)"
+        )
     method_cls: type[Method] = registry.get("method", config.method)
     neighbouring = config.neighbouring or method_cls.default_neighbouring
     per_client = canaries_per_client or DEFAULT_RECORD_CANARIES
@@ -118,9 +128,14 @@ def run_method_audit(
         state: dict[str, Any] = {}
 
         def transform(
-            data: FederatedData, public: PublicData | None, state: dict[str, Any] = state, seed: int = run_config.seed
+            data: FederatedData,
+            public: PublicData | None,
+            state: dict[str, Any] = state,
+            seed: int = run_config.seed,
         ) -> tuple[FederatedData, PublicData | None]:
-            canaries = RecordCanaries(data.num_clients, per_client, data.num_classes, seed, config.clip, neighbouring)
+            canaries = RecordCanaries(
+                data.num_clients, per_client, data.num_classes, seed, config.clip, neighbouring
+            )
             state["canaries"] = canaries
             return canaries.transform(data, public)
 
@@ -128,8 +143,10 @@ def run_method_audit(
             canaries: RecordCanaries = state["canaries"]
             params = prepared.job.method.initial_params()
             if sorted(params) != ["bias", "weight"]:
-                raise IncompatibleError(f"the method-level audit expects a linear model's bias and weight, the method "
-                                        f"trains {sorted(params)}")
+                raise IncompatibleError(
+                    f"the method-level audit expects a linear model's bias and weight, the method "
+                    f"trains {sorted(params)}"
+                )
             own, reference = canaries.parameter_index(prepared.job.data.num_classes)
             state.update(own=own, reference=reference, ledger=prepared.ledger)
             if observer == "messages":
@@ -137,26 +154,43 @@ def run_method_audit(
                 state["scorer"] = scorer
                 network = getattr(prepared.runtime, "network", None)
                 if network is None:
-                    raise IncompatibleError(f"runtime '{prepared.config.runtime}' has no network the audit can observe")
-                prepared.runtime.network = lambda: ObservedNetwork(network(), lambda *sent: scorer.add(sent[-1]))
+                    raise IncompatibleError(
+                        f"runtime '{prepared.config.runtime}' has no network the audit can observe"
+                    )
+                prepared.runtime.network = lambda: ObservedNetwork(
+                    network(), lambda *sent: scorer.add(sent[-1])
+                )
             if wrap_mechanism is not None:
                 existing = prepared.job.wrap_mechanism
                 prepared.job.wrap_mechanism = (
-                    wrap_mechanism if existing is None else (lambda mechanism: existing(wrap_mechanism(mechanism))))
+                    wrap_mechanism
+                    if existing is None
+                    else (lambda mechanism: existing(wrap_mechanism(mechanism)))
+                )
 
-        result = run(run_config, observers=observers, plugin_manager=plugin_manager, track=track,
-                     on_prepared=on_prepared, data_transform=transform)
+        result = run(
+            run_config,
+            observers=observers,
+            plugin_manager=plugin_manager,
+            track=track,
+            on_prepared=on_prepared,
+            data_transform=transform,
+        )
         canaries, ledger = state["canaries"], state["ledger"]
         if observer == "messages":
             scorer = state["scorer"]
             if not bool((scorer.messages > 0).any()):
-                raise IncompatibleError(f"method '{config.method}': no client sent a model, update or gradient the "
-                                        f"audit could read; try --observer final")
+                raise IncompatibleError(
+                    f"method '{config.method}': no client sent a model, update or gradient the "
+                    f"audit could read; try --observer final"
+                )
             trial_scores = scorer.scores.numpy()
             kinds |= scorer.kinds
         else:
             final = _vectors(result.outcome.final_params)
-            trial_scores = canary_values(final, torch.from_numpy(state["own"]), torch.from_numpy(state["reference"])).numpy()
+            trial_scores = canary_values(
+                final, torch.from_numpy(state["own"]), torch.from_numpy(state["reference"])
+            ).numpy()
         claimed = float(result.summary["epsilon"])
         # the clients whose own epsilon is within the claim (the reported ones at least)
         chosen = ledger.epsilons() <= claimed * (1 + 1e-9) + 1e-12
@@ -175,22 +209,44 @@ def run_method_audit(
     behaviour = run_check(config, run, plugin_manager).as_dict()
     all_scores, all_included = np.concatenate(scores), np.concatenate(included)
     if not np.isfinite(all_scores).all():
-        raise IncompatibleError(f"method '{config.method}': canary scores are not finite (the model diverged)")
-    figures = audit_bound(all_scores, all_included, delta=max(deltas), confidence=confidence, bound=bound,
-                          seed=config.seed)
+        raise IncompatibleError(
+            f"method '{config.method}': canary scores are not finite (the model diverged)"
+        )
+    figures = audit_bound(
+        all_scores,
+        all_included,
+        delta=max(deltas),
+        confidence=confidence,
+        bound=bound,
+        seed=config.seed,
+    )
     flags = [s.get("epsilon_certified") for s in summaries]
     certified = None if any(f is None for f in flags) else all(bool(f) for f in flags)
     last = summaries[-1]
     notes = [f"the observer read {', '.join(sorted(kinds))} from the messages"] if kinds else []
     audit = AuditResult(
-        config=config, bound=figures, claimed_epsilon=max(claims), certified=certified,
-        accountant=str(last.get("accountant")), neighbouring=str(last.get("neighbouring")), runs=runs,
-        canaries_per_client=per_client, scores=all_scores, included=all_included, summaries=summaries, notes=notes,
-        level="method", observer=observer, scope=method_scope(observer), behaviour=behaviour,
+        config=config,
+        bound=figures,
+        claimed_epsilon=max(claims),
+        certified=certified,
+        accountant=str(last.get("accountant")),
+        neighbouring=str(last.get("neighbouring")),
+        runs=runs,
+        canaries_per_client=per_client,
+        scores=all_scores,
+        included=all_included,
+        summaries=summaries,
+        notes=notes,
+        level="method",
+        observer=observer,
+        scope=method_scope(observer),
+        behaviour=behaviour,
     )
     return finish_audit(audit, last, track=track, plot=plot, started=started, cpu=cpu)
 
 
 def _vectors(params: dict[str, torch.Tensor]) -> torch.Tensor:
     """(M, P) every client's deployed model in `vectorize` order."""
-    return torch.cat([params[k].detach().cpu().reshape(len(params[k]), -1) for k in sorted(params)], dim=1)
+    return torch.cat(
+        [params[k].detach().cpu().reshape(len(params[k]), -1) for k in sorted(params)], dim=1
+    )

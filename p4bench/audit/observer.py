@@ -30,10 +30,15 @@ from p4bench.errors import IncompatibleError
 
 __all__ = ["MessageScores", "canary_values"]
 
-PREFIXES = (UPDATE_PREFIX, MODEL_PREFIX)  # a model, update or gradient (`update.*`), a model to use as is (`model.*`)
+PREFIXES = (
+    UPDATE_PREFIX,
+    MODEL_PREFIX,
+)  # a model, update or gradient (`update.*`), a model to use as is (`model.*`)
 
 
-def canary_values(vectors: torch.Tensor, own: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+def canary_values(
+    vectors: torch.Tensor, own: torch.Tensor, reference: torch.Tensor
+) -> torch.Tensor:
     """(n, m) W[c, j] - ref of each row's canaries: `vectors` (n, P) flat models,
     `own` (n, m) and `reference` (n, m, R) flat indices."""
     values = vectors.to(torch.float64)
@@ -45,28 +50,39 @@ def canary_values(vectors: torch.Tensor, own: torch.Tensor, reference: torch.Ten
 class MessageScores:
     """Per-canary scores summed over the messages each client sends (not to itself)."""
 
-    def __init__(self, own: np.ndarray, reference: np.ndarray, params: Mapping[str, torch.Tensor]) -> None:
+    def __init__(
+        self, own: np.ndarray, reference: np.ndarray, params: Mapping[str, torch.Tensor]
+    ) -> None:
         self.own = torch.from_numpy(own)  # (M, m)
         self.reference = torch.from_numpy(reference)  # (M, m, R)
         self.names = sorted(params)
         self.size = sum(int(v.numel()) for v in params.values())
         self.shapes = {k: tuple(v.shape) for k, v in params.items()}
         self.scores = torch.zeros(self.own.shape, dtype=torch.float64)
-        self.messages = torch.zeros(self.own.shape[0], dtype=torch.int64)  # scored messages per client
+        self.messages = torch.zeros(
+            self.own.shape[0], dtype=torch.int64
+        )  # scored messages per client
         self.kinds: set[str] = set()
 
-    def _vectors(self, payload: Mapping[str, torch.Tensor]) -> list[tuple[torch.Tensor, float, str]]:
+    def _vectors(
+        self, payload: Mapping[str, torch.Tensor]
+    ) -> list[tuple[torch.Tensor, float, str]]:
         """(n, P) flat models of the payload, each with its sign and a description."""
         found = []
         for prefix in PREFIXES:
             found += self._prefixed(payload, prefix)
         return found
 
-    def _prefixed(self, payload: Mapping[str, torch.Tensor], prefix: str) -> list[tuple[torch.Tensor, float, str]]:
+    def _prefixed(
+        self, payload: Mapping[str, torch.Tensor], prefix: str
+    ) -> list[tuple[torch.Tensor, float, str]]:
         keys = prefixed_keys(payload, prefix)
-        names = [k[len(prefix):] for k in keys]
+        names = [k[len(prefix) :] for k in keys]
         if sorted(names) == self.names:
-            parts = [payload[prefix + name].reshape(len(payload[prefix + name]), -1) for name in self.names]
+            parts = [
+                payload[prefix + name].reshape(len(payload[prefix + name]), -1)
+                for name in self.names
+            ]
             return [(torch.cat(parts, dim=1), 1.0, "parameters")]
         found = []
         for key in keys:
@@ -77,8 +93,14 @@ class MessageScores:
                     f"the method-level audit reads models, updates or gradients from messages; payload entry '{key}' "
                     f"holds {width} values per message, the model has {self.size} parameters ({', '.join(self.names)})"
                 )
-            gradient = "gradient" in key[len(prefix):]
-            found.append((value.reshape(len(value), -1), -1.0 if gradient else 1.0, "gradients" if gradient else "models"))
+            gradient = "gradient" in key[len(prefix) :]
+            found.append(
+                (
+                    value.reshape(len(value), -1),
+                    -1.0 if gradient else 1.0,
+                    "gradients" if gradient else "models",
+                )
+            )
         return found
 
     def add(self, messages: Messages) -> None:
@@ -94,7 +116,9 @@ class MessageScores:
         picked = messages.select(chosen.nonzero().squeeze(1).to(messages.src.device))
         senders = src[chosen]
         for vectors, sign, kind in self._vectors(picked.payload):
-            values = canary_values(vectors.detach().cpu(), self.own[senders], self.reference[senders])
+            values = canary_values(
+                vectors.detach().cpu(), self.own[senders], self.reference[senders]
+            )
             self.scores.index_add_(0, senders, sign * values)
             self.kinds.add(kind)
         self.messages.index_add_(0, senders, torch.ones_like(senders))

@@ -49,8 +49,18 @@ from scipy.stats import beta, binom
 from p4bench.audit.stats import AuditBound
 
 __all__ = [
-    "ANALYSES", "BOUNDS", "audit_bound", "GuessRule", "fdp_rejects", "guess_grid", "one_run_bound", "one_run_ceiling", "one_run_epsilon",
-    "one_run_runs_to_reach", "pure_epsilon", "steinke_p_value",
+    "ANALYSES",
+    "BOUNDS",
+    "audit_bound",
+    "GuessRule",
+    "fdp_rejects",
+    "guess_grid",
+    "one_run_bound",
+    "one_run_ceiling",
+    "one_run_epsilon",
+    "one_run_runs_to_reach",
+    "pure_epsilon",
+    "steinke_p_value",
 ]
 
 ANALYSES = ("fdp", "steinke")
@@ -84,7 +94,9 @@ def guess_grid(m: int) -> list[GuessRule]:
     (a fixed m/2 would be wrong on the imbalance). It carries half of alpha: a claim of
     8 needs about 15,000 correct guesses at alpha / 2. The others carry a tenth each.
     """
-    top = max(0, math.floor(m / 2 - 1.5 * math.sqrt(m)), math.floor(0.25 * m))  # the largest, also at small m
+    top = max(
+        0, math.floor(m / 2 - 1.5 * math.sqrt(m)), math.floor(0.25 * m)
+    )  # the largest, also at small m
     rules = [GuessRule(top, top, 0.5)]
     for k_in, k_out in ((0.25, 0.25), (0.1, 0.1), (0.03, 0.03), (0.1, 0.0), (0.01, 0.0)):
         rules.append(GuessRule(math.floor(k_in * m), math.floor(k_out * m), 0.1))
@@ -106,7 +118,9 @@ def steinke_p_value(m: int, guesses: int, correct: int, eps: float, delta: float
     return min(tail + 2.0 * m * delta * worst, 1.0)
 
 
-def fdp_rejects(m: int, guesses: int, correct: int, eps: float, delta: float, significance: float) -> bool:
+def fdp_rejects(
+    m: int, guesses: int, correct: int, eps: float, delta: float, significance: float
+) -> bool:
     """Whether `correct` right of `guesses` (m canaries) refutes (eps, delta)-DP at level
     `significance` (Mahloujifar et al.'s recursion on the (eps, delta) tradeoff curve).
 
@@ -145,7 +159,9 @@ def pure_epsilon(guesses: int, correct: int, significance: float) -> float:
     return max(0.0, float(logit(accuracy))) if accuracy > 0.5 else 0.0
 
 
-def _rejects(m: int, guesses: int, correct: int, eps: float, delta: float, significance: float, analysis: str) -> bool:
+def _rejects(
+    m: int, guesses: int, correct: int, eps: float, delta: float, significance: float, analysis: str
+) -> bool:
     if analysis == "fdp":
         return fdp_rejects(m, guesses, correct, eps, delta, significance)
     if analysis == "steinke":
@@ -153,8 +169,9 @@ def _rejects(m: int, guesses: int, correct: int, eps: float, delta: float, signi
     raise ValueError(f"analysis must be one of {', '.join(ANALYSES)}, got '{analysis}'")
 
 
-def one_run_epsilon(m: int, guesses: int, correct: int, delta: float, significance: float,
-                    analysis: str = "fdp") -> float:
+def one_run_epsilon(
+    m: int, guesses: int, correct: int, delta: float, significance: float, analysis: str = "fdp"
+) -> float:
     """The largest eps whose (eps, delta) claim this count refutes at `significance`
     (0 if none): a bisection, the test being monotone in eps."""
     high = min(pure_epsilon(guesses, correct, significance), _EPS_MAX)
@@ -176,12 +193,25 @@ def one_run_ceiling(m: int, delta: float, confidence: float, analysis: str = "fd
     """The bound of a perfect separation of m canaries: every guess right, at the best
     rule of the grid (the largest: the others guess fewer at a smaller level)."""
     alpha = 1.0 - confidence
-    return max((one_run_epsilon(m, rule.guesses, rule.guesses, delta, alpha * rule.weight, analysis)
-                for rule in guess_grid(m) if rule.guesses > 0), default=0.0)
+    return max(
+        (
+            one_run_epsilon(m, rule.guesses, rule.guesses, delta, alpha * rule.weight, analysis)
+            for rule in guess_grid(m)
+            if rule.guesses > 0
+        ),
+        default=0.0,
+    )
 
 
-def one_run_runs_to_reach(claim: float, canaries: int, runs: int, delta: float, confidence: float,
-                          analysis: str = "fdp", limit: int = 100_000) -> int | None:
+def one_run_runs_to_reach(
+    claim: float,
+    canaries: int,
+    runs: int,
+    delta: float,
+    confidence: float,
+    analysis: str = "fdp",
+    limit: int = 100_000,
+) -> int | None:
     """How many runs of this size (canaries pooled: `canaries` in `runs` runs) lift the
     ceiling above `claim`, or None beyond `limit` runs or `MAX_CANARIES` canaries
     (Steinke et al.'s ceiling falls with m at digits' delta: there, none does)."""
@@ -193,11 +223,15 @@ def one_run_runs_to_reach(claim: float, canaries: int, runs: int, delta: float, 
         m = int(per_run * n)
         top = guess_grid(m)[0]
         significance = (1.0 - confidence) * top.weight
-        return top.guesses > 0 and _rejects(m, top.guesses, top.guesses, claim, delta, significance, analysis)
+        return top.guesses > 0 and _rejects(
+            m, top.guesses, top.guesses, claim, delta, significance, analysis
+        )
 
     # the pure (delta = 0) bound needs k >= log(1 / alpha) (1 + e^claim) right guesses: a start from below
     alpha = (1.0 - confidence) * guess_grid(10_000)[0].weight
-    low = max(runs, math.floor(math.log(1.0 / alpha) * (1.0 + math.exp(min(claim, 50.0))) / per_run) - 1)
+    low = max(
+        runs, math.floor(math.log(1.0 / alpha) * (1.0 + math.exp(min(claim, 50.0))) / per_run) - 1
+    )
     high = max(low, runs)
     while not lifts(high):
         low, high = high, high * 2
@@ -212,8 +246,14 @@ def one_run_runs_to_reach(claim: float, canaries: int, runs: int, delta: float, 
     return high if lifts(high) and high <= limit else None
 
 
-def one_run_bound(scores: npt.ArrayLike, included: npt.ArrayLike, *, delta: float, confidence: float = 0.95,
-                  analysis: str = "fdp") -> AuditBound:
+def one_run_bound(
+    scores: npt.ArrayLike,
+    included: npt.ArrayLike,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    analysis: str = "fdp",
+) -> AuditBound:
     """The one-run lower bound on epsilon from canary `scores` (larger: "more likely
     in") and their true bits: the best rule of `guess_grid`, each at its share of
     alpha = 1 - confidence. Ties are ordered by position (independent of the bits)."""
@@ -229,7 +269,10 @@ def one_run_bound(scores: npt.ArrayLike, included: npt.ArrayLike, *, delta: floa
     alpha = 1.0 - confidence
     order = np.argsort(-values, kind="stable")
     ranked, bits = values[order], labels[order]
-    right_in, right_out = np.r_[0, np.cumsum(bits)], np.r_[0, np.cumsum(~bits[::-1])]  # from the top / bottom
+    right_in, right_out = (
+        np.r_[0, np.cumsum(bits)],
+        np.r_[0, np.cumsum(~bits[::-1])],
+    )  # from the top / bottom
 
     best, chosen = 0.0, GuessRule(0, 0, 0.0)
     for rule in guess_grid(m):
@@ -248,21 +291,44 @@ def one_run_bound(scores: npt.ArrayLike, included: npt.ArrayLike, *, delta: floa
     positives = int(labels.sum())
     true_in = int(right_in[chosen.k_in])
     true_out = int(right_out[chosen.k_out])
-    separated = bool(positives in (0, m) or ranked[positives - 1] > ranked[positives]) and bool(bits[:positives].all())
+    separated = bool(positives in (0, m) or ranked[positives - 1] > ranked[positives]) and bool(
+        bits[:positives].all()
+    )
     return AuditBound(
-        epsilon_lower=best, confidence=confidence, delta=float(delta), direction="one-run",
+        epsilon_lower=best,
+        confidence=confidence,
+        delta=float(delta),
+        direction="one-run",
         threshold=float(ranked[chosen.k_in - 1]) if chosen.k_in else math.inf,
-        tpr_lower=math.nan, fpr_upper=math.nan, true_positives=true_in, positives=positives,
-        false_positives=chosen.k_in - true_in, negatives=m - positives, trials=m, selection_trials=0,
-        ceiling=one_run_ceiling(m, delta, confidence, analysis), bound="one-run", analysis=analysis,
-        guesses_in=chosen.k_in, guesses_out=chosen.k_out, correct=true_in + true_out,
-        threshold_out=float(ranked[m - chosen.k_out]) if chosen.k_out else -math.inf, separated=separated,
+        tpr_lower=math.nan,
+        fpr_upper=math.nan,
+        true_positives=true_in,
+        positives=positives,
+        false_positives=chosen.k_in - true_in,
+        negatives=m - positives,
+        trials=m,
+        selection_trials=0,
+        ceiling=one_run_ceiling(m, delta, confidence, analysis),
+        bound="one-run",
+        analysis=analysis,
+        guesses_in=chosen.k_in,
+        guesses_out=chosen.k_out,
+        correct=true_in + true_out,
+        threshold_out=float(ranked[m - chosen.k_out]) if chosen.k_out else -math.inf,
+        separated=separated,
         significance=alpha * chosen.weight,
     )
 
 
-def audit_bound(scores: npt.ArrayLike, included: npt.ArrayLike, *, delta: float, confidence: float, bound: str,
-                seed: int = 0) -> AuditBound:
+def audit_bound(
+    scores: npt.ArrayLike,
+    included: npt.ArrayLike,
+    *,
+    delta: float,
+    confidence: float,
+    bound: str,
+    seed: int = 0,
+) -> AuditBound:
     """The lower bound named by `bound` (a key of `BOUNDS`): "one-run" (`one_run_bound`,
     analysis fdp), "steinke" (the same game, Steinke et al.'s p-value) or "multi-run"
     (`p4bench.audit.stats.empirical_epsilon`: Jagielski et al., test chosen on half the

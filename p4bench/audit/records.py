@@ -43,11 +43,22 @@ PROBE_SCALE = 0.5  # a probe's marker value, relative to v
 class RecordCanaries:
     """The canaries of one run (`m` per client) and the data transform that plants them."""
 
-    def __init__(self, num_clients: int, per_client: int, num_classes: int, seed: int, clip: float,
-                 neighbouring: str, probes: int = PROBES, probe_scale: float = PROBE_SCALE) -> None:
+    def __init__(
+        self,
+        num_clients: int,
+        per_client: int,
+        num_classes: int,
+        seed: int,
+        clip: float,
+        neighbouring: str,
+        probes: int = PROBES,
+        probe_scale: float = PROBE_SCALE,
+    ) -> None:
         if num_classes < 3:
-            raise IncompatibleError(f"the method-level audit needs at least 3 classes (canary, replacement and probe "
-                                    f"labels), the data set has {num_classes}")
+            raise IncompatibleError(
+                f"the method-level audit needs at least 3 classes (canary, replacement and probe "
+                f"labels), the data set has {num_classes}"
+            )
         self.num_clients, self.per_client, self.num_classes = num_clients, per_client, num_classes
         self.neighbouring = neighbouring
         self.value = MARKER_SCALE * float(clip)
@@ -58,7 +69,9 @@ class RecordCanaries:
         # three distinct labels per canary: c (canary), c' (replacement), l (probe)
         labels = np.argsort(rng.random((*shape, num_classes)), axis=-1)[..., :3]
         self.label, self.other, self.probe = labels[..., 0], labels[..., 1], labels[..., 2]
-        self.columns = np.arange(num_clients * per_client).reshape(shape)  # marker column of canary (i, k)
+        self.columns = np.arange(num_clients * per_client).reshape(
+            shape
+        )  # marker column of canary (i, k)
         self.base_features = 0  # the real features' width, set by `transform`
 
     @property
@@ -66,11 +79,15 @@ class RecordCanaries:
         """D, the marker columns appended to every record."""
         return self.num_clients * self.per_client
 
-    def transform(self, data: FederatedData, public: PublicData | None) -> tuple[FederatedData, PublicData | None]:
+    def transform(
+        self, data: FederatedData, public: PublicData | None
+    ) -> tuple[FederatedData, PublicData | None]:
         """`runner.prepare`'s data transform: markers appended to every record, the canary
         (or its replacement) and its probe appended to the client's training records."""
         if data.num_clients != self.num_clients or data.num_classes != self.num_classes:
-            raise IncompatibleError("the canaries were drawn for another number of clients or classes")
+            raise IncompatibleError(
+                "the canaries were drawn for another number of clients or classes"
+            )
         # the linear model flattens its input: the markers go after the flattened features
         self.base_features = int(np.prod(data.feature_shape))
         width = self.base_features + self.markers
@@ -82,7 +99,9 @@ class RecordCanaries:
 
     def _with_canaries(self, train: ClientTensors, width: int) -> ClientTensors:
         m = self.per_client
-        kept = self.included | (self.neighbouring == "replace-one")  # records in client i's data, besides probes
+        kept = self.included | (
+            self.neighbouring == "replace-one"
+        )  # records in client i's data, besides probes
         extra = kept.sum(1) + m * self.probes
         n = train.n + torch.from_numpy(extra)
         size = int(n.max())
@@ -95,10 +114,14 @@ class RecordCanaries:
             chosen = np.flatnonzero(kept[i])
             label = np.where(self.included[i, chosen], self.label[i, chosen], self.other[i, chosen])
             probes = np.repeat(self.columns[i], self.probes)
-            columns = np.r_[self.columns[i, chosen], probes]  # canaries (or replacements), then probes
+            columns = np.r_[
+                self.columns[i, chosen], probes
+            ]  # canaries (or replacements), then probes
             labels = np.r_[label, np.repeat(self.probe[i], self.probes)]
             rows = torch.arange(start, start + len(columns))
-            values = torch.tensor([self.value] * len(chosen) + [self.probe_value] * len(probes), dtype=x.dtype)
+            values = torch.tensor(
+                [self.value] * len(chosen) + [self.probe_value] * len(probes), dtype=x.dtype
+            )
             x[i, rows, torch.from_numpy(self.base_features + columns)] = values
             y[i, rows] = torch.from_numpy(labels.astype(np.int64))
         return ClientTensors(x, y, n)

@@ -43,18 +43,35 @@ def plot_scores(audit: AuditResult, path: Path) -> Path:
             lines.append((bound.threshold_out, f"guess out at or below ({bound.guesses_out})"))
     elif np.isfinite(bound.threshold):
         side, guess = bound.direction.split("-")
-        lines.append((bound.threshold, f"threshold ({guess} if score {'>=' if side == 'high' else '<='})"))
+        lines.append(
+            (bound.threshold, f"threshold ({guess} if score {'>=' if side == 'high' else '<='})")
+        )
     for value, _ in lines:
         low, high = min(low, value), max(high, value)
     bins = np.linspace(low, high if high > low else low + 1.0, 61).tolist()
     fig, axis = plt.subplots(figsize=(6.5, 3.8), dpi=100)
-    axis.hist(scores[~included], bins=bins, alpha=0.55, label=f"out ({int((~included).sum())})", color="tab:blue")
-    axis.hist(scores[included], bins=bins, alpha=0.55, label=f"in ({int(included.sum())})", color="tab:red")
+    axis.hist(
+        scores[~included],
+        bins=bins,
+        alpha=0.55,
+        label=f"out ({int((~included).sum())})",
+        color="tab:blue",
+    )
+    axis.hist(
+        scores[included],
+        bins=bins,
+        alpha=0.55,
+        label=f"in ({int(included.sum())})",
+        color="tab:red",
+    )
     for (value, label), style in zip(lines, ("--", ":")):
         axis.axvline(value, color="black", linestyle=style, linewidth=1, label=label)
     axis.set_yscale("log")
-    axis.set_xlabel("canary score (log-likelihood ratio, summed over releases)" if audit.level == "mechanism" else
-                    "canary score (W[c, j] - reference, summed over what the observer saw)")
+    axis.set_xlabel(
+        "canary score (log-likelihood ratio, summed over releases)"
+        if audit.level == "mechanism"
+        else "canary score (W[c, j] - reference, summed over what the observer saw)"
+    )
     axis.set_ylabel("canaries")
     axis.set_title(
         f"{audit.config.method} on {audit.config.dataset}: eps >= {bound.epsilon_lower:.2f} ({bound.bound}, ceiling "
@@ -71,9 +88,15 @@ def plot_scores(audit: AuditResult, path: Path) -> Path:
 
 def log_audit(audit: AuditResult) -> str | None:
     """Add the audit to every tracked run it trained; the error text, or None."""
-    tracked = [s for s in audit.summaries if s.get("tracked") and s.get("run_id") and s.get("tracking_uri")]
+    tracked = [
+        s for s in audit.summaries if s.get("tracked") and s.get("run_id") and s.get("tracking_uri")
+    ]
     if not tracked:
-        return None if all(not s.get("tracked") for s in audit.summaries) else "runs were not tracked in MLflow"
+        return (
+            None
+            if all(not s.get("tracked") for s in audit.summaries)
+            else "runs were not tracked in MLflow"
+        )
     try:
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
@@ -111,7 +134,9 @@ def log_audit(audit: AuditResult) -> str | None:
             run_id = summary["run_id"]
             client.log_batch(
                 run_id,
-                metrics=[Metric(k, float(v), stamp, 0) for k, v in metrics.items() if np.isfinite(v)],
+                metrics=[
+                    Metric(k, float(v), stamp, 0) for k, v in metrics.items() if np.isfinite(v)
+                ],
                 params=[Param(k, v) for k, v in params.items()],
                 tags=[RunTag(k, v) for k, v in tags.items()],
             )

@@ -98,9 +98,17 @@ class AuditResult:
         if b.bound == "one-run":
             from p4bench.audit.one_run import one_run_runs_to_reach
 
-            return one_run_runs_to_reach(self.claimed_epsilon, b.trials, self.runs, b.delta, b.confidence,
-                                         b.analysis or "fdp")
-        return runs_to_reach(self.claimed_epsilon, b.positives, b.negatives, b.delta, b.confidence, self.runs)
+            return one_run_runs_to_reach(
+                self.claimed_epsilon,
+                b.trials,
+                self.runs,
+                b.delta,
+                b.confidence,
+                b.analysis or "fdp",
+            )
+        return runs_to_reach(
+            self.claimed_epsilon, b.positives, b.negatives, b.delta, b.confidence, self.runs
+        )
 
     @property
     def claim_label(self) -> str:
@@ -111,16 +119,21 @@ class AuditResult:
         b = self.bound
         perfectly = "canaries separated perfectly (the bound is at its ceiling)"
         if self.exceeds:
-            return (f"refuted: the lower bound {b.epsilon_lower:.2f} exceeds the claimed {self.claimed_epsilon:.2f}, so "
-                    f"the claim fails" + (f"; {perfectly}" if self.separated else ""))
+            return (
+                f"refuted: the lower bound {b.epsilon_lower:.2f} exceeds the claimed {self.claimed_epsilon:.2f}, so "
+                f"the claim fails" + (f"; {perfectly}" if self.separated else "")
+            )
         if self.leaks:
             assert self.behaviour is not None
             findings = "; ".join(self.behaviour.get("findings") or [])
             return f"LEAKS: the replay checks show records outside the ledger ({findings}): the privacy claim does not hold"
         if self.inconclusive:
             needed = self.runs_needed()
-            lift = (f"--runs {needed} would lift the ceiling above the claim" if needed else
-                    "no number of runs up to 100,000 (or 2 million canaries) lifts the ceiling above the claim")
+            lift = (
+                f"--runs {needed} would lift the ceiling above the claim"
+                if needed
+                else "no number of runs up to 100,000 (or 2 million canaries) lifts the ceiling above the claim"
+            )
             head = f"inconclusive, {perfectly}" if self.separated else "inconclusive"
             return f"{head}: this audit cannot refute a claim above {b.ceiling:.2f}; {lift}"
         return f"consistent: the lower bound {b.epsilon_lower:.2f} is below the claim"
@@ -128,7 +141,9 @@ class AuditResult:
     def line(self) -> str:
         b = self.bound
         runs = f"{self.runs} run" + ("s" if self.runs != 1 else "")
-        canaries = f", {self.canaries_per_client} canaries per client" if self.level == "method" else ""
+        canaries = (
+            f", {self.canaries_per_client} canaries per client" if self.level == "method" else ""
+        )
         if b.bound == "one-run":
             name = "one-run (Steinke et al.)" if b.analysis == "steinke" else "one-run (f-DP)"
             counts = f"{b.correct} of {b.guesses} guesses right on {b.trials} canaries in {runs}{canaries}"
@@ -158,7 +173,9 @@ class AuditResult:
             "checked": self.scope,
             "level": self.level,
             "observer": self.observer,
-            "canary_kind": "input records with probe twins" if self.level == "method" else "gradients after clipping",
+            "canary_kind": "input records with probe twins"
+            if self.level == "method"
+            else "gradients after clipping",
             "seconds": self.seconds,
             "cpu_seconds": self.cpu_seconds,
             "runs_needed": self.runs_needed() if self.inconclusive else None,
@@ -170,8 +187,11 @@ class AuditResult:
             "run_ids": [s.get("run_id") for s in self.summaries],
             "noise_multiplier": self.summaries[0].get("noise_multiplier"),
             # NaN (a figure the bound does not define) as null
-            **{k: (None if isinstance(v, float) and math.isnan(v) else v)
-               for k, v in self.bound.as_dict().items() if k != "epsilon_lower"},
+            **{
+                k: (None if isinstance(v, float) and math.isnan(v) else v)
+                for k, v in self.bound.as_dict().items()
+                if k != "epsilon_lower"
+            },
             "guesses": self.bound.guesses,
             "notes": self.notes,
             "behaviour": self.behaviour,

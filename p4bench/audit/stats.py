@@ -21,10 +21,18 @@ import numpy.typing as npt
 import torch
 from scipy.stats import beta
 
-__all__ = ["AuditBound", "clopper_pearson", "empirical_epsilon", "epsilon_from_rates", "release_scores"]
+__all__ = [
+    "AuditBound",
+    "clopper_pearson",
+    "empirical_epsilon",
+    "epsilon_from_rates",
+    "release_scores",
+]
 
 
-def release_scores(x: torch.Tensor, sample_rate: float, mu: float | torch.Tensor, neighbouring: str) -> torch.Tensor:
+def release_scores(
+    x: torch.Tensor, sample_rate: float, mu: float | torch.Tensor, neighbouring: str
+) -> torch.Tensor:
     """Log-likelihood ratio (in vs out) of one release's projections `x` (any shape, in
     units of the claimed noise std) under the subsampled Gaussian mechanism.
 
@@ -45,7 +53,9 @@ def release_scores(x: torch.Tensor, sample_rate: float, mu: float | torch.Tensor
     return score
 
 
-def clopper_pearson(successes: npt.ArrayLike, trials: npt.ArrayLike, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+def clopper_pearson(
+    successes: npt.ArrayLike, trials: npt.ArrayLike, alpha: float
+) -> tuple[np.ndarray, np.ndarray]:
     """One-sided Clopper-Pearson bounds on a binomial proportion: each of (lower, upper)
     holds with probability >= 1 - alpha on its own. Vectorised; n = 0 gives (0, 1)."""
     k = np.asarray(successes, dtype=np.float64)
@@ -56,7 +66,9 @@ def clopper_pearson(successes: npt.ArrayLike, trials: npt.ArrayLike, alpha: floa
     return np.nan_to_num(lower, nan=0.0), np.nan_to_num(upper, nan=1.0)
 
 
-def epsilon_from_rates(tpr_lower: npt.ArrayLike, fpr_upper: npt.ArrayLike, delta: float) -> np.ndarray:
+def epsilon_from_rates(
+    tpr_lower: npt.ArrayLike, fpr_upper: npt.ArrayLike, delta: float
+) -> np.ndarray:
     """max(0, log((TPR_lo - delta) / FPR_hi)); 0 where TPR_lo <= delta."""
     tpr = np.asarray(tpr_lower, dtype=np.float64) - delta
     fpr = np.asarray(fpr_upper, dtype=np.float64)
@@ -95,7 +107,9 @@ class AuditBound:
     negatives: int
     trials: int
     selection_trials: int
-    ceiling: float = math.inf  # the largest bound these trials could show (a perfect test: `epsilon_ceiling`)
+    ceiling: float = (
+        math.inf
+    )  # the largest bound these trials could show (a perfect test: `epsilon_ceiling`)
     bound: str = "multi-run"  # or "one-run"
     analysis: str | None = None  # the one-run analysis: fdp | steinke
     guesses_in: int = 0
@@ -128,8 +142,15 @@ def epsilon_ceiling(positives: int, negatives: int, delta: float, confidence: fl
     return float(epsilon_from_rates(tpr_lower, fpr_upper, delta))
 
 
-def runs_to_reach(claim: float, positives: int, negatives: int, delta: float, confidence: float,
-                  runs: int, limit: int = 100_000) -> int | None:
+def runs_to_reach(
+    claim: float,
+    positives: int,
+    negatives: int,
+    delta: float,
+    confidence: float,
+    runs: int,
+    limit: int = 100_000,
+) -> int | None:
     """How many runs (trials grow with them) lift the ceiling above `claim`, or None
     beyond `limit` runs."""
     if positives <= 0 or negatives <= 0 or runs <= 0:
@@ -153,17 +174,29 @@ def _sweep(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 # test -> (score sign, whether the guess is "out"): the test is sign * score >= sign * threshold
-DIRECTIONS = {"high-in": (1.0, False), "low-out": (-1.0, True), "low-in": (-1.0, False), "high-out": (1.0, True)}
+DIRECTIONS = {
+    "high-in": (1.0, False),
+    "low-out": (-1.0, True),
+    "low-in": (-1.0, False),
+    "high-out": (1.0, True),
+}
 
 
-def _oriented(scores: np.ndarray, labels: np.ndarray, direction: str) -> tuple[np.ndarray, np.ndarray]:
+def _oriented(
+    scores: np.ndarray, labels: np.ndarray, direction: str
+) -> tuple[np.ndarray, np.ndarray]:
     """(sign * scores, positives) so that every test reads "oriented score >= t guesses positive"."""
     sign, out = DIRECTIONS[direction]
     return sign * scores, (~labels if out else labels)
 
 
 def empirical_epsilon(
-    scores: npt.ArrayLike, included: npt.ArrayLike, *, delta: float, confidence: float = 0.95, seed: int = 0
+    scores: npt.ArrayLike,
+    included: npt.ArrayLike,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    seed: int = 0,
 ) -> AuditBound:
     """A (confidence)-level lower bound on epsilon from independent trials.
 
@@ -206,9 +239,18 @@ def empirical_epsilon(
     _, fpr_upper = clopper_pearson(fp, negatives, alpha)
     eps = float(epsilon_from_rates(tpr_lower, fpr_upper, delta))
     return AuditBound(
-        epsilon_lower=eps, confidence=confidence, delta=float(delta), direction=direction,
+        epsilon_lower=eps,
+        confidence=confidence,
+        delta=float(delta),
+        direction=direction,
         threshold=DIRECTIONS[direction][0] * threshold,
-        tpr_lower=float(tpr_lower), fpr_upper=float(fpr_upper), true_positives=tp, positives=positives,
-        false_positives=fp, negatives=negatives, trials=len(scores), selection_trials=half,
+        tpr_lower=float(tpr_lower),
+        fpr_upper=float(fpr_upper),
+        true_positives=tp,
+        positives=positives,
+        false_positives=fp,
+        negatives=negatives,
+        trials=len(scores),
+        selection_trials=half,
         ceiling=epsilon_ceiling(positives, negatives, delta, confidence),
     )

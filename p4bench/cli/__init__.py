@@ -45,7 +45,7 @@ err_console = Console(stderr=True)
 def build_app() -> typer.Typer:
     """The typer app with built-in commands and those plugins add via `register_commands`."""
     from p4bench.cli import check_plugin, describe, listing, run
-    from p4bench.plugin_manager import add_plugin_commands
+    from p4bench.host.manager import add_plugin_commands
 
     app = typer.Typer(
         name="p4bench",
@@ -70,7 +70,7 @@ def _command_source() -> Any:
     commands; then one of the built-ins alone, so that `--help` imports no installed
     plugin (a plugin module may import torch)."""
     from p4bench.cli.plugin_cache import only_builtin_commands
-    from p4bench.plugin_manager import create_plugin_manager, default_built, default_plugin_manager
+    from p4bench.host.manager import create_plugin_manager, default_built, default_plugin_manager
 
     if not default_built() and only_builtin_commands():
         return create_plugin_manager(autoload=False)
@@ -90,6 +90,7 @@ def _one_line_usage_errors() -> None:
     # and `--json true` is then refused as an extra argument)
     shown = typer.core.TyperOption.display_type_rich
     if not getattr(shown, "_p4bench_flags", False):
+
         def display_type_rich(self: Any, ctx: Any) -> str | None:
             return None if getattr(self, "is_flag", False) else shown(self, ctx)
 
@@ -103,8 +104,11 @@ def _say_usage_error(exc: Exception) -> None:
     ctx = getattr(exc, "ctx", None)
     hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
     message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-    err_console.print(f"[bold red]error:[/bold red] {escape(one_line(message))}{escape(hint)}", highlight=False,
-                      soft_wrap=True)
+    err_console.print(
+        f"[bold red]error:[/bold red] {escape(one_line(message))}{escape(hint)}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def version_line() -> str:
@@ -125,8 +129,13 @@ def _print_version(value: bool) -> None:
 
 
 def _root(
-    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
-                                 callback=_print_version),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        help="Print the version and exit.",
+        is_eager=True,
+        callback=_print_version,
+    ),
 ) -> None:
     pass
 
@@ -136,7 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if argv is None:  # the console script: the process ends with the command
         mark_console_script()
-        atexit.register(_skip_exit_collections)  # runs after the exit handlers the command registers
+        atexit.register(
+            _skip_exit_collections
+        )  # runs after the exit handlers the command registers
     if args == ["--version"]:  # answered before the app and its plugins are built: fast
         print(version_line())
         sys.exit(0)
@@ -169,13 +180,22 @@ def show_plugin_deprecations() -> None:
     if getattr(shown, "p4bench", False):
         return
 
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
-             line: str | None = None) -> None:
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
         if not issubclass(category, PluginDeprecationWarning):
             shown(message, category, filename, lineno, file, line)
             return
-        err_console.print(f"[yellow]warning:[/yellow] {escape(str(message))} ({escape(filename)}:{lineno})",
-                          highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[yellow]warning:[/yellow] {escape(str(message))} ({escape(filename)}:{lineno})",
+            highlight=False,
+            soft_wrap=True,
+        )
 
     show.p4bench = True  # type: ignore[attr-defined]
     warnings.showwarning = show
@@ -206,12 +226,18 @@ def _report(exc: Exception) -> None:
         if os.environ.get(TRACEBACK_ENV):
             _print_traceback(exc)
         code = exc.exit_code if isinstance(exc, P4BenchError) else USER_ERROR_EXIT
-        err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True
+        )
         sys.exit(code)
     _print_traceback(exc)
-    err_console.print(f"[bold red]this is a bug in {escape(version_line())}[/bold red] (or in a plugin named in the "
-                      "traceback): please report it with the traceback above and the command you ran, "
-                      f"{escape(_issue_tracker())}", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"[bold red]this is a bug in {escape(version_line())}[/bold red] (or in a plugin named in the "
+        "traceback): please report it with the traceback above and the command you ran, "
+        f"{escape(_issue_tracker())}",
+        highlight=False,
+        soft_wrap=True,
+    )
     sys.exit(BUG_EXIT)
 
 
@@ -259,6 +285,8 @@ def _say_interrupted(exc: KeyboardInterrupt) -> None:
 
     try:
         message = one_line(str(exc)) if type(exc) is not KeyboardInterrupt else ""
-        err_console.print(f"[yellow]{escape(message or 'interrupted')}[/yellow]", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[yellow]{escape(message or 'interrupted')}[/yellow]", highlight=False, soft_wrap=True
+        )
     except KeyboardInterrupt:  # a second Ctrl-C while saying so
         pass

@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from p4bench.cli.run import json_default
 from p4bench.config import parse_key_values, resolve_config
@@ -75,7 +82,11 @@ class RoundProgress:
     @hookimpl
     def run_started(self, run: RunInfo) -> None:
         self.index += 1
-        self.progress.update(self.task, total=run.total_rounds * self.runs, description=f"audit run {self.index}/{self.runs}")
+        self.progress.update(
+            self.task,
+            total=run.total_rounds * self.runs,
+            description=f"audit run {self.index}/{self.runs}",
+        )
 
     @hookimpl
     def round_finished(self, run: RunInfo, report: RoundReport) -> None:
@@ -89,33 +100,75 @@ def audit_command(
     rounds: int | None = typer.Option(None, help="communication rounds T"),
     local_steps: int | None = typer.Option(None, help="local steps K per round"),
     data_rate: float | None = typer.Option(None, help="data sampling ratio s in (0, 1]"),
-    epsilon: float | None = typer.Option(None, help="target epsilon per client (the claim to audit)"),
+    epsilon: float | None = typer.Option(
+        None, help="target epsilon per client (the claim to audit)"
+    ),
     delta: float | None = typer.Option(None, help="target delta (default 1 / training records)"),
-    noise_multiplier: float | None = typer.Option(None, help="DP noise multiplier (default: calibrated from --epsilon)"),
+    noise_multiplier: float | None = typer.Option(
+        None, help="DP noise multiplier (default: calibrated from --epsilon)"
+    ),
     clip: float | None = typer.Option(None, help="DP per-example clipping norm C"),
-    neighbouring: str | None = typer.Option(None, help="add-remove | replace-one (default: the method's)"),
-    accountant: str | None = typer.Option(None, help="privacy accountant: pld (default) | rdp | prv | noble"),
-    seed: int | None = typer.Option(None, help="seed of the first run (runs use seed..seed+runs-1)"),
-    option: list[str] = typer.Option([], "--option", "-o", help="plugin option KEY=VALUE (repeatable)"),
+    neighbouring: str | None = typer.Option(
+        None, help="add-remove | replace-one (default: the method's)"
+    ),
+    accountant: str | None = typer.Option(
+        None, help="privacy accountant: pld (default) | rdp | prv | noble"
+    ),
+    seed: int | None = typer.Option(
+        None, help="seed of the first run (runs use seed..seed+runs-1)"
+    ),
+    option: list[str] = typer.Option(
+        [], "--option", "-o", help="plugin option KEY=VALUE (repeatable)"
+    ),
     runs: int = typer.Option(1, "--runs", help="training runs; their trials are pooled"),
     canaries_per_client: int | None = typer.Option(
-        None, "--canaries-per-client", help="canaries per client (mechanism level: default min(parameters, 1024), at most "
-        "the parameters; method level: default 50)"
+        None,
+        "--canaries-per-client",
+        help="canaries per client (mechanism level: default min(parameters, 1024), at most "
+        "the parameters; method level: default 50)",
     ),
-    level: str = typer.Option("mechanism", "--level", help="mechanism (gradient canaries in the DP mechanism) | method "
-                              "(canary records through the whole method)"),
-    observer: str = typer.Option("messages", "--observer", help="method level: messages (what a curious neighbour or "
-                                 "the server receives) | final (the final deployed models)"),
-    confidence: float = typer.Option(0.95, "--confidence", help="confidence of the lower bound, in (0, 1)"),
-    bound: str = typer.Option("one-run", "--bound", help="one-run (Steinke et al.'s game, f-DP analysis: one run "
-                              "can refute a claim of 8) | steinke (the same game, their p-value) | multi-run "
-                              "(Jagielski et al., Clopper-Pearson)"),
-    plant_fault: str | None = typer.Option(None, "--plant-fault", help="check the audit itself: plant a privacy bug "
-                                           "in the mechanism (" + " | ".join(FAULTS) + "), so the claim is false"),
-    plot: Path | None = typer.Option(None, "--plot", help="PNG of the score distributions (default: in the last run's results folder)"),
-    as_json: bool = typer.Option(False, "--json", help="end with one JSON line holding the figures"),
-    tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
-    experiment: str | None = typer.Option(None, help=f"MLflow experiment name (default {DEFAULT_EXPERIMENT})"),
+    level: str = typer.Option(
+        "mechanism",
+        "--level",
+        help="mechanism (gradient canaries in the DP mechanism) | method "
+        "(canary records through the whole method)",
+    ),
+    observer: str = typer.Option(
+        "messages",
+        "--observer",
+        help="method level: messages (what a curious neighbour or "
+        "the server receives) | final (the final deployed models)",
+    ),
+    confidence: float = typer.Option(
+        0.95, "--confidence", help="confidence of the lower bound, in (0, 1)"
+    ),
+    bound: str = typer.Option(
+        "one-run",
+        "--bound",
+        help="one-run (Steinke et al.'s game, f-DP analysis: one run "
+        "can refute a claim of 8) | steinke (the same game, their p-value) | multi-run "
+        "(Jagielski et al., Clopper-Pearson)",
+    ),
+    plant_fault: str | None = typer.Option(
+        None,
+        "--plant-fault",
+        help="check the audit itself: plant a privacy bug "
+        "in the mechanism (" + " | ".join(FAULTS) + "), so the claim is false",
+    ),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        help="PNG of the score distributions (default: in the last run's results folder)",
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="end with one JSON line holding the figures"
+    ),
+    tracking_uri: str | None = typer.Option(
+        None, help="MLflow tracking URI (default: SQLite in the results dir)"
+    ),
+    experiment: str | None = typer.Option(
+        None, help=f"MLflow experiment name (default {DEFAULT_EXPERIMENT})"
+    ),
     results_dir: str | None = typer.Option(None, help="folder for local copies of results"),
 ) -> None:
     """Empirical privacy audit: an epsilon lower bound from canaries, next to the claimed epsilon."""
@@ -123,14 +176,16 @@ def audit_command(
     from p4bench.audit.method_level import OBSERVERS, run_method_audit
     from p4bench.audit.one_run import BOUNDS
     from p4bench.errors import UsageError
-    from p4bench.plugin_manager import default_plugin_manager
+    from p4bench.host.manager import default_plugin_manager
 
     if level not in ("mechanism", "method"):
         raise UsageError(f"--level must be mechanism or method, got '{level}'")
     if observer not in OBSERVERS:
         raise UsageError(f"--observer must be one of {', '.join(OBSERVERS)}, got '{observer}'")
     if level == "mechanism" and observer != "messages":
-        raise UsageError("--observer applies to --level method (the mechanism level observes the noisy releases)")
+        raise UsageError(
+            "--observer applies to --level method (the mechanism level observes the noisy releases)"
+        )
     if bound not in BOUNDS:
         raise UsageError(f"--bound must be one of {', '.join(BOUNDS)}, got '{bound}'")
     fault = planted_fault(plant_fault)
@@ -138,29 +193,57 @@ def audit_command(
     overrides = {
         k: v
         for k, v in dict(
-            method=method, dataset=dataset, clients=clients, rounds=rounds, local_steps=local_steps, data_rate=data_rate,
-            epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, clip=clip, neighbouring=neighbouring,
-            accountant=accountant, seed=seed, tracking_uri=tracking_uri, experiment=experiment or DEFAULT_EXPERIMENT,
-            results_dir=results_dir, options=parse_key_values(option) or None,
+            method=method,
+            dataset=dataset,
+            clients=clients,
+            rounds=rounds,
+            local_steps=local_steps,
+            data_rate=data_rate,
+            epsilon=epsilon,
+            delta=delta,
+            noise_multiplier=noise_multiplier,
+            clip=clip,
+            neighbouring=neighbouring,
+            accountant=accountant,
+            seed=seed,
+            tracking_uri=tracking_uri,
+            experiment=experiment or DEFAULT_EXPERIMENT,
+            results_dir=results_dir,
+            options=parse_key_values(option) or None,
         ).items()
         if v is not None
     }
     config = resolve_config(overrides=overrides)
     console = Console(stderr=True)
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, transient=True)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
     with progress:
         task = progress.add_task("audit", total=None)
-        common = dict(runs=runs, canaries_per_client=canaries_per_client, confidence=confidence, bound=bound,
-                      wrap_mechanism=fault, observers=[RoundProgress(progress, task, runs)],
-                      plugin_manager=default_plugin_manager(), plot=plot)
+        common = dict(
+            runs=runs,
+            canaries_per_client=canaries_per_client,
+            confidence=confidence,
+            bound=bound,
+            wrap_mechanism=fault,
+            observers=[RoundProgress(progress, task, runs)],
+            plugin_manager=default_plugin_manager(),
+            plot=plot,
+        )
         if level == "method":
             result = run_method_audit(config, observer=observer, **common)  # type: ignore[arg-type]
         else:
             result = run_audit(config, **common)  # type: ignore[arg-type]
     human = Console(stderr=as_json, highlight=False, soft_wrap=True)
     if plant_fault is not None:
-        human.print(f"note: planted fault '{plant_fault}': {FAULTS[plant_fault]} (the claim is false)")
+        human.print(
+            f"note: planted fault '{plant_fault}': {FAULTS[plant_fault]} (the claim is false)"
+        )
     for note in result.notes:
         human.print(f"note: {note}")
     if result.tracking_error:
@@ -175,12 +258,18 @@ def audit_command(
 
 
 def inversion_command(
-    epsilon: list[float] = typer.Option([8.0, 1.0], "--epsilon", help="PDSL's calibrated sigma at these epsilons (T rounds, rate 1)"),
+    epsilon: list[float] = typer.Option(
+        [8.0, 1.0], "--epsilon", help="PDSL's calibrated sigma at these epsilons (T rounds, rate 1)"
+    ),
     rounds: int = typer.Option(30, "--rounds", min=1, help="T, for the calibration"),
     batch: int = typer.Option(11, "--batch", min=1, help="the victim's batch size"),
-    degree: int = typer.Option(20, "--degree", min=1, help="|M_i|: the victim's gradients per release"),
+    degree: int = typer.Option(
+        20, "--degree", min=1, help="|M_i|: the victim's gradients per release"
+    ),
     trials: int = typer.Option(5, "--trials", min=1, help="victim batches per noise level"),
-    plot: str = typer.Option("inversion.png", "--plot", help="PNG of true vs reconstructed class means"),
+    plot: str = typer.Option(
+        "inversion.png", "--plot", help="PNG of true vs reconstructed class means"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
 ) -> None:
     """PDSL's malicious neighbour: send the zero model (`model-probe`), invert the victim's
@@ -188,8 +277,14 @@ def inversion_command(
     and the sigmas PDSL calibrates for each --epsilon."""
     from p4bench.audit.inversion import inversion_experiment
 
-    result = inversion_experiment(epsilons=tuple(epsilon), rounds=rounds, batch_size=batch, degree=degree, trials=trials,
-                                  plot=plot)
+    result = inversion_experiment(
+        epsilons=tuple(epsilon),
+        rounds=rounds,
+        batch_size=batch,
+        degree=degree,
+        trials=trials,
+        plot=plot,
+    )
     for line in result.lines():
         typer.echo(line)
     if as_json:

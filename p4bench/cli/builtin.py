@@ -4,7 +4,7 @@ studies (`sweep`, `tune`, `compare`, `reproduce`). `run` and `list` are the app'
 (`p4bench.cli.build_app`).
 
 Library modules never import command code; this module is listed in
-`p4bench.plugin_manager.BUILTIN_MODULES` instead.
+`p4bench.host.manager.BUILTIN_MODULES` instead.
 """
 
 from __future__ import annotations

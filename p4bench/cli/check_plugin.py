@@ -9,8 +9,12 @@ import typer
 
 
 def check_plugin_command(
-    distribution: str = typer.Argument(..., help="an installed distribution, e.g. p4bench-gossip (see `p4bench list`)"),
-    as_json: bool = typer.Option(False, "--json", help="end with one JSON object: problems and what was checked"),
+    distribution: str = typer.Argument(
+        ..., help="an installed distribution, e.g. p4bench-gossip (see `p4bench list`)"
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="end with one JSON object: problems and what was checked"
+    ),
 ) -> None:
     """Check every plugin of an installed package: loading, registration, the conformance kit
     (methods, attacks, defenses), topologies built with their defaults, deprecated API calls.
@@ -26,8 +30,16 @@ def check_plugin_command(
     verdict = "passes" if report.passed else f"{len(report.problems)} problem(s)"
     typer.echo(f"{report.distribution}: {verdict}")
     if as_json:
-        typer.echo(json.dumps({"distribution": report.distribution, "version": report.version,
-                               "problems": report.problems, "checked": report.checked}))
+        typer.echo(
+            json.dumps(
+                {
+                    "distribution": report.distribution,
+                    "version": report.version,
+                    "problems": report.problems,
+                    "checked": report.checked,
+                }
+            )
+        )
     if not report.passed:
         raise typer.Exit(1)
 

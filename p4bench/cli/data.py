@@ -14,9 +14,11 @@ from rich.console import Console
 from rich.table import Table
 
 from p4bench.errors import DataError, UnknownNameError
-from p4bench.plugin_manager import default_registry
+from p4bench.host.manager import default_registry
 
-if TYPE_CHECKING:  # numpy and the data modules are imported by the commands, not when the CLI is built
+if (
+    TYPE_CHECKING
+):  # numpy and the data modules are imported by the commands, not when the CLI is built
     import numpy as np
 
 __all__ = ["register"]
@@ -31,7 +33,9 @@ def _root(data_dir: Path | None) -> Path:
 
 
 def info_command(
-    name: str | None = typer.Argument(None, help="one dataset: exit 2 with where to put its files if it is missing"),
+    name: str | None = typer.Argument(
+        None, help="one dataset: exit 2 with where to put its files if it is missing"
+    ),
     data_dir: Path | None = typer.Option(None, "--data-dir", help=_DATA_DIR_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -53,7 +57,9 @@ def info_command(
             )
         rows = chosen
     if as_json:
-        typer.echo(json.dumps({"data_dir": str(root), "cache_dir": str(cache_dir()), "datasets": rows}))
+        typer.echo(
+            json.dumps({"data_dir": str(root), "cache_dir": str(cache_dir()), "datasets": rows})
+        )
         return
     table = Table(title=f"datasets in {root}")
     table.add_column("name")
@@ -71,9 +77,13 @@ def info_command(
 
 
 def download_command(
-    name: str = typer.Argument(..., help="dataset name: cifar10, cifar100, mnist, femnist, leaf-femnist"),
+    name: str = typer.Argument(
+        ..., help="dataset name: cifar10, cifar100, mnist, femnist, leaf-femnist"
+    ),
     data_dir: Path | None = typer.Option(None, "--data-dir", help=_DATA_DIR_HELP),
-    force: bool = typer.Option(False, "--force", help="download again even if the files are present"),
+    force: bool = typer.Option(
+        False, "--force", help="download again even if the files are present"
+    ),
 ) -> None:
     """Download, verify (MD5) and unpack a dataset's official files; resumes partial downloads."""
     from p4bench.data.download import download_dataset
@@ -83,15 +93,26 @@ def download_command(
 
 def partition_command(
     dataset: str = typer.Option("digits", help="dataset name (see `p4bench data info`)"),
-    partitioner: str = typer.Option("iid", help="a partitioner plugin: iid | alpha | shards | dirichlet | cbds | natural "
-                                    "(see `p4bench list`)"),
+    partitioner: str = typer.Option(
+        "iid",
+        help="a partitioner plugin: iid | alpha | shards | dirichlet | cbds | natural "
+        "(see `p4bench list`)",
+    ),
     clients: int | None = typer.Option(None, help="number of clients M"),
     samples_per_client: int | None = typer.Option(None, help="samples per client R (train + test)"),
-    similarity: float | None = typer.Option(None, help="alpha partitioner: fraction of IID samples gamma"),
+    similarity: float | None = typer.Option(
+        None, help="alpha partitioner: fraction of IID samples gamma"
+    ),
     seed: int | None = typer.Option(None, help="random seed"),
-    option: list[str] = typer.Option([], "--option", "-o", help="partitioner/dataset option KEY=VALUE (repeatable)"),
-    preset: bool = typer.Option(False, "--preset", help="use the P4 paper's M and R for this dataset unless given"),
-    plot: Path | None = typer.Option(None, "--plot", help="write a client-by-class heatmap PNG here"),
+    option: list[str] = typer.Option(
+        [], "--option", "-o", help="partitioner/dataset option KEY=VALUE (repeatable)"
+    ),
+    preset: bool = typer.Option(
+        False, "--preset", help="use the P4 paper's M and R for this dataset unless given"
+    ),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="write a client-by-class heatmap PNG here"
+    ),
     data_dir: Path | None = typer.Option(None, "--data-dir", help=_DATA_DIR_HELP),
     as_json: bool = typer.Option(False, "--json", help="print per-client class counts as JSON"),
 ) -> None:
@@ -107,8 +128,13 @@ def partition_command(
         if samples_per_client is None:
             samples_per_client = PRESETS[dataset]["samples_per_client"]
     overrides = dict(
-        dataset=dataset, partitioner=partitioner, clients=clients, samples_per_client=samples_per_client,
-        similarity=similarity, seed=seed, options=parse_key_values(option) or None,
+        dataset=dataset,
+        partitioner=partitioner,
+        clients=clients,
+        samples_per_client=samples_per_client,
+        similarity=similarity,
+        seed=seed,
+        options=parse_key_values(option) or None,
     )
     config = resolve_config(None, overrides)
     registry = default_registry()
@@ -117,14 +143,30 @@ def partition_command(
     data = load_dataset(dataset_cls, _root(data_dir), config)
     # The runner's partition stream, so this shows exactly the partition a run would use.
     rng = harness_rng(config.seed, SEED_PARTITION)
-    partition = run_partitioner(partitioner_cls, data, config.clients, config.samples_per_client, rng, config)
+    partition = run_partitioner(
+        partitioner_cls, data, config.clients, config.samples_per_client, rng, config
+    )
     counts = partition_counts(partition, data.pooled_labels(), data.num_classes)
     if as_json:
-        typer.echo(json.dumps({"dataset": config.dataset, "partitioner": config.partitioner, "counts": counts.tolist()}))
+        typer.echo(
+            json.dumps(
+                {
+                    "dataset": config.dataset,
+                    "partitioner": config.partitioner,
+                    "counts": counts.tolist(),
+                }
+            )
+        )
     else:
-        _print_partition(counts, data.class_names, f"{config.partitioner} partition of {config.dataset} (seed {config.seed})")
+        _print_partition(
+            counts,
+            data.class_names,
+            f"{config.partitioner} partition of {config.dataset} (seed {config.seed})",
+        )
     if plot is not None:
-        plot_partition_heatmap(counts, data.class_names, plot, title=f"{config.dataset} / {config.partitioner}")
+        plot_partition_heatmap(
+            counts, data.class_names, plot, title=f"{config.dataset} / {config.partitioner}"
+        )
         Console(stderr=True).print(f"heatmap written to {plot}")
 
 
@@ -150,7 +192,9 @@ def _print_partition(counts: np.ndarray, class_names: tuple[str, ...], title: st
 
 def register(app: typer.Typer) -> None:
     """Add the `data` command group to the p4bench app."""
-    data_app = typer.Typer(name="data", help="Inspect, download and partition datasets.", no_args_is_help=True)
+    data_app = typer.Typer(
+        name="data", help="Inspect, download and partition datasets.", no_args_is_help=True
+    )
     data_app.command("info")(info_command)
     data_app.command("download")(download_command)
     data_app.command("partition")(partition_command)

@@ -13,8 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from p4bench.errors import UsageError
+from p4bench.host.manager import KINDS, Entry, default_registry
 from p4bench.options import declared_options, option_rows
-from p4bench.plugin_manager import KINDS, Entry, default_registry
 
 __all__ = ["capabilities", "describe", "describe_command", "find_entries", "register", "show"]
 
@@ -65,7 +65,9 @@ def capabilities(entry: Entry, registry: Any = None) -> dict[str, Any]:
     if entry.kind in ("attack", "defense") and hasattr(cls, "incompatibility"):
         registry = registry or default_registry()
         methods = registry.entries("method")
-        values["usable_with"] = [m.name for m in methods if cls.incompatibility(m.cls.capabilities) is None]
+        values["usable_with"] = [
+            m.name for m in methods if cls.incompatibility(m.cls.capabilities) is None
+        ]
     return values
 
 
@@ -86,17 +88,29 @@ def _overridden(cls: type) -> set[str]:
 def describe(entry: Entry, registry: Any = None) -> dict[str, Any]:
     """The plugin as a JSON-serialisable mapping."""
     return {
-        "name": entry.name, "kind": entry.kind, "distribution": entry.distribution, "version": entry.version,
-        "class": f"{entry.cls.__module__}.{entry.cls.__qualname__}", "description": entry.description,
+        "name": entry.name,
+        "kind": entry.kind,
+        "distribution": entry.distribution,
+        "version": entry.version,
+        "class": f"{entry.cls.__module__}.{entry.cls.__qualname__}",
+        "description": entry.description,
         "capabilities": capabilities(entry, registry),
-        "options": [{**dict(zip(("name", "type", "default", "allowed", "help"), row)), "paper": option.paper}
-                    for row, option in zip(option_rows(entry.cls), declared_options(entry.cls))],
+        "options": [
+            {
+                **dict(zip(("name", "type", "default", "allowed", "help"), row)),
+                "paper": option.paper,
+            }
+            for row, option in zip(option_rows(entry.cls), declared_options(entry.cls))
+        ],
     }
 
 
 def _print(console: Console, info: dict[str, Any]) -> None:
-    console.print(f"[bold]{escape(info['name'])}[/bold] ({info['kind']}) from {escape(info['distribution'])} "
-                  f"{escape(info['version'])}  [dim]{escape(info['class'])}[/dim]", highlight=False)
+    console.print(
+        f"[bold]{escape(info['name'])}[/bold] ({info['kind']}) from {escape(info['distribution'])} "
+        f"{escape(info['version'])}  [dim]{escape(info['class'])}[/dim]",
+        highlight=False,
+    )
     if info["description"]:
         console.print(escape(info["description"]), highlight=False)
     if info["capabilities"]:
@@ -111,13 +125,27 @@ def _print(console: Console, info: dict[str, Any]) -> None:
     for column in ("name", "type", "default", "allowed", "help"):
         table.add_column(column, overflow="fold")
     for option in info["options"]:
-        default = option["default"] + (f" (paper: {option['paper']})" if option.get("paper") else "")
-        table.add_row(*(escape(text) for text in (option["name"], option["type"], default, option["allowed"],
-                                                  option["help"])))
+        default = option["default"] + (
+            f" (paper: {option['paper']})" if option.get("paper") else ""
+        )
+        table.add_row(
+            *(
+                escape(text)
+                for text in (
+                    option["name"],
+                    option["type"],
+                    default,
+                    option["allowed"],
+                    option["help"],
+                )
+            )
+        )
     console.print(table)
     if any(option.get("paper") for option in info["options"]):
-        console.print("(paper: ...) marks a default that is the paper's own value; the others are the suite's choice",
-                      highlight=False)
+        console.print(
+            "(paper: ...) marks a default that is the paper's own value; the others are the suite's choice",
+            highlight=False,
+        )
 
 
 def describe_command(

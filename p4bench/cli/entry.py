@@ -1,7 +1,7 @@
 """Whether this process is the `p4bench` script itself (its command ends the process).
 
 Some start-up savings only pay where the command owns the process: `run` then starts
-its MLflow writer as a second process (`p4bench.tracking_worker`), which a test or a
+its MLflow writer as a second process (`p4bench.tracking.worker`), which a test or a
 library caller invoking the app in-process (with its own MLflow already imported) does
 not need.
 """

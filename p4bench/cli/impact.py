@@ -14,11 +14,19 @@ __all__ = ["impact_command", "register"]
 
 
 def impact_command(
-    experiment: str, tracking_uri: str | None, results_dir: str, metric: str, plot: Path | None, csv: Path | None, as_json: bool,
+    experiment: str,
+    tracking_uri: str | None,
+    results_dir: str,
+    metric: str,
+    plot: Path | None,
+    csv: Path | None,
+    as_json: bool,
     allow_mixed_privacy: bool = False,
 ) -> None:
     """Adapter behind `p4bench impact`."""
-    from p4bench.tracking import default_tracking_uri  # imports torch: not when the CLI is built
+    from p4bench.tracking.tracker import (
+        default_tracking_uri,
+    )  # imports torch: not when the CLI is built
 
     uri = tracking_uri or default_tracking_uri(results_dir)
     paired, table = compute_impact(experiment, uri, metric, allow_mixed_privacy)
@@ -31,14 +39,25 @@ def impact_command(
     if verdict is not None and verdict.warning:
         typer.echo(f"warning: {verdict.warning}", err=True)
     if as_json:
-        typer.echo(json.dumps({"experiment": experiment, "metric": metric, "plot": str(plot), "unpaired_attacked_runs": missing,
-                               "rows": json.loads(table.to_json(orient="records"))}))
+        typer.echo(
+            json.dumps(
+                {
+                    "experiment": experiment,
+                    "metric": metric,
+                    "plot": str(plot),
+                    "unpaired_attacked_runs": missing,
+                    "rows": json.loads(table.to_json(orient="records")),
+                }
+            )
+        )
         return
     typer.echo(format_table(table))
     if verdict is not None and any(r.private for r in verdict.runs):
         typer.echo(verdict.note())
     if missing:
-        typer.echo(f"{missing} attacked run(s) have no unattacked run of the same config and seed (impact shown as -)")
+        typer.echo(
+            f"{missing} attacked run(s) have no unattacked run of the same config and seed (impact shown as -)"
+        )
     typer.echo(f"bar chart: {plot}")
 
 
@@ -46,20 +65,32 @@ def register(app: typer.Typer) -> None:
     """Add the `impact` command to the p4bench app."""
 
     def impact(
-        experiment: str = typer.Option(..., help="MLflow experiment holding the attacked, unattacked and ideal-defense runs"),
-        tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
-        results_dir: str = typer.Option("p4bench-runs", help="results folder (default store and plot location)"),
+        experiment: str = typer.Option(
+            ..., help="MLflow experiment holding the attacked, unattacked and ideal-defense runs"
+        ),
+        tracking_uri: str | None = typer.Option(
+            None, help="MLflow tracking URI (default: SQLite in the results dir)"
+        ),
+        results_dir: str = typer.Option(
+            "p4bench-runs", help="results folder (default store and plot location)"
+        ),
         metric: str = typer.Option(DEFAULT_METRIC, help="benign-accuracy metric to compare"),
-        plot: Path | None = typer.Option(None, help="PNG for the bar chart (default <results-dir>/impact-<experiment>.png)"),
+        plot: Path | None = typer.Option(
+            None, help="PNG for the bar chart (default <results-dir>/impact-<experiment>.png)"
+        ),
         csv: Path | None = typer.Option(None, help="also write the table as CSV here"),
         as_json: bool = typer.Option(False, "--json", help="print the table as one JSON object"),
         allow_mixed_privacy: bool = typer.Option(
-            False, "--allow-mixed-privacy",
-            help="compare private runs under different neighbouring relations or uncertified epsilons, marked"),
+            False,
+            "--allow-mixed-privacy",
+            help="compare private runs under different neighbouring relations or uncertified epsilons, marked",
+        ),
     ) -> None:
         """Attack impact (no attack - attack) and ideal-defense gap (ideal - defense) per
         method, attack and defense, averaged over seeds, with a bar chart. Private runs must
         share one neighbouring relation and be certified (else exit 2, naming them)."""
-        impact_command(experiment, tracking_uri, results_dir, metric, plot, csv, as_json, allow_mixed_privacy)
+        impact_command(
+            experiment, tracking_uri, results_dir, metric, plot, csv, as_json, allow_mixed_privacy
+        )
 
     app.command("impact")(impact)

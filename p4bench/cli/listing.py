@@ -10,11 +10,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from p4bench.plugin_manager import KINDS, PluginProblem
+from p4bench.host.manager import KINDS, PluginProblem
 
 
 def list_plugins(
-    name: str | None = typer.Argument(None, help="show one plugin in detail (as `p4bench describe NAME`)"),
+    name: str | None = typer.Argument(
+        None, help="show one plugin in detail (as `p4bench describe NAME`)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object keyed by kind"),
 ) -> None:
     """Show every registered method, attack, defense, dataset, ... and its distribution."""
@@ -25,22 +27,30 @@ def list_plugins(
     from p4bench.cli.plugin_cache import cached_listing
     from p4bench.cli.problems import warn_listed_problems
 
-    listing, key = cached_listing()  # no plugin imports when the cache is current (`p4bench.cli.plugin_cache`)
+    listing, key = (
+        cached_listing()
+    )  # no plugin imports when the cache is current (`p4bench.cli.plugin_cache`)
     warn_listed_problems(listing["problems"], key)
     if as_json:
-        typer.echo(json.dumps(listing))  # includes "problems": [{distribution, version, kind, name, message}]
+        typer.echo(
+            json.dumps(listing)
+        )  # includes "problems": [{distribution, version, kind, name, message}]
         return
     table = Table(title="registered plugins")
     for column in ("kind", "name", "distribution", "version", "description"):
         table.add_column(column)
     for kind in KINDS:
         for entry in listing.get(kind, []):
-            table.add_row(kind, entry["name"], entry["distribution"], entry["version"], entry["description"])
+            table.add_row(
+                kind, entry["name"], entry["distribution"], entry["version"], entry["description"]
+            )
     console = Console()
     console.print(table)
     problems = [PluginProblem(**problem) for problem in listing["problems"]]
     if problems:
-        console.print(f"[yellow]{len(problems)} plugin problem(s)[/yellow] (those parts are not used):")
+        console.print(
+            f"[yellow]{len(problems)} plugin problem(s)[/yellow] (those parts are not used):"
+        )
         for problem in problems:
             console.print(f"  {escape(problem.line())}", highlight=False, soft_wrap=True)
 

@@ -61,7 +61,11 @@ def _files_state(folders: set[Path]) -> list[str]:
     rows = []
     for folder in sorted(folders):
         for root, dirs, files in os.walk(folder):
-            dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__" and d != "site-packages"]
+            dirs[:] = [
+                d
+                for d in dirs
+                if not d.startswith(".") and d != "__pycache__" and d != "site-packages"
+            ]
             for name in files:
                 if name.endswith(".py"):
                     stat = os.stat(os.path.join(root, name))
@@ -73,7 +77,7 @@ def fingerprint() -> str:
     """What the listing depends on (module docstring), hashed."""
     from importlib.metadata import entry_points
 
-    from p4bench.plugin_manager import BUILTIN_MODULES
+    from p4bench.host.manager import BUILTIN_MODULES
     from p4bench.version import __version__
 
     points = sorted(entry_points(group="p4bench"), key=lambda p: (p.name, p.value))
@@ -102,7 +106,11 @@ def cached_listing() -> tuple[dict[str, Any], str]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"fingerprint": key, "listing": listing, "command_plugins": _command_plugins()}))
+        temporary.write_text(
+            json.dumps(
+                {"fingerprint": key, "listing": listing, "command_plugins": _command_plugins()}
+            )
+        )
         temporary.replace(path)  # a concurrent reader sees the old file or the new one, never half
     except OSError:
         pass
@@ -116,31 +124,37 @@ def only_builtin_commands() -> bool:
         return False
     try:
         cached = json.loads(_cache_file().read_text())
-        return bool(cached.get("command_plugins") == [] and cached.get("fingerprint") == fingerprint())
+        return bool(
+            cached.get("command_plugins") == [] and cached.get("fingerprint") == fingerprint()
+        )
     except (OSError, ValueError, TypeError, AttributeError):
         return False
 
 
 def _command_plugins() -> list[str]:
     """The installed distributions whose plugins implement `register_commands`."""
-    from p4bench.plugin_manager import default_plugin_manager, source_of
+    from p4bench.host.manager import default_plugin_manager, source_of
 
     manager = default_plugin_manager()
-    return sorted({source_of(manager, impl.plugin_name).distribution
-                   for impl in manager.hook.register_commands.get_hookimpls()
-                   if not source_of(manager, impl.plugin_name).strict})
+    return sorted(
+        {
+            source_of(manager, impl.plugin_name).distribution
+            for impl in manager.hook.register_commands.get_hookimpls()
+            if not source_of(manager, impl.plugin_name).strict
+        }
+    )
 
 
 def _registered_in_code() -> bool:
     """Whether plugins were registered on the process-wide manager in code (tests, a
     program embedding p4bench): the fingerprint knows only installed ones."""
-    from p4bench.plugin_manager import default_plugin_manager
+    from p4bench.host.manager import default_plugin_manager
 
     manager = default_plugin_manager()
     return any(name not in manager.sources for name, _ in manager.list_name_plugin())
 
 
 def _build() -> dict[str, Any]:
-    from p4bench.plugin_manager import default_registry
+    from p4bench.host.manager import default_registry
 
     return default_registry().as_dict()

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from p4bench.errors import ConfigError
-from p4bench.plugin_manager import default_registry
+from p4bench.host.manager import default_registry
 
-if TYPE_CHECKING:  # the privacy modules (scipy) are imported by the commands, not when the CLI is built
+if (
+    TYPE_CHECKING
+):  # the privacy modules (scipy) are imported by the commands, not when the CLI is built
     from p4bench.privacy.accountants import Accountant, ReleaseSegment
 
 app = typer.Typer(
@@ -32,22 +34,33 @@ app = typer.Typer(
 )
 
 _ACCOUNTANT = typer.Option(
-    "pld", "--accountant", help="accountant name: pld (default, as in runs) | rdp | prv | noble (see `p4bench list`)"
+    "pld",
+    "--accountant",
+    help="accountant name: pld (default, as in runs) | rdp | prv | noble (see `p4bench list`)",
 )
-_DATA_RATE = typer.Option(..., "--data-rate", help="data sampling ratio q (or s) per step, in (0, 1]")
+_DATA_RATE = typer.Option(
+    ..., "--data-rate", help="data sampling ratio q (or s) per step, in (0, 1]"
+)
 _LOCAL_STEPS = typer.Option(1, "--local-steps", help="noisy steps K per round")
 _ROUNDS = typer.Option(..., "--rounds", help="rounds T")
-_CLIENT_RATE = typer.Option(1.0, "--client-rate", help="client sampling ratio l per round (noble only)")
+_CLIENT_RATE = typer.Option(
+    1.0, "--client-rate", help="client sampling ratio l per round (noble only)"
+)
 _CLIENTS = typer.Option(1, "--clients", help="number of clients M (noble, third-party view)")
 _VIEW = typer.Option(
-    "aggregator", "--view", help="noble only: aggregator (sigma; P2P receivers see updates) | third-party (sigma*sqrt(l*M))"
+    "aggregator",
+    "--view",
+    help="noble only: aggregator (sigma; P2P receivers see updates) | third-party (sigma*sqrt(l*M))",
 )
 _NEIGHBOURING = typer.Option(
-    "add-remove", "--neighbouring",
+    "add-remove",
+    "--neighbouring",
     help="add-remove (sigma = std/C) | replace-one (sigma = std/(2C)), as in runs; native or soundly converted",
 )
 _DELTA = typer.Option(..., "--delta", help="target delta, in (0, 1)")
-_JSON = typer.Option(False, "--json", help="end with one JSON line holding the result and the inputs")
+_JSON = typer.Option(
+    False, "--json", help="end with one JSON line holding the result and the inputs"
+)
 
 NOBLE_CAVEAT = "the noble bound is stated for fixed-size sampling without replacement; runs use Poisson batches"
 
@@ -121,13 +134,17 @@ def _neighbouring(value: str) -> str:
     from p4bench.privacy.accountants import NEIGHBOURING
 
     if value not in NEIGHBOURING:
-        raise ConfigError("--neighbouring", f"must be one of {', '.join(NEIGHBOURING)}, got {value!r}")
+        raise ConfigError(
+            "--neighbouring", f"must be one of {', '.join(NEIGHBOURING)}, got {value!r}"
+        )
     return value
 
 
 def epsilon_command(
     accountant: str = _ACCOUNTANT,
-    noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="noise multiplier sigma (> 0; see --neighbouring)"),
+    noise_multiplier: float = typer.Option(
+        ..., "--noise-multiplier", help="noise multiplier sigma (> 0; see --neighbouring)"
+    ),
     data_rate: float = _DATA_RATE,
     local_steps: int = _LOCAL_STEPS,
     rounds: int = _ROUNDS,
@@ -154,7 +171,11 @@ def epsilon_command(
     )
     _notes(accountant, floor)
     if as_json:
-        result = {"epsilon": epsilon, "noise_multiplier": noise_multiplier, **_inputs(accountant, segment, delta, neighbouring)}
+        result = {
+            "epsilon": epsilon,
+            "noise_multiplier": noise_multiplier,
+            **_inputs(accountant, segment, delta, neighbouring),
+        }
         if floor > 0:
             result["epsilon_floor"] = floor
         typer.echo(json.dumps(result))
@@ -171,7 +192,9 @@ def noise_command(
     view: str = _VIEW,
     delta: float = _DELTA,
     neighbouring: str = _NEIGHBOURING,
-    tolerance: float = typer.Option(0.01, "--tolerance", help="accept epsilon in [target - tolerance, target]"),
+    tolerance: float = typer.Option(
+        0.01, "--tolerance", help="accept epsilon in [target - tolerance, target]"
+    ),
     as_json: bool = _JSON,
 ) -> None:
     """The smallest noise multiplier (to `tolerance`) whose epsilon stays <= the target,
@@ -184,7 +207,12 @@ def noise_command(
     neighbouring = _neighbouring(neighbouring)
     template = _segment(1.0, data_rate, local_steps, rounds, client_rate, clients, view)
     sigma = calibrate_accountant(
-        acc, [template], delta=delta, target_epsilon=epsilon, tolerance=tolerance, neighbouring=neighbouring
+        acc,
+        [template],
+        delta=delta,
+        target_epsilon=epsilon,
+        tolerance=tolerance,
+        neighbouring=neighbouring,
     )
     segment = _segment(sigma, data_rate, local_steps, rounds, client_rate, clients, view)
     achieved = accounted_epsilon(acc, [segment], delta, neighbouring)
@@ -206,7 +234,9 @@ def noise_command(
 
 def _notes(name: str, floor: float) -> None:
     if floor > 0:
-        typer.echo(f"note: this bound never goes below epsilon = {floor:.4f} for these parameters, whatever the noise")
+        typer.echo(
+            f"note: this bound never goes below epsilon = {floor:.4f} for these parameters, whatever the noise"
+        )
     if name == "noble":
         typer.echo(f"note: {NOBLE_CAVEAT}")
 

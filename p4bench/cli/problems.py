@@ -12,7 +12,9 @@ __all__ = ["warn_plugin_problems", "warn_listed_problems"]
 
 err_console = Console(stderr=True)
 _warned: weakref.WeakSet[Any] = weakref.WeakSet()  # registries whose problems were printed
-_listings_warned: set[tuple[str, int]] = set()  # (plugin fingerprint, registry generation) already warned
+_listings_warned: set[tuple[str, int]] = (
+    set()
+)  # (plugin fingerprint, registry generation) already warned
 
 
 def warn_plugin_problems() -> None:
@@ -20,14 +22,16 @@ def warn_plugin_problems() -> None:
     process (once per registry: tests that reset the registry see them again)."""
     from rich.markup import escape
 
-    from p4bench.plugin_manager import default_registry
+    from p4bench.host.manager import default_registry
 
     registry = default_registry()
     if registry in _warned:
         return
     _warned.add(registry)
     for problem in registry.problems:
-        err_console.print(f"[yellow]warning:[/yellow] {escape(problem.line())}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[yellow]warning:[/yellow] {escape(problem.line())}", highlight=False, soft_wrap=True
+        )
 
 
 def warn_listed_problems(problems: list[dict[str, Any]], fingerprint: str) -> None:
@@ -35,7 +39,7 @@ def warn_listed_problems(problems: list[dict[str, Any]], fingerprint: str) -> No
     the same lines, once per process and set of plugins (again after `reset_default`)."""
     from rich.markup import escape
 
-    from p4bench.plugin_manager import PluginProblem, registry_generation
+    from p4bench.host.manager import PluginProblem, registry_generation
 
     key = (fingerprint, registry_generation())
     if key in _listings_warned:
@@ -43,4 +47,6 @@ def warn_listed_problems(problems: list[dict[str, Any]], fingerprint: str) -> No
     _listings_warned.add(key)
     for problem in problems:
         line = PluginProblem(**problem).line()
-        err_console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True
+        )

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from p4bench.cli.completion import completer
 from p4bench.cli.entry import console_script
@@ -27,7 +34,9 @@ if TYPE_CHECKING:
     from p4bench.records import RoundReport, RunInfo, RunResult
 
 # the summary table's helpers were defined here before 0.2
-__getattr__ = forward_moved(__name__, dict.fromkeys(("_rounds_text", "rejections_line"), "p4bench.cli.summary_table"))
+__getattr__ = forward_moved(
+    __name__, dict.fromkeys(("_rounds_text", "rejections_line"), "p4bench.cli.summary_table")
+)
 
 
 class ProgressDisplay:
@@ -53,7 +62,11 @@ class ProgressDisplay:
         self.run_id = run.run_id
         last = run.phases[-1] if run.phases else None
         self.main = last.name if last is not None else ""
-        first = run.phases[0].name if run.phases and not self.completed and run.phases[0].name != self.main else None
+        first = (
+            run.phases[0].name
+            if run.phases and not self.completed and run.phases[0].name != self.main
+            else None
+        )
         self.method = run.config.method
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -71,7 +84,9 @@ class ProgressDisplay:
         if replaying():
             description = f"verifying: replay of {description}"
         total = last.rounds if last is not None else 0
-        self.task = self.progress.add_task(description, total=total, completed=self.completed, acc="-")
+        self.task = self.progress.add_task(
+            description, total=total, completed=self.completed, acc="-"
+        )
 
     @hookimpl
     def round_finished(self, run: RunInfo, report: RoundReport) -> None:
@@ -81,9 +96,16 @@ class ProgressDisplay:
         from p4bench.privacy.replay import replaying
 
         label = "verifying: replay of " if replaying() else ""
-        shown = "-" if replaying() else f"{mean:.3f}"  # the replay trains on other records: its accuracy is no result
-        self.progress.update(self.task, advance=1 if main else 0, acc=shown,
-                             description=label + (f"{self.method} rounds" if main else f"{self.method} {report.phase}"))
+        shown = (
+            "-" if replaying() else f"{mean:.3f}"
+        )  # the replay trains on other records: its accuracy is no result
+        self.progress.update(
+            self.task,
+            advance=1 if main else 0,
+            acc=shown,
+            description=label
+            + (f"{self.method} rounds" if main else f"{self.method} {report.phase}"),
+        )
 
     @hookimpl
     def run_finished(self, run: RunInfo, result: RunResult) -> None:
@@ -97,18 +119,30 @@ class ProgressDisplay:
 
     def say(self, line: str) -> None:
         """One line above the bar (or on the console when there is none)."""
-        (self.progress.console if self.progress is not None else self.console).print(line, highlight=False, soft_wrap=True)
+        (self.progress.console if self.progress is not None else self.console).print(
+            line, highlight=False, soft_wrap=True
+        )
 
 
 def run_command(
-    method: str | None = typer.Option(None, help="method name (see `p4bench list`)", autocompletion=completer("method")),
-    attack: str | None = typer.Option(None, help="attack name, or none", autocompletion=completer("attack")),
-    defense: str | None = typer.Option(None, help="defense name, or none", autocompletion=completer("defense")),
-    dataset: str | None = typer.Option(None, help="dataset name (default digits, offline)",
-                                       autocompletion=completer("dataset")),
-    partitioner: str | None = typer.Option(None, help="iid | alpha | ... (see `p4bench list`)",
-                                           autocompletion=completer("partitioner")),
-    similarity: float | None = typer.Option(None, help="alpha partitioner: fraction of IID samples, 0..1"),
+    method: str | None = typer.Option(
+        None, help="method name (see `p4bench list`)", autocompletion=completer("method")
+    ),
+    attack: str | None = typer.Option(
+        None, help="attack name, or none", autocompletion=completer("attack")
+    ),
+    defense: str | None = typer.Option(
+        None, help="defense name, or none", autocompletion=completer("defense")
+    ),
+    dataset: str | None = typer.Option(
+        None, help="dataset name (default digits, offline)", autocompletion=completer("dataset")
+    ),
+    partitioner: str | None = typer.Option(
+        None, help="iid | alpha | ... (see `p4bench list`)", autocompletion=completer("partitioner")
+    ),
+    similarity: float | None = typer.Option(
+        None, help="alpha partitioner: fraction of IID samples, 0..1"
+    ),
     clients: int | None = typer.Option(None, help="number of clients M"),
     samples_per_client: int | None = typer.Option(None, help="samples per client R (train + test)"),
     rounds: int | None = typer.Option(None, help="communication rounds T"),
@@ -117,81 +151,144 @@ def run_command(
     data_rate: float | None = typer.Option(None, help="data sampling ratio s in (0, 1]"),
     lr: float | None = typer.Option(None, help="local step size"),
     global_lr: float | None = typer.Option(None, help="global step size eta_g"),
-    malicious_fraction: float | None = typer.Option(None, help="fraction of malicious clients under --attack"),
-    epsilon: float | None = typer.Option(None, help="target epsilon per client (DP methods default to 8; makes any method private)"),
-    no_dp: bool = typer.Option(False, "--no-dp", help="train a DP method without DP (no epsilon; the summary says non-private)"),
+    malicious_fraction: float | None = typer.Option(
+        None, help="fraction of malicious clients under --attack"
+    ),
+    epsilon: float | None = typer.Option(
+        None, help="target epsilon per client (DP methods default to 8; makes any method private)"
+    ),
+    no_dp: bool = typer.Option(
+        False,
+        "--no-dp",
+        help="train a DP method without DP (no epsilon; the summary says non-private)",
+    ),
     delta: float | None = typer.Option(None, help="target delta (default 1 / training records)"),
-    noise_multiplier: float | None = typer.Option(None, help="DP noise multiplier (default: calibrated from --epsilon)"),
+    noise_multiplier: float | None = typer.Option(
+        None, help="DP noise multiplier (default: calibrated from --epsilon)"
+    ),
     clip: float | None = typer.Option(None, help="DP per-example clipping norm C"),
-    neighbouring: str | None = typer.Option(None, help="add-remove | replace-one (default: the method's)"),
-    accountant: str | None = typer.Option(None, help="privacy accountant: pld (default) | rdp | prv | noble"),
+    neighbouring: str | None = typer.Option(
+        None, help="add-remove | replace-one (default: the method's)"
+    ),
+    accountant: str | None = typer.Option(
+        None, help="privacy accountant: pld (default) | rdp | prv | noble"
+    ),
     noise_source: str | None = typer.Option(
         None,
         help="DP noise and batches: auto (default: secure on devices, seeded in simulation) | seeded (reproducible, not secret) "
         "| secure (secret per client, keyed from the OS CSPRNG)",
     ),
     noise_generator: str | None = typer.Option(
-        None, help="seeded DP noise: auto (default: torch on cpu, philox on GPUs) | torch | philox (same numbers on CPU and GPU)"
+        None,
+        help="seeded DP noise: auto (default: torch on cpu, philox on GPUs) | torch | philox (same numbers on CPU and GPU)",
     ),
     device_simulation: bool = typer.Option(
-        False, "--device-simulation", help="device runtime: allow seeded DP randomness (a simulation on devices; epsilon uncertified)"
+        False,
+        "--device-simulation",
+        help="device runtime: allow seeded DP randomness (a simulation on devices; epsilon uncertified)",
     ),
     feature_norm: str | None = typer.Option(
-        None, help="scatter features: sample (default, per-sample group norm) | client (the paper's, uncertified) | none"
+        None,
+        help="scatter features: sample (default, per-sample group norm) | client (the paper's, uncertified) | none",
     ),
-    eval_fraction: float | None = typer.Option(None, help="fraction of clients reserved for tuning"),
+    eval_fraction: float | None = typer.Option(
+        None, help="fraction of clients reserved for tuning"
+    ),
     eval_set: str | None = typer.Option(
-        None, "--eval", help="where accuracy is measured: personal (default: each client's own test split) | global "
-        "(one test set held out before partitioning; the headline) | both (personal the headline, global beside)"),
+        None,
+        "--eval",
+        help="where accuracy is measured: personal (default: each client's own test split) | global "
+        "(one test set held out before partitioning; the headline) | both (personal the headline, global beside)",
+    ),
     hold_out_public: bool = typer.Option(
-        False, "--hold-out-public", help="hold out the public pool of a method that reads public data (FedDF) even "
-        "when this one reads none: the clients then hold exactly the records they hold in such a run"),
-    features: str | None = typer.Option(None, help="raw | scatter (ScatterNet J=2, L=8; see --feature-norm)"),
-    shards_per_client: int | None = typer.Option(None, help="shards partitioner: classes per client N"),
-    model: str | None = typer.Option(None, help="model architecture (linear, scatter-cnn, cnn, ...)",
-                                     autocompletion=completer("model")),
-    runtime: str | None = typer.Option(None, help="runtime: simulation | reference | bytes | device | ...",
-                                       autocompletion=completer("runtime")),
+        False,
+        "--hold-out-public",
+        help="hold out the public pool of a method that reads public data (FedDF) even "
+        "when this one reads none: the clients then hold exactly the records they hold in such a run",
+    ),
+    features: str | None = typer.Option(
+        None, help="raw | scatter (ScatterNet J=2, L=8; see --feature-norm)"
+    ),
+    shards_per_client: int | None = typer.Option(
+        None, help="shards partitioner: classes per client N"
+    ),
+    model: str | None = typer.Option(
+        None,
+        help="model architecture (linear, scatter-cnn, cnn, ...)",
+        autocompletion=completer("model"),
+    ),
+    runtime: str | None = typer.Option(
+        None,
+        help="runtime: simulation | reference | bytes | device | ...",
+        autocompletion=completer("runtime"),
+    ),
     topology: str | None = typer.Option(
-        None, "--topology", help="communication graph of a method that sends over one (a topology plugin: ring, "
-        "complete, exponential, ...; `p4bench describe METHOD` says whether and which)", autocompletion=completer("topology")),
+        None,
+        "--topology",
+        help="communication graph of a method that sends over one (a topology plugin: ring, "
+        "complete, exponential, ...; `p4bench describe METHOD` says whether and which)",
+        autocompletion=completer("topology"),
+    ),
     topology_option: list[str] = typer.Option(
-        [], "--topology-option", metavar="KEY=VALUE", help="an option of --topology's graph, e.g. k=4 (repeatable)"),
+        [],
+        "--topology-option",
+        metavar="KEY=VALUE",
+        help="an option of --topology's graph, e.g. k=4 (repeatable)",
+    ),
     local_peers: int | None = typer.Option(
-        None, help="device runtime: N peer processes on 127.0.0.1 (sets --runtime device and --clients N)"
+        None,
+        help="device runtime: N peer processes on 127.0.0.1 (sets --runtime device and --clients N)",
     ),
     seed: int | None = typer.Option(None, help="random seed"),
     device: str | None = typer.Option(
-        None, help="where tensors live: cpu (default) | cuda | cuda:N | auto (a GPU where there is one); recorded in the run"
+        None,
+        help="where tensors live: cpu (default) | cuda | cuda:N | auto (a GPU where there is one); recorded in the run",
     ),
     time_budget: float | None = typer.Option(
-        None, "--time-budget", metavar="MINUTES",
+        None,
+        "--time-budget",
+        metavar="MINUTES",
         help="count the rounds that finish within MINUTES of training: the run stops after the first round that ends "
-             "past it and reports the round before (all runtimes; on devices the launcher's clock decides and every "
-             "peer stops after the same round)",
+        "past it and reports the round before (all runtimes; on devices the launcher's clock decides and every "
+        "peer stops after the same round)",
     ),
     memory_budget: float | None = typer.Option(
-        None, "--memory-budget", metavar="GB",
+        None,
+        "--memory-budget",
+        metavar="GB",
         help="memory the DP step's per-example gradients may take at once; clients are chunked to fit, results do not "
-             "change (default: half the device's free memory)",
+        "change (default: half the device's free memory)",
     ),
     verify: str | None = typer.Option(
-        None, "--verify", help="privacy verification by behaviour: full (the run itself, recorded and replayed once at "
+        None,
+        "--verify",
+        help="privacy verification by behaviour: full (the run itself, recorded and replayed once at "
         "its own size; the only mode that certifies) | stand-in (a 4-client, 2-round federation: printed as such, not "
-        "certified) | off (not certified); default: $P4BENCH_VERIFY, else full"),
-    config: Path | None = typer.Option(None, "--config", help="YAML file of run options (CLI options win)"),
+        "certified) | off (not certified); default: $P4BENCH_VERIFY, else full",
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", help="YAML file of run options (CLI options win)"
+    ),
     resume: str | None = typer.Option(
-        None, "--resume", metavar="RUN_ID_OR_DIR",
+        None,
+        "--resume",
+        metavar="RUN_ID_OR_DIR",
         help="continue an interrupted run from its last checkpoint: its results folder, local run id or MLflow run id "
-             "(with --results-dir / --tracking-uri where not the defaults); no other run options. The run goes on in "
-             "the same folder and MLflow run and ends as the uninterrupted run would (seeded randomness). A finished run "
-             "is not run again: one line says so, exit 0",
+        "(with --results-dir / --tracking-uri where not the defaults); no other run options. The run goes on in "
+        "the same folder and MLflow run and ends as the uninterrupted run would (seeded randomness). A finished run "
+        "is not run again: one line says so, exit 0",
     ),
     experiment: str | None = typer.Option(None, help="MLflow experiment name"),
-    tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: SQLite in the results dir)"),
+    tracking_uri: str | None = typer.Option(
+        None, help="MLflow tracking URI (default: SQLite in the results dir)"
+    ),
     results_dir: str | None = typer.Option(None, help="folder for local copies of results"),
-    option: list[str] = typer.Option([], "--option", "-o", help="plugin option KEY=VALUE (repeatable)"),
-    as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object on the last line"),
+    option: list[str] = typer.Option(
+        [], "--option", "-o", help="plugin option KEY=VALUE (repeatable)"
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="print the summary as one JSON object on the last line"
+    ),
 ) -> None:
     """Run one method on one dataset and log it to MLflow.
 
@@ -221,16 +318,20 @@ def _stopped_at_once(display: ProgressDisplay, results_dir: str | None) -> str:
 
     folder = find_run_folder(display.run_id, results_dir or RunConfig.results_dir)
     if folder is not None and load(folder) is not None:
-        return (f"stopped at once; the last checkpoint is in {folder}; "
-                f"resume with: p4bench run --resume {shlex.quote(str(folder))}")
+        return (
+            f"stopped at once; the last checkpoint is in {folder}; "
+            f"resume with: p4bench run --resume {shlex.quote(str(folder))}"
+        )
     return "stopped at once, before a checkpoint was written; nothing to resume"
 
 
 def _run(options: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
     """`run_command`'s work, on its options (the CLI parameters by name)."""
-    from p4bench import tracking_worker
+    from p4bench.tracking import worker as tracking_worker
 
-    tracking_worker.prestart(enabled=console_script())  # MLflow's import on the other core, beside torch's
+    tracking_worker.prestart(
+        enabled=console_script()
+    )  # MLflow's import on the other core, beside torch's
     try:
         _run_or_resume(options, display, as_json)
     finally:
@@ -238,17 +339,24 @@ def _run(options: dict[str, Any], display: ProgressDisplay, as_json: bool) -> No
 
 
 def _run_or_resume(options: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
-    from p4bench.plugin_manager import default_plugin_manager
+    from p4bench.host.manager import default_plugin_manager
     from p4bench.run.runner import run
 
     o = dict(options)
     if o["resume"] is not None:
         _resume(o, display, as_json)
         return
-    local_peers, runtime, clients, option = o["local_peers"], o["runtime"], o["clients"], o["option"]
+    local_peers, runtime, clients, option = (
+        o["local_peers"],
+        o["runtime"],
+        o["clients"],
+        o["option"],
+    )
     if local_peers is not None:  # the device plugin's local mode: one client per peer process
         if runtime not in (None, "device"):
-            raise UsageError(f"--local-peers runs the device runtime; it cannot be combined with --runtime {runtime}")
+            raise UsageError(
+                f"--local-peers runs the device runtime; it cannot be combined with --runtime {runtime}"
+            )
         runtime, clients = runtime or "device", clients or local_peers
         option = [*option, f"device_local_peers={local_peers}"]
     o.update(runtime=runtime, clients=clients, option=option)
@@ -262,21 +370,37 @@ def _run_or_resume(options: dict[str, Any], display: ProgressDisplay, as_json: b
 
 def _overrides(o: dict[str, Any]) -> dict[str, Any]:
     """The run options given on the command line (config fields)."""
-    given = o["shards_per_client"]  # 0 too: the partitioner's own check refuses it (not a silent default)
-    plugin_options = {**({"shards_per_client": given} if given is not None else {}), **parse_key_values(o["option"])}
+    given = o[
+        "shards_per_client"
+    ]  # 0 too: the partitioner's own check refuses it (not a silent default)
+    plugin_options = {
+        **({"shards_per_client": given} if given is not None else {}),
+        **parse_key_values(o["option"]),
+    }
     plugin_options.update(topology_overrides(o["topology"], o["topology_option"], plugin_options))
     # a parameter named like a config field is that field (declared once, in RunConfig);
     # the rest are the flags below, whose names differ from their fields
     fields = {f.name for f in dataclasses.fields(RunConfig)}
-    values = {name: value for name, value in o.items() if name in fields and name not in ("options", "no_dp",
-                                                                                          "device_simulation", "hold_out_public")}
-    values.update(no_dp=o["no_dp"] or None, device_simulation=o["device_simulation"] or None,
-                  hold_out_public=o["hold_out_public"] or None,
-                  time_budget_min=o["time_budget"], memory_budget_gb=o["memory_budget"], options=plugin_options or None)
+    values = {
+        name: value
+        for name, value in o.items()
+        if name in fields
+        and name not in ("options", "no_dp", "device_simulation", "hold_out_public")
+    }
+    values.update(
+        no_dp=o["no_dp"] or None,
+        device_simulation=o["device_simulation"] or None,
+        hold_out_public=o["hold_out_public"] or None,
+        time_budget_min=o["time_budget"],
+        memory_budget_gb=o["memory_budget"],
+        options=plugin_options or None,
+    )
     return {k: v for k, v in values.items() if v is not None}
 
 
-def topology_overrides(name: str | None, pairs: list[str], options: dict[str, Any]) -> dict[str, Any]:
+def topology_overrides(
+    name: str | None, pairs: list[str], options: dict[str, Any]
+) -> dict[str, Any]:
     """`--topology` and `--topology-option` as the method's options `topology` and
     `topology_options` (those of `p4bench.options.topology_options`); refused when `-o`
     sets the same option too."""
@@ -294,15 +418,20 @@ def topology_overrides(name: str | None, pairs: list[str], options: dict[str, An
 def check_topology_flags(method: str) -> None:
     """A method that sends over no graph of the topology harness has no use for
     `--topology`: one line naming the methods that do."""
-    from p4bench.plugin_manager import default_registry
+    from p4bench.host.manager import default_registry
 
     registry = default_registry()
-    users = [e.name for e in registry.entries("method")
-             if any(getattr(o, "name", None) == "topology" for o in getattr(e.cls, "options", ()))]
+    users = [
+        e.name
+        for e in registry.entries("method")
+        if any(getattr(o, "name", None) == "topology" for o in getattr(e.cls, "options", ()))
+    ]
     if method not in users:
         registry.get("method", method)  # an unknown method says so first
-        raise UsageError(f"method '{method}' communicates over no topology of the harness, so --topology does not "
-                         f"apply; methods that do: {', '.join(users)}")
+        raise UsageError(
+            f"method '{method}' communicates over no topology of the harness, so --topology does not "
+            f"apply; methods that do: {', '.join(users)}"
+        )
 
 
 def _report(summary: dict[str, Any], as_json: bool) -> None:
@@ -313,7 +442,7 @@ def _report(summary: dict[str, Any], as_json: bool) -> None:
 
 def _resume(o: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
     """`--resume`: continue an interrupted run from its checkpoint, in its folder and MLflow run."""
-    from p4bench.plugin_manager import default_plugin_manager
+    from p4bench.host.manager import default_plugin_manager
     from p4bench.run.checkpoint import FORMAT, find_run_folder, load
     from p4bench.run.runner import run
     from p4bench.studies.results import tracking_uri_for
@@ -321,33 +450,53 @@ def _resume(o: dict[str, Any], display: ProgressDisplay, as_json: bool) -> None:
     given = sorted(k for k in _overrides(o) if k not in ("results_dir", "tracking_uri", "device"))
     if given or o["config"] is not None or o["local_peers"] is not None:
         named = ", ".join(f"--{k.replace('_', '-')}" for k in given) or "--config / --local-peers"
-        raise UsageError(f"--resume continues a run with its saved options; it takes no run options ({named} given)")
+        raise UsageError(
+            f"--resume continues a run with its saved options; it takes no run options ({named} given)"
+        )
     reference = str(o["resume"])
     results_dir = o["results_dir"] or RunConfig.results_dir
-    folder = find_run_folder(reference, results_dir, tracking_uri_for(o["tracking_uri"], results_dir))
+    folder = find_run_folder(
+        reference, results_dir, tracking_uri_for(o["tracking_uri"], results_dir)
+    )
     if folder is None:
-        raise UsageError(f"no run '{reference}' to resume: not a folder, not a run in {results_dir}, not an MLflow run "
-                         "there (give the run's results folder, or --results-dir / --tracking-uri)")
+        raise UsageError(
+            f"no run '{reference}' to resume: not a folder, not a run in {results_dir}, not an MLflow run "
+            "there (give the run's results folder, or --results-dir / --tracking-uri)"
+        )
     checkpoint = load(folder)
     if checkpoint is None:
         if (folder / "summary.json").is_file():
-            display.say(f"run in {escape(str(folder))} already finished; nothing to resume (its results are there)")
+            display.say(
+                f"run in {escape(str(folder))} already finished; nothing to resume (its results are there)"
+            )
             return
-        raise UsageError(f"{folder} holds no checkpoint: the run stopped before its first round finished, or it is not "
-                         "a p4bench run folder; start the run again")
+        raise UsageError(
+            f"{folder} holds no checkpoint: the run stopped before its first round finished, or it is not "
+            "a p4bench run folder; start the run again"
+        )
     if checkpoint.meta.get("format") != FORMAT:
-        raise UsageError(f"the checkpoint in {folder} was written by another p4bench version (format "
-                         f"{checkpoint.meta.get('format')}); start the run again")
+        raise UsageError(
+            f"the checkpoint in {folder} was written by another p4bench version (format "
+            f"{checkpoint.meta.get('format')}); start the run again"
+        )
     try:
         checkpoint.state()
     except Exception as exc:  # noqa: BLE001 - a damaged or foreign file: one line, not a traceback
-        raise UsageError(f"the checkpoint in {folder} cannot be read ({type(exc).__name__}); start the run again") from None
-    config = RunConfig(**{**checkpoint.config, **({"device": o["device"]} if o["device"] else {})})  # may move devices
+        raise UsageError(
+            f"the checkpoint in {folder} cannot be read ({type(exc).__name__}); start the run again"
+        ) from None
+    config = RunConfig(
+        **{**checkpoint.config, **({"device": o["device"]} if o["device"] else {})}
+    )  # may move devices
     if checkpoint.meta.get("secret_randomness"):
-        display.say("[yellow]this run draws secret (OS-CSPRNG) randomness, which cannot be replayed: the resumed rounds "
-                    "draw fresh noise, so results are not bit-identical to an uninterrupted run[/yellow]")
+        display.say(
+            "[yellow]this run draws secret (OS-CSPRNG) randomness, which cannot be replayed: the resumed rounds "
+            "draw fresh noise, so results are not bit-identical to an uninterrupted run[/yellow]"
+        )
     display.completed = int(checkpoint.meta.get("rounds_completed", 0))
-    result = run(config, observers=[display], plugin_manager=default_plugin_manager(), resume=checkpoint)
+    result = run(
+        config, observers=[display], plugin_manager=default_plugin_manager(), resume=checkpoint
+    )
     _report(result.summary, as_json)
 
 
@@ -369,7 +518,9 @@ def show_config_defaults(command: Any, config: RunConfig | None = None) -> None:
     defaults = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     for name, parameter in inspect.signature(command).parameters.items():
         info = parameter.default
-        field = {"time_budget": "time_budget_min", "memory_budget": "memory_budget_gb"}.get(name, name)
+        field = {"time_budget": "time_budget_min", "memory_budget": "memory_budget_gb"}.get(
+            name, name
+        )
         value = defaults.get(field)
         shown = value is not None and value is not False and not isinstance(value, dict)
         if isinstance(info, typer.models.OptionInfo) and info.default is None and shown:

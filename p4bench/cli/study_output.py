@@ -27,7 +27,9 @@ def _print_sweep_summary(report: SweepReport, console: Console = out) -> None:
     table.add_row("runs planned", str(len(report.planned)))
     table.add_row("skipped (already finished)", str(report.count("skipped")))
     table.add_row("finished now", str(report.count("finished")))
-    table.add_row("failed", f"[red]{report.count('failed')}[/red]" if report.count("failed") else "0")
+    table.add_row(
+        "failed", f"[red]{report.count('failed')}[/red]" if report.count("failed") else "0"
+    )
     if report.count("incompatible"):
         table.add_row("not runnable (incompatible)", str(report.count("incompatible")))
     table.add_row("MLflow", f"experiment '{report.name}' at {report.tracking_uri}")
@@ -40,9 +42,13 @@ def _print_sweep_summary(report: SweepReport, console: Console = out) -> None:
     for planned, record in report.failures:
         console.print(f"[red]FAILED[/red] {describe_run(planned)}: {record.error}")
     for planned, record in report.untracked:
-        console.print(f"[yellow]not in MLflow[/yellow] {describe_run(planned)}: {record.summary.get('tracking_error')}; "
-                      f"results in {record.summary.get('results_dir')}")
+        console.print(
+            f"[yellow]not in MLflow[/yellow] {describe_run(planned)}: {record.summary.get('tracking_error')}; "
+            f"results in {record.summary.get('results_dir')}"
+        )
 
 
 def _num(value: float) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
+    return (
+        "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
+    )

@@ -14,70 +14,116 @@ from rich.table import Table
 
 __all__ = ["print_summary", "rejections_line"]
 
+
 def _accuracy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """The accuracy rows, the headline (`--eval`) first: each client's own test split
     (personal) and, where measured, the global test set."""
-    personal = [("test accuracy mean (own test splits)", f"{summary['accuracy_mean']:.4f}"),
-                ("  min / max", f"{summary['accuracy_min']:.4f} / {summary['accuracy_max']:.4f}")]
+    personal = [
+        ("test accuracy mean (own test splits)", f"{summary['accuracy_mean']:.4f}"),
+        ("  min / max", f"{summary['accuracy_min']:.4f} / {summary['accuracy_max']:.4f}"),
+    ]
     if "accuracy_global_mean" not in summary:
         return [("test accuracy mean", personal[0][1]), ("test accuracy min / max", personal[1][1])]
-    held = [("test accuracy mean (global test set)", f"{summary['accuracy_global_mean']:.4f}"),
-            ("  min / max", f"{summary['accuracy_global_min']:.4f} / {summary['accuracy_global_max']:.4f}")]
+    held = [
+        ("test accuracy mean (global test set)", f"{summary['accuracy_global_mean']:.4f}"),
+        (
+            "  min / max",
+            f"{summary['accuracy_global_min']:.4f} / {summary['accuracy_global_max']:.4f}",
+        ),
+    ]
     return held + personal if summary.get("eval_set") == "global" else personal + held
 
 
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
-    table = Table(title=f"{summary['method']} on {summary['dataset']} (seed {summary['seed']})", show_header=False)
+    table = Table(
+        title=f"{summary['method']} on {summary['dataset']} (seed {summary['seed']})",
+        show_header=False,
+    )
     table.add_column("", style="bold")
     table.add_column("")
     rows = [
         ("attack / defense", f"{summary['attack'] or 'none'} / {summary['defense'] or 'none'}"),
         ("rounds", _rounds_text(summary)),
-        ("reported clients", f"{summary['reported_clients']} of {summary['clients']} (benign, non-evaluation)"),
+        (
+            "reported clients",
+            f"{summary['reported_clients']} of {summary['clients']} (benign, non-evaluation)",
+        ),
         *_accuracy_rows(summary),
         *_other_accuracy_rows(summary),
         ("epsilon", _claim_text(summary)),
         *_evaluation_rows(summary),
         ("DP randomness", _randomness_text(summary)),
         *_communication_rows(summary),
-        ("wall time", f"{summary['wall_time_s']:.2f} s on {summary.get('compute_device', 'cpu')}"
-                      + (" (client data streamed from host memory)" if summary.get("device.data_placement") == "streamed" else "")
-                      + (f"; its verification {summary['verification_wall_s']:.2f} s more" if summary.get("verification_wall_s")
-                         and not summary.get("verification_cached") else "")),
+        (
+            "wall time",
+            f"{summary['wall_time_s']:.2f} s on {summary.get('compute_device', 'cpu')}"
+            + (
+                " (client data streamed from host memory)"
+                if summary.get("device.data_placement") == "streamed"
+                else ""
+            )
+            + (
+                f"; its verification {summary['verification_wall_s']:.2f} s more"
+                if summary.get("verification_wall_s") and not summary.get("verification_cached")
+                else ""
+            ),
+        ),
         ("MLflow run", f"{summary.get('run_id')} at {summary.get('tracking_uri')}"),
         ("local results", str(summary.get("results_dir"))),
     ]
     if summary.get("tracking_error"):
-        rows.append(("tracking", f"[yellow]{summary['tracking_error']}; results kept locally[/yellow]"))
+        rows.append(
+            ("tracking", f"[yellow]{summary['tracking_error']}; results kept locally[/yellow]")
+        )
     device = summary.get("device")
-    if isinstance(device, dict) and device.get("self_reported"):  # a device run: taken from the peers unchecked
-        claimed = ', '.join(map(str, device['self_reported'])).replace('_', ' ')
-        rows.insert([k for k, _ in rows].index("epsilon"), ("self-reported", f"[yellow]{claimed}: each peer's figures "
-                                                            "of its own client, not checked by the launcher[/yellow]"))
+    if isinstance(device, dict) and device.get(
+        "self_reported"
+    ):  # a device run: taken from the peers unchecked
+        claimed = ", ".join(map(str, device["self_reported"])).replace("_", " ")
+        rows.insert(
+            [k for k, _ in rows].index("epsilon"),
+            (
+                "self-reported",
+                f"[yellow]{claimed}: each peer's figures "
+                "of its own client, not checked by the launcher[/yellow]",
+            ),
+        )
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
-    if summary.get("rejected_messages"):  # what peers sent that the receive gate refused: the last line
-        console.print(f"[yellow]{escape(rejections_line(summary['rejections']))}[/yellow]", highlight=False, soft_wrap=True)
+    if summary.get(
+        "rejected_messages"
+    ):  # what peers sent that the receive gate refused: the last line
+        console.print(
+            f"[yellow]{escape(rejections_line(summary['rejections']))}[/yellow]",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def rejections_line(rejections: dict[str, int]) -> str:
     """One line naming every rejection: reason, sender and count, most frequent first."""
     ranked = sorted(rejections.items(), key=lambda item: (-item[1], item[0]))
     total = sum(rejections.values())
-    return f"rejected {total} message{'s' if total != 1 else ''}: " + ", ".join(f"{what} ({n})" for what, n in ranked)
+    return f"rejected {total} message{'s' if total != 1 else ''}: " + ", ".join(
+        f"{what} ({n})" for what, n in ranked
+    )
 
 
 def _rounds_text(summary: dict[str, Any]) -> str:
     phases = summary.get("phases") or {}
-    before = [f"{name} ({p['completed']} round{'s' if p['completed'] != 1 else ''})"
-              for name, p in list(phases.items())[:-1]]
+    before = [
+        f"{name} ({p['completed']} round{'s' if p['completed'] != 1 else ''})"
+        for name, p in list(phases.items())[:-1]
+    ]
     if not summary.get("stopped_by_time_budget"):
         return str(summary["rounds"]) + (f", after {', '.join(before)}" if before else "")
     past = int(summary.get("rounds_past_budget") or 0)
     beyond = f" ({past} more ran past it)" if past else ""
-    return (f"[yellow]{summary['rounds_completed']} of {summary['rounds']}: stopped by the time budget "
-            f"({summary['time_budget_min']:g} min){beyond}; accuracy of round {summary['rounds_completed']}[/yellow]")
+    return (
+        f"[yellow]{summary['rounds_completed']} of {summary['rounds']}: stopped by the time budget "
+        f"({summary['time_budget_min']:g} min){beyond}; accuracy of round {summary['rounds_completed']}[/yellow]"
+    )
 
 
 NO_DP = "none (no DP)"  # the epsilon of a non-private run: never a number (0.000 would read as perfect privacy)
@@ -102,13 +148,24 @@ def _claim_text(summary: dict[str, Any]) -> str:
         text += f"; epsilon of the {summary['epsilon_scope']}"
     if summary.get("epsilon_certified") is False:
         return f"[bold red]UNCERTIFIED[/bold red] [red]{text}; why: {summary.get('uncertified_reason')}[/red]"
-    if summary.get("post_processing", "verified") != "verified":  # the check did not run (P4BENCH_VERIFY=0)
+    if (
+        summary.get("post_processing", "verified") != "verified"
+    ):  # the check did not run (P4BENCH_VERIFY=0)
         return f"[green]certified[/green] {text} [yellow](post-processing {summary['post_processing']})[/yellow]"
     isolation = summary.get("record_isolation", "not run")
-    checked = "post-processing and record isolation verified" if isolation == "verified" else (
-        f"post-processing verified, record isolation {isolation}")
-    where = {"run": " on the run itself", "size": " at the run's size beside it"}.get(summary.get("verification_scope") or "", "")
-    reused = " (the verdict of an earlier run of this configuration and code)" if summary.get("verification_cached") else ""
+    checked = (
+        "post-processing and record isolation verified"
+        if isolation == "verified"
+        else (f"post-processing verified, record isolation {isolation}")
+    )
+    where = {"run": " on the run itself", "size": " at the run's size beside it"}.get(
+        summary.get("verification_scope") or "", ""
+    )
+    reused = (
+        " (the verdict of an earlier run of this configuration and code)"
+        if summary.get("verification_cached")
+        else ""
+    )
     return f"[green]certified[/green] {text}; {checked}{where}{reused}"
 
 
@@ -125,9 +182,18 @@ def _evaluation_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     if value is None:
         return [("evaluation clients' epsilon", "[yellow]not known[/yellow]")]
     whom = f"the {count} evaluation clients" if count else "the evaluation clients"
-    uncertified = " [red](UNCERTIFIED, as the run's)[/red]" if summary.get("epsilon_certified") is False else ""
-    return [("evaluation clients' epsilon", f"{value:.3f} max over {whom} ({summary.get('accountant')}) in this run"
-             f"{uncertified}; not in the figure above, which is the reported clients'")]
+    uncertified = (
+        " [red](UNCERTIFIED, as the run's)[/red]"
+        if summary.get("epsilon_certified") is False
+        else ""
+    )
+    return [
+        (
+            "evaluation clients' epsilon",
+            f"{value:.3f} max over {whom} ({summary.get('accountant')}) in this run"
+            f"{uncertified}; not in the figure above, which is the reported clients'",
+        )
+    ]
 
 
 def _randomness_text(summary: dict[str, Any]) -> str:
@@ -140,8 +206,14 @@ def _randomness_text(summary: dict[str, Any]) -> str:
 def _privacy_text(summary: dict[str, Any]) -> str:
     if summary.get("epsilon") is None:
         return "non-private"
-    pld = f", {summary['epsilon_pld']:.3f} max (pld)" if summary.get("epsilon_pld") is not None and summary["accountant"] != "pld" else ""
-    label = summary["accountant"]  # an accountant used outside its proof (noble) makes the run uncertified
+    pld = (
+        f", {summary['epsilon_pld']:.3f} max (pld)"
+        if summary.get("epsilon_pld") is not None and summary["accountant"] != "pld"
+        else ""
+    )
+    label = summary[
+        "accountant"
+    ]  # an accountant used outside its proof (noble) makes the run uncertified
     return (
         f"{summary['epsilon']:.3f} max / {summary['epsilon_mean']:.3f} mean ({label}), "
         f"{summary['epsilon_rdp']:.3f} max (rdp){pld}; delta {summary['delta']:.2g}, sigma {summary['noise_multiplier']:.3f}, "
@@ -150,8 +222,16 @@ def _privacy_text(summary: dict[str, Any]) -> str:
 
 
 # accuracies the summary rows show already (the headline, per client, the global test set's)
-_SHOWN = {"accuracy_mean", "accuracy_min", "accuracy_max", "accuracy_per_client", "accuracy_global_mean",
-          "accuracy_global_min", "accuracy_global_max", "accuracy_evaluation_mean"}
+_SHOWN = {
+    "accuracy_mean",
+    "accuracy_min",
+    "accuracy_max",
+    "accuracy_per_client",
+    "accuracy_global_mean",
+    "accuracy_global_min",
+    "accuracy_global_max",
+    "accuracy_evaluation_mean",
+}
 
 
 def _other_accuracy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -159,8 +239,18 @@ def _other_accuracy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     proxy), over the same reported clients."""
     rows = []
     for key, value in summary.items():
-        if key.startswith("accuracy_") and key.endswith("_mean") and key not in _SHOWN and isinstance(value, float):
-            rows.append((f"{key[len('accuracy_'):-len('_mean')].replace('_', ' ')} accuracy mean", f"{value:.4f}"))
+        if (
+            key.startswith("accuracy_")
+            and key.endswith("_mean")
+            and key not in _SHOWN
+            and isinstance(value, float)
+        ):
+            rows.append(
+                (
+                    f"{key[len('accuracy_') : -len('_mean')].replace('_', ' ')} accuracy mean",
+                    f"{value:.4f}",
+                )
+            )
     return rows
 
 
@@ -176,12 +266,24 @@ def _communication_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     if isinstance(summary.get("bytes_sent"), (int, float)):
         phases = summary.get("bytes_per_phase") or {}
-        per_phase = f" ({', '.join(f'{name} {_bytes(v)}' for name, v in phases.items())})" if len(phases) > 1 else ""
+        per_phase = (
+            f" ({', '.join(f'{name} {_bytes(v)}' for name, v in phases.items())})"
+            if len(phases) > 1
+            else ""
+        )
         client = summary.get("client_bytes_sent") or {}
-        per_client = (f"; per client {_bytes(client['mean'])} mean, {_bytes(client['max'])} max"
-                      if {"mean", "max"} <= set(client) else "")
+        per_client = (
+            f"; per client {_bytes(client['mean'])} mean, {_bytes(client['max'])} max"
+            if {"mean", "max"} <= set(client)
+            else ""
+        )
         rows.append(("bytes sent", f"{_bytes(summary['bytes_sent'])}{per_phase}{per_client}"))
     seconds = summary.get("seconds_per_phase") or {}
     if seconds:
-        rows.append(("time per phase", ", ".join(f"{name} {value:.2f} s" for name, value in seconds.items())))
+        rows.append(
+            (
+                "time per phase",
+                ", ".join(f"{name} {value:.2f} s" for name, value in seconds.items()),
+            )
+        )
     return rows

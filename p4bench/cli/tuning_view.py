@@ -28,14 +28,22 @@ def print_tuning(result: TuneResult, over: str, notes: bool = True) -> None:
         err.print(f"[yellow]warning:[/yellow] {verdict.warning}", highlight=False)
     marked = verdict is not None and verdict.needs_column
     for method_name, points in result.points.items():
-        table = Table(title=f"{method_name}: mean final accuracy of the evaluation clients ({over})")
+        table = Table(
+            title=f"{method_name}: mean final accuracy of the evaluation clients ({over})"
+        )
         keys = list(result.spec.grids[method_name])
         for column in [*keys, *(["privacy"] if marked else []), "mean", "std", "n", ""]:
             table.add_column(column)
         for point in points:
             chosen = point.values == result.best.get(method_name)
-            table.add_row(*[str(point.values[k]) for k in keys], *([point.privacy] if marked else []), _num(point.mean),
-                          _num(point.std), str(len(point.scores)), "[green]best[/green]" if chosen else "")
+            table.add_row(
+                *[str(point.values[k]) for k in keys],
+                *([point.privacy] if marked else []),
+                _num(point.mean),
+                _num(point.std),
+                str(len(point.scores)),
+                "[green]best[/green]" if chosen else "",
+            )
         out.print(table)
     if notes:
         for line in tuning_lines(result):
@@ -52,19 +60,34 @@ def print_reproduce_tuning(report: ReproduceReport) -> None:
         _print_sweep_summary(report.tuning.report, err)
         alone = report.tuning.spec.tune_on == "evaluation-clients"
         if plan is None or plan.scope != PARTITION:
-            print_tuning(report.tuning, "lr tuned on the evaluation clients alone" if alone else
-                         "lr tuned in the whole federation, reported clients' test data withheld",
-                         notes=False)  # report.privacy states them below
+            print_tuning(
+                report.tuning,
+                "lr tuned on the evaluation clients alone"
+                if alone
+                else "lr tuned in the whole federation, reported clients' test data withheld",
+                notes=False,
+            )  # report.privacy states them below
         table = lr_table(plan, report.tuned_lr) if plan is not None else None
         if table is not None:  # a line per partition: readable at any width, however many methods
             header, rows = table
-            out.print("lr per partition (tuned on its evaluation clients alone):" if alone else
-                      "lr per partition (tuned in its whole federation):", highlight=False)
+            out.print(
+                "lr per partition (tuned on its evaluation clients alone):"
+                if alone
+                else "lr per partition (tuned in its whole federation):",
+                highlight=False,
+            )
             for row in rows:
-                out.print(f"  {row[0]}: " + ", ".join(f"{key} {lr}" for key, lr in zip(header[1:], row[1:]) if lr),
-                          highlight=False, markup=False)
+                out.print(
+                    f"  {row[0]}: "
+                    + ", ".join(f"{key} {lr}" for key, lr in zip(header[1:], row[1:]) if lr),
+                    highlight=False,
+                    markup=False,
+                )
     if report.tuned_lr:
         per = " per partition" if plan is not None and plan.scope == PARTITION else ""
-        lrs = lr_summary(plan, report.tuned_lr) if plan is not None else \
-            ", ".join(f"{k} {v:g}" for k, v in report.tuned_lr.items())
+        lrs = (
+            lr_summary(plan, report.tuned_lr)
+            if plan is not None
+            else ", ".join(f"{k} {v:g}" for k, v in report.tuned_lr.items())
+        )
         out.print(f"lr per method (tuned{per}): {lrs}", highlight=False)

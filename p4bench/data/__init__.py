@@ -12,7 +12,12 @@ from p4bench.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from p4bench.data.base import ArrayDataset, Dataset, Partitioner
-    from p4bench.data.federated import ClientTensors, FederatedData, build_federated_data, split_client_indices
+    from p4bench.data.federated import (
+        ClientTensors,
+        FederatedData,
+        build_federated_data,
+        split_client_indices,
+    )
 
 __all__ = [
     "ArrayDataset",
@@ -24,7 +29,15 @@ __all__ = [
     "split_client_indices",
 ]
 
-__getattr__ = lazy_exports(globals(), {
-    "p4bench.data.base": ("ArrayDataset", "Dataset", "Partitioner"),
-    "p4bench.data.federated": ("ClientTensors", "FederatedData", "build_federated_data", "split_client_indices"),
-})
+__getattr__ = lazy_exports(
+    globals(),
+    {
+        "p4bench.data.base": ("ArrayDataset", "Dataset", "Partitioner"),
+        "p4bench.data.federated": (
+            "ClientTensors",
+            "FederatedData",
+            "build_federated_data",
+            "split_client_indices",
+        ),
+    },
+)

@@ -37,7 +37,9 @@ class ArrayDataset:
         if (self.writers_train is None) != (self.writers_test is None):
             raise ValueError("writers_train and writers_test must both be given or both be None")
         if self.writers_train is not None and self.writers_test is not None:
-            if len(self.writers_train) != len(self.y_train) or len(self.writers_test) != len(self.y_test):
+            if len(self.writers_train) != len(self.y_train) or len(self.writers_test) != len(
+                self.y_test
+            ):
                 raise ValueError("writer ids must have one entry per sample")
 
     @property
@@ -50,7 +52,9 @@ class ArrayDataset:
 
     def pooled(self) -> tuple[np.ndarray, np.ndarray]:
         """Train and test pooled: clients draw their samples from it and split 80/20 themselves."""
-        return np.concatenate([self.x_train, self.x_test]), np.concatenate([self.y_train, self.y_test])
+        return np.concatenate([self.x_train, self.x_test]), np.concatenate(
+            [self.y_train, self.y_test]
+        )
 
     def pooled_labels(self) -> np.ndarray:
         """Labels aligned with `pooled()`, without copying the features."""
@@ -103,7 +107,9 @@ class Dataset(ABC):
         """Whether `load` can find its files (always True for datasets without files)."""
         return True
 
-    def public_unlabeled(self, data_dir: Path, config: RunConfig | None = None) -> PublicSource | None:
+    def public_unlabeled(
+        self, data_dir: Path, config: RunConfig | None = None
+    ) -> PublicSource | None:
         """Unlabeled public data from outside this dataset, for methods that need public
         data (`Method.needs_public_data`, e.g. FedDF's server distillation), prepared as
         the run's `config` prepares this dataset's records (e.g. greyscale); raise
@@ -119,7 +125,9 @@ class _ConfiguredLoad(Protocol):
     def load(self, data_dir: Path, config: RunConfig | None = None) -> ArrayDataset: ...
 
 
-def load_dataset(dataset: type[Dataset] | Dataset, data_dir: Path, config: RunConfig | None = None) -> ArrayDataset:
+def load_dataset(
+    dataset: type[Dataset] | Dataset, data_dir: Path, config: RunConfig | None = None
+) -> ArrayDataset:
     """Load `dataset` (class or instance), passing `config` to datasets that use it."""
     instance = dataset() if isinstance(dataset, type) else dataset
     if getattr(instance, "uses_run_config", False):
@@ -146,7 +154,9 @@ class Partitioner(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
-    options: ClassVar[tuple[Option, ...]] = ()  # declared `config.options` keys, read with resolve_options
+    options: ClassVar[
+        tuple[Option, ...]
+    ] = ()  # declared `config.options` keys, read with resolve_options
     # True for partitioners that need per-sample writer ids (`natural`): callers then
     # pass `writers=dataset.pooled_writers()` as a keyword argument.
     needs_writers: ClassVar[bool] = False
@@ -183,4 +193,6 @@ def run_partitioner(
     extra: dict[str, Any] = {}
     if getattr(instance, "needs_writers", False):
         extra["writers"] = dataset.pooled_writers()
-    return instance.partition(labels, dataset.num_classes, num_clients, samples_per_client, rng, config, **extra)
+    return instance.partition(
+        labels, dataset.num_classes, num_clients, samples_per_client, rng, config, **extra
+    )

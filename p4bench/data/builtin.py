@@ -14,19 +14,33 @@ if TYPE_CHECKING:
 
 # Each built-in class is named once, here: the hooks return them in this order, and the
 # module exports them (imported on first use) for code that imported them from here.
-DATASETS = LazyPackage(globals(), {
-    "p4bench.data.digits": ("DigitsDataset",),
-    "p4bench.data.sources": (
-        "Cifar10Dataset", "Cifar100Dataset", "MnistDataset", "EmnistBalancedDataset", "LeafFemnistDataset",
-    ),
-    "p4bench.data.synthetic": ("SyntheticDataset",),
-})
-PARTITIONERS = LazyPackage(globals(), {
-    "p4bench.data.partitioners": (
-        "IIDPartitioner", "AlphaPartitioner", "ShardsPartitioner", "DirichletPartitioner", "NaturalPartitioner",
-    ),
-    "p4bench.data.cbds": ("CBDSPartitioner",),
-})
+DATASETS = LazyPackage(
+    globals(),
+    {
+        "p4bench.data.digits": ("DigitsDataset",),
+        "p4bench.data.sources": (
+            "Cifar10Dataset",
+            "Cifar100Dataset",
+            "MnistDataset",
+            "EmnistBalancedDataset",
+            "LeafFemnistDataset",
+        ),
+        "p4bench.data.synthetic": ("SyntheticDataset",),
+    },
+)
+PARTITIONERS = LazyPackage(
+    globals(),
+    {
+        "p4bench.data.partitioners": (
+            "IIDPartitioner",
+            "AlphaPartitioner",
+            "ShardsPartitioner",
+            "DirichletPartitioner",
+            "NaturalPartitioner",
+        ),
+        "p4bench.data.cbds": ("CBDSPartitioner",),
+    },
+)
 __all__ = [*DATASETS.names, *PARTITIONERS.names, "register_datasets", "register_partitioners"]
 __getattr__ = package_getattr(DATASETS, PARTITIONERS)
 

@@ -69,7 +69,9 @@ class CBDSMatrix:
         return per_label
 
 
-def cbds_matrix(clients: int, labels: int, alpha: float, rng: np.random.Generator, *, trace: bool = False) -> CBDSMatrix:
+def cbds_matrix(
+    clients: int, labels: int, alpha: float, rng: np.random.Generator, *, trace: bool = False
+) -> CBDSMatrix:
     """Algorithm 1 for `clients` x `labels`; `trace` records u after every swap.
 
     A swap of P[i, j1] and P[i, j2] changes only the column sums s_j1 and s_j2, by
@@ -91,19 +93,27 @@ def cbds_matrix(clients: int, labels: int, alpha: float, rng: np.random.Generato
         """(C, len(cols)) change of u if client i swapped the labels of pair cols[k]."""
         gap_first, gap_second = target - sums[first[cols]], target - sums[second[cols]]
         moved = matrix[:, second[cols]] - matrix[:, first[cols]]  # s_j1 += moved, s_j2 -= moved
-        changed: np.ndarray = np.abs(gap_first - moved) + np.abs(gap_second + moved) - (np.abs(gap_first) + np.abs(gap_second))
+        changed: np.ndarray = (
+            np.abs(gap_first - moved)
+            + np.abs(gap_second + moved)
+            - (np.abs(gap_first) + np.abs(gap_second))
+        )
         return changed
 
     delta = change(np.arange(pairs))
     best_row = delta.argmin(axis=0)
     best = delta[best_row, np.arange(pairs)]
-    tolerance = 1e-12 * max(target, 1.0)  # strictly below float noise: u falls at every swap, the loop ends
+    tolerance = 1e-12 * max(
+        target, 1.0
+    )  # strictly below float noise: u falls at every swap, the loop ends
     u_before = imbalance(matrix)
     history: list[float] = []
     swaps = 0
     while best.min() < -tolerance:
         ties = np.flatnonzero(best == best.min())
-        pair = int(ties[np.argmin(best_row[ties] * pairs + ties)])  # the first (client, pair), as argmin of all
+        pair = int(
+            ties[np.argmin(best_row[ties] * pairs + ties)]
+        )  # the first (client, pair), as argmin of all
         row, j1, j2 = int(best_row[pair]), int(first[pair]), int(second[pair])
         matrix[row, j1], matrix[row, j2] = matrix[row, j2], matrix[row, j1]
         sums[[j1, j2]] = matrix[:, [j1, j2]].sum(axis=0)
@@ -117,7 +127,9 @@ def cbds_matrix(clients: int, labels: int, alpha: float, rng: np.random.Generato
     restored = np.empty_like(matrix)
     restored[:, order] = matrix
     column_sums = restored.sum(axis=0)
-    return CBDSMatrix(restored, restored / column_sums.max(), u_before, imbalance(restored), swaps, tuple(history))
+    return CBDSMatrix(
+        restored, restored / column_sums.max(), u_before, imbalance(restored), swaps, tuple(history)
+    )
 
 
 def cbds_counts(shares: np.ndarray, pool: int, size: int | None = None) -> np.ndarray:
@@ -138,14 +150,20 @@ def cbds_counts(shares: np.ndarray, pool: int, size: int | None = None) -> np.nd
     row_total = shares.sum(axis=1) * pool  # each client's unrounded size, pool / max(pi)
     largest = int(np.floor(row_total.min() + 1e-9))
     if size is not None and size > largest:
-        raise DataError(f"cbds partitioner: at most {largest} samples per client fit, {size} were asked for")
+        raise DataError(
+            f"cbds partitioner: at most {largest} samples per client fit, {size} were asked for"
+        )
     asked, size = size is not None, largest if size is None else size
     quotas = shares * (pool * size / row_total)[:, None]
-    counts: np.ndarray = np.floor(quotas).astype(np.int64)  # a column's floors sum to at most its quotas' sum <= pool
+    counts: np.ndarray = np.floor(quotas).astype(
+        np.int64
+    )  # a column's floors sum to at most its quotas' sum <= pool
     counts += _round_up(quotas - counts, size - counts.sum(axis=1), pool - counts.sum(axis=0))
     reached = int(counts.sum(axis=1).min())
     if reached < size and asked:
-        raise DataError(f"cbds partitioner: the label pools cannot give every client {size} samples; at most {reached}")
+        raise DataError(
+            f"cbds partitioner: the label pools cannot give every client {size} samples; at most {reached}"
+        )
     size = reached
     _trim(counts, quotas * (size / quotas.sum(axis=1, keepdims=True)), counts.sum(axis=1) - size)
     return counts
@@ -158,14 +176,22 @@ def _round_up(remainders: np.ndarray, need: np.ndarray, room: np.ndarray) -> np.
     extra = np.zeros(remainders.shape, dtype=np.int64)
     need, room = need.copy(), room.copy()
     for _ in range(2 * remainders.shape[1]):
-        score = np.where((extra == 0) & (remainders > 0) & (need > 0)[:, None] & (room > 0)[None, :], remainders, -1.0)
+        score = np.where(
+            (extra == 0) & (remainders > 0) & (need > 0)[:, None] & (room > 0)[None, :],
+            remainders,
+            -1.0,
+        )
         label = score.argmax(axis=1)
         asking = np.flatnonzero(score[np.arange(len(score)), label] > 0)
         if len(asking) == 0:
             break
-        asking = asking[np.lexsort((-score[asking, label[asking]], label[asking]))]  # by label, largest first
+        asking = asking[
+            np.lexsort((-score[asking, label[asking]], label[asking]))
+        ]  # by label, largest first
         wanted = label[asking]
-        rank = np.arange(len(asking)) - np.searchsorted(wanted, wanted)  # position among the label's askers
+        rank = np.arange(len(asking)) - np.searchsorted(
+            wanted, wanted
+        )  # position among the label's askers
         granted = asking[rank < room[wanted]]
         extra[granted, label[granted]] = 1
         need[granted] -= 1
@@ -199,20 +225,33 @@ class CBDSPartitioner(Partitioner):
     name = "cbds"
     description = "client-balancing Dirichlet sampling (Karras et al.): Dir(alpha) rows balanced by swaps, equal sizes"
     options = (
-        Option("cbds_alpha", float, 1.0, "concentration alpha of each client's label distribution Dir(alpha)",
-               low=0, low_open=True),
+        Option(
+            "cbds_alpha",
+            float,
+            1.0,
+            "concentration alpha of each client's label distribution Dir(alpha)",
+            low=0,
+            low_open=True,
+        ),
     )
 
     def partition(
-        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
-        rng: np.random.Generator, config: RunConfig,
+        self,
+        labels: np.ndarray,
+        num_classes: int,
+        num_clients: int,
+        samples_per_client: int | None,
+        rng: np.random.Generator,
+        config: RunConfig,
     ) -> list[np.ndarray]:
         alpha = resolve_options(self.options, config.options)["cbds_alpha"]
         labels = np.asarray(labels)
         available = np.bincount(labels, minlength=num_classes)[:num_classes]
         pool = int(available.min())
         if pool == 0:
-            raise DataError(f"cbds partitioner: labels {np.flatnonzero(available == 0).tolist()} have no samples")
+            raise DataError(
+                f"cbds partitioner: labels {np.flatnonzero(available == 0).tolist()} have no samples"
+            )
         result = cbds_matrix(num_clients, num_classes, alpha, rng)
         counts = cbds_counts(result.normalised, pool, samples_per_client)
         size = int(counts[0].sum())
@@ -233,7 +272,9 @@ class CBDSPartitioner(Partitioner):
         return list(by_client)
 
 
-def _report(result: CBDSMatrix, counts: np.ndarray, pool: int, total: int, alpha: float) -> PartitionReport:
+def _report(
+    result: CBDSMatrix, counts: np.ndarray, pool: int, total: int, alpha: float
+) -> PartitionReport:
     clients = len(counts)
     stats = {
         "alpha": float(alpha),
@@ -249,5 +290,12 @@ def _report(result: CBDSMatrix, counts: np.ndarray, pool: int, total: int, alpha
     text = io.StringIO()
     table = np.column_stack([np.arange(clients), result.normalised])
     header = ",".join(["client", *[f"label_{j}" for j in range(counts.shape[1])]])
-    np.savetxt(text, table, fmt=["%d"] + ["%.10g"] * counts.shape[1], delimiter=",", header=header, comments="")
+    np.savetxt(
+        text,
+        table,
+        fmt=["%d"] + ["%.10g"] * counts.shape[1],
+        delimiter=",",
+        header=header,
+        comments="",
+    )
     return PartitionReport(stats=stats, artifacts={"partition_matrix.csv": text.getvalue()})

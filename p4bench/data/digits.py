@@ -42,4 +42,6 @@ class DigitsDataset(Dataset):
         y = target.astype(np.int64)
         # digits has no official split; a fixed 80/20 cut keeps the arrays deterministic.
         cut = int(0.8 * len(y))
-        return ArrayDataset(self.name, x[:cut], y[:cut], x[cut:], y[cut:], tuple(str(c) for c in range(10)))
+        return ArrayDataset(
+            self.name, x[:cut], y[:cut], x[cut:], y[cut:], tuple(str(c) for c in range(10))
+        )

@@ -28,7 +28,14 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from p4bench.data.paths import data_dir
 from p4bench.errors import DataError, UnknownNameError
 
-__all__ = ["Resource", "DownloadSpec", "DOWNLOADS", "NO_DOWNLOAD", "download_dataset", "file_digest"]
+__all__ = [
+    "Resource",
+    "DownloadSpec",
+    "DOWNLOADS",
+    "NO_DOWNLOAD",
+    "download_dataset",
+    "file_digest",
+]
 
 _CHUNK = 1 << 20
 _USER_AGENT = "p4bench-data-download/0.1"
@@ -49,23 +56,40 @@ class DownloadSpec:
 
     dataset: str
     resources: tuple[Resource, ...]
-    unpack: str  # "tar": extract into the data dir; "copy:<sub>": move the file into <sub>; "emnist"
+    unpack: (
+        str  # "tar": extract into the data dir; "copy:<sub>": move the file into <sub>; "emnist"
+    )
     homepage: str
 
 
-_MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://yann.lecun.com/exdb/mnist/")
+_MNIST_MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://yann.lecun.com/exdb/mnist/",
+)
 _CIFAR = "https://www.cs.toronto.edu/~kriz/"
 
 DOWNLOADS: dict[str, DownloadSpec] = {
     "cifar10": DownloadSpec(
         "cifar10",
-        (Resource("cifar-10-python.tar.gz", (_CIFAR + "cifar-10-python.tar.gz",), "c58f30108f718f92721af3b95e74349a"),),
+        (
+            Resource(
+                "cifar-10-python.tar.gz",
+                (_CIFAR + "cifar-10-python.tar.gz",),
+                "c58f30108f718f92721af3b95e74349a",
+            ),
+        ),
         "tar",
         _CIFAR + "cifar.html",
     ),
     "cifar100": DownloadSpec(
         "cifar100",
-        (Resource("cifar-100-python.tar.gz", (_CIFAR + "cifar-100-python.tar.gz",), "eb9058c3a382ffc7106e4002c42a8d85"),),
+        (
+            Resource(
+                "cifar-100-python.tar.gz",
+                (_CIFAR + "cifar-100-python.tar.gz",),
+                "eb9058c3a382ffc7106e4002c42a8d85",
+            ),
+        ),
         "tar",
         _CIFAR + "cifar.html",
     ),
@@ -85,7 +109,13 @@ DOWNLOADS: dict[str, DownloadSpec] = {
     ),
     "femnist": DownloadSpec(
         "femnist",
-        (Resource("gzip.zip", ("https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip",), "58c8d27c78d21e728a6bc7b3cc06412e"),),
+        (
+            Resource(
+                "gzip.zip",
+                ("https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip",),
+                "58c8d27c78d21e728a6bc7b3cc06412e",
+            ),
+        ),
         "emnist",
         "https://www.nist.gov/itl/products-and-services/emnist-dataset",
     ),
@@ -131,7 +161,9 @@ def download_dataset(
         console.print(f"{name} {NO_DOWNLOAD[name]}; nothing to download")
         return root
     if name not in DOWNLOADS:
-        raise UnknownNameError("downloadable dataset", name, [*DOWNLOADS, *NO_DOWNLOAD, LeafFemnistDataset.name])
+        raise UnknownNameError(
+            "downloadable dataset", name, [*DOWNLOADS, *NO_DOWNLOAD, LeafFemnistDataset.name]
+        )
     spec = DOWNLOADS[name]
     dataset = _dataset_instance(name)
     target = dataset.location(root)
@@ -148,7 +180,9 @@ def download_dataset(
         _unpack(spec, archive, root)
         archive.unlink()
     if not dataset.is_present(root):
-        raise DataError(f"{name}: unpacked the downloads but the loader still finds no files in {target}")
+        raise DataError(
+            f"{name}: unpacked the downloads but the loader still finds no files in {target}"
+        )
     console.print(f"{name} is ready in {target}")
     return target
 
@@ -162,17 +196,26 @@ class _Downloadable(Protocol):
 
 
 def _dataset_instance(name: str) -> _Downloadable:
-    from p4bench.data.sources import Cifar10Dataset, Cifar100Dataset, EmnistBalancedDataset, MnistDataset
+    from p4bench.data.sources import (
+        Cifar10Dataset,
+        Cifar100Dataset,
+        EmnistBalancedDataset,
+        MnistDataset,
+    )
 
     # spelled out: a comprehension would join the classes to Dataset, whose location may be None
     classes: dict[str, type[_Downloadable]] = {
-        Cifar10Dataset.name: Cifar10Dataset, Cifar100Dataset.name: Cifar100Dataset,
-        EmnistBalancedDataset.name: EmnistBalancedDataset, MnistDataset.name: MnistDataset,
+        Cifar10Dataset.name: Cifar10Dataset,
+        Cifar100Dataset.name: Cifar100Dataset,
+        EmnistBalancedDataset.name: EmnistBalancedDataset,
+        MnistDataset.name: MnistDataset,
     }
     return classes[name]()
 
 
-def _fetch_verified(resource: Resource, archive: Path, spec: DownloadSpec, target: Path, console: Console) -> None:
+def _fetch_verified(
+    resource: Resource, archive: Path, spec: DownloadSpec, target: Path, console: Console
+) -> None:
     """Download from the first mirror that works; retry once from scratch on a bad checksum."""
     part = archive.with_name(archive.name + ".part")
     errors = []
@@ -221,13 +264,19 @@ def _fetch(url: str, part: Path, console: Console) -> None:
                 out.write(block)
                 progress.advance(task, len(block))
     if total is not None and part.stat().st_size != total:
-        raise OSError(f"connection closed after {part.stat().st_size} of {total} bytes (run again to resume)")
+        raise OSError(
+            f"connection closed after {part.stat().st_size} of {total} bytes (run again to resume)"
+        )
 
 
 def _progress(console: Console) -> Progress:
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        console=console, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=console,
+        transient=True,
     )
 
 

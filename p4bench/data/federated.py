@@ -12,14 +12,21 @@ import torch
 
 from p4bench.data.base import ArrayDataset
 
-_NORMS, _GRAM, _BASIS, _PARENT = "_squared_norms", "_gram", "_basis", "_parent"  # caches outside the frozen fields
+_NORMS, _GRAM, _BASIS, _PARENT = (
+    "_squared_norms",
+    "_gram",
+    "_basis",
+    "_parent",
+)  # caches outside the frozen fields
 _MAX_COUNT = "_max_count"  # max(n), read once
 _Derived = TypeVar("_Derived")  # what a per-dataset cache holds (`ClientTensors._derived`)
 
 
 def squared_norms(x: torch.Tensor) -> torch.Tensor:
     """(C, n) squared L2 norms of flattened inputs (C, n, ...), without a full-size temporary."""
-    norms: torch.Tensor = torch.linalg.vector_norm(x.flatten(start_dim=2), dim=2)  # torch.linalg is untyped
+    norms: torch.Tensor = torch.linalg.vector_norm(
+        x.flatten(start_dim=2), dim=2
+    )  # torch.linalg is untyped
     return norms.square_()
 
 
@@ -61,11 +68,15 @@ class ClientTensors:
         """The clients at `index`, trimmed to their own longest length."""
         n = self.n[index]
         width = int(n.max()) if len(n) else 0
-        if len(index) == len(self.n) and torch.equal(index.cpu(), torch.arange(len(self.n), device="cpu")):
+        if len(index) == len(self.n) and torch.equal(
+            index.cpu(), torch.arange(len(self.n), device="cpu")
+        ):
             # every client in order (one group holds them all): views, not a copy of the samples
             subset = ClientTensors(self.x[:, :width], self.y[:, :width], n)
         else:
-            samples = self.x[index.to(self.x.device), :width]  # streamed samples stay in host memory
+            samples = self.x[
+                index.to(self.x.device), :width
+            ]  # streamed samples stay in host memory
             subset = ClientTensors(samples, self.y[index, :width], n)
         if _NORMS in self.__dict__:
             subset.__dict__[_NORMS] = self.__dict__[_NORMS][index, :width]
@@ -84,7 +95,9 @@ class ClientTensors:
         """(C, n_max) squared L2 norm of every sample's flattened features, computed once
         (per-example clipping of linear models needs them at every DP step)."""
         if _NORMS not in self.__dict__:  # frozen dataclass: cache outside the fields
-            self.__dict__[_NORMS] = squared_norms(self.x).to(self.n.device)  # streamed samples: on the host, moved once
+            self.__dict__[_NORMS] = squared_norms(self.x).to(
+                self.n.device
+            )  # streamed samples: on the host, moved once
         norms: torch.Tensor = self.__dict__[_NORMS]
         return norms
 
@@ -93,14 +106,19 @@ class ClientTensors:
         once per dataset: a subset taken with `rows` (the clients of one round) reads
         its parent's, so partial participation does not recompute it every round."""
         # annotated: Tensor indexing is untyped, so the selector's result (hence the call's) is Any
-        matrices: torch.Tensor = self._derived(_GRAM, gram_matrices, lambda gram, index, width: gram[index, :width, :width])
+        matrices: torch.Tensor = self._derived(
+            _GRAM, gram_matrices, lambda gram, index, width: gram[index, :width, :width]
+        )
         return matrices
 
     def orthonormal_basis(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(Q^T (C, m, d), R (C, m, n_max)) with X = R^T Q^T per client (`orthonormal_bases`),
         computed once per dataset and shared with row subsets like `gram`."""
         basis: tuple[torch.Tensor, torch.Tensor] = self._derived(  # annotated: as in `gram`
-            _BASIS, orthonormal_bases, lambda basis, index, width: (basis[0][index], basis[1][index, :, :width]))
+            _BASIS,
+            orthonormal_bases,
+            lambda basis, index, width: (basis[0][index], basis[1][index, :, :width]),
+        )
         return basis
 
     def has_orthonormal_basis(self) -> bool:
@@ -109,7 +127,10 @@ class ClientTensors:
         return _BASIS in self.__dict__ or (parent is not None and parent[0].has_orthonormal_basis())
 
     def _derived(
-        self, name: str, compute: Callable[[torch.Tensor], _Derived], select: Callable[[_Derived, torch.Tensor, int], _Derived]
+        self,
+        name: str,
+        compute: Callable[[torch.Tensor], _Derived],
+        select: Callable[[_Derived, torch.Tensor, int], _Derived],
     ) -> _Derived:
         """A per-dataset cache: computed from x, or selected from the parent's cache."""
         if name not in self.__dict__:
@@ -119,8 +140,12 @@ class ClientTensors:
             else:
                 source, index, width = parent
                 value = source._derived(name, compute, select)
-                whole = width == source.x.shape[1] and torch.equal(index, torch.arange(len(source.n)))
-                self.__dict__[name] = value if whole else select(value, index, width)  # all rows: no copy
+                whole = width == source.x.shape[1] and torch.equal(
+                    index, torch.arange(len(source.n))
+                )
+                self.__dict__[name] = (
+                    value if whole else select(value, index, width)
+                )  # all rows: no copy
         cached: _Derived = self.__dict__[name]
         return cached
 
@@ -137,11 +162,17 @@ class ClientTensors:
         (labels and counts move) and `gather_batch` moves each batch to the device."""
         if device.type == "cpu":
             return self
-        x = (self.x.pin_memory() if device.type == "cuda" else self.x) if stream else self.x.to(device)
+        x = (
+            (self.x.pin_memory() if device.type == "cuda" else self.x)
+            if stream
+            else self.x.to(device)
+        )
         return ClientTensors(x, self.y.to(device), self.n.to(device))
 
     @staticmethod
-    def from_lists(xs: list[np.ndarray], ys: list[np.ndarray], feature_shape: tuple[int, ...]) -> ClientTensors:
+    def from_lists(
+        xs: list[np.ndarray], ys: list[np.ndarray], feature_shape: tuple[int, ...]
+    ) -> ClientTensors:
         count = len(xs)
         width = max((len(y) for y in ys), default=0)
         x = np.zeros((count, width, *feature_shape), dtype=np.float32)
@@ -173,16 +204,24 @@ class FederatedData:
 
     def nbytes(self) -> int:
         """Bytes of every client's train and test tensors, and of the global test set."""
-        return self.train.nbytes() + self.test.nbytes() + (self.global_test.nbytes() if self.global_test is not None else 0)
+        return (
+            self.train.nbytes()
+            + self.test.nbytes()
+            + (self.global_test.nbytes() if self.global_test is not None else 0)
+        )
 
     def to(self, device: torch.device, stream: bool = False) -> FederatedData:
         """The clients' tensors on `device` (this object itself on the CPU); `stream`
         keeps the samples in pinned host memory (`ClientTensors.to`)."""
         if device.type == "cpu":
             return self
-        return dataclasses.replace(self, train=self.train.to(device, stream), test=self.test.to(device, stream),
-                                   evaluation=self.evaluation.to(device),
-                                   global_test=None if self.global_test is None else self.global_test.to(device, stream))
+        return dataclasses.replace(
+            self,
+            train=self.train.to(device, stream),
+            test=self.test.to(device, stream),
+            evaluation=self.evaluation.to(device),
+            global_test=None if self.global_test is None else self.global_test.to(device, stream),
+        )
 
 
 def split_client_indices(
@@ -204,7 +243,10 @@ def split_client_indices(
 
 
 def build_federated_data(
-    dataset: ArrayDataset, partition: list[np.ndarray], eval_fraction: float, rng: np.random.Generator
+    dataset: ArrayDataset,
+    partition: list[np.ndarray],
+    eval_fraction: float,
+    rng: np.random.Generator,
 ) -> FederatedData:
     """Split every client's partition 80/20 and pad everything into ClientTensors."""
     x, y = dataset.pooled()
@@ -239,10 +281,16 @@ def evaluation_clients_only(data: FederatedData) -> FederatedData:
     def keep(tensors: ClientTensors) -> ClientTensors:
         n = tensors.n[index.to(tensors.n.device)].clone()
         width = int(n.max()) if len(n) else 0
-        return ClientTensors(tensors.x[index.to(tensors.x.device), :width].clone(),
-                             tensors.y[index.to(tensors.y.device), :width].clone(), n)
+        return ClientTensors(
+            tensors.x[index.to(tensors.x.device), :width].clone(),
+            tensors.y[index.to(tensors.y.device), :width].clone(),
+            n,
+        )
 
     return dataclasses.replace(
-        data, train=keep(data.train), test=keep(data.test), evaluation=torch.ones(len(index), dtype=torch.bool),
+        data,
+        train=keep(data.train),
+        test=keep(data.test),
+        evaluation=torch.ones(len(index), dtype=torch.bool),
         client_indices=tuple(data.client_indices[int(i)] for i in index),
     )

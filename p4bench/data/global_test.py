@@ -31,8 +31,12 @@ def hold_out_global_test(dataset: ArrayDataset, seed: int) -> tuple[ArrayDataset
     where it has none."""
     if len(dataset.y_test):
         x, y = dataset.x_test, dataset.y_test
-        rest = replace(dataset, x_test=dataset.x_test[:0], y_test=dataset.y_test[:0],
-                       writers_test=None if dataset.writers_test is None else dataset.writers_test[:0])
+        rest = replace(
+            dataset,
+            x_test=dataset.x_test[:0],
+            y_test=dataset.y_test[:0],
+            writers_test=None if dataset.writers_test is None else dataset.writers_test[:0],
+        )
     else:
         rng = harness_rng(seed, SEED_GLOBAL_TEST)
         held = np.zeros(len(dataset.y_train), dtype=bool)
@@ -40,7 +44,13 @@ def hold_out_global_test(dataset: ArrayDataset, seed: int) -> tuple[ArrayDataset
             members = rng.permutation(np.flatnonzero(dataset.y_train == label))
             held[members[: int(round(GLOBAL_TEST_FRACTION * len(members)))]] = True
         x, y = dataset.x_train[held], dataset.y_train[held]
-        rest = replace(dataset, x_train=dataset.x_train[~held], y_train=dataset.y_train[~held],
-                       writers_train=None if dataset.writers_train is None else dataset.writers_train[~held])
+        rest = replace(
+            dataset,
+            x_train=dataset.x_train[~held],
+            y_train=dataset.y_train[~held],
+            writers_train=None if dataset.writers_train is None else dataset.writers_train[~held],
+        )
     samples = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None]
-    return rest, ClientTensors(samples, torch.from_numpy(np.asarray(y, dtype=np.int64))[None], torch.tensor([len(y)]))
+    return rest, ClientTensors(
+        samples, torch.from_numpy(np.asarray(y, dtype=np.int64))[None], torch.tensor([len(y)])
+    )

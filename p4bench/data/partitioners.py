@@ -20,8 +20,13 @@ class IIDPartitioner(Partitioner):
     description = "uniform random split, same size for every client"
 
     def partition(
-        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
-        rng: np.random.Generator, config: RunConfig,
+        self,
+        labels: np.ndarray,
+        num_classes: int,
+        num_clients: int,
+        samples_per_client: int | None,
+        rng: np.random.Generator,
+        config: RunConfig,
     ) -> list[np.ndarray]:
         total = len(labels)
         size = samples_per_client if samples_per_client is not None else total // num_clients
@@ -42,11 +47,18 @@ class AlphaPartitioner(Partitioner):
     """
 
     name = "alpha"
-    description = "gamma% IID samples, the rest from one dominant class per client (--similarity gamma)"
+    description = (
+        "gamma% IID samples, the rest from one dominant class per client (--similarity gamma)"
+    )
 
     def partition(
-        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
-        rng: np.random.Generator, config: RunConfig,
+        self,
+        labels: np.ndarray,
+        num_classes: int,
+        num_clients: int,
+        samples_per_client: int | None,
+        rng: np.random.Generator,
+        config: RunConfig,
     ) -> list[np.ndarray]:
         gamma = config.similarity
         pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
@@ -55,7 +67,9 @@ class AlphaPartitioner(Partitioner):
 
         def demand(size: int) -> np.ndarray:
             n_iid = int(gamma * size)
-            iid_labels = np.minimum((label_draws[:, :n_iid] * num_classes).astype(np.int64), num_classes - 1)
+            iid_labels = np.minimum(
+                (label_draws[:, :n_iid] * num_classes).astype(np.int64), num_classes - 1
+            )
             counts = np.zeros((num_clients, num_classes), dtype=np.int64)
             np.add.at(counts, (np.repeat(np.arange(num_clients), n_iid), iid_labels.ravel()), 1)
             counts[np.arange(num_clients), np.arange(num_clients) % num_classes] += size - n_iid
@@ -103,7 +117,9 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-def _class_pools(labels: np.ndarray, num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:
+def _class_pools(
+    labels: np.ndarray, num_classes: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Each class's sample indices in random order."""
     return [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
 
@@ -121,23 +137,42 @@ class ShardsPartitioner(Partitioner):
     """
 
     name = "shards"
-    description = "N random classes per client, one shard of each (option shards_per_client N, default 2)"
+    description = (
+        "N random classes per client, one shard of each (option shards_per_client N, default 2)"
+    )
     # Partitioner options live in `config.options`, since RunConfig's fields are fixed.
     options = (
-        Option("shards_per_client", int, 2, "N, distinct classes (one shard each) per client (--shards-per-client)",
-               low=1),
-        Option("shards_per_class", int, None, "P, shards per class; default: derived as M * N / L (a given value "
-               "must agree)", low=1),
+        Option(
+            "shards_per_client",
+            int,
+            2,
+            "N, distinct classes (one shard each) per client (--shards-per-client)",
+            low=1,
+        ),
+        Option(
+            "shards_per_class",
+            int,
+            None,
+            "P, shards per class; default: derived as M * N / L (a given value must agree)",
+            low=1,
+        ),
     )
 
     def partition(
-        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
-        rng: np.random.Generator, config: RunConfig,
+        self,
+        labels: np.ndarray,
+        num_classes: int,
+        num_clients: int,
+        samples_per_client: int | None,
+        rng: np.random.Generator,
+        config: RunConfig,
     ) -> list[np.ndarray]:
         values = resolve_options(self.options, config.options)
         per_client = values["shards_per_client"]
         if per_client > num_classes:
-            raise DataError(f"shards partitioner: {per_client} classes per client, but the dataset has {num_classes}")
+            raise DataError(
+                f"shards partitioner: {per_client} classes per client, but the dataset has {num_classes}"
+            )
         total_shards = num_clients * per_client
         if total_shards % num_classes:
             valid = num_classes // np.gcd(num_classes, per_client)
@@ -180,7 +215,9 @@ class ShardsPartitioner(Partitioner):
         return clients
 
 
-def _assign_classes(clients: int, per_client: int, num_classes: int, per_class: int, rng: np.random.Generator) -> np.ndarray:
+def _assign_classes(
+    clients: int, per_client: int, num_classes: int, per_class: int, rng: np.random.Generator
+) -> np.ndarray:
     """(clients, per_client) class ids: distinct within a row, each class exactly per_class times.
 
     Starts from a valid layout (a random class order repeated, cut into rows of
@@ -193,7 +230,10 @@ def _assign_classes(clients: int, per_client: int, num_classes: int, per_class: 
         return table
     members = [set(row.tolist()) for row in table]
     steps = 20 * clients * per_client
-    rows, slots = rng.integers(clients, size=(steps, 2)).tolist(), rng.integers(per_client, size=(steps, 2)).tolist()
+    rows, slots = (
+        rng.integers(clients, size=(steps, 2)).tolist(),
+        rng.integers(per_client, size=(steps, 2)).tolist(),
+    )
     for (u, v), (i, j) in zip(rows, slots):
         a, b = int(table[u, i]), int(table[v, j])
         if u == v or a == b or b in members[u] or a in members[v]:
@@ -219,14 +259,31 @@ class DirichletPartitioner(Partitioner):
     name = "dirichlet"
     description = "per-client class proportions ~ Dir(alpha) (option dirichlet_alpha, default 0.5)"
     options = (
-        Option("dirichlet_alpha", float, 0.5, "concentration alpha of the per-client class proportions",
-               low=0, low_open=True),
-        Option("dirichlet_retries", int, 100, "redraws per client before a size counts as infeasible", low=1),
+        Option(
+            "dirichlet_alpha",
+            float,
+            0.5,
+            "concentration alpha of the per-client class proportions",
+            low=0,
+            low_open=True,
+        ),
+        Option(
+            "dirichlet_retries",
+            int,
+            100,
+            "redraws per client before a size counts as infeasible",
+            low=1,
+        ),
     )
 
     def partition(
-        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
-        rng: np.random.Generator, config: RunConfig,
+        self,
+        labels: np.ndarray,
+        num_classes: int,
+        num_clients: int,
+        samples_per_client: int | None,
+        rng: np.random.Generator,
+        config: RunConfig,
     ) -> list[np.ndarray]:
         values = resolve_options(self.options, config.options)
         alpha, retries = values["dirichlet_alpha"], values["dirichlet_retries"]
@@ -240,7 +297,9 @@ class DirichletPartitioner(Partitioner):
 
         size = samples_per_client
         if size is None:
-            size = _largest_feasible(lambda s: s < 2 or attempt(s) is not None, upper=len(labels) // num_clients)
+            size = _largest_feasible(
+                lambda s: s < 2 or attempt(s) is not None, upper=len(labels) // num_clients
+            )
         counts = attempt(size) if size >= 2 else None
         if counts is None:
             raise DataError(
@@ -261,7 +320,12 @@ class DirichletPartitioner(Partitioner):
 
 
 def _dirichlet_counts(
-    clients: int, size: int, alpha: float, remaining: np.ndarray, retries: int, rng: np.random.Generator
+    clients: int,
+    size: int,
+    alpha: float,
+    remaining: np.ndarray,
+    retries: int,
+    rng: np.random.Generator,
 ) -> np.ndarray | None:
     """(clients, L) per-class counts, or None when some client cannot be fitted."""
     counts = np.zeros((clients, len(remaining)), dtype=np.int64)
@@ -292,8 +356,14 @@ class NaturalPartitioner(Partitioner):
     needs_writers = True
 
     def partition(
-        self, labels: np.ndarray, num_classes: int, num_clients: int, samples_per_client: int | None,
-        rng: np.random.Generator, config: RunConfig, writers: np.ndarray | None = None,
+        self,
+        labels: np.ndarray,
+        num_classes: int,
+        num_clients: int,
+        samples_per_client: int | None,
+        rng: np.random.Generator,
+        config: RunConfig,
+        writers: np.ndarray | None = None,
     ) -> list[np.ndarray]:
         if writers is None:
             raise DataError(
@@ -301,7 +371,9 @@ class NaturalPartitioner(Partitioner):
             )
         writers = np.asarray(writers)
         if len(writers) != len(labels):
-            raise DataError(f"natural partitioner: {len(writers)} writer ids for {len(labels)} samples")
+            raise DataError(
+                f"natural partitioner: {len(writers)} writer ids for {len(labels)} samples"
+            )
         if samples_per_client is not None and samples_per_client < 2:
             raise DataError("natural partitioner: samples per client must be at least 2")
         ids, inverse, sizes = np.unique(writers, return_inverse=True, return_counts=True)

@@ -15,30 +15,36 @@ __all__ = ["dataset_status", "partition_counts", "plot_partition_heatmap"]
 
 
 def dataset_status(root: Path, registry: Any) -> list[dict[str, Any]]:
-    """Every dataset in `registry` (a `p4bench.plugin_manager.Registry`): name, whether
+    """Every dataset in `registry` (a `p4bench.host.manager.Registry`): name, whether
     its files are present under `root`, and where they go."""
     rows = []
     for entry in registry.entries("dataset"):
         instance = entry.cls()
         location = instance.location(root) if hasattr(instance, "location") else None
         present = bool(instance.is_present(root)) if hasattr(instance, "is_present") else True
-        rows.append({
-            "name": entry.name,
-            "present": present,
-            "path": str(location) if location is not None else None,
-            "description": entry.description,
-        })
+        rows.append(
+            {
+                "name": entry.name,
+                "present": present,
+                "path": str(location) if location is not None else None,
+                "description": entry.description,
+            }
+        )
     return rows
 
 
-def partition_counts(partition: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
+def partition_counts(
+    partition: list[np.ndarray], labels: np.ndarray, num_classes: int
+) -> np.ndarray:
     """(clients, classes) sample counts of a partition."""
     if not partition:
         return np.zeros((0, num_classes), np.int64)
     return np.stack([np.bincount(labels[np.asarray(p)], minlength=num_classes) for p in partition])
 
 
-def plot_partition_heatmap(counts: np.ndarray, class_names: tuple[str, ...], path: Path, title: str = "") -> None:
+def plot_partition_heatmap(
+    counts: np.ndarray, class_names: tuple[str, ...], path: Path, title: str = ""
+) -> None:
     """Client-by-class heatmap of sample counts, written as a PNG (Agg canvas, no display)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -52,7 +58,9 @@ def plot_partition_heatmap(counts: np.ndarray, class_names: tuple[str, ...], pat
     axes.set_ylabel("client")
     axes.yaxis.set_major_locator(MaxNLocator(integer=True))  # clients are whole: no tick at 2.5
     if classes <= 50:
-        axes.set_xticks(range(classes), labels=list(class_names), fontsize=7, rotation=90 if classes > 20 else 0)
+        axes.set_xticks(
+            range(classes), labels=list(class_names), fontsize=7, rotation=90 if classes > 20 else 0
+        )
     axes.set_title(title)
     figure.tight_layout()
     figure.savefig(path, dpi=100)

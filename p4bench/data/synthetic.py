@@ -36,8 +36,13 @@ SYNTHETIC_OPTIONS: tuple[Option, ...] = (
     Option("synthetic_dim", int, 60, "d, input features", low=1),
     Option("synthetic_classes", int, 10, "L, classes", low=2),
     Option("synthetic_clients", int, None, "generated clients; default: --clients", low=1),
-    Option("synthetic_samples", int, None, f"samples per generated client; default: --samples-per-client, else "
-           f"{DEFAULT_SAMPLES}", low=2),
+    Option(
+        "synthetic_samples",
+        int,
+        None,
+        f"samples per generated client; default: --samples-per-client, else {DEFAULT_SAMPLES}",
+        low=2,
+    ),
     Option("synthetic_iid", bool, False, "FedProx's Synthetic-IID: one shared model, v_k = 0"),
 )
 
@@ -56,7 +61,10 @@ def generate_synthetic(
     """(x (N, dim) float32, y (N,) int64, client id (N,) int64) with N = clients x samples."""
     variances = np.arange(1, dim + 1, dtype=np.float64) ** -1.2
     shared = np.random.default_rng(np.random.SeedSequence([seed, _SEED_SYNTHETIC, 0]))
-    shared_w, shared_b = shared.normal(0.0, 1.0, (num_classes, dim)), shared.normal(0.0, 1.0, num_classes)
+    shared_w, shared_b = (
+        shared.normal(0.0, 1.0, (num_classes, dim)),
+        shared.normal(0.0, 1.0, num_classes),
+    )
     xs, ys = [], []
     for k in range(num_clients):
         rng = np.random.default_rng(np.random.SeedSequence([seed, _SEED_SYNTHETIC, 1, k]))
@@ -80,7 +88,9 @@ def synthetic_options(config: RunConfig | None) -> dict[str, Any]:
     config = config or RunConfig()
     values: dict[str, Any] = resolve_options(SYNTHETIC_OPTIONS, config.options)
     values["synthetic_clients"] = values["synthetic_clients"] or config.clients
-    values["synthetic_samples"] = values["synthetic_samples"] or config.samples_per_client or DEFAULT_SAMPLES
+    values["synthetic_samples"] = (
+        values["synthetic_samples"] or config.samples_per_client or DEFAULT_SAMPLES
+    )
     values["seed"] = config.seed
     return values
 
@@ -103,12 +113,26 @@ class SyntheticDataset(Dataset):
         o = synthetic_options(config)
         samples = o["synthetic_samples"]
         x, y, clients = generate_synthetic(
-            o["synthetic_clients"], samples, alpha=o["synthetic_alpha"], beta=o["synthetic_beta"],
-            dim=o["synthetic_dim"], num_classes=o["synthetic_classes"], seed=o["seed"], iid=o["synthetic_iid"],
+            o["synthetic_clients"],
+            samples,
+            alpha=o["synthetic_alpha"],
+            beta=o["synthetic_beta"],
+            dim=o["synthetic_dim"],
+            num_classes=o["synthetic_classes"],
+            seed=o["seed"],
+            iid=o["synthetic_iid"],
         )
-        is_test = np.tile(np.arange(samples) >= samples - max(1, samples // 5), o["synthetic_clients"])
+        is_test = np.tile(
+            np.arange(samples) >= samples - max(1, samples // 5), o["synthetic_clients"]
+        )
         names = tuple(str(c) for c in range(o["synthetic_classes"]))
         return ArrayDataset(
-            self.name, x[~is_test], y[~is_test], x[is_test], y[is_test], names,
-            writers_train=clients[~is_test], writers_test=clients[is_test],
+            self.name,
+            x[~is_test],
+            y[~is_test],
+            x[is_test],
+            y[is_test],
+            names,
+            writers_train=clients[~is_test],
+            writers_test=clients[is_test],
         )

@@ -28,9 +28,16 @@ import torch
 
 from p4bench.errors import UsageError
 
-__all__ = ["WORK_FACTOR", "available_bytes", "clients_per_chunk", "default_budget", "dp_step_bytes", "memory_budget",
-           "per_client_bytes",
-           "plan_work"]
+__all__ = [
+    "WORK_FACTOR",
+    "available_bytes",
+    "clients_per_chunk",
+    "default_budget",
+    "dp_step_bytes",
+    "memory_budget",
+    "per_client_bytes",
+    "plan_work",
+]
 
 # Per-example gradients, their squares for the norms and the scaled copy summed: about
 # three times the gradients' own bytes are alive at once in the generic path.
@@ -62,7 +69,9 @@ def per_client_bytes(params_per_client: int, width: int, element_size: int) -> i
     return WORK_FACTOR * max(width, 1) * max(params_per_client, 1) * element_size
 
 
-def dp_step_bytes(model: object, params_per_client: int, width: int, classes: int, element_size: int = 4) -> int:
+def dp_step_bytes(
+    model: object, params_per_client: int, width: int, classes: int, element_size: int = 4
+) -> int:
     """One client's per-example work in the DP step: the linear model's clipping holds
     per-example logit gradients only (`width` x `classes`), other models per-example
     gradients of every parameter."""
@@ -73,8 +82,9 @@ def dp_step_bytes(model: object, params_per_client: int, width: int, classes: in
     return per_client_bytes(params_per_client, width, element_size)
 
 
-def clients_per_chunk(clients: int, params_per_client: int, width: int, element_size: int,
-                      device: torch.device) -> int:
+def clients_per_chunk(
+    clients: int, params_per_client: int, width: int, element_size: int, device: torch.device
+) -> int:
     """How many of `clients` one call handles at once under the budget (at least 1)."""
     need = clients * per_client_bytes(params_per_client, width, element_size)
     budget = _BUDGET.get()
@@ -85,8 +95,14 @@ def clients_per_chunk(clients: int, params_per_client: int, width: int, element_
     return max(1, min(clients, budget // per_client_bytes(params_per_client, width, element_size)))
 
 
-def plan_work(device: torch.device, fixed_bytes: int, one_client_bytes: int, requested: int | None,
-              free: int | None = None, headroom: float = 0.25) -> int | None:
+def plan_work(
+    device: torch.device,
+    fixed_bytes: int,
+    one_client_bytes: int,
+    requested: int | None,
+    free: int | None = None,
+    headroom: float = 0.25,
+) -> int | None:
     """The per-example budget (bytes) of a run, checked against the memory `device` has
     free: `fixed_bytes` (data, client state, the method's exchanges) must leave room for
     one client's per-example work at least, and a `requested` budget (--memory-budget)
@@ -102,12 +118,14 @@ def plan_work(device: torch.device, fixed_bytes: int, one_client_bytes: int, req
         raise UsageError(
             f"the run does not fit in {device} memory: data, client state and the method's exchanges need "
             f"{_gib(fixed_bytes)}, one client's DP step {_gib(one_client_bytes)} more, and {_gib(free)} are free "
-            f"({headroom:.0%} kept as headroom); use fewer clients or a smaller model")
+            f"({headroom:.0%} kept as headroom); use fewer clients or a smaller model"
+        )
     if requested is not None and requested > room:
         raise UsageError(
             f"--memory-budget {requested / 2**30:g} GB does not fit in {device} memory: {_gib(free)} are free, "
             f"{_gib(fixed_bytes)} of it taken by data, client state and the method's exchanges ({headroom:.0%} kept "
-            f"as headroom); at most {room / 2**30:.2f} GB is left for the DP step")
+            f"as headroom); at most {room / 2**30:.2f} GB is left for the DP step"
+        )
     return requested if requested is not None else min(room, free // 2)
 
 

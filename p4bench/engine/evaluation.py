@@ -29,7 +29,9 @@ def test_loss(logits: torch.Tensor, y: torch.Tensor, n: torch.Tensor) -> torch.T
     """(C,) mean cross-entropy of each client's logits (C, n, L) on its labels (NaN: none)."""
     mask = _masked(y, n)
     labels = y.clamp(0, logits.shape[-1] - 1)
-    per = torch.nn.functional.cross_entropy(logits.flatten(0, 1).double(), labels.flatten(), reduction="none").view_as(y)
+    per = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1).double(), labels.flatten(), reduction="none"
+    ).view_as(y)
     total = (per * mask).sum(dim=1)
     return torch.where(n > 0, total / n.clamp_min(1).double(), torch.nan)
 
@@ -42,12 +44,16 @@ def macro_auc(logits: torch.Tensor, y: torch.Tensor, n: torch.Tensor) -> torch.T
     mask = _masked(y, n)
     classes = logits.shape[-1]
     scores = torch.softmax(logits.double(), dim=-1).transpose(1, 2)  # (C, L, n)
-    scores = scores.masked_fill(~mask.unsqueeze(1), torch.inf)  # padding sorts last, below nothing real
+    scores = scores.masked_fill(
+        ~mask.unsqueeze(1), torch.inf
+    )  # padding sorts last, below nothing real
     ordered = scores.sort(dim=-1).values.contiguous()
     below = torch.searchsorted(ordered, scores.contiguous(), right=False).double()
     upto = torch.searchsorted(ordered, scores.contiguous(), right=True).double()
     rank = (below + upto + 1) / 2  # average 1-based rank among the real samples
-    positive = (y.unsqueeze(1) == torch.arange(classes).view(1, -1, 1)) & mask.unsqueeze(1)  # (C, L, n)
+    positive = (y.unsqueeze(1) == torch.arange(classes).view(1, -1, 1)) & mask.unsqueeze(
+        1
+    )  # (C, L, n)
     pos = positive.sum(dim=-1).double()
     neg = n.double().unsqueeze(1) - pos
     rank_sum = (rank * positive).sum(dim=-1)
@@ -57,8 +63,14 @@ def macro_auc(logits: torch.Tensor, y: torch.Tensor, n: torch.Tensor) -> torch.T
     return torch.where(count > 0, (auc * defined).sum(dim=1) / count.clamp_min(1), torch.nan)
 
 
-def test_metrics(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, n: torch.Tensor,
-                 names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def test_metrics(
+    model: Model,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    n: torch.Tensor,
+    names: tuple[str, ...],
+) -> dict[str, torch.Tensor]:
     """{f"test_{name}": (C,)} for each requested name in `TEST_METRICS`."""
     if not names or x.shape[0] == 0:
         return {f"test_{name}": torch.zeros(0, dtype=torch.float64) for name in names}
@@ -68,7 +80,12 @@ def test_metrics(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor,
 
 
 def gate_received(
-    defense: Defense, method: Method, model: Model, data: ClientTensors, before: State, received: State,
+    defense: Defense,
+    method: Method,
+    model: Model,
+    data: ClientTensors,
+    before: State,
+    received: State,
     metrics: dict[str, float],
 ) -> State:
     """`received` (the state after a `receive`), except the rows whose deployed model

@@ -44,5 +44,7 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # -1: never trim the heap top (mallopt(3)); grow it 64 MiB at a time; no mmap-served blocks
-    _applied = bool(mallopt(M_TRIM_THRESHOLD, -1) and mallopt(M_TOP_PAD, 64 << 20) and mallopt(M_MMAP_MAX, 0))
+    _applied = bool(
+        mallopt(M_TRIM_THRESHOLD, -1) and mallopt(M_TOP_PAD, 64 << 20) and mallopt(M_MMAP_MAX, 0)
+    )
     return _applied

@@ -110,18 +110,31 @@ class Messages:
         keys = sorted(parts[0].table)
         for p in parts:
             if sorted(p.table) != keys:
-                raise ValueError(f"cannot concatenate messages with payload keys {sorted(p.table)} and {keys}")
+                raise ValueError(
+                    f"cannot concatenate messages with payload keys {sorted(p.table)} and {keys}"
+                )
         src, dst = torch.cat([p.src for p in parts]), torch.cat([p.dst for p in parts])
         if all(p.rows is None for p in parts):
             return Messages(src, dst, {k: torch.cat([p.table[k] for p in parts]) for k in keys})
-        offsets = torch.cumsum(torch.tensor([0] + [len(next(iter(p.table.values()))) for p in parts[:-1]]), 0)
+        offsets = torch.cumsum(
+            torch.tensor([0] + [len(next(iter(p.table.values()))) for p in parts[:-1]]), 0
+        )
         rows = torch.cat([p.table_rows() + int(offset) for p, offset in zip(parts, offsets)])
         return Messages(src, dst, {k: torch.cat([p.table[k] for p in parts]) for k in keys}, rows)
 
     def select(self, mask_or_index: torch.Tensor) -> Messages:
         if self.rows is not None:
-            return Messages(self.src[mask_or_index], self.dst[mask_or_index], self.table, self.rows[mask_or_index])
-        return Messages(self.src[mask_or_index], self.dst[mask_or_index], {k: v[mask_or_index] for k, v in self.table.items()})
+            return Messages(
+                self.src[mask_or_index],
+                self.dst[mask_or_index],
+                self.table,
+                self.rows[mask_or_index],
+            )
+        return Messages(
+            self.src[mask_or_index],
+            self.dst[mask_or_index],
+            {k: v[mask_or_index] for k, v in self.table.items()},
+        )
 
     def sorted(self) -> Messages:
         """Ordered by (dst, src): the order every runtime delivers in, so results agree."""
@@ -157,7 +170,9 @@ class Messages:
         return [self.select(torch.tensor([i])) for i in range(len(self))]
 
 
-def frame_sizes(exchange: str, round_index: int, messages: Messages, num_clients: int = 0) -> torch.Tensor:
+def frame_sizes(
+    exchange: str, round_index: int, messages: Messages, num_clients: int = 0
+) -> torch.Tensor:
     """(n,) exact byte length of each message as `encode` would write it, without
     serialising any message: a frame's length depends only on the payload's shapes and
     dtypes and on how many characters the round, src and dst take, so one placeholder
@@ -167,16 +182,26 @@ def frame_sizes(exchange: str, round_index: int, messages: Messages, num_clients
         return torch.zeros(0, dtype=torch.int64, device="cpu")
     src, dst = torch.stack([messages.src, messages.dst]).cpu()  # one read of the addresses
     src_width, dst_width = _digits(src), _digits(dst)
-    table = _length_table(exchange, round_index, messages, max(int(src_width.max()), int(dst_width.max())), num_clients)
+    table = _length_table(
+        exchange,
+        round_index,
+        messages,
+        max(int(src_width.max()), int(dst_width.max())),
+        num_clients,
+    )
     sizes = table[src_width, dst_width]
     wide = dst == BROADCAST
     if bool(wide.any()):  # the frames to every client but the sender
-        to_all = table[:, _digits(torch.arange(num_clients, device="cpu"))].sum(dim=1)  # (src width,) over all receivers
+        to_all = table[:, _digits(torch.arange(num_clients, device="cpu"))].sum(
+            dim=1
+        )  # (src width,) over all receivers
         sizes[wide] = to_all[src_width[wide]] - table[src_width[wide], src_width[wide]]
     return sizes
 
 
-def broadcast_receipts(exchange: str, round_index: int, messages: Messages, num_clients: int) -> torch.Tensor:
+def broadcast_receipts(
+    exchange: str, round_index: int, messages: Messages, num_clients: int
+) -> torch.Tensor:
     """(num_clients,) on the host: bytes each client receives through the broadcasts among
     `messages` (each sends one frame to every client but its sender)."""
     src, dst = torch.stack([messages.src, messages.dst]).cpu()
@@ -185,21 +210,36 @@ def broadcast_receipts(exchange: str, round_index: int, messages: Messages, num_
         return torch.zeros(num_clients, dtype=torch.int64, device="cpu")
     table = _length_table(exchange, round_index, messages, int(_digits(senders).max()), num_clients)
     receiver_width = _digits(torch.arange(num_clients, device="cpu"))
-    per_sender_width = torch.bincount(_digits(senders), minlength=len(table))  # broadcasts by sender width
+    per_sender_width = torch.bincount(
+        _digits(senders), minlength=len(table)
+    )  # broadcasts by sender width
     received = (per_sender_width.unsqueeze(1) * table[:, receiver_width]).sum(dim=0)
     own = senders[(senders >= 0) & (senders < num_clients)]
-    received.index_add_(0, own, -table[receiver_width[own], receiver_width[own]])  # nobody receives its own
+    received.index_add_(
+        0, own, -table[receiver_width[own], receiver_width[own]]
+    )  # nobody receives its own
     return received
 
 
-def _length_table(exchange: str, round_index: int, messages: Messages, widest_id: int, num_clients: int) -> torch.Tensor:
+def _length_table(
+    exchange: str, round_index: int, messages: Messages, widest_id: int, num_clients: int
+) -> torch.Tensor:
     """(w, w) frame length by (characters of src, of dst) for `messages`' payload layout, for
     ids up to `widest_id` characters and the clients' own."""
     layout = tuple(sorted((k, tuple(v.shape[1:]), str(v.dtype)) for k, v in messages.table.items()))
     width = len(str(round_index))
     widest = max(widest_id, len(str(max(num_clients - 1, 0))))
-    return torch.tensor([[_frame_length(exchange, width, a, b, layout) if a and b else 0 for b in range(widest + 1)]
-                         for a in range(widest + 1)], dtype=torch.int64, device="cpu")
+    return torch.tensor(
+        [
+            [
+                _frame_length(exchange, width, a, b, layout) if a and b else 0
+                for b in range(widest + 1)
+            ]
+            for a in range(widest + 1)
+        ],
+        dtype=torch.int64,
+        device="cpu",
+    )
 
 
 def _digits(ids: torch.Tensor) -> torch.Tensor:
@@ -214,14 +254,26 @@ def _digits(ids: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=4096)
-def _frame_length(exchange: str, round_width: int, src_width: int, dst_width: int,
-                  layout: tuple[tuple[str, tuple[int, ...], str], ...]) -> int:
+def _frame_length(
+    exchange: str,
+    round_width: int,
+    src_width: int,
+    dst_width: int,
+    layout: tuple[tuple[str, tuple[int, ...], str], ...],
+) -> int:
     """Length of `encode`'s frame for a payload of `layout` ((key, shape, dtype) each) and
     metadata values of the given widths (the bytes written do not depend on the values)."""
-    tensors = {key: torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")), device="cpu")
-               for key, shape, dtype in layout}
-    meta = {"p4bench_protocol": PROTOCOL_VERSION, "exchange": exchange, "round": "9" * round_width,
-            "src": "9" * src_width, "dst": "9" * dst_width}
+    tensors = {
+        key: torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")), device="cpu")
+        for key, shape, dtype in layout
+    }
+    meta = {
+        "p4bench_protocol": PROTOCOL_VERSION,
+        "exchange": exchange,
+        "round": "9" * round_width,
+        "src": "9" * src_width,
+        "dst": "9" * dst_width,
+    }
     return len(st_save(tensors, metadata=meta))
 
 
@@ -252,7 +304,9 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[str, int, M
     try:
         meta = json.loads(data[8 : 8 + header_len]).get("__metadata__") or {}
         if meta.get("p4bench_protocol") != PROTOCOL_VERSION:
-            raise MessageFormatError(f"unsupported protocol version {meta.get('p4bench_protocol')!r}")
+            raise MessageFormatError(
+                f"unsupported protocol version {meta.get('p4bench_protocol')!r}"
+            )
         tensors = st_load(data)
         src, dst, round_index = int(meta["src"]), int(meta["dst"]), int(meta["round"])
         exchange = str(meta["exchange"])
@@ -260,6 +314,8 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[str, int, M
         raise
     except Exception as exc:  # malformed JSON, bad dtype, truncated buffer, missing keys
         raise MessageFormatError(f"malformed message: {exc}") from None
-    device = torch.get_default_device()  # the run's (p4bench.devices.device_scope): parsed on the host, moved there
+    device = (
+        torch.get_default_device()
+    )  # the run's (p4bench.engine.devices.device_scope): parsed on the host, moved there
     payload = {k: v.unsqueeze(0).to(device) for k, v in tensors.items()}
     return exchange, round_index, Messages(torch.tensor([src]), torch.tensor([dst]), payload)

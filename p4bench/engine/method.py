@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from p4bench.engine.capabilities import Capabilities as Capabilities  # re-exported: it was defined here
+from p4bench.engine.capabilities import (
+    Capabilities as Capabilities,
+)  # re-exported: it was defined here
 from p4bench.engine.messages import Messages, PayloadLayout
 from p4bench.engine.receive_gate import Rejections
 from p4bench.engine.state import State
@@ -135,7 +137,9 @@ class Method(ABC):
     # declares p4bench.data.public.PUBLIC_DATA_OPTIONS; the runner then holds the data out of
     # the clients' records and sets `public_data` before training (None for other methods).
     needs_public_data: ClassVar[bool] = False
-    needs_public_labels: ClassVar[bool] = False  # ... and its labels (a held-out labeled pool, e.g. PDSL's Q)
+    needs_public_labels: ClassVar[bool] = (
+        False  # ... and its labels (a held-out labeled pool, e.g. PDSL's Q)
+    )
     public_data: PublicData | None = None
     # Besides accuracy, the harness measures these on each client's test split after every
     # round ("loss": mean cross-entropy, "auc": macro one-vs-rest ROC AUC), reported as
@@ -171,7 +175,16 @@ class Method(ABC):
         """Planned DP releases per client (default: K steps in each of ceil(l*T) rounds)."""
         c = self.config
         participations = math.ceil(c.client_rate * c.rounds)
-        return [PlannedRelease("train", c.data_rate, c.local_steps * participations, c.local_steps, c.rounds, c.client_rate)]
+        return [
+            PlannedRelease(
+                "train",
+                c.data_rate,
+                c.local_steps * participations,
+                c.local_steps,
+                c.rounds,
+                c.client_rate,
+            )
+        ]
 
     # -- schedule --------------------------------------------------------------------
     def phases(self) -> list[Phase]:
@@ -190,7 +203,9 @@ class Method(ABC):
         return torch.ones(len(ctx.rows), dtype=torch.bool)
 
     @abstractmethod
-    def local_update(self, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
+    def local_update(
+        self, state: State, train: ClientTensors, ctx: StepContext
+    ) -> tuple[State, torch.Tensor]:
         """Train the participating rows; return the new state and each row's mean loss."""
 
     def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
@@ -232,7 +247,9 @@ class Method(ABC):
         """`messages_per_pair` for the server's messages (default 1)."""
         return 1
 
-    def payload_bounds(self, exchange: str, phase: str, round_index: int) -> dict[str, tuple[float, float]]:
+    def payload_bounds(
+        self, exchange: str, phase: str, round_index: int
+    ) -> dict[str, tuple[float, float]]:
         """Payload key -> inclusive (low, high) every element of an honest message's entry
         lies in; the receive gate rejects messages outside them. Default: none besides the
         gate's own (finite values; the conventional ``weight`` in [0, N])."""
@@ -281,5 +298,7 @@ class Method(ABC):
     def server_outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         return Messages.empty()
 
-    def server_receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
+    def server_receive(
+        self, exchange: str, state: State, inbox: Messages, ctx: StepContext
+    ) -> State:
         return state

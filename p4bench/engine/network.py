@@ -99,7 +99,9 @@ class InProcessNetwork(Network):
         return True
 
     def exchange(self, exchange: str, phase: str, round_index: int, outgoing: Messages) -> Delivery:
-        return Delivery.local(outgoing, frame_sizes(exchange, round_index, outgoing, self.num_clients))
+        return Delivery.local(
+            outgoing, frame_sizes(exchange, round_index, outgoing, self.num_clients)
+        )
 
 
 class BytesNetwork(Network):
@@ -111,7 +113,9 @@ class BytesNetwork(Network):
         for frame in frames:
             got_exchange, got_round, message = decode(frame)
             if (got_exchange, got_round) != (exchange, round_index):
-                raise RuntimeError(f"message for {got_exchange}/{got_round} delivered during {exchange}/{round_index}")
+                raise RuntimeError(
+                    f"message for {got_exchange}/{got_round} delivered during {exchange}/{round_index}"
+                )
             received.append(message)
         sizes = torch.tensor([len(frame) for frame in frames], dtype=torch.int64)
         return Delivery.local(Messages.concat(received), sizes)

@@ -29,7 +29,14 @@ import torch
 from p4bench.engine.messages import BROADCAST, Messages
 from p4bench.rng import SERVER_ID
 
-__all__ = ["Declarations", "REJECTED_PREFIX", "WEIGHT_KEY", "ReceiveGate", "Rejections", "rejection_counts"]
+__all__ = [
+    "Declarations",
+    "REJECTED_PREFIX",
+    "WEIGHT_KEY",
+    "ReceiveGate",
+    "Rejections",
+    "rejection_counts",
+]
 
 REJECTED_PREFIX = "rejected "
 # The payload entry by which methods declare a message's aggregation weight; receivers
@@ -51,7 +58,10 @@ class Rejections:
 
     def metrics(self) -> dict[str, float]:
         """``rejected <reason> from <id>`` -> count (the round metrics' form)."""
-        return {f"{REJECTED_PREFIX}{reason} from {sender}": float(n) for (reason, sender), n in sorted(self.counts.items())}
+        return {
+            f"{REJECTED_PREFIX}{reason} from {sender}": float(n)
+            for (reason, sender), n in sorted(self.counts.items())
+        }
 
     def clear(self) -> None:
         self.counts.clear()
@@ -59,7 +69,11 @@ class Rejections:
 
 def rejection_counts(metrics: Mapping[str, float]) -> dict[str, int]:
     """``<reason> from <id>`` -> count, from (summed) round metrics."""
-    return {k.removeprefix(REJECTED_PREFIX): int(v) for k, v in metrics.items() if k.startswith(REJECTED_PREFIX) and v}
+    return {
+        k.removeprefix(REJECTED_PREFIX): int(v)
+        for k, v in metrics.items()
+        if k.startswith(REJECTED_PREFIX) and v
+    }
 
 
 class Declarations(Protocol):
@@ -71,13 +85,17 @@ class Declarations(Protocol):
 
     def server_messages_per_pair(self, exchange: str, phase: str, round_index: int) -> int: ...
 
-    def payload_bounds(self, exchange: str, phase: str, round_index: int) -> dict[str, tuple[float, float]]: ...
+    def payload_bounds(
+        self, exchange: str, phase: str, round_index: int
+    ) -> dict[str, tuple[float, float]]: ...
 
 
 class ReceiveGate:
     """Admits the messages of one inbox that the receiver can accept (module docstring)."""
 
-    def __init__(self, method: Declarations, public_records: int | None, rejections: Rejections) -> None:
+    def __init__(
+        self, method: Declarations, public_records: int | None, rejections: Rejections
+    ) -> None:
         self.method = method
         self.public_records = public_records
         self.rejections = rejections
@@ -96,10 +114,16 @@ class ReceiveGate:
             return inbox
         nodes = int(self.method.num_clients)
         wide = inbox.is_broadcast()
-        known = (inbox.src >= SERVER_ID) & (inbox.src < nodes) & (((inbox.dst >= SERVER_ID) & (inbox.dst < nodes)) | wide)
-        checks = [("unknown node", known),
-                  ("extra message", self._within_count(exchange, phase, round_index, inbox, nodes)),
-                  ("non-finite", self._finite(inbox))]
+        known = (
+            (inbox.src >= SERVER_ID)
+            & (inbox.src < nodes)
+            & (((inbox.dst >= SERVER_ID) & (inbox.dst < nodes)) | wide)
+        )
+        checks = [
+            ("unknown node", known),
+            ("extra message", self._within_count(exchange, phase, round_index, inbox, nodes)),
+            ("non-finite", self._finite(inbox)),
+        ]
         for key, (low, high) in self.bounds(exchange, phase, round_index).items():
             if key in inbox.table:
                 checks.append((f"out of range {key}", _within(inbox, key, low, high)))
@@ -107,30 +131,44 @@ class ReceiveGate:
         if bool(passed.all()):  # the one host read of an honest exchange
             return inbox
         failed_before = torch.zeros_like(passed)
-        for reason, ok in checks:  # each rejected message counted once, under its first failed check
+        for (
+            reason,
+            ok,
+        ) in checks:  # each rejected message counted once, under its first failed check
             first = ~ok & ~failed_before
             if bool(first.any()):
                 self.rejections.add(reason, inbox.src[first])
             failed_before |= ~ok
         return inbox.select(passed)
 
-    def _within_count(self, exchange: str, phase: str, round_index: int, inbox: Messages, nodes: int) -> torch.Tensor:
+    def _within_count(
+        self, exchange: str, phase: str, round_index: int, inbox: Messages, nodes: int
+    ) -> torch.Tensor:
         """(n,) bool: the message is among the first `messages_per_pair` from its sender
         to its destination, in delivery order."""
-        limit = torch.where(inbox.src == SERVER_ID, int(self.method.server_messages_per_pair(exchange, phase, round_index)),
-                            int(self.method.messages_per_pair(exchange, phase, round_index)))
-        span = nodes + 2  # ids -2 (broadcast), -1 (the server) .. nodes - 1; others are rejected as unknown
+        limit = torch.where(
+            inbox.src == SERVER_ID,
+            int(self.method.server_messages_per_pair(exchange, phase, round_index)),
+            int(self.method.messages_per_pair(exchange, phase, round_index)),
+        )
+        span = (
+            nodes + 2
+        )  # ids -2 (broadcast), -1 (the server) .. nodes - 1; others are rejected as unknown
         src = inbox.src.clamp(SERVER_ID, nodes - 1)
         pair = (src + 1) * span + (inbox.dst.clamp(BROADCAST, nodes - 1) + 2)
         order = torch.argsort(pair, stable=True)
         _, counts = torch.unique_consecutive(pair[order], return_counts=True)
         starts = torch.cumsum(counts, 0) - counts
-        rank_sorted = torch.arange(len(pair), device=pair.device) - torch.repeat_interleave(starts, counts)
+        rank_sorted = torch.arange(len(pair), device=pair.device) - torch.repeat_interleave(
+            starts, counts
+        )
         rank = torch.empty_like(rank_sorted)
         rank[order] = rank_sorted
         # a broadcast reaches every client: it counts against each of its sender's pairs (no host read)
         wide = inbox.is_broadcast()
-        broadcasts = torch.zeros(nodes + 1, dtype=torch.int64, device=src.device).index_add_(0, src + 1, wide.long())
+        broadcasts = torch.zeros(nodes + 1, dtype=torch.int64, device=src.device).index_add_(
+            0, src + 1, wide.long()
+        )
         return rank + torch.where(wide, 0, broadcasts[src + 1]) < limit
 
     @staticmethod
@@ -140,7 +178,9 @@ class ReceiveGate:
         ok_rows = torch.ones(_table_rows(inbox), dtype=torch.bool, device=inbox.src.device)
         for value in inbox.table.values():
             if value.is_floating_point() or value.is_complex():
-                ok_rows &= torch.isfinite(value).reshape(len(value), -1).all(dim=1).to(ok_rows.device)
+                ok_rows &= (
+                    torch.isfinite(value).reshape(len(value), -1).all(dim=1).to(ok_rows.device)
+                )
         return ok_rows[inbox.table_rows().to(ok_rows.device)]
 
 

@@ -22,8 +22,16 @@ from p4bench.engine.threats import Aggregator
 from p4bench.records import Outcome, RoundReport
 
 __all__ = [
-    "Runtime", "GroupedRuntime", "SimulationRuntime", "ReferenceRuntime", "BytesRuntime",
-    "Job", "Outcome", "RoundReport", "STREAM_TRAINING", "STREAM_ATTACK",
+    "Runtime",
+    "GroupedRuntime",
+    "SimulationRuntime",
+    "ReferenceRuntime",
+    "BytesRuntime",
+    "Job",
+    "Outcome",
+    "RoundReport",
+    "STREAM_TRAINING",
+    "STREAM_ATTACK",
 ]
 
 
@@ -63,8 +71,12 @@ class GroupedRuntime(Runtime):
 
     def execute(self, job: Job, on_round: Callable[[RoundReport], None]) -> Outcome:
         self.driver = RoundDriver(
-            job, self.network(), self.group_rows(job.data.num_clients), holds_server=True,
-            batched_gradients=self.batched_gradients, separate_parties=self.separate_parties,
+            job,
+            self.network(),
+            self.group_rows(job.data.num_clients),
+            holds_server=True,
+            batched_gradients=self.batched_gradients,
+            separate_parties=self.separate_parties,
         )
         if self.prepare_driver is not None:
             self.prepare_driver(self.driver)

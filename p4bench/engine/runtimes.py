@@ -14,9 +14,17 @@ if TYPE_CHECKING:
 __all__ = ["BytesRuntime", "ReferenceRuntime", "Runtime", "SimulationRuntime", "register_runtimes"]
 
 # the names this module used to import, for code that imports them from here
-__getattr__ = lazy_exports(globals(), {
-    "p4bench.engine.runtime": ("BytesRuntime", "ReferenceRuntime", "Runtime", "SimulationRuntime"),
-})
+__getattr__ = lazy_exports(
+    globals(),
+    {
+        "p4bench.engine.runtime": (
+            "BytesRuntime",
+            "ReferenceRuntime",
+            "Runtime",
+            "SimulationRuntime",
+        ),
+    },
+)
 
 
 @hookimpl

@@ -10,7 +10,16 @@ from typing import Any
 
 from p4bench.engine.method import Method, Phase, Step
 
-__all__ = ["BUDGET_CLOCK", "Block", "StopAfter", "TimeBudget", "budget_rule", "never", "schedule", "stop_reason"]
+__all__ = [
+    "BUDGET_CLOCK",
+    "Block",
+    "StopAfter",
+    "TimeBudget",
+    "budget_rule",
+    "never",
+    "schedule",
+    "stop_reason",
+]
 
 # Asked after every round with `step`, the rounds finished so far over all phases: stop now?
 StopAfter = Callable[[int], bool]
@@ -23,7 +32,7 @@ class TimeBudget:
     stops after the first round that ends past the budget; that round (`overran_at`, its
     step) does not count: a run's results are those of the last round that finished within
     the budget, as the papers count rounds in a time budget (`p4bench.run.summary.
-    within_budget`). The device launcher holds one for its peers (`plugins/device/launcher.py`)."""
+    within_budget`). The device launcher holds one for its peers (`plugins/p4bench_device/launcher.py`)."""
 
     def __init__(self, minutes: float, clock: Callable[[], float] | None = None) -> None:
         self.minutes = minutes
@@ -51,8 +60,13 @@ def budget_rule(minutes: float | None) -> StopAfter:
     return TimeBudget(minutes) if minutes is not None else never
 
 
-def stop_reason(step: int, extra_accuracy: dict[str, Any], stop_after: StopAfter, method: Method,
-                holds_everyone: bool = True) -> str | None:
+def stop_reason(
+    step: int,
+    extra_accuracy: dict[str, Any],
+    stop_after: StopAfter,
+    method: Method,
+    holds_everyone: bool = True,
+) -> str | None:
     """Whether a run ends after the round that brought it to `step`, decided in this one
     place for the simulator's driver and the device launcher: ``"method"`` when the
     method's own stopping rule holds on every client's values (P4L's mrt/mrr; judged only

@@ -74,15 +74,26 @@ class Screened:
         """A rule's (B, n) selection, restricted to the usable updates."""
         return kept & self.mask
 
-    def finish(self, aggregate: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def finish(
+        self, aggregate: torch.Tensor, kept: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(aggregate, kept) of a rule: kept restricted to the usable updates; a receiver
         with none, or with a non-finite aggregate, gets zeros and keeps nothing."""
         good = self.mask.any(dim=1) & torch.isfinite(aggregate).all(dim=1)
-        aggregate = torch.where(good.unsqueeze(1), aggregate, torch.zeros((), dtype=aggregate.dtype, device=aggregate.device))
+        aggregate = torch.where(
+            good.unsqueeze(1),
+            aggregate,
+            torch.zeros((), dtype=aggregate.dtype, device=aggregate.device),
+        )
         return aggregate, kept & self.mask & good.unsqueeze(1)
 
 
-def screen(updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, senders: torch.Tensor | None = None) -> Screened:
+def screen(
+    updates: torch.Tensor,
+    weights: torch.Tensor,
+    mask: torch.Tensor,
+    senders: torch.Tensor | None = None,
+) -> Screened:
     """The input of a defense with non-finite updates, bad weights and (given `senders`)
     repeated senders masked out. The updates are copied only when a row is non-finite."""
     finite = finite_rows(updates)
@@ -91,7 +102,9 @@ def screen(updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, sen
         usable = first_per_sender(senders, usable)
     if not bool(finite.all()):  # the one read back: copy only when there is a row to zero
         updates = updates.masked_fill(~finite.unsqueeze(-1), 0)
-    weights = torch.where(usable, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
+    weights = torch.where(
+        usable, weights, torch.zeros((), dtype=weights.dtype, device=weights.device)
+    )
     return Screened(updates, weights, usable)
 
 
@@ -112,7 +125,13 @@ def screened(rule: RuleT) -> RuleT:
     aggregates = rule.__name__ == "aggregate"
 
     @functools.wraps(rule)
-    def wrapper(self: Any, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor) -> Any:
+    def wrapper(
+        self: Any,
+        updates: torch.Tensor,
+        weights: torch.Tensor,
+        mask: torch.Tensor,
+        **identities: torch.Tensor,
+    ) -> Any:
         clean = screen(updates, weights, mask, identities.get("senders"))
         given = identities if self.uses_identities else {}
         result = rule(self, clean.updates, clean.weights, clean.mask, **given)

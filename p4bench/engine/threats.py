@@ -44,7 +44,9 @@ def update_vectors(payload: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([payload[k].flatten(start_dim=1) for k in keys], dim=1)
 
 
-def with_update_vectors(payload: dict[str, torch.Tensor], vectors: torch.Tensor) -> dict[str, torch.Tensor]:
+def with_update_vectors(
+    payload: dict[str, torch.Tensor], vectors: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """A copy of `payload` whose ``update.*`` entries are taken from `vectors` (n, P)."""
     out, offset = dict(payload), 0
     for key in update_keys(payload):
@@ -66,8 +68,14 @@ class Attack(ABC):
     description: ClassVar[str] = ""
     needs_individual_updates: ClassVar[bool] = False
     options: ClassVar[tuple[Option, ...]] = (
-        Option("attack_timing", str, "after-grouping", "phases message attacks act in: after-grouping skips a "
-               "method's grouping phase (P4's phase 1), before-grouping acts in it too", choices=TIMINGS),
+        Option(
+            "attack_timing",
+            str,
+            "after-grouping",
+            "phases message attacks act in: after-grouping skips a "
+            "method's grouping phase (P4's phase 1), before-grouping acts in it too",
+            choices=TIMINGS,
+        ),
     )
     omniscient: ClassVar[bool] = False  # True: `tamper` also gets `observed` and `colluding`
     # True: `poison_labels` also gets keyword `rng`, the malicious clients' attack streams
@@ -84,8 +92,11 @@ class Attack(ABC):
     def incompatibility(cls, capabilities: Capabilities) -> str | None:
         """Why this attack cannot target a method with these capabilities, or None.
         Message attacks need a method whose clients send model updates."""
-        sends_updates = (capabilities.shares_individual_updates or capabilities.has_aggregator
-                         or capabilities.hides_individual_updates)  # sent, but only inside encrypted sums
+        sends_updates = (
+            capabilities.shares_individual_updates
+            or capabilities.has_aggregator
+            or capabilities.hides_individual_updates
+        )  # sent, but only inside encrypted sums
         if cls.tamper is not Attack.tamper and not sends_updates:
             return "it tampers with the model updates clients send, and this method sends none"
         return None
@@ -101,7 +112,13 @@ class Attack(ABC):
         per client."""
         return labels
 
-    def tamper(self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None) -> Messages:
+    def tamper(
+        self,
+        exchange: str,
+        messages: Messages,
+        rng: ClientRng,
+        reference: torch.Tensor | None = None,
+    ) -> Messages:
         """Messages sent by malicious clients (one rng row per message) -> what is actually sent.
 
         `reference` (n, P) is the model each ``update.*`` payload is a delta from (the
@@ -117,10 +134,18 @@ class ModelReplacementAttack(Attack):
     """Base for attacks that replace the model a malicious client sends (byzantine
     attacks in the paper's threat model): override `replace(model, honest, rng)`."""
 
-    def replace(self, honest_model: torch.Tensor, global_model: torch.Tensor, rng: ClientRng) -> torch.Tensor:
+    def replace(
+        self, honest_model: torch.Tensor, global_model: torch.Tensor, rng: ClientRng
+    ) -> torch.Tensor:
         raise NotImplementedError
 
-    def tamper(self, exchange: str, messages: Messages, rng: ClientRng, reference: torch.Tensor | None = None) -> Messages:
+    def tamper(
+        self,
+        exchange: str,
+        messages: Messages,
+        rng: ClientRng,
+        reference: torch.Tensor | None = None,
+    ) -> Messages:
         updates = update_vectors(messages.payload)
         base = torch.zeros_like(updates) if reference is None else reference.to(updates.dtype)
         honest_model = base + updates if reference is not None else updates
@@ -146,7 +171,9 @@ class Defense(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     needs_individual_updates: ClassVar[bool] = True
-    options: ClassVar[tuple[Option, ...]] = ()  # declared config.options keys, resolved into `option_values`
+    options: ClassVar[
+        tuple[Option, ...]
+    ] = ()  # declared config.options keys, resolved into `option_values`
     # drops updates by its rule (so detection precision/recall apply); the shared screen
     # drops non-finite and repeated updates for every defense, filtering or not
     filters: ClassVar[bool] = True
@@ -180,10 +207,14 @@ class Defense(ABC):
     def incompatibility(cls, capabilities: Capabilities) -> str | None:
         """Why this defense cannot protect a method with these capabilities, or None."""
         if cls.needs_individual_updates and capabilities.hides_individual_updates:
-            return ("it inspects individual updates, and this method only ever exposes running sums of them "
-                    "(secure aggregation, e.g. p4l's synergy chain: Paillier-encrypted, or the same sums in plaintext "
-                    "with -o crypto=plaintext); accept-if-better runs on each client and works on the sums")
-        if cls.needs_individual_updates and not (capabilities.has_aggregator and capabilities.shares_individual_updates):
+            return (
+                "it inspects individual updates, and this method only ever exposes running sums of them "
+                "(secure aggregation, e.g. p4l's synergy chain: Paillier-encrypted, or the same sums in plaintext "
+                "with -o crypto=plaintext); accept-if-better runs on each client and works on the sums"
+            )
+        if cls.needs_individual_updates and not (
+            capabilities.has_aggregator and capabilities.shares_individual_updates
+        ):
             return "it filters individual updates at an aggregation point, and this method aggregates none"
         return None
 
@@ -193,8 +224,10 @@ class Defense(ABC):
         reads clients' records outside the ledger (a client gate does). Empty for defenses
         that only see what was released."""
         if cls.gates_clients:
-            return [f"defense {cls.name}: the gate's decision reads each client's own records outside the ledger "
-                    "(not a DP release), and it chooses the model the client trains on and sends next"]
+            return [
+                f"defense {cls.name}: the gate's decision reads each client's own records outside the ledger "
+                "(not a DP release), and it chooses the model the client trains on and sends next"
+            ]
         return []
 
     def accept(self, new_accuracy: torch.Tensor, old_accuracy: torch.Tensor) -> torch.Tensor:
@@ -202,18 +235,30 @@ class Defense(ABC):
         return new_accuracy >= old_accuracy
 
     @screened
-    def select(self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor) -> torch.Tensor:
+    def select(
+        self,
+        updates: torch.Tensor,
+        weights: torch.Tensor,
+        mask: torch.Tensor,
+        **identities: torch.Tensor,
+    ) -> torch.Tensor:
         """(B, n) bool: which updates to keep. Default keeps all real (screened) ones."""
         return mask
 
     @screened
     def aggregate(
-        self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
+        self,
+        updates: torch.Tensor,
+        weights: torch.Tensor,
+        mask: torch.Tensor,
+        **identities: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(aggregate (B, P), kept (B, n)): the weighted mean of the selected updates
         (zeros, nothing kept, for a receiver without a usable update)."""
         kept = self.select(updates, weights, mask, **identities) & mask
-        kept = torch.where(kept.any(dim=1, keepdim=True), kept, mask)  # never drop every usable update
+        kept = torch.where(
+            kept.any(dim=1, keepdim=True), kept, mask
+        )  # never drop every usable update
         return weighted_mean(updates, weights * kept), kept
 
 
@@ -249,12 +294,16 @@ def pad_by_destination(
     (B, n), mask (B, n), src (B, n), -1 where padded)."""
     updates = update_vectors(inbox.payload)
     dst, counts = torch.unique_consecutive(inbox.dst, return_counts=True)
-    width = int(counts.max()) if len(counts) else 0  # the one read back to the host (the padded shape)
+    width = (
+        int(counts.max()) if len(counts) else 0
+    )  # the one read back to the host (the padded shape)
     total = len(inbox)  # = counts.sum(), known on the host: repeat_interleave need not read it back
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.arange(total) - torch.repeat_interleave(starts, counts, output_size=total)
     row = torch.repeat_interleave(torch.arange(len(dst)), counts, output_size=total)
-    if width * len(dst) == total:  # every receiver got as many (none above width): already (B, n, P) in order
+    if (
+        width * len(dst) == total
+    ):  # every receiver got as many (none above width): already (B, n, P) in order
         padded = updates.view(len(dst), width, updates.shape[1])
     else:
         padded = updates.new_zeros(len(dst), width, updates.shape[1])
@@ -279,13 +328,17 @@ class Aggregator:
     defense: Defense | None = None
     log: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
 
-    def aggregate(self, inbox: Messages, weights: torch.Tensor, round_index: int = -1) -> torch.Tensor:
+    def aggregate(
+        self, inbox: Messages, weights: torch.Tensor, round_index: int = -1
+    ) -> torch.Tensor:
         """(P,) combination of all ``update.*`` vectors of `inbox` (one receiver)."""
         receiver = inbox.dst[:1].expand_as(inbox.dst) if len(inbox) else inbox.dst  # one receiver
         inbox = Messages(inbox.src, receiver.clone(), inbox.payload)
         return self.aggregate_by_destination(inbox, weights, round_index)[1][0]
 
-    def aggregate_by_destination(self, inbox: Messages, weights: torch.Tensor, round_index: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    def aggregate_by_destination(
+        self, inbox: Messages, weights: torch.Tensor, round_index: int = -1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(dst (B,), aggregate (B, P)): each receiver's combination of what it received.
         `inbox` must be sorted by destination."""
         dst, updates, w, mask, src = pad_by_destination(inbox, weights)
@@ -298,5 +351,11 @@ class Aggregator:
         status = torch.where(kept & mask, 1, torch.where(mask, 2, 0))
         senders, marks = torch.stack((src, status)).tolist()
         for ids, row in zip(senders, marks):
-            self.log.append((round_index, [s for s, m in zip(ids, row) if m == 1], [s for s, m in zip(ids, row) if m == 2]))
+            self.log.append(
+                (
+                    round_index,
+                    [s for s, m in zip(ids, row) if m == 1],
+                    [s for s, m in zip(ids, row) if m == 2],
+                )
+            )
         return dst, combined

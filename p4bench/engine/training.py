@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch.func import grad_and_value, vmap
 
-from p4bench.dropout import computes_training_gradients
 from p4bench.models import LinearSoftmax, Model, Params
-from p4bench.stacked import stacked_logits, stacked_loss_and_grad, supports_stacked
+from p4bench.models.dropout import computes_training_gradients
+from p4bench.models.stacked import stacked_logits, stacked_loss_and_grad, supports_stacked
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
@@ -39,20 +39,37 @@ class LossAndGrad(Protocol):
     per parameter, stacked like `params`). Nothing is clipped, noised or recorded: a
     gradient that reaches a release goes through `ctx.dp`."""
 
-    def __call__(self, params: Params, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-                 loss: PerExampleLoss = ..., aux: torch.Tensor | None = ...) -> tuple[torch.Tensor, Params]: ...
+    def __call__(
+        self,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        loss: PerExampleLoss = ...,
+        aux: torch.Tensor | None = ...,
+    ) -> tuple[torch.Tensor, Params]: ...
 
 
 class _DPSteps(Protocol):
     """What the helpers below use of a DP mechanism (`p4bench.privacy.mechanism.DPMechanism`)."""
 
     def step(
-        self, ctx: Any, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, sample_rate: float,
-        expected_batch: torch.Tensor, loss: PerExampleLoss = ..., aux: torch.Tensor | None = ...,
+        self,
+        ctx: Any,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        sample_rate: float,
+        expected_batch: torch.Tensor,
+        loss: PerExampleLoss = ...,
+        aux: torch.Tensor | None = ...,
         sq_norms: torch.Tensor | None = ...,
     ) -> tuple[Params, torch.Tensor, torch.Tensor]: ...
 
-    def sgd(self, ctx: Any, params: Params, train: Any, steps: int, lr: float) -> tuple[Params, torch.Tensor]: ...
+    def sgd(
+        self, ctx: Any, params: Params, train: Any, steps: int, lr: float
+    ) -> tuple[Params, torch.Tensor]: ...
 
 
 class TrainingContext(Protocol):
@@ -75,11 +92,15 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """log softmax over the last axis, as elementwise operations and sums over it: torch's
     CPU kernel is slow for a few classes (4.3 ms for 28,800 x 10 on one thread, against
     0.5 ms here). Equal to `torch.log_softmax` up to float rounding (about 1e-6)."""
-    shifted = logits - logits.detach().amax(dim=-1, keepdim=True)  # a constant per row: no gradient needed
+    shifted = logits - logits.detach().amax(
+        dim=-1, keepdim=True
+    )  # a constant per row: no gradient needed
     return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, aux: torch.Tensor | None = None) -> torch.Tensor:
+def cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, aux: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-example cross-entropy (the default loss): log sum exp of the logits minus the
     label's, the way `log_softmax` computes it (`F.cross_entropy` up to float rounding)."""
     shifted = logits - logits.detach().amax(dim=-1, keepdim=True)
@@ -93,7 +114,9 @@ def distillation_loss(weight: float) -> PerExampleLoss:
     (P4's eqs. 10-11, ProxyFL's deep mutual learning).
     """
 
-    def loss(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None) -> torch.Tensor:
+    def loss(
+        logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None
+    ) -> torch.Tensor:
         ce = cross_entropy(logits, labels)
         if teacher is None or weight == 0:
             return ce
@@ -105,7 +128,12 @@ def distillation_loss(weight: float) -> PerExampleLoss:
 
 
 def weighted_loss(
-    model: Model, loss: PerExampleLoss, params: Params, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+    model: Model,
+    loss: PerExampleLoss,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
     aux: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean loss of one client's batch; `weight` masks padding (0) from samples (1)."""
@@ -115,11 +143,16 @@ def weighted_loss(
 
 @computes_training_gradients
 def batched_loss_and_grad(
-    model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-    loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,
+    model: Model,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
+    loss: PerExampleLoss = cross_entropy,
+    aux: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Params]:
     """(loss (C,), grads) for stacked params (C, ...) and batches (C, b, ...)."""
-    if supports_stacked(model):  # every client in batched GEMMs (p4bench.stacked), not vmap
+    if supports_stacked(model):  # every client in batched GEMMs (p4bench.models.stacked), not vmap
         return stacked_loss_and_grad(model, params, x, y, weight, loss, aux)  # type: ignore[arg-type]
     if type(model) is LinearSoftmax:  # the built-in linear model's own forward: one batched GEMM
         return _linear_loss_and_grad(params, x, y, weight, loss, aux)
@@ -131,8 +164,14 @@ def batched_loss_and_grad(
     return value, grads
 
 
-def _linear_loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-                          loss: PerExampleLoss, aux: torch.Tensor | None) -> tuple[torch.Tensor, Params]:
+def _linear_loss_and_grad(
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
+    loss: PerExampleLoss,
+    aux: torch.Tensor | None,
+) -> tuple[torch.Tensor, Params]:
     """`batched_loss_and_grad` for the linear model: every client's logits in one batched
     GEMM and plain autograd of the summed losses (each client's loss depends on its own
     parameters alone). No torch.func: its first gradient imports torch._dynamo, about 1 s
@@ -140,10 +179,13 @@ def _linear_loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor, weig
     with torch.enable_grad():
         own = {k: v.detach().requires_grad_(True) for k, v in params.items()}
         clients, samples = x.shape[:2]
-        logits = torch.baddbmm(own["bias"].unsqueeze(1), x.reshape(clients, samples, -1),
-                               own["weight"].transpose(1, 2))  # (C, b, L)
+        logits = torch.baddbmm(
+            own["bias"].unsqueeze(1), x.reshape(clients, samples, -1), own["weight"].transpose(1, 2)
+        )  # (C, b, L)
         flat_aux = None if aux is None else aux.reshape(clients * samples, *aux.shape[2:])
-        losses = loss(logits.reshape(clients * samples, -1), y.reshape(-1), flat_aux).view(clients, samples)
+        losses = loss(logits.reshape(clients * samples, -1), y.reshape(-1), flat_aux).view(
+            clients, samples
+        )
         value = (losses * weight).sum(dim=1) / weight.sum(dim=1).clamp_min(1.0)
         grads = torch.autograd.grad(value.sum(), list(own.values()))
     return value.detach(), dict(zip(own, grads))
@@ -151,14 +193,21 @@ def _linear_loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor, weig
 
 @computes_training_gradients
 def reference_loss_and_grad(
-    model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-    loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,
+    model: Model,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
+    loss: PerExampleLoss = cross_entropy,
+    aux: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Params]:
     """Same contract as `batched_loss_and_grad`, computed client by client with autograd."""
     losses, grads = [], []
     for c in range(x.shape[0]):
         own = {k: v[c].detach().clone().requires_grad_(True) for k, v in params.items()}
-        value = weighted_loss(model, loss, own, x[c], y[c], weight[c], None if aux is None else aux[c])
+        value = weighted_loss(
+            model, loss, own, x[c], y[c], weight[c], None if aux is None else aux[c]
+        )
         values = torch.autograd.grad(value, list(own.values()))
         losses.append(value.detach())
         grads.append(dict(zip(own, values)))
@@ -179,10 +228,19 @@ class Workspace:
     def holds(self, name: str, tensor: torch.Tensor) -> bool:
         """Whether `tensor` lives in buffer `name` (so a caller can pick another one)."""
         buffer = self._buffers.get((name, tensor.dtype))
-        return buffer is not None and tensor.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+        return (
+            buffer is not None
+            and tensor.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+        )
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32, reserve: int = 0,
-            device: torch.device | str | None = None) -> torch.Tensor:
+    def get(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype = torch.float32,
+        reserve: int = 0,
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
         """A (shape) view of buffer `name`, grown to at least `reserve` elements when it
         has to grow (so a size that varies from step to step allocates once); on `device`
         (default: torch's default device, the run's inside its device scope)."""
@@ -199,14 +257,21 @@ class Workspace:
 
 
 def gather_batch(
-    values: torch.Tensor, index: torch.Tensor, workspace: Workspace | None = None, name: str = "batch",
+    values: torch.Tensor,
+    index: torch.Tensor,
+    workspace: Workspace | None = None,
+    name: str = "batch",
     clients: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """values (C, n, ...) and index (B, b) -> (B, b, ...): sample index[i, j] of client
     clients[i] (default: of client i, B = C); into `workspace` memory if given."""
-    if values.device != index.device:  # samples streamed from (pinned) host memory: gather there, move the batch
+    if (
+        values.device != index.device
+    ):  # samples streamed from (pinned) host memory: gather there, move the batch
         host_clients = None if clients is None else clients.cpu()
-        return gather_batch(values, index.cpu(), clients=host_clients).to(index.device, non_blocking=True)
+        return gather_batch(values, index.cpu(), clients=host_clients).to(
+            index.device, non_blocking=True
+        )
     count, width = values.shape[:2]
     owners = (torch.arange(count, device=index.device) if clients is None else clients).unsqueeze(1)
     if not values.is_contiguous():
@@ -248,7 +313,9 @@ def logits_of(model: Model, params: Params, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def accuracy(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+def accuracy(
+    model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, n: torch.Tensor
+) -> torch.Tensor:
     """(C,) accuracy of each client's model on its own padded samples."""
     if x.shape[0] == 0:
         return torch.zeros(0, dtype=torch.float64)
@@ -258,7 +325,9 @@ def accuracy(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, n: 
     return correct.double() / n.clamp_min(1).double()
 
 
-def shared_accuracy(model: Model, params: Params, held: ClientTensors, chunk_logits: int = 1 << 24) -> torch.Tensor:
+def shared_accuracy(
+    model: Model, params: Params, held: ClientTensors, chunk_logits: int = 1 << 24
+) -> torch.Tensor:
     """(C,) accuracy of each client's model on one test set shared by all (`held`, one row
     (1, N, ...)), in chunks of clients so that the logits stay under `chunk_logits` values."""
     count = next(iter(params.values())).shape[0] if params else 0
@@ -276,7 +345,9 @@ def shared_accuracy(model: Model, params: Params, held: ClientTensors, chunk_log
     return torch.cat(parts)
 
 
-def poisson_batches(rng: ClientRng, n: torch.Tensor, rate: float, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def poisson_batches(
+    rng: ClientRng, n: torch.Tensor, rate: float, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Poisson sampling: each of a client's n_i samples is in the batch with prob `rate`.
 
     Returns (index, mask) compacted to the largest realised batch (read back: the one
@@ -300,15 +371,24 @@ def sample_batches(ctx: TrainingContext, train: ClientTensors) -> tuple[torch.Te
     return fixed_size_batches(ctx, train)
 
 
-def fixed_size_batches(ctx: TrainingContext, train: ClientTensors) -> tuple[torch.Tensor, torch.Tensor]:
+def fixed_size_batches(
+    ctx: TrainingContext, train: ClientTensors
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-client batches of round(s * n_i) samples without replacement: (index, mask)."""
     batch = torch.round(ctx.config.data_rate * train.n.double()).clamp_min(1).long()
     return ctx.rng.subsets(train.n, batch, int(batch.max()))
 
 
 def batch_gradient(
-    ctx: TrainingContext, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, train: ClientTensors,
-    loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None, input_stats: torch.Tensor | None = None,
+    ctx: TrainingContext,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor,
+    train: ClientTensors,
+    loss: PerExampleLoss = cross_entropy,
+    aux: torch.Tensor | None = None,
+    input_stats: torch.Tensor | None = None,
 ) -> tuple[Params, torch.Tensor, torch.Tensor]:
     """Mean gradient of each row's batch: through the DP mechanism (clipping, noise,
     ledger, budget) when the run is private. Returns (grads, loss (C,) float64,
@@ -319,8 +399,9 @@ def batch_gradient(
         expected = ctx.config.data_rate * train.n.double()
         # sq_norms only when there are statistics: a mechanism wrapper written before it existed keeps working
         extra = {} if input_stats is None else {"sq_norms": input_stats}
-        grads, value, released = ctx.dp.step(ctx, params, x, y, mask.float(), ctx.config.data_rate, expected, loss, aux,
-                                              **extra)
+        grads, value, released = ctx.dp.step(
+            ctx, params, x, y, mask.float(), ctx.config.data_rate, expected, loss, aux, **extra
+        )
         return grads, value.double(), released.float()
     value, grads = ctx.loss_and_grad(params, x, y, mask.float(), loss=loss, aux=aux)
     return grads, value.detach().double(), torch.ones(len(ctx.rows))
@@ -333,7 +414,9 @@ def noble_local_lr(config: RunConfig) -> float:
     return config.lr / (max(round(config.local_steps * config.data_rate), 1) * config.global_lr)
 
 
-def local_sgd(ctx: TrainingContext, params: Params, train: ClientTensors, steps: int, lr: float) -> tuple[Params, torch.Tensor]:
+def local_sgd(
+    ctx: TrainingContext, params: Params, train: ClientTensors, steps: int, lr: float
+) -> tuple[Params, torch.Tensor]:
     """`steps` SGD steps for every row of `params`, each on a fresh batch of round(s * n_i)
     samples drawn without replacement from the client's own stream (`ctx.rng`).
 
@@ -346,7 +429,9 @@ def local_sgd(ctx: TrainingContext, params: Params, train: ClientTensors, steps:
     total = torch.zeros(train.n.shape[0], dtype=torch.float64)
     for _ in range(steps):
         index, mask = fixed_size_batches(ctx, train)
-        loss, grads = ctx.loss_and_grad(params, gather_batch(train.x, index), gather_batch(train.y, index), mask.float())
+        loss, grads = ctx.loss_and_grad(
+            params, gather_batch(train.x, index), gather_batch(train.y, index), mask.float()
+        )
         params = {k: params[k] - lr * grads[k] for k in params}
         total += loss.detach().double()
     return params, total / steps

@@ -69,25 +69,39 @@ __all__ = [
 ]
 
 
-__getattr__ = lazy_exports(globals(), {
-    "p4bench.privacy.accountants": (
-        "Accountant", "NobleAccountant", "PRVAccountant", "RDPAccountant", "ReleaseSegment", "accounted_epsilon",
-        "compact_history",
-    ),
-    "p4bench.privacy.analysis": (
-        "DEFAULT_ORDERS", "VIEWS", "PrivacyAccountingError", "prv_epsilon", "prv_epsilon_history", "rdp_epsilon",
-        "rdp_epsilon_history", "rdp_privacy_spent",
-    ),
-    "p4bench.privacy.calibration": ("calibrate_accountant", "calibrate_noise"),
-    "p4bench.privacy.noble": ("noble_epsilon", "noble_epsilon_floor", "noble_privacy_spent"),
-    "p4bench.privacy.catalog": ("BUILTIN_ACCOUNTANTS",),
-    "p4bench.privacy.pld": ("PLDAccountant", "pld_epsilon"),
-})
+__getattr__ = lazy_exports(
+    globals(),
+    {
+        "p4bench.privacy.accountants": (
+            "Accountant",
+            "NobleAccountant",
+            "PRVAccountant",
+            "RDPAccountant",
+            "ReleaseSegment",
+            "accounted_epsilon",
+            "compact_history",
+        ),
+        "p4bench.privacy.analysis": (
+            "DEFAULT_ORDERS",
+            "VIEWS",
+            "PrivacyAccountingError",
+            "prv_epsilon",
+            "prv_epsilon_history",
+            "rdp_epsilon",
+            "rdp_epsilon_history",
+            "rdp_privacy_spent",
+        ),
+        "p4bench.privacy.calibration": ("calibrate_accountant", "calibrate_noise"),
+        "p4bench.privacy.noble": ("noble_epsilon", "noble_epsilon_floor", "noble_privacy_spent"),
+        "p4bench.privacy.catalog": ("BUILTIN_ACCOUNTANTS",),
+        "p4bench.privacy.pld": ("PLDAccountant", "pld_epsilon"),
+    },
+)
 
 
 def get_accountant(name: str, *, registry: Any) -> Accountant:
     """An instance of the accountant `name` registered in `registry` (a
-    `p4bench.plugin_manager.Registry`, e.g. `default_registry()`; passed in, as this
+    `p4bench.host.manager.Registry`, e.g. `default_registry()`; passed in, as this
     package sits below the plugin host).
 
     Raises :class:`p4bench.errors.UnknownNameError` (listing the registered names) for

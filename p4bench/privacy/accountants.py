@@ -109,7 +109,9 @@ def compact_history(history: Sequence[ReleaseSegment]) -> list[ReleaseSegment]:
     merged: list[ReleaseSegment] = []
     for segment in history:
         last = merged[-1] if merged else None
-        if last is not None and replace(last, steps=0, rounds=None) == replace(segment, steps=0, rounds=None):
+        if last is not None and replace(last, steps=0, rounds=None) == replace(
+            segment, steps=0, rounds=None
+        ):
             both_default = last.rounds is None and segment.rounds is None
             rounds = None if both_default else last.total_rounds + segment.total_rounds
             merged[-1] = replace(last, steps=last.steps + segment.steps, rounds=rounds)
@@ -160,7 +162,9 @@ class Accountant(ABC):
     def epsilon(self, history: Sequence[ReleaseSegment], delta: float, **context: Any) -> float:
         """Epsilon at `delta` after every release in `history` (0.0 for no release)."""
 
-    def epsilon_floor(self, history: Sequence[ReleaseSegment], delta: float, **context: Any) -> float:
+    def epsilon_floor(
+        self, history: Sequence[ReleaseSegment], delta: float, **context: Any
+    ) -> float:
         """The epsilon this analysis reports for `history` however large the noise is."""
         return 0.0
 
@@ -173,14 +177,18 @@ class RDPAccountant(Accountant):
 
     def epsilon(self, history: Sequence[ReleaseSegment], delta: float, **context: Any) -> float:
         orders = context.get("orders")
-        return analysis.rdp_epsilon_history(history=[s.as_opacus() for s in history], delta=delta, orders=orders)
+        return analysis.rdp_epsilon_history(
+            history=[s.as_opacus() for s in history], delta=delta, orders=orders
+        )
 
 
 class PRVAccountant(Accountant):
     """Numerical PRV composition of the Poisson-subsampled Gaussian (Opacus)."""
 
     name = "prv"
-    description = "PRV accountant of the Poisson-subsampled Gaussian (Opacus, Gopi et al. 2021), upper bound"
+    description = (
+        "PRV accountant of the Poisson-subsampled Gaussian (Opacus, Gopi et al. 2021), upper bound"
+    )
 
     def epsilon(self, history: Sequence[ReleaseSegment], delta: float, **context: Any) -> float:
         return analysis.prv_epsilon_history(
@@ -197,13 +205,25 @@ class NobleAccountant(Accountant):
     name = "noble"
     description = "Noble et al. 2022 nested bound (client ratio outside, data ratio inside); has a noise floor"
     relations = ("replace-one",)  # subsampling without replacement (WBK19) and sensitivity 2C/b
-    sampling = ("fixed-size",)  # WBK19's amplification by sampling batches of fixed size without replacement
+    sampling = (
+        "fixed-size",
+    )  # WBK19's amplification by sampling batches of fixed size without replacement
     uses_rounds = True
     # read by the runner into every release segment's `view`
-    options = (Option("noble_view", str, "aggregator", "who observes the noise: aggregator (whoever sees one "
-                      "client's update, as a P2P neighbour) or third-party (only the aggregate)", choices=VIEWS),)
+    options = (
+        Option(
+            "noble_view",
+            str,
+            "aggregator",
+            "who observes the noise: aggregator (whoever sees one "
+            "client's update, as a P2P neighbour) or third-party (only the aggregate)",
+            choices=VIEWS,
+        ),
+    )
 
-    def _curve(self, history: Sequence[ReleaseSegment], max_order: int, infinite_noise: bool) -> np.ndarray:
+    def _curve(
+        self, history: Sequence[ReleaseSegment], max_order: int, infinite_noise: bool
+    ) -> np.ndarray:
         total = np.zeros(max_order + 1)
         for s in history:  # RDP composes order by order across segments
             total = total + noble.noble_rdp(
@@ -218,7 +238,9 @@ class NobleAccountant(Accountant):
             )
         return total
 
-    def _spent(self, history: Sequence[ReleaseSegment], delta: float, infinite_noise: bool, **context: Any) -> float:
+    def _spent(
+        self, history: Sequence[ReleaseSegment], delta: float, infinite_noise: bool, **context: Any
+    ) -> float:
         delta = check_delta(delta)
         if not any(s.total_rounds and s.local_steps for s in history):
             return 0.0
@@ -228,16 +250,26 @@ class NobleAccountant(Accountant):
     def epsilon(self, history: Sequence[ReleaseSegment], delta: float, **context: Any) -> float:
         return self._spent(history, delta, False, **context)
 
-    def epsilon_floor(self, history: Sequence[ReleaseSegment], delta: float, **context: Any) -> float:
+    def epsilon_floor(
+        self, history: Sequence[ReleaseSegment], delta: float, **context: Any
+    ) -> float:
         return self._spent(history, delta, True, **context)
 
 
 def native_relations(accountant: Accountant) -> tuple[str, ...]:
     """The relations `accountant` analyses natively (duck-typed plugins: `relation`, else add-remove)."""
-    return tuple(getattr(accountant, "relations", ())) or (getattr(accountant, "relation", "add-remove"),)
+    return tuple(getattr(accountant, "relations", ())) or (
+        getattr(accountant, "relation", "add-remove"),
+    )
 
 
-def accounted_epsilon(accountant: Accountant, history: Sequence[ReleaseSegment], delta: float, neighbouring: str, **context: Any) -> float:
+def accounted_epsilon(
+    accountant: Accountant,
+    history: Sequence[ReleaseSegment],
+    delta: float,
+    neighbouring: str,
+    **context: Any,
+) -> float:
     """Epsilon of `history` (segments carrying the run's sigma) for the run's relation.
 
     An accountant that supports `neighbouring` natively analyses it directly. Otherwise:
@@ -247,7 +279,9 @@ def accounted_epsilon(accountant: Accountant, history: Sequence[ReleaseSegment],
     an addition, so (eps, delta') for add-remove gives (2 eps, delta' (1 + e^eps)).
     """
     if neighbouring not in NEIGHBOURING:
-        raise ConfigError("neighbouring", f"must be one of {', '.join(NEIGHBOURING)}, got {neighbouring!r}")
+        raise ConfigError(
+            "neighbouring", f"must be one of {', '.join(NEIGHBOURING)}, got {neighbouring!r}"
+        )
     if not history:
         return 0.0
     native = native_relations(accountant)

@@ -154,15 +154,21 @@ def rdp_privacy_spent(
 
 
 @functools.lru_cache(maxsize=4096)
-def _one_step_rdp(sample_rate: float, noise_multiplier: float, orders: tuple[float, ...]) -> np.ndarray:
+def _one_step_rdp(
+    sample_rate: float, noise_multiplier: float, orders: tuple[float, ...]
+) -> np.ndarray:
     from opacus.accountants.analysis.rdp import compute_rdp
 
-    curve: np.ndarray = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(orders))
+    curve: np.ndarray = compute_rdp(
+        q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(orders)
+    )
     curve.setflags(write=False)
     return curve
 
 
-def rdp_epsilon_history(*, history: History, delta: float, orders: Sequence[float] | None = None) -> float:
+def rdp_epsilon_history(
+    *, history: History, delta: float, orders: Sequence[float] | None = None
+) -> float:
     """Epsilon of a composed history of Poisson-subsampled Gaussian releases (RDP)."""
     return rdp_privacy_spent(history=history, delta=delta, orders=orders)[0]
 
@@ -180,7 +186,9 @@ def rdp_epsilon(
     >>> round(rdp_epsilon(noise_multiplier=1.0, sample_rate=0.25, steps=1200, delta=1e-3), 2)
     86.78
     """
-    return rdp_epsilon_history(history=[(noise_multiplier, sample_rate, steps)], delta=delta, orders=orders)
+    return rdp_epsilon_history(
+        history=[(noise_multiplier, sample_rate, steps)], delta=delta, orders=orders
+    )
 
 
 # --- PRV -----------------------------------------------------------------------------
@@ -197,11 +205,16 @@ def prv_epsilon_history(
     be too large to compute (tiny noise with many steps: use RDP there) or fails.
     """
     from opacus.accountants import PRVAccountant
-    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV, compute_safe_domain_size
+    from opacus.accountants.analysis.prv import (
+        PoissonSubsampledGaussianPRV,
+        compute_safe_domain_size,
+    )
 
     delta = check_delta(delta)
     eps_error = check_positive("eps_error", eps_error)
-    delta_error = delta / 1000 if delta_error is None else check_positive("delta_error", delta_error)
+    delta_error = (
+        delta / 1000 if delta_error is None else check_positive("delta_error", delta_error)
+    )
     segments = checked_history(history)
     if not segments:
         return 0.0
@@ -230,10 +243,16 @@ def prv_epsilon_history(
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            warnings.simplefilter("ignore", UserWarning)  # Opacus' RDP grid-edge warning (domain size)
-            epsilon = accountant.get_epsilon(delta=delta, eps_error=eps_error, delta_error=delta_error)
+            warnings.simplefilter(
+                "ignore", UserWarning
+            )  # Opacus' RDP grid-edge warning (domain size)
+            epsilon = accountant.get_epsilon(
+                delta=delta, eps_error=eps_error, delta_error=delta_error
+            )
     except (RuntimeError, ValueError, FloatingPointError) as exc:
-        raise PrivacyAccountingError(f"the PRV accountant failed ({exc}); use the 'rdp' accountant instead") from exc
+        raise PrivacyAccountingError(
+            f"the PRV accountant failed ({exc}); use the 'rdp' accountant instead"
+        ) from exc
     return float(epsilon)
 
 
@@ -248,7 +267,10 @@ def prv_epsilon(
 ) -> float:
     """Upper bound on epsilon after `steps` Poisson-subsampled Gaussian releases (PRV)."""
     return prv_epsilon_history(
-        history=[(noise_multiplier, sample_rate, steps)], delta=delta, eps_error=eps_error, delta_error=delta_error
+        history=[(noise_multiplier, sample_rate, steps)],
+        delta=delta,
+        eps_error=eps_error,
+        delta_error=delta_error,
     )
 
 

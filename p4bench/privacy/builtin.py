@@ -15,10 +15,13 @@ if TYPE_CHECKING:
 __all__ = ["Accountant", "BUILTIN_ACCOUNTANTS", "register_accountants"]
 
 # the names this module used to import, for code that imports them from here
-__getattr__ = lazy_exports(globals(), {
-    "p4bench.privacy.accountants": ("Accountant",),
-    "p4bench.privacy.catalog": ("BUILTIN_ACCOUNTANTS",),
-})
+__getattr__ = lazy_exports(
+    globals(),
+    {
+        "p4bench.privacy.accountants": ("Accountant",),
+        "p4bench.privacy.catalog": ("BUILTIN_ACCOUNTANTS",),
+    },
+)
 
 
 @hookimpl

@@ -8,9 +8,20 @@ from dataclasses import replace
 from typing import Any
 
 from p4bench.errors import ConfigError, UsageError
-from p4bench.privacy.accountants import Accountant, ReleaseSegment, accounted_epsilon, native_relations
+from p4bench.privacy.accountants import (
+    Accountant,
+    ReleaseSegment,
+    accounted_epsilon,
+    native_relations,
+)
 
-__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise", "calibrate_accountant", "default_delta", "DELTA_RULE"]
+__all__ = [
+    "MAX_NOISE_MULTIPLIER",
+    "calibrate_noise",
+    "calibrate_accountant",
+    "default_delta",
+    "DELTA_RULE",
+]
 
 # delta << 1/N: a mechanism that publishes one record in full with probability delta is
 # (0, delta)-DP, so delta must be far below 1/N. N is the training records of the data set the
@@ -23,6 +34,7 @@ DELTA_RULE = "1/(10 N), N the training records of the data set"
 def default_delta(records: int) -> float:
     """A run's delta when none is given (`DELTA_RULE`)."""
     return 1.0 / (10 * max(int(records), 1))
+
 
 MAX_NOISE_MULTIPLIER = 1e6
 """Noise multipliers above this are treated as "no noise level reaches the target"."""
@@ -119,7 +131,13 @@ def calibrate_accountant(
     relation = neighbouring or native_relations(accountant)[0]
 
     def epsilon_at(sigma: float) -> float:
-        return accounted_epsilon(accountant, [replace(s, noise_multiplier=sigma) for s in history], delta, relation, **context)
+        return accounted_epsilon(
+            accountant,
+            [replace(s, noise_multiplier=sigma) for s in history],
+            delta,
+            relation,
+            **context,
+        )
 
     floor = accountant.epsilon_floor(history, delta, **context)
     return calibrate_noise(epsilon_at, target_epsilon, tolerance=tolerance, floor=floor or None)

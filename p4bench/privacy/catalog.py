@@ -7,5 +7,10 @@ from p4bench.privacy.pld import PLDAccountant
 
 __all__ = ["BUILTIN_ACCOUNTANTS"]
 
-BUILTIN_ACCOUNTANTS: tuple[type[Accountant], ...] = (RDPAccountant, PRVAccountant, PLDAccountant, NobleAccountant)
+BUILTIN_ACCOUNTANTS: tuple[type[Accountant], ...] = (
+    RDPAccountant,
+    PRVAccountant,
+    PLDAccountant,
+    NobleAccountant,
+)
 """The accountants p4bench registers itself (`p4bench.privacy.builtin`)."""

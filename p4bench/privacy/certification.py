@@ -34,7 +34,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Certification", "certify", "accountant_reasons", "NOT_VERIFIED", "RANDOMNESS_LABELS", "STAND_IN"]
+__all__ = [
+    "Certification",
+    "certify",
+    "accountant_reasons",
+    "NOT_VERIFIED",
+    "RANDOMNESS_LABELS",
+    "STAND_IN",
+]
 
 NOT_VERIFIED = "not verified"
 STAND_IN = "verified on a 4-client, 2-round stand-in"
@@ -77,8 +84,14 @@ class Certification:
         """This verdict with more reasons (uncertified if there are any)."""
         if not reasons:
             return self
-        return Certification(self.private, False, (*self.reasons, *reasons), self.randomness, self.post_processing,
-                             self.isolation)
+        return Certification(
+            self.private,
+            False,
+            (*self.reasons, *reasons),
+            self.randomness,
+            self.post_processing,
+            self.isolation,
+        )
 
     def with_post_processing(self, verdict: dict[str, Any] | None) -> Certification:
         """This verdict with the method's post-processing check (`PostProcessingResult.as_dict()`;
@@ -87,20 +100,42 @@ class Certification:
         if not self.private:
             return self
         if verdict is None:
-            updated = self.with_reasons([
-                "not verified: the post-processing check was off (--verify off or P4BENCH_VERIFY=0), and an "
-                "epsilon is certified only where the run's messages were checked to be post-processing of its releases"])
-            return Certification(updated.private, updated.certified, updated.reasons, updated.randomness, NOT_VERIFIED,
-                                 "not run")
+            updated = self.with_reasons(
+                [
+                    "not verified: the post-processing check was off (--verify off or P4BENCH_VERIFY=0), and an "
+                    "epsilon is certified only where the run's messages were checked to be post-processing of its releases"
+                ]
+            )
+            return Certification(
+                updated.private,
+                updated.certified,
+                updated.reasons,
+                updated.randomness,
+                NOT_VERIFIED,
+                "not run",
+            )
         status = str(verdict["status"])
-        reasons = [] if status == "verified" else [
-            f"post-processing check {status} for method '{verdict['method']}': {'; '.join(verdict['findings'])}"]
+        reasons = (
+            []
+            if status == "verified"
+            else [
+                f"post-processing check {status} for method '{verdict['method']}': {'; '.join(verdict['findings'])}"
+            ]
+        )
         if status == "verified" and verdict.get("scope", "stand-in") == "stand-in":
             status = STAND_IN
-            reasons.append(f"{STAND_IN}, not at this run's size (--verify stand-in); --verify full checks the run itself")
+            reasons.append(
+                f"{STAND_IN}, not at this run's size (--verify stand-in); --verify full checks the run itself"
+            )
         updated = self.with_reasons(reasons)
-        return Certification(updated.private, updated.certified, updated.reasons, updated.randomness, status,
-                             str(verdict.get("isolation", "not run")))
+        return Certification(
+            updated.private,
+            updated.certified,
+            updated.reasons,
+            updated.randomness,
+            status,
+            str(verdict.get("isolation", "not run")),
+        )
 
     def summary_fields(self) -> dict[str, Any]:
         """The keys every run summary (and `--json` line) carries."""
@@ -109,7 +144,11 @@ class Certification:
             "epsilon_certified": self.certified,
             "uncertified_reason": self.reason,
             "dp_randomness": self.randomness,
-            **({"post_processing": self.post_processing, "record_isolation": self.isolation} if self.private else {}),
+            **(
+                {"post_processing": self.post_processing, "record_isolation": self.isolation}
+                if self.private
+                else {}
+            ),
         }
 
     def tags(self) -> dict[str, str]:
@@ -140,17 +179,28 @@ def accountant_reasons(config: Any, accountant: Any, capabilities: Any) -> list[
     if RUN_SAMPLING not in proved:
         reasons.append(
             f"accountant {name} is proved for {' or '.join(proved)} batches; this run samples {RUN_SAMPLING} batches, "
-            "so its figure does not bound the run (the pld epsilon beside it is the tight one)")
+            "so its figure does not bound the run (the pld epsilon beside it is the tight one)"
+        )
     view = str((config.options or {}).get("noble_view", "aggregator"))
-    if name == "noble" and view == "third-party" and getattr(capabilities, "shares_individual_updates", False):
+    if (
+        name == "noble"
+        and view == "third-party"
+        and getattr(capabilities, "shares_individual_updates", False)
+    ):
         reasons.append(
             f"noble_view=third-party counts only an aggregate of many clients' noisy updates, but method "
-            f"'{config.method}' sends individual updates: its aggregator or neighbours see one client's noise alone")
+            f"'{config.method}' sends individual updates: its aggregator or neighbours see one client's noise alone"
+        )
     return reasons
 
 
-def certify(config: Any, method_reasons: list[str], separate_parties: bool, accountant: Any = None,
-            capabilities: Any = None) -> Certification:
+def certify(
+    config: Any,
+    method_reasons: list[str],
+    separate_parties: bool,
+    accountant: Any = None,
+    capabilities: Any = None,
+) -> Certification:
     """The certification of a run whose config is resolved (`runner.resolve_run_config`).
 
     `method_reasons` are the method's own `uncertified_steps()`; `separate_parties` says

@@ -71,8 +71,11 @@ def code_digest(obj: type | types.ModuleType) -> str:
     """24 hex characters of sha256 over the code of `obj`'s plugin and of p4bench (module docstring)."""
     try:
         host = sys.modules.get(HOST)
-        parts: dict[str, Any] = {"format": FORMAT, "host": [__version__, _package_code(*_locate(host or HOST))],
-                                 "plugin": _plugin_code(obj)}
+        parts: dict[str, Any] = {
+            "format": FORMAT,
+            "host": [__version__, _package_code(*_locate(host or HOST))],
+            "plugin": _plugin_code(obj),
+        }
     except Exception as error:  # never raise: a digest that no later call repeats
         parts = {"format": FORMAT, "error": type(error).__name__, "nonce": os.urandom(16).hex()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
@@ -152,6 +155,7 @@ def _collect(top: str, own: str | None) -> tuple[list[list[str]], tuple[_File, .
 
 class _Provider(NamedTuple):
     """What a distribution that declares a top-level name installed: read once per state of sys.path."""
+
     name: str
     version: str
     files: list[tuple[str, str]]  # (label, real path) of what its installer wrote
@@ -161,7 +165,10 @@ class _Provider(NamedTuple):
     @classmethod
     def of(cls, dist: metadata.Distribution) -> _Provider:
         name, base = str(dist.metadata["Name"] or "?"), Path(str(dist.locate_file("")))
-        files = [(f"{name}:{f.as_posix()}", os.path.realpath(str(base / f))) for f in _installed_files(dist)]
+        files = [
+            (f"{name}:{f.as_posix()}", os.path.realpath(str(base / f)))
+            for f in _installed_files(dist)
+        ]
         files = [(label, path) for label, path in files if not _skipped_file(Path(path).name)]
         roots = list(_editable_roots(dist, base, sorted(_top_level_names(dist))))
         return cls(name, str(dist.version), files, frozenset(p for _, p in files), roots)
@@ -176,16 +183,25 @@ def _installed_files(dist: metadata.Distribution) -> list[metadata.PackagePath]:
     return list(dist.files or ())
 
 
-def _editable_roots(dist: metadata.Distribution, base: Path, tops: list[str]) -> Iterator[tuple[str, str]]:
+def _editable_roots(
+    dist: metadata.Distribution, base: Path, tops: list[str]
+) -> Iterator[tuple[str, str]]:
     """Where an editable install imports its top-level names from: setuptools' finder
     mapping (with the package-dir mapping of subpackages), or a `.pth` file's path entries."""
     for file in dist.files or ():
         if file.name.startswith("__editable__") and file.name.endswith("_finder.py"):
             for key, value in _finder_mapping(base / file).items():
-                yield from ((key, os.path.realpath(v)) for v in ([value] if isinstance(value, str) else value))
+                yield from (
+                    (key, os.path.realpath(v))
+                    for v in ([value] if isinstance(value, str) else value)
+                )
         elif file.suffix == ".pth":
             entries = [line.strip() for line in _text(base / file).splitlines()]
-            paths = [str(base / e) for e in entries if e and not e.startswith(("#", "import ", "import\t"))]
+            paths = [
+                str(base / e)
+                for e in entries
+                if e and not e.startswith(("#", "import ", "import\t"))
+            ]
             for top in tops if paths else ():
                 yield from _spec_roots(top, PathFinder.find_spec(top, paths))
 
@@ -226,8 +242,12 @@ def _import_roots(top: str) -> list[tuple[str, str]]:
         except (ImportError, ValueError):
             spec = None
         roots = list(_spec_roots(top, spec))
-    for name, sub in sorted((n, m) for n, m in list(sys.modules.items()) if n.startswith(top + ".")):
-        roots += [(label, path) for label, path in _module_roots(name, sub) if not _under(path, roots)]
+    for name, sub in sorted(
+        (n, m) for n, m in list(sys.modules.items()) if n.startswith(top + ".")
+    ):
+        roots += [
+            (label, path) for label, path in _module_roots(name, sub) if not _under(path, roots)
+        ]
     return roots
 
 
@@ -268,12 +288,20 @@ def _walk(roots: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
             subfolders[:] = sorted(d for d in subfolders if not _skipped_folder(folder, d))
             relative = Path(os.path.relpath(folder, root)).as_posix()
             prefix = label if relative == "." else f"{label}/{relative}"
-            yield from ((f"{prefix}/{name}", os.path.join(folder, name)) for name in sorted(names) if not _skipped_file(name))
+            yield from (
+                (f"{prefix}/{name}", os.path.join(folder, name))
+                for name in sorted(names)
+                if not _skipped_file(name)
+            )
 
 
 def _skipped_folder(parent: str, name: str) -> bool:
-    return (name == "__pycache__" or name.startswith(".") or name.endswith(".egg-info")
-            or os.path.exists(os.path.join(parent, name, "pyvenv.cfg")))
+    return (
+        name == "__pycache__"
+        or name.startswith(".")
+        or name.endswith(".egg-info")
+        or os.path.exists(os.path.join(parent, name, "pyvenv.cfg"))
+    )
 
 
 def _skipped_file(name: str) -> bool:
@@ -321,13 +349,20 @@ def _content_digest(files: tuple[_File, ...]) -> str:
 def _bytecode_digest(obj: object) -> str:
     """For an object without a file: the byte code of its functions and its plain values
     (a class redefined with another body gets another digest)."""
-    digest = hashlib.sha256(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}".encode())
+    digest = hashlib.sha256(
+        f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}".encode()
+    )
     for name, value in sorted(vars(obj).items()) if hasattr(obj, "__dict__") else ():
-        for part in (getattr(value, "__func__", value), *(getattr(value, a, None) for a in ("fget", "fset", "fdel"))):
+        for part in (
+            getattr(value, "__func__", value),
+            *(getattr(value, a, None) for a in ("fget", "fset", "fdel")),
+        ):
             code = getattr(part, "__code__", None)
             if isinstance(code, types.CodeType):
                 digest.update(name.encode() + b"\0" + marshal.dumps(code))
-        if isinstance(value, int | float | str | bytes | tuple | frozenset | type(None)) and not name.startswith("__"):
+        if isinstance(
+            value, int | float | str | bytes | tuple | frozenset | type(None)
+        ) and not name.startswith("__"):
             digest.update(f"{name}={value!r}".encode())
     return digest.hexdigest()
 
@@ -374,9 +409,15 @@ def _top_level_names(dist: metadata.Distribution) -> set[str]:
     names = set((dist.read_text("top_level.txt") or "").split())
     if not names or _editable(dist):
         record = dist.read_text("RECORD")
-        paths = [row[0] for row in csv.reader(record.splitlines()) if row] if record else [str(f) for f in dist.files or ()]
+        paths = (
+            [row[0] for row in csv.reader(record.splitlines()) if row]
+            if record
+            else [str(f) for f in dist.files or ()]
+        )
         if not names:
-            names = {p.split("/", 1)[0] if "/" in p else inspect.getmodulename(p) or "" for p in paths}
+            names = {
+                p.split("/", 1)[0] if "/" in p else inspect.getmodulename(p) or "" for p in paths
+            }
         base = Path(str(dist.locate_file("")))
         for path in paths:
             name = path.rsplit("/", 1)[-1]

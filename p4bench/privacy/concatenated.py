@@ -1,5 +1,5 @@
 """The noise of one release that concatenates k gradients computed on the same batch
-(PDSL's and DP-CGA's cross-gradients, `p4bench.baselines.cross_gradients`): one Gaussian
+(PDSL's and DP-CGA's cross-gradients, `p4bench_baselines.cross_gradients`): one Gaussian
 release with the run's multiplier sigma, never k independent ones.
 
 - `per-example` clipping: each record's gradient is clipped to C for each of the k
@@ -34,7 +34,12 @@ def noise_scale(settings: Any, clip_mode: str, degree: torch.Tensor) -> torch.Te
     coordinates get, for rows concatenating `degree` gradients."""
     if clip_mode == "per-example":
         return degree.sqrt()  # std sqrt(k) * noise_std on the clipped sums
-    factor = 2.0 * float(settings.clip) * float(settings.noise_multiplier) / max(float(settings.noise_std), 1e-300)
+    factor = (
+        2.0
+        * float(settings.clip)
+        * float(settings.noise_multiplier)
+        / max(float(settings.noise_std), 1e-300)
+    )
     return degree.sqrt() * factor  # std 2 C sigma sqrt(k) on the clipped means
 
 

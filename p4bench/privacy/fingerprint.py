@@ -29,7 +29,10 @@ def _weights(width: int) -> torch.Tensor:
     cached = _WEIGHTS.get(width)
     if cached is None:
         generator = torch.Generator().manual_seed(0x5EED_F1A6)
-        cached = torch.randint(-(2**62), 2**62, (2, width), generator=generator, dtype=torch.int64) * 2 + 1
+        cached = (
+            torch.randint(-(2**62), 2**62, (2, width), generator=generator, dtype=torch.int64) * 2
+            + 1
+        )
         _WEIGHTS[width] = cached
     return cached
 
@@ -46,7 +49,11 @@ def row_fingerprints(values: torch.Tensor) -> npt.NDArray[np.int64]:
     flat = values.detach().reshape(rows, -1)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
-    ints = flat.contiguous().view(_INTS[flat.element_size()]) if flat.dtype not in _INTS.values() else flat
+    ints = (
+        flat.contiguous().view(_INTS[flat.element_size()])
+        if flat.dtype not in _INTS.values()
+        else flat
+    )
     ints = ints.cpu()
     width = int(ints.shape[1])
     weights = _weights(width)
@@ -59,7 +66,9 @@ def row_fingerprints(values: torch.Tensor) -> npt.NDArray[np.int64]:
         # int64 products and sums wrap modulo 2^64: the fold is exact and order-free
         result[start : start + step, 0] = (part * weights[0]).sum(1)
         result[start : start + step, 1] = (part * weights[1]).sum(1)
-    return result.numpy().copy()  # numpy's own memory: torch's small buffers held a whole run fragment its heap
+    return (
+        result.numpy().copy()
+    )  # numpy's own memory: torch's small buffers held a whole run fragment its heap
 
 
 def row_norms(values: torch.Tensor) -> npt.NDArray[np.float64]:
@@ -69,5 +78,7 @@ def row_norms(values: torch.Tensor) -> npt.NDArray[np.float64]:
     if not flat.shape[1]:
         return np.zeros(rows, dtype=np.float64)
     # in the values' own precision where they are floats: no full-size copy (a figure for a finding only)
-    norms: npt.NDArray[np.float64] = (flat if flat.is_floating_point() else flat.double()).norm(dim=1).double().cpu().numpy()
+    norms: npt.NDArray[np.float64] = (
+        (flat if flat.is_floating_point() else flat.double()).norm(dim=1).double().cpu().numpy()
+    )
     return norms.copy()

@@ -30,9 +30,13 @@ def attach_mechanisms(job: Job, settings: DPSettings) -> None:
 
 def _factory(job: Job, settings: DPSettings) -> MechanismFactory:
     def build(rows: torch.Tensor, secret: bool) -> DPMechanism:
-        noise = NoiseStreams(job.config.seed, rows.tolist(), secure=secret, generator=noise_generator(job.config))
+        noise = NoiseStreams(
+            job.config.seed, rows.tolist(), secure=secret, generator=noise_generator(job.config)
+        )
         mechanism = DPMechanism(
-            settings, noise, lambda release: job.report_release(release),
+            settings,
+            noise,
+            lambda release: job.report_release(release),
             lambda clients, rate, phase: job.release_allowed(clients, rate, phase),
         )
         return job.wrap_mechanism(mechanism) if job.wrap_mechanism is not None else mechanism

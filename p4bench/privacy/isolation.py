@@ -39,8 +39,15 @@ from p4bench.privacy.fingerprint import row_fingerprints
 if TYPE_CHECKING:
     from p4bench.data.federated import ClientTensors
 
-__all__ = ["ChangedRecords", "changed_slots", "current_changed", "excluding", "features_at", "kept_mask",
-           "with_changed_records"]
+__all__ = [
+    "ChangedRecords",
+    "changed_slots",
+    "current_changed",
+    "excluding",
+    "features_at",
+    "kept_mask",
+    "with_changed_records",
+]
 
 _CHANGED: ContextVar[ChangedRecords | None] = ContextVar("p4bench_changed_records", default=None)
 SLOT_SEED = 0x1507_A7E5  # mixed with the run's seed: which records change is the run's own draw
@@ -76,11 +83,19 @@ class ChangedRecords:
         count, width = int(x.shape[0]), int(x.shape[1]) if x.dim() > 1 else 0
         hit = torch.zeros(count, width, dtype=torch.bool)
         features = self.features
-        if features is None or self._keys is None or self._order is None or x.dim() < 2 or not x.numel():
+        if (
+            features is None
+            or self._keys is None
+            or self._order is None
+            or x.dim() < 2
+            or not x.numel()
+        ):
             return hit.to(mask.device)
         flat = x.detach().reshape(count * width, -1)
         if flat.shape[1] != features.shape[1] or flat.dtype != features.dtype:
-            return hit.to(mask.device)  # not the records' features (a transformed input): nothing matches
+            return hit.to(
+                mask.device
+            )  # not the records' features (a transformed input): nothing matches
         keys = _key(row_fingerprints(flat))
         position = torch.searchsorted(self._keys, keys).clamp(max=len(self._keys) - 1)
         candidate = self._keys[position] == keys
@@ -146,7 +161,9 @@ def changed_slots(train: ClientTensors, replacement: ClientTensors, seed: int = 
     chosen = coin & present
     flat = train.x.reshape(count, width, -1).cpu()
     other = replacement.x.reshape(count, width, -1).cpu()
-    while True:  # a slot given up joins the kept records, which may clash with another: until none does
+    while (
+        True
+    ):  # a slot given up joins the kept records, which may clash with another: until none does
         kept_rows = flat[present & ~chosen]
         clash = _members(flat[chosen], kept_rows) | _members(other[chosen], kept_rows)
         if not bool(clash.any()):
@@ -155,7 +172,9 @@ def changed_slots(train: ClientTensors, replacement: ClientTensors, seed: int = 
         chosen[positions[clash, 0], positions[clash, 1]] = False
 
 
-def with_changed_records(train: ClientTensors, replacement: ClientTensors, slots: torch.Tensor) -> ClientTensors:
+def with_changed_records(
+    train: ClientTensors, replacement: ClientTensors, slots: torch.Tensor
+) -> ClientTensors:
     """`train` with the records at `slots` taken from `replacement` (same counts)."""
     from p4bench.data.federated import ClientTensors  # noqa: F811 - the runtime import of the type
 
@@ -167,5 +186,7 @@ def with_changed_records(train: ClientTensors, replacement: ClientTensors, slots
 
 def features_at(train: ClientTensors, slots: torch.Tensor) -> torch.Tensor:
     """(g, d) the flattened features of the records at `slots`, on the CPU."""
-    features: torch.Tensor = train.x.reshape(*train.y.shape, -1)[slots.to(train.x.device)].cpu().clone()
+    features: torch.Tensor = (
+        train.x.reshape(*train.y.shape, -1)[slots.to(train.x.device)].cpu().clone()
+    )
     return features

@@ -59,7 +59,12 @@ class PrivacyLedger:
         context: dict[str, Any],
         pld: Accountant | None = None,
     ) -> None:
-        self.settings, self.accountant, self.reference, self.pld = settings, accountant, reference, pld
+        self.settings, self.accountant, self.reference, self.pld = (
+            settings,
+            accountant,
+            reference,
+            pld,
+        )
         self.num_clients, self.delta, self.budget = num_clients, delta, budget
         self.context = context
         self.keys: list[tuple[str, float, float]] = []
@@ -68,10 +73,14 @@ class PrivacyLedger:
         self.stopped = np.zeros(num_clients, dtype=bool)
         self.stop_log: list[tuple[str, int, list[int]]] = []
         self._cache: dict[tuple[str, tuple[int, ...]], float] = {}
-        self._max_steps: dict[tuple[tuple[str, float, float], tuple[tuple[object, int], ...]], int] = {}
+        self._max_steps: dict[
+            tuple[tuple[str, float, float], tuple[tuple[object, int], ...]], int
+        ] = {}
         self._current_phase = ""
         self._current_round = -1
-        self.evaluation: np.ndarray | None = None  # (M,) bool: the evaluation clients, once the run says
+        self.evaluation: np.ndarray | None = (
+            None  # (M,) bool: the evaluation clients, once the run says
+        )
 
     # -- histories ------------------------------------------------------------------
     def _segment(self, key: tuple[str, float, float], steps: int) -> ReleaseSegment:
@@ -79,12 +88,19 @@ class PrivacyLedger:
         local_steps = int(self.context.get("local_steps", {}).get(phase, 1) or 1)
         rounds = max(self.rounds.get(phase, 0), math.ceil(steps / local_steps))
         return ReleaseSegment(
-            noise_multiplier=sigma, sample_rate=rate, steps=int(steps), local_steps=local_steps, rounds=rounds,
+            noise_multiplier=sigma,
+            sample_rate=rate,
+            steps=int(steps),
+            local_steps=local_steps,
+            rounds=rounds,
             client_rate=float(self.context.get("client_rate", {}).get(phase, 1.0)),
-            clients=int(self.context.get("clients", self.num_clients)), view=str(self.context.get("view", "third-party")),
+            clients=int(self.context.get("clients", self.num_clients)),
+            view=str(self.context.get("view", "third-party")),
         )
 
-    def history(self, client: int, extra: tuple[tuple[str, float, float], int] | None = None) -> list[ReleaseSegment]:
+    def history(
+        self, client: int, extra: tuple[tuple[str, float, float], int] | None = None
+    ) -> list[ReleaseSegment]:
         counts = {key: int(self.steps[key][client]) for key in self.keys}
         if extra is not None:
             counts[extra[0]] = counts.get(extra[0], 0) + extra[1]
@@ -100,17 +116,24 @@ class PrivacyLedger:
             return steps + tuple(self.rounds.get(k[0], 0) for k in self.keys)
         return steps
 
-    def _epsilon(self, accountant: Accountant, history: list[ReleaseSegment], signature: tuple[int, ...]) -> float:
+    def _epsilon(
+        self, accountant: Accountant, history: list[ReleaseSegment], signature: tuple[int, ...]
+    ) -> float:
         cache_key = (accountant.name, signature)
         if cache_key not in self._cache:
-            self._cache[cache_key] = accounted_epsilon(accountant, history, self.delta, self.settings.neighbouring)
+            self._cache[cache_key] = accounted_epsilon(
+                accountant, history, self.delta, self.settings.neighbouring
+            )
         return self._cache[cache_key]
 
     def epsilons(self, accountant: Accountant | None = None) -> np.ndarray:
         """(M,) epsilon of every client's history so far."""
         accountant = accountant or self.accountant
         return np.array(
-            [self._epsilon(accountant, self.history(c), self._signature(c, accountant)) for c in range(self.num_clients)]
+            [
+                self._epsilon(accountant, self.history(c), self._signature(c, accountant))
+                for c in range(self.num_clients)
+            ]
         )
 
     # -- budget -----------------------------------------------------------------------
@@ -118,15 +141,26 @@ class PrivacyLedger:
         """(len(clients),) bool: who can afford one more step at `sample_rate` in `phase`."""
         if self.budget is None:
             return torch.ones(len(clients), dtype=torch.bool, device=clients.device)
-        ids = clients.cpu().numpy().astype(np.int64)  # bookkeeping on the host (one read per release)
+        ids = (
+            clients.cpu().numpy().astype(np.int64)
+        )  # bookkeeping on the host (one read per release)
         self._current_phase = phase
         key = (phase, float(sample_rate), float(self.settings.noise_multiplier))
         done = self.steps[key][ids] if key in self.steps else np.zeros(len(ids), dtype=np.int64)
         # Clients with the same history elsewhere share one budget answer: look it up once per distinct history.
         others = [k for k in self.keys if k != key]
-        histories = np.stack([self.steps[k][ids] for k in others], axis=1) if others else np.zeros((len(ids), 0), np.int64)
+        histories = (
+            np.stack([self.steps[k][ids] for k in others], axis=1)
+            if others
+            else np.zeros((len(ids), 0), np.int64)
+        )
         distinct, inverse = np.unique(histories, axis=0, return_inverse=True)
-        affordable = np.array([self._affordable(int(ids[np.flatnonzero(inverse.reshape(-1) == i)[0]]), key) for i in range(len(distinct))])
+        affordable = np.array(
+            [
+                self._affordable(int(ids[np.flatnonzero(inverse.reshape(-1) == i)[0]]), key)
+                for i in range(len(distinct))
+            ]
+        )
         ok = (done + 1 <= affordable[inverse.reshape(-1)]) & ~self.stopped[ids]
         newly = ids[~ok & ~self.stopped[ids]]
         if len(newly):
@@ -138,7 +172,9 @@ class PrivacyLedger:
         """Largest step count under `key` that keeps the client within budget."""
         budget = self.budget
         assert budget is not None  # `allowed` asks only when there is a budget
-        others: tuple[tuple[object, int], ...] = tuple((k, int(self.steps[k][client])) for k in self.keys if k != key)
+        others: tuple[tuple[object, int], ...] = tuple(
+            (k, int(self.steps[k][client])) for k in self.keys if k != key
+        )
         if self._uses_rounds(self.accountant):
             others += tuple(sorted(self.rounds.items()))
         cache_key = (key, others)
@@ -149,7 +185,10 @@ class PrivacyLedger:
             counts = {k: int(self.steps[k][client]) for k in self.keys if k != key}
             counts[key] = n
             history = [self._segment(k, c) for k, c in counts.items() if c > 0]
-            return accounted_epsilon(self.accountant, history, self.delta, self.settings.neighbouring) <= budget
+            return (
+                accounted_epsilon(self.accountant, history, self.delta, self.settings.neighbouring)
+                <= budget
+            )
 
         low, high = 0, 1
         while fits(high) and high < 10_000_000:
@@ -231,5 +270,7 @@ class PrivacyLedger:
         if chosen is None or chosen.shape != (self.num_clients,):
             return {"epsilon_evaluation_clients": None}
         values = self.epsilons()[chosen]
-        return {"epsilon_evaluation_clients": float(values.max()) if len(values) else None,
-                "evaluation_clients": int(chosen.sum())}
+        return {
+            "epsilon_evaluation_clients": float(values.max()) if len(values) else None,
+            "evaluation_clients": int(chosen.sum()),
+        }

@@ -22,15 +22,23 @@ import torch
 
 from p4bench.engine.training import PerExampleLoss, cross_entropy, gather_batch, poisson_batches
 from p4bench.models import LinearSoftmax, Model, Params
+from p4bench.models.stacked import dataset_input_grams, supports_stacked
 from p4bench.privacy.clipping import clip_scale, clipped_gradient_sum, logit_gradients
 from p4bench.privacy.noise import NoiseStreams
 from p4bench.privacy.releases import ReleaseContext, Releases
 from p4bench.records import Release  # re-exported: it was defined here
-from p4bench.stacked import dataset_input_grams, supports_stacked
 
 __all__ = [
-    "DPMechanism", "DPSettings", "NEIGHBOURING", "NOISE_SOURCES", "NoiseStreams", "Release", "Releases",
-    "clip_scale", "clipped_gradient_sum", "logit_gradients",
+    "DPMechanism",
+    "DPSettings",
+    "NEIGHBOURING",
+    "NOISE_SOURCES",
+    "NoiseStreams",
+    "Release",
+    "Releases",
+    "clip_scale",
+    "clipped_gradient_sum",
+    "logit_gradients",
 ]
 
 NEIGHBOURING = ("add-remove", "replace-one")
@@ -84,7 +92,9 @@ class DPMechanism:
     may override them, methods do not call them.
     """
 
-    decided_on_host: torch.Tensor | None = None  # (steps, C) bool: the last `reserve`'s decisions, on the host
+    decided_on_host: torch.Tensor | None = (
+        None  # (steps, C) bool: the last `reserve`'s decisions, on the host
+    )
     released_on_host: torch.Tensor  # (C,) bool: which rows the last `release` released, on the host
 
     def __init__(
@@ -103,13 +113,22 @@ class DPMechanism:
         return DPMechanism(self.settings, self.noise.take(positions), self.report, self.allowed)
 
     def gradient(
-        self, model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-        expected_batch: torch.Tensor, loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,
+        self,
+        model: Model,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        expected_batch: torch.Tensor,
+        loss: PerExampleLoss = cross_entropy,
+        aux: torch.Tensor | None = None,
         sq_norms: torch.Tensor | None = None,
     ) -> tuple[Params, torch.Tensor]:
         """Noisy mean gradient (C, ...) and mean loss (C,): (clipped sum + N(0, std^2)) / expected
         batch, with no ledger (it knows no clients or rate): for tests of the noise itself."""
-        sums, losses = clipped_gradient_sum(model, params, x, y, mask, self.settings.clip, loss, aux, sq_norms)
+        sums, losses = clipped_gradient_sum(
+            model, params, x, y, mask, self.settings.clip, loss, aux, sq_norms
+        )
         mean_loss = (losses * mask).sum(1) / mask.sum(1).clamp_min(1)
         return self.add_noise(sums, expected_batch), mean_loss
 
@@ -135,10 +154,19 @@ class DPMechanism:
             if scale is None:
                 targets[key].add_(chunk, alpha=self.settings.noise_std)
             else:
-                targets[key].addcmul_(chunk, scale.to(chunk.dtype).view(-1, *([1] * (chunk.dim() - 1))), value=self.settings.noise_std)
+                targets[key].addcmul_(
+                    chunk,
+                    scale.to(chunk.dtype).view(-1, *([1] * (chunk.dim() - 1))),
+                    value=self.settings.noise_std,
+                )
 
     def privatise_sums(
-        self, ctx: ReleaseContext, sums: Params, scale: torch.Tensor | None, sample_rate: float, released: torch.Tensor,
+        self,
+        ctx: ReleaseContext,
+        sums: Params,
+        scale: torch.Tensor | None,
+        sample_rate: float,
+        released: torch.Tensor,
     ) -> None:
         """One release of `sums`, the clipped values of the rows of `ctx` and nothing else
         (`Releases.privatise`): sums[k][i] += scale[i] std N, in place (`add_scaled_noise`).
@@ -154,7 +182,15 @@ class DPMechanism:
     def record(self, ctx: ReleaseContext, released: torch.Tensor, sample_rate: float) -> None:
         """Report one release by the `released` rows of `ctx` to the ledger."""
         if bool(released.any()):
-            self.report(Release(tuple(ctx.rows[released].tolist()), sample_rate, self.settings.noise_multiplier, 1, ctx.phase))
+            self.report(
+                Release(
+                    tuple(ctx.rows[released].tolist()),
+                    sample_rate,
+                    self.settings.noise_multiplier,
+                    1,
+                    ctx.phase,
+                )
+            )
 
     def reserve(self, ctx: ReleaseContext, sample_rate: float, steps: int) -> torch.Tensor:
         """(steps, C) bool: admit and record `steps` consecutive releases of the rows of
@@ -168,8 +204,14 @@ class DPMechanism:
         for _ in range(steps):
             admitted.append(self.admit(on_host, sample_rate).cpu())
             self.record(on_host, admitted[-1], sample_rate)
-        decided = torch.stack(admitted) if admitted else torch.zeros(0, len(on_host.rows), dtype=torch.bool)
-        self.decided_on_host = decided  # the last transaction's decisions, for checks without a read back
+        decided = (
+            torch.stack(admitted)
+            if admitted
+            else torch.zeros(0, len(on_host.rows), dtype=torch.bool)
+        )
+        self.decided_on_host = (
+            decided  # the last transaction's decisions, for checks without a read back
+        )
         return decided.to(device)
 
     def draw_noise(self, parts: list[torch.Tensor]) -> None:
@@ -179,7 +221,9 @@ class DPMechanism:
         self.noise.fill(parts)
 
     # -- the generic path -------------------------------------------------------------------
-    def release(self, ctx: ReleaseContext, sums: Params, sample_rate: float, expected_batch: torch.Tensor) -> tuple[Params, torch.Tensor]:
+    def release(
+        self, ctx: ReleaseContext, sums: Params, sample_rate: float, expected_batch: torch.Tensor
+    ) -> tuple[Params, torch.Tensor]:
         """Privatise clipped gradient sums of the rows of `ctx`: one `Releases` transaction
         (budget check, ledger, noise). Returns (noisy mean gradients, released (C,) bool);
         rows that cannot afford the step get zero gradients and are not reported. Works in
@@ -197,8 +241,16 @@ class DPMechanism:
         return noisy, released
 
     def step(
-        self, ctx: Any, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, sample_rate: float,
-        expected_batch: torch.Tensor, loss: PerExampleLoss = cross_entropy, aux: torch.Tensor | None = None,
+        self,
+        ctx: Any,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        sample_rate: float,
+        expected_batch: torch.Tensor,
+        loss: PerExampleLoss = cross_entropy,
+        aux: torch.Tensor | None = None,
         sq_norms: torch.Tensor | None = None,
     ) -> tuple[Params, torch.Tensor, torch.Tensor]:
         """One noisy release for the rows of `ctx` (a step context: `.model`, `.rows`, `.phase`):
@@ -207,12 +259,20 @@ class DPMechanism:
         Rows whose budget cannot afford the step get a zero gradient and are not
         released (`released` is False for them); the others are reported to the ledger.
         """
-        sums, losses = clipped_gradient_sum(ctx.model, params, x, y, mask, self.settings.clip, loss, aux, sq_norms)
+        sums, losses = clipped_gradient_sum(
+            ctx.model, params, x, y, mask, self.settings.clip, loss, aux, sq_norms
+        )
         grads, released = self.release(ctx, sums, sample_rate, expected_batch)
         return grads, (losses * mask).sum(1) / mask.sum(1).clamp_min(1), released
 
     def sgd(
-        self, ctx: Any, params: Params, train: Any, steps: int, lr: float, sample_rate: float | None = None,
+        self,
+        ctx: Any,
+        params: Params,
+        train: Any,
+        steps: int,
+        lr: float,
+        sample_rate: float | None = None,
     ) -> tuple[Params, torch.Tensor]:
         """`steps` DP-SGD steps with Poisson sampling; a client whose budget cannot afford
         a step stops there. Returns the parameters and each client's mean loss."""
@@ -224,10 +284,18 @@ class DPMechanism:
         for _ in range(steps):
             index, mask = poisson_batches(ctx.rng, train.n, rate, train.max_count())
             grads, step_loss, released = self.step(
-                ctx, params, gather_batch(train.x, index), gather_batch(train.y, index), mask.float(), rate, expected,
+                ctx,
+                params,
+                gather_batch(train.x, index),
+                gather_batch(train.y, index),
+                mask.float(),
+                rate,
+                expected,
                 sq_norms=None if norms is None else gather_batch(norms, index),
             )
-            if not bool(self.released_on_host.any()):  # the ledger refused every row (host copy: no read back)
+            if not bool(
+                self.released_on_host.any()
+            ):  # the ledger refused every row (host copy: no read back)
                 break
             params = {k: params[k] - lr * grads[k] for k in params}
             total += step_loss.double() * released

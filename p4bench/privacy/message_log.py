@@ -60,11 +60,18 @@ class MessageLog:
 
     def keep(self, exchange: str, phase: str, round_index: int, outgoing: Messages) -> None:
         payload = outgoing.payload
-        self.exchanges.append(LoggedExchange(
-            exchange, phase, round_index, outgoing.src.cpu().numpy().astype(np.int64),
-            outgoing.dst.cpu().numpy().astype(np.int64),
-            {k: (v.dtype, tuple(v.shape[1:])) for k, v in payload.items()},
-            {k: row_fingerprints(v) for k, v in payload.items()}, {k: row_norms(v) for k, v in payload.items()}))
+        self.exchanges.append(
+            LoggedExchange(
+                exchange,
+                phase,
+                round_index,
+                outgoing.src.cpu().numpy().astype(np.int64),
+                outgoing.dst.cpu().numpy().astype(np.int64),
+                {k: (v.dtype, tuple(v.shape[1:])) for k, v in payload.items()},
+                {k: row_fingerprints(v) for k, v in payload.items()},
+                {k: row_norms(v) for k, v in payload.items()},
+            )
+        )
 
     def wrap(self, inner: Callable[[], Network]) -> Callable[[], Network]:
         """A runtime's `network` factory whose networks log here."""
@@ -80,28 +87,49 @@ class MessageLog:
 
 
 def _node(node: int) -> str:
-    return "server" if node == SERVER_ID else "every client" if node == BROADCAST else f"client {node}"
+    return (
+        "server" if node == SERVER_ID else "every client" if node == BROADCAST else f"client {node}"
+    )
 
 
-def compare_logs(recorded: list[LoggedExchange], replayed: list[LoggedExchange], *, central: bool,
-                 attackers: torch.Tensor | None = None) -> tuple[int, int, list[str]]:
+def compare_logs(
+    recorded: list[LoggedExchange],
+    replayed: list[LoggedExchange],
+    *,
+    central: bool,
+    attackers: torch.Tensor | None = None,
+) -> tuple[int, int, list[str]]:
     """(messages compared, messages exempt, one line per differing message). `attackers`:
     (M,) bool, the clients an attack controls (their messages are exempt)."""
     if len(recorded) != len(replayed):
-        return 0, 0, [f"the replay made {len(replayed)} exchanges, the recorded run {len(recorded)}: the schedule "
-                      "depends on the records"]
+        return (
+            0,
+            0,
+            [
+                f"the replay made {len(replayed)} exchanges, the recorded run {len(recorded)}: the schedule "
+                "depends on the records"
+            ],
+        )
     compared = exempt = 0
     differences: list[str] = []
     for a, b in zip(recorded, replayed):
         where = a.where
         if (a.exchange, a.phase, a.round_index) != (b.exchange, b.phase, b.round_index):
-            return compared, exempt, differences + [f"{where}: the replay ran exchange '{b.exchange}' there instead"]
+            return (
+                compared,
+                exempt,
+                differences + [f"{where}: the replay ran exchange '{b.exchange}' there instead"],
+            )
         if not (np.array_equal(a.src, b.src) and np.array_equal(a.dst, b.dst)):
-            differences.append(f"{where}: the replay sent to other nodes (who talks to whom depends on the records)")
+            differences.append(
+                f"{where}: the replay sent to other nodes (who talks to whom depends on the records)"
+            )
             continue
         if a.layout != b.layout:
-            differences.append(f"{where}: payload entries {sorted(b.layout)} on the replay, {sorted(a.layout)} recorded "
-                               "(or their shapes or dtypes differ)")
+            differences.append(
+                f"{where}: payload entries {sorted(b.layout)} on the replay, {sorted(a.layout)} recorded "
+                "(or their shapes or dtypes differ)"
+            )
             continue
         skip = a.src == a.dst
         if central:  # the trusted server's raw input
@@ -115,10 +143,15 @@ def compare_logs(recorded: list[LoggedExchange], replayed: list[LoggedExchange],
         keys = sorted(a.layout)
         if not keys:
             continue
-        differs = np.stack([(a.prints[k] != b.prints[k]).any(axis=1) for k in keys], axis=1) & ~skip[:, None]
+        differs = (
+            np.stack([(a.prints[k] != b.prints[k]).any(axis=1) for k in keys], axis=1)
+            & ~skip[:, None]
+        )
         for i in np.flatnonzero(differs.any(axis=1)).tolist():
             key = keys[int(np.flatnonzero(differs[i])[0])]  # the message's first differing entry
-            differences.append(f"{where}: message {_node(int(a.src[i]))} -> {_node(int(a.dst[i]))} '{key}' differs "
-                               f"(norm {float(a.norms[key][i]):.6g} recorded, {float(b.norms[key][i]):.6g} on the "
-                               "replay)")
+            differences.append(
+                f"{where}: message {_node(int(a.src[i]))} -> {_node(int(a.dst[i]))} '{key}' differs "
+                f"(norm {float(a.norms[key][i]):.6g} recorded, {float(b.norms[key][i]):.6g} on the "
+                "replay)"
+            )
     return compared, exempt, differences

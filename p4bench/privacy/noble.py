@@ -13,20 +13,37 @@ from collections.abc import Callable
 import numpy as np
 
 from p4bench.errors import ConfigError
-from p4bench.privacy.analysis import NOBLE_MAX_ORDER, VIEWS, check_count, check_delta, check_positive, check_rate
+from p4bench.privacy.analysis import (
+    NOBLE_MAX_ORDER,
+    VIEWS,
+    check_count,
+    check_delta,
+    check_positive,
+    check_rate,
+)
 
-__all__ = ["mironov_conversion", "noble_epsilon", "noble_epsilon_floor", "noble_privacy_spent", "noble_rdp",
-           "wbk_subsampled_log_moment"]
+__all__ = [
+    "mironov_conversion",
+    "noble_epsilon",
+    "noble_epsilon_floor",
+    "noble_privacy_spent",
+    "noble_rdp",
+    "wbk_subsampled_log_moment",
+]
 
 
 def _log_binom(n: int, k: np.ndarray | int) -> np.ndarray:
     from scipy.special import gammaln  # imported here: scipy.special costs 0.1-0.2 s to import
 
-    log_binom: np.ndarray = gammaln(n + 1) - gammaln(np.asarray(k) + 1) - gammaln(n - np.asarray(k) + 1)
+    log_binom: np.ndarray = (
+        gammaln(n + 1) - gammaln(np.asarray(k) + 1) - gammaln(n - np.asarray(k) + 1)
+    )
     return log_binom
 
 
-def wbk_subsampled_log_moment(*, order: int, ratio: float, base_rdp: Callable[[int], float] | np.ndarray) -> float:
+def wbk_subsampled_log_moment(
+    *, order: int, ratio: float, base_rdp: Callable[[int], float] | np.ndarray
+) -> float:
     """Log-moment bound of a mechanism subsampled without replacement (WBK19, Thm 9).
 
     For an integer ``order`` >= 2, sampling ratio ``ratio`` and base RDP function
@@ -60,7 +77,9 @@ def wbk_subsampled_log_moment(*, order: int, ratio: float, base_rdp: Callable[[i
     return float(logsumexp(terms))
 
 
-def _noble_effective_noise(noise_multiplier: float, client_rate: float, clients: int, view: str) -> float:
+def _noble_effective_noise(
+    noise_multiplier: float, client_rate: float, clients: int, view: str
+) -> float:
     if view == "third-party":
         # l*M independent noises are averaged while one record's weight shrinks by 1/(lM).
         return noise_multiplier * math.sqrt(client_rate * clients)
@@ -76,10 +95,16 @@ def _noble_curve(
     max_order = len(gaussian_rdp) - 1
     inner = np.full(max_order + 1, np.nan)
     for a in range(2, max_order + 1):  # one round of one client: K steps at data ratio s
-        inner[a] = local_steps * wbk_subsampled_log_moment(order=a, ratio=data_rate, base_rdp=gaussian_rdp) / (a - 1)
+        inner[a] = (
+            local_steps
+            * wbk_subsampled_log_moment(order=a, ratio=data_rate, base_rdp=gaussian_rdp)
+            / (a - 1)
+        )
     outer = np.full(max_order + 1, np.nan)
     for a in range(2, max_order + 1):  # T rounds at client ratio l
-        outer[a] = rounds * wbk_subsampled_log_moment(order=a, ratio=client_rate, base_rdp=inner) / (a - 1)
+        outer[a] = (
+            rounds * wbk_subsampled_log_moment(order=a, ratio=client_rate, base_rdp=inner) / (a - 1)
+        )
     return outer
 
 
@@ -112,7 +137,13 @@ def noble_rdp(
     sigma = _noble_effective_noise(noise_multiplier, client_rate, clients, view)
     orders = np.arange(max_order + 1, dtype=float)
     gaussian = orders / (2 * sigma**2)  # RDP of the Gaussian mechanism, 0 for infinite noise
-    return _noble_curve(gaussian, data_rate=data_rate, local_steps=local_steps, rounds=rounds, client_rate=client_rate)
+    return _noble_curve(
+        gaussian,
+        data_rate=data_rate,
+        local_steps=local_steps,
+        rounds=rounds,
+        client_rate=client_rate,
+    )
 
 
 def mironov_conversion(curve: np.ndarray, delta: float) -> tuple[float, int]:

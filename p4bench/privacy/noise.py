@@ -20,7 +20,9 @@ PURPOSE_NOISE, TAG_NOISE = 3, 0x4E4F
 
 _PHILOX_CHUNK = 1 << 25  # normals per batch of rows of a Philox draw (1.3 GB of temporaries)
 _PARALLEL_MIN = 1 << 22  # draws below ~4M normals: threads cost more than they save
-_pool: tuple[int, ThreadPoolExecutor] | None = None  # (owner pid, pool): a forked child needs its own
+_pool: tuple[int, ThreadPoolExecutor] | None = (
+    None  # (owner pid, pool): a forked child needs its own
+)
 
 
 def _workers() -> int:
@@ -52,26 +54,40 @@ class NoiseStreams:
     _parent: NoiseStreams | None = None  # set by `take`: the streams this one was taken from
     _positions: torch.Tensor  # ... and its rows there
 
-    def __init__(self, seed: int, node_ids: list[int], secure: bool = False, generator: str = "torch") -> None:
+    def __init__(
+        self, seed: int, node_ids: list[int], secure: bool = False, generator: str = "torch"
+    ) -> None:
         if generator not in NOISE_GENERATORS:
-            raise ValueError(f"noise generator must be one of {', '.join(NOISE_GENERATORS)}, got {generator!r}")
+            raise ValueError(
+                f"noise generator must be one of {', '.join(NOISE_GENERATORS)}, got {generator!r}"
+            )
         self.secure = secure
         self._ids: list[int] | None = list(node_ids)
         self._lazy_ids: tuple[NoiseStreams, torch.Tensor] | None = None
         self.count = len(self._ids)
         self.source = SecretSource() if secure else None
-        self.philox = ClientRng(node_keys(seed, self.node_ids, PURPOSE_NOISE)) if generator == "philox" and not secure else None
+        self.philox = (
+            ClientRng(node_keys(seed, self.node_ids, PURPOSE_NOISE))
+            if generator == "philox" and not secure
+            else None
+        )
         self.generators: list[torch.Generator | None] = [
             None
             if secure or self.philox is not None
-            else torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1, i + 1]).generate_state(1, np.uint64)[0] >> 1))
+            else torch.Generator().manual_seed(
+                int(np.random.SeedSequence([seed, 1, i + 1]).generate_state(1, np.uint64)[0] >> 1)
+            )
             for i in self.node_ids
         ]
         self._scratch: dict[str, torch.Tensor] = {}  # shared with the streams `take` hands out
 
     def _buffer(self, rows: int, size: int) -> torch.Tensor:
         scratch = self._scratch.get("noise")
-        if scratch is None or scratch.numel() < rows * size or scratch.device != torch.get_default_device():
+        if (
+            scratch is None
+            or scratch.numel() < rows * size
+            or scratch.device != torch.get_default_device()
+        ):
             scratch = torch.empty(rows * size)
             self._scratch["noise"] = scratch
         return scratch[: rows * size].view(rows, size)
@@ -105,7 +121,10 @@ class NoiseStreams:
             sub.generators = [None] * len(positions)
         sub.count = len(positions)
         sub.philox = self.philox.take(positions) if self.philox is not None else None
-        sub._parent, sub._positions = self, positions  # a philox sub-stream writes its counters back
+        sub._parent, sub._positions = (
+            self,
+            positions,
+        )  # a philox sub-stream writes its counters back
         sub._scratch = self._scratch
         return sub
 
@@ -155,7 +174,9 @@ class NoiseStreams:
                 offset += size
             return
 
-        if self.philox is not None:  # counter-based: batched draws, the same numbers on every device
+        if (
+            self.philox is not None
+        ):  # counter-based: batched draws, the same numbers on every device
             sizes = [math.prod(part.shape[1:]) for part in parts]
             total = sum(sizes)
             # rows at a time, so the temporaries (words, float64) stay bounded whatever the
@@ -193,8 +214,10 @@ class NoiseStreams:
 
     def _host_parts(self, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Host tensors shaped like `parts` (those not on the CPU), in one reused buffer."""
-        sizes = {dtype: sum(p.numel() for p in parts if p.dtype == dtype and p.device.type != "cpu")
-                 for dtype in {p.dtype for p in parts}}
+        sizes = {
+            dtype: sum(p.numel() for p in parts if p.dtype == dtype and p.device.type != "cpu")
+            for dtype in {p.dtype for p in parts}
+        }
         buffers = {}
         for dtype, size in sizes.items():
             scratch = self._scratch.get(f"host-{dtype}")
@@ -212,7 +235,6 @@ class NoiseStreams:
             offsets[part.dtype] = start + part.numel()
         return out
 
-
     def _write_back(self) -> None:
         """Advance the parent's counters of the rows this sub-stream (from `take`) drew."""
         parent = getattr(self, "_parent", None)
@@ -228,7 +250,9 @@ def _secret_normal(source: SecretSource, count: int) -> torch.Tensor:
     uniform = source.uniform53(2 * half)
     radius = uniform[:half].log_().mul_(-2.0).sqrt_()
     angle = uniform[half:].mul_(2.0 * math.pi)
-    out = torch.empty(2 * half, dtype=torch.float64, device="cpu")  # keystream on the host; `fill` copies it over
+    out = torch.empty(
+        2 * half, dtype=torch.float64, device="cpu"
+    )  # keystream on the host; `fill` copies it over
     torch.mul(radius, torch.cos(angle), out=out[:half])
     torch.mul(radius, angle.sin_(), out=out[half:])
     return out[:count]

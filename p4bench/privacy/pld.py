@@ -54,28 +54,40 @@ def discretization(segments: Sequence[tuple[float, float, int]]) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _pld_epsilon(segments: tuple[tuple[float, float, int], ...], delta: float, neighbouring: str, interval: float) -> float:
+def _pld_epsilon(
+    segments: tuple[tuple[float, float, int], ...], delta: float, neighbouring: str, interval: float
+) -> float:
     from dp_accounting import dp_event
     from dp_accounting.pld.pld_privacy_accountant import PLDAccountant as _DpAccountingPLD
     from dp_accounting.privacy_accountant import NeighboringRelation
 
     replace_one = neighbouring == "replace-one"
-    relation = NeighboringRelation.REPLACE_ONE if replace_one else NeighboringRelation.ADD_OR_REMOVE_ONE
-    accountant = _DpAccountingPLD(neighboring_relation=relation, value_discretization_interval=interval)
+    relation = (
+        NeighboringRelation.REPLACE_ONE if replace_one else NeighboringRelation.ADD_OR_REMOVE_ONE
+    )
+    accountant = _DpAccountingPLD(
+        neighboring_relation=relation, value_discretization_interval=interval
+    )
     for sigma, q, steps in segments:
-        event = dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent((2.0 if replace_one else 1.0) * sigma))
+        event = dp_event.PoissonSampledDpEvent(
+            q, dp_event.GaussianDpEvent((2.0 if replace_one else 1.0) * sigma)
+        )
         accountant.compose(event, steps)  # one self-composition by FFT, however many steps
     return max(0.0, float(accountant.get_epsilon(delta)))
 
 
-def pld_epsilon(history: History, delta: float, neighbouring: str = "add-remove", interval: float | None = None) -> float:
+def pld_epsilon(
+    history: History, delta: float, neighbouring: str = "add-remove", interval: float | None = None
+) -> float:
     """Epsilon at `delta` of (sigma, q, steps) segments of the Poisson-subsampled Gaussian.
 
     `sigma` is std / C (add-remove) or std / (2C) (replace-one); `interval` overrides
     the value discretization (default :func:`discretization`).
     """
     if neighbouring not in ("add-remove", "replace-one"):
-        raise ConfigError("neighbouring", f"must be add-remove or replace-one, got {neighbouring!r}")
+        raise ConfigError(
+            "neighbouring", f"must be add-remove or replace-one, got {neighbouring!r}"
+        )
     delta = check_delta(delta)
     segments = tuple((float(s), float(q), int(n)) for s, q, n in checked_history(history))
     if not segments:

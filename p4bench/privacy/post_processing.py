@@ -39,12 +39,23 @@ from typing import Any
 from p4bench.config import RunConfig
 from p4bench.errors import ConfigError, UsageError
 from p4bench.privacy.isolation import ChangedRecords
-from p4bench.privacy.replay import Recording, judge_isolation, judge_messages, replaced_records, run_recorded
+from p4bench.privacy.replay import (
+    Recording,
+    judge_isolation,
+    judge_messages,
+    replaced_records,
+    run_recorded,
+)
 from p4bench.privacy.tape import ReleaseTape, ReplayDiverged
 
 __all__ = [
-    "PostProcessingResult", "check_config", "check_post_processing", "generic_path", "replaced_records",
-    "run_check", "simulator_options",
+    "PostProcessingResult",
+    "check_config",
+    "check_post_processing",
+    "generic_path",
+    "replaced_records",
+    "run_check",
+    "simulator_options",
 ]
 
 # The federation the check runs on: small enough for seconds, two rounds so that a
@@ -93,9 +104,17 @@ def check_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
     own federation (not a tuning run's evaluation clients), no attack, the simulator on the
     CPU with seeded randomness (the two runs must draw the same streams), the fast rdp
     accountant (the check reads no epsilon)."""
-    checked = config.replace(**CHECK_SIZE, federation_clients=None, attack=None, runtime="simulation", device="cpu",
-                             noise_source="seeded", accountant="rdp", time_budget_min=None,
-                             options=simulator_options(config, accountant="rdp"))
+    checked = config.replace(
+        **CHECK_SIZE,
+        federation_clients=None,
+        attack=None,
+        runtime="simulation",
+        device="cpu",
+        noise_source="seeded",
+        accountant="rdp",
+        time_budget_min=None,
+        options=simulator_options(config, accountant="rdp"),
+    )
     return generic_path(checked)
 
 
@@ -109,8 +128,8 @@ def simulator_options(config: RunConfig, accountant: str | None = None) -> dict[
     swaps = [swap for swap in swaps if swap[1] != swap[2]]
     if not swaps:
         return dict(config.options)
+    from p4bench.host.manager import Registry, create_plugin_manager
     from p4bench.options import declared_options
-    from p4bench.plugin_manager import Registry, create_plugin_manager
 
     registry = Registry(create_plugin_manager())
     names: set[str] = set()
@@ -127,15 +146,21 @@ def generic_path(config: RunConfig) -> tuple[RunConfig, list[str]]:
     return config, []
 
 
-def check_post_processing(config: RunConfig, run: Callable[..., Any], plugin_manager: Any = None,
-                          prepare: Callable[[Any], None] | None = None) -> PostProcessingResult:
+def check_post_processing(
+    config: RunConfig,
+    run: Callable[..., Any],
+    plugin_manager: Any = None,
+    prepare: Callable[[Any], None] | None = None,
+) -> PostProcessingResult:
     """Run the check on `config` as given (see `check_config` for the small federation
     the runner uses), with `run` the runner's `p4bench.run.runner.run` (passed in: the
     runner calls this module). `prepare` adjusts each of the prepared runs (tests)."""
-    from p4bench.plugin_manager import create_plugin_manager
+    from p4bench.host.manager import create_plugin_manager
 
     if not config.private:
-        raise UsageError("the post-processing check needs a private run: give --epsilon or --noise-multiplier")
+        raise UsageError(
+            "the post-processing check needs a private run: give --epsilon or --noise-multiplier"
+        )
     pm = plugin_manager or create_plugin_manager()
     started = time.perf_counter()
     result = PostProcessingResult(config.method, "verified")
@@ -144,16 +169,23 @@ def check_post_processing(config: RunConfig, run: Callable[..., Any], plugin_man
     result.releases = len(recorded.tape.values)
     if recorded.tape.unforceable:
         result.status = "not verifiable"
-        result.findings.append(f"its releases use {', '.join(recorded.tape.unforceable)}, whose value a replay cannot "
-                               "force; run its generic (unfused) path")
+        result.findings.append(
+            f"its releases use {', '.join(recorded.tape.unforceable)}, whose value a replay cannot "
+            "force; run its generic (unfused) path"
+        )
     else:
         if not len(recorded.tape.values) and not recorded.tape.delegated:
-            result.notes.append("it made no DP release: every message it sends must then read no record")
+            result.notes.append(
+                "it made no DP release: every message it sends must then read no record"
+            )
         replay = Recording(ReleaseTape(recorded.tape.values), slots=recorded.slots)
         try:
             run_recorded(run, config, pm, replay, data_change="all", prepare=prepare)
         except ReplayDiverged as diverged:
-            result.status, result.findings = "failed", [f"the releases depend on the replaced records: {diverged}"]
+            result.status, result.findings = (
+                "failed",
+                [f"the releases depend on the replaced records: {diverged}"],
+            )
         else:
             judge_messages(result, recorded, replay)
         _check_isolation(run, config, pm, recorded, result, prepare)
@@ -161,35 +193,57 @@ def check_post_processing(config: RunConfig, run: Callable[..., Any], plugin_man
     return result
 
 
-def _check_isolation(run: Callable[..., Any], config: RunConfig, pm: Any, recorded: Recording,
-                     result: PostProcessingResult, prepare: Callable[[Any], None] | None) -> None:
+def _check_isolation(
+    run: Callable[..., Any],
+    config: RunConfig,
+    pm: Any,
+    recorded: Recording,
+    result: PostProcessingResult,
+    prepare: Callable[[Any], None] | None,
+) -> None:
     """The isolation replay (`p4bench.privacy.isolation`): the changed half of every
     client's records replaced, the releases forced; the kept sums must not move."""
     if not len(recorded.tape.values) or recorded.changed is None or recorded.changed.matched == 0:
         judge_isolation(result, recorded, None)
         return
-    replay = Recording(ReleaseTape(recorded.tape.values, clean=recorded.tape.clean_values), ChangedRecords(),
-                       recorded.slots)
+    replay = Recording(
+        ReleaseTape(recorded.tape.values, clean=recorded.tape.clean_values),
+        ChangedRecords(),
+        recorded.slots,
+    )
     try:
         run_recorded(run, config, pm, replay, data_change="changed", prepare=prepare)
     except ReplayDiverged as diverged:
         result.isolation, result.status = "failed", "failed"
-        result.findings.append(f"record isolation: the releases depend on the changed records: {diverged}")
+        result.findings.append(
+            f"record isolation: the releases depend on the changed records: {diverged}"
+        )
         return
     judge_isolation(result, recorded, replay)
 
 
-def run_check(config: RunConfig, run: Callable[..., Any], plugin_manager: Any = None) -> PostProcessingResult:
+def run_check(
+    config: RunConfig, run: Callable[..., Any], plugin_manager: Any = None
+) -> PostProcessingResult:
     """The check at the runner's small size (`check_config`); a method that cannot run
     at that size is checked at its own size with two rounds."""
     checked, notes = check_config(config)
     try:
         result = check_post_processing(checked, run, plugin_manager)
     except (UsageError, ConfigError):
-        checked = config.replace(rounds=min(config.rounds, 2), attack=None, runtime="simulation", device="cpu",
-                                 noise_source="seeded", accountant="rdp", time_budget_min=None,
-                                 options=checked.options)
+        checked = config.replace(
+            rounds=min(config.rounds, 2),
+            attack=None,
+            runtime="simulation",
+            device="cpu",
+            noise_source="seeded",
+            accountant="rdp",
+            time_budget_min=None,
+            options=checked.options,
+        )
         result = check_post_processing(checked, run, plugin_manager)
-        notes.append(f"checked at the run's own size ({config.clients} clients): it does not run at {CHECK_SIZE['clients']}")
+        notes.append(
+            f"checked at the run's own size ({config.clients} clients): it does not run at {CHECK_SIZE['clients']}"
+        )
     result.notes = notes + result.notes
     return result

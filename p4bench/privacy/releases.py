@@ -59,24 +59,35 @@ class Releases:
     Poisson rate `sample_rate`, through `mechanism` (a `DPMechanism` or a wrapper of
     one, whose noise methods are then the ones called). See the module docstring."""
 
-    def __init__(self, mechanism: Any, ctx: ReleaseContext, sample_rate: float, steps: int = 1) -> None:
+    def __init__(
+        self, mechanism: Any, ctx: ReleaseContext, sample_rate: float, steps: int = 1
+    ) -> None:
         self.mechanism = mechanism
         self.ctx = ctx
         self.sample_rate = sample_rate
         self.steps = steps
         self.drawn = 0  # releases whose noise has been drawn (or delegated)
         self._admitted: torch.Tensor | None = None
-        self._bracketed = False  # a fused path that declared the state its releases update (`state_before`)
+        self._bracketed = (
+            False  # a fused path that declared the state its releases update (`state_before`)
+        )
         self._token: Token[tuple[Releases, ...]] | None = None
 
     def __enter__(self) -> Releases:
         if self._admitted is not None:
             raise RuntimeError("a release transaction is entered once")
-        self._admitted = self.mechanism.reserve(self.ctx, self.sample_rate, self.steps)  # ledger: recorded here
+        self._admitted = self.mechanism.reserve(
+            self.ctx, self.sample_rate, self.steps
+        )  # ledger: recorded here
         self._token = _OPEN.set((*_OPEN.get(), self))
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         if self._token is not None:
             _OPEN.reset(self._token)
             self._token = None
@@ -87,7 +98,9 @@ class Releases:
     def admitted(self) -> torch.Tensor:
         """(steps, C) bool: which rows may release at each step (the ledger's decisions, recorded)."""
         if self._admitted is None:
-            raise RuntimeError("the release transaction is not entered: nothing is admitted or recorded yet")
+            raise RuntimeError(
+                "the release transaction is not entered: nothing is admitted or recorded yet"
+            )
         return self._admitted
 
     # -- what a path needs to privatise its steps ---------------------------------------
@@ -96,7 +109,9 @@ class Releases:
         """Std of the Gaussian noise on a sum of clipped gradients (sigma C, or 2 sigma C)."""
         return float(self.mechanism.settings.noise_std)
 
-    def clip_scale(self, logit_grads: torch.Tensor, sq_norms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def clip_scale(
+        self, logit_grads: torch.Tensor, sq_norms: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """(C, b) per-example clipping factors of a linear layer at the run's clip norm (`clip_scale`)."""
         return clip_scale(logit_grads, sq_norms, mask, float(self.mechanism.settings.clip))
 
@@ -137,7 +152,9 @@ class Releases:
         self.mechanism.add_scaled_noise(targets, scale)
         tape = current_tape()
         if tape is not None and not self._bracketed:
-            tape.note_unforceable("add_scaled_noise (a target that may hold state besides the release)")
+            tape.note_unforceable(
+                "add_scaled_noise (a target that may hold state besides the release)"
+            )
 
     def draw(self, parts: list[torch.Tensor]) -> None:
         """Standard normals for all `steps` releases at once into `parts` (`DPMechanism.draw_noise`:
@@ -165,7 +182,9 @@ class Releases:
         """The state `state_before` declared, after the kernel: recorded, or forced in place
         on a replay (one release of kind "fused")."""
         if not self._bracketed:
-            raise RuntimeError("state_after without state_before: declare the state before the kernel runs")
+            raise RuntimeError(
+                "state_after without state_before: declare the state before the kernel runs"
+            )
         _to_tape("fused", targets)
 
     def delegate(self) -> None:
@@ -179,9 +198,13 @@ class Releases:
 
     def _take(self, count: int) -> None:
         if self not in _OPEN.get():
-            raise RuntimeError("DP noise is drawn inside its open release transaction (`with Releases(...)`)")
+            raise RuntimeError(
+                "DP noise is drawn inside its open release transaction (`with Releases(...)`)"
+            )
         if self.drawn + count > self.steps:
-            raise RuntimeError(f"noise for {self.drawn + count} releases, only {self.steps} recorded")
+            raise RuntimeError(
+                f"noise for {self.drawn + count} releases, only {self.steps} recorded"
+            )
         self.drawn += count
 
 

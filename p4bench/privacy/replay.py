@@ -29,12 +29,25 @@ from typing import Any
 import torch
 
 from p4bench.errors import UsageError
-from p4bench.privacy.isolation import ChangedRecords, changed_slots, excluding, features_at, with_changed_records
+from p4bench.privacy.isolation import (
+    ChangedRecords,
+    changed_slots,
+    excluding,
+    features_at,
+    with_changed_records,
+)
 from p4bench.privacy.message_log import MessageLog, compare_logs
 from p4bench.privacy.tape import ReleaseTape, using_tape
 
-__all__ = ["Recording", "instrument", "judge_isolation", "judge_messages", "replaced_records", "replaying",
-           "run_recorded"]
+__all__ = [
+    "Recording",
+    "instrument",
+    "judge_isolation",
+    "judge_messages",
+    "replaced_records",
+    "replaying",
+    "run_recorded",
+]
 
 _REPLAYING: ContextVar[bool] = ContextVar("p4bench_replaying", default=False)
 
@@ -78,8 +91,10 @@ def instrument(prepared: Any, recording: Recording, data_change: str, seed: int)
         raise ValueError(f"data_change must be one of {DATA_CHANGES}")
     runtime = prepared.runtime
     if not hasattr(runtime, "network"):
-        raise UsageError(f"runtime '{prepared.config.runtime}' has no in-process network to observe; check on the "
-                         "simulation")
+        raise UsageError(
+            f"runtime '{prepared.config.runtime}' has no in-process network to observe; check on the "
+            "simulation"
+        )
     runtime.network = recording.log.wrap(runtime.network)
     recording.attackers = torch.as_tensor(prepared.info.malicious, dtype=torch.bool).cpu()
     data = prepared.job.data
@@ -103,20 +118,29 @@ def judge_messages(result: Any, recorded: Recording, replay: Recording) -> None:
     result.releases = len(recorded.tape.values)
     if not replay.tape.finished:
         result.status = "failed"
-        result.findings.append(f"the replay made {replay.tape.position} of the {len(recorded.tape.values)} recorded "
-                               "releases: which releases it makes depends on the records")
+        result.findings.append(
+            f"the replay made {replay.tape.position} of the {len(recorded.tape.values)} recorded "
+            "releases: which releases it makes depends on the records"
+        )
     if replay.tape.before_differences:
         result.status = "failed"
         extra = len(replay.tape.before_differences) - MAX_FINDINGS
         result.findings += replay.tape.before_differences[:MAX_FINDINGS] + (
-            [f"{extra} more fused release(s) differ before"] if extra > 0 else [])
-    compared, exempt, differences = compare_logs(recorded.log.exchanges, replay.log.exchanges,
-                                                 central=recorded.tape.delegated > 0, attackers=recorded.attackers)
+            [f"{extra} more fused release(s) differ before"] if extra > 0 else []
+        )
+    compared, exempt, differences = compare_logs(
+        recorded.log.exchanges,
+        replay.log.exchanges,
+        central=recorded.tape.delegated > 0,
+        attackers=recorded.attackers,
+    )
     result.messages, result.exempt = compared, exempt
     if differences:
         result.status = "failed"
         extra = len(differences) - MAX_FINDINGS
-        result.findings += differences[:MAX_FINDINGS] + ([f"{extra} more message(s) differ"] if extra > 0 else [])
+        result.findings += differences[:MAX_FINDINGS] + (
+            [f"{extra} more message(s) differ"] if extra > 0 else []
+        )
 
 
 def judge_isolation(result: Any, recorded: Recording, replay: Recording | None) -> None:
@@ -127,34 +151,51 @@ def judge_isolation(result: Any, recorded: Recording, replay: Recording | None) 
         return
     if changed is None or changed.matched == 0 or replay is None:
         result.isolation = "not checked"
-        result.notes.append("record isolation not checked: no changed record was found in a per-example clipped batch "
-                            "(`clipped_gradient_sum`): the method clips whole batches, clips on its own, or transforms "
-                            "its inputs first")
+        result.notes.append(
+            "record isolation not checked: no changed record was found in a per-example clipped batch "
+            "(`clipped_gradient_sum`): the method clips whole batches, clips on its own, or transforms "
+            "its inputs first"
+        )
         return
     tape = replay.tape
     differences = list(tape.clean_differences)
     if tape.clean_position < len(recorded.tape.clean_values):
-        differences.append(f"the replay computed {tape.clean_position} of the {len(recorded.tape.clean_values)} recorded "
-                           "clipped sums")
+        differences.append(
+            f"the replay computed {tape.clean_position} of the {len(recorded.tape.clean_values)} recorded "
+            "clipped sums"
+        )
     if differences:
         result.isolation, result.status = "failed", "failed"
         extra = len(differences) - MAX_FINDINGS
         result.findings.append(
-            "record isolation: " + "; ".join(differences[:MAX_FINDINGS]) + (f" ({extra} more)" if extra > 0 else "")
+            "record isolation: "
+            + "; ".join(differences[:MAX_FINDINGS])
+            + (f" ({extra} more)" if extra > 0 else "")
             + " with half of each client's records changed and their own terms in no kept sum: a record moves other "
-            "records' clipped terms, outside the per-record sensitivity the ledger accounts")
+            "records' clipped terms, outside the per-record sensitivity the ledger accounts"
+        )
         return
     checked = recorded.tape.kept_checked
     if all(checked):
         result.isolation = "verified"
         return
     result.isolation = "partly checked"
-    result.notes.append(f"record isolation checked for {sum(checked)} of the {len(checked)} releases: the others clip "
-                        "inside their own kernels (such as P4's span path), which report no kept clipped sums")
+    result.notes.append(
+        f"record isolation checked for {sum(checked)} of the {len(checked)} releases: the others clip "
+        "inside their own kernels (such as P4's span path), which report no kept clipped sums"
+    )
 
 
-def run_recorded(run: Callable[..., Any], config: Any, pm: Any, recording: Recording, *, data_change: str,
-                 prepare: Callable[[Any], None] | None = None, **run_options: Any) -> Any:
+def run_recorded(
+    run: Callable[..., Any],
+    config: Any,
+    pm: Any,
+    recording: Recording,
+    *,
+    data_change: str,
+    prepare: Callable[[Any], None] | None = None,
+    **run_options: Any,
+) -> Any:
     """Run `config` with `run` (the runner's), recording into `recording`."""
 
     def on_prepared(prepared: Any) -> None:
@@ -164,8 +205,18 @@ def run_recorded(run: Callable[..., Any], config: Any, pm: Any, recording: Recor
 
     token = _REPLAYING.set(True)
     try:
-        with using_tape(recording.tape), excluding(recording.changed) if recording.changed is not None else nullcontext():
-            return run(config, plugin_manager=pm, track=False, on_prepared=on_prepared, verify=False, **run_options)
+        with (
+            using_tape(recording.tape),
+            excluding(recording.changed) if recording.changed is not None else nullcontext(),
+        ):
+            return run(
+                config,
+                plugin_manager=pm,
+                track=False,
+                on_prepared=on_prepared,
+                verify=False,
+                **run_options,
+            )
     finally:
         _REPLAYING.reset(token)
 

@@ -32,7 +32,13 @@ from typing import Any
 from p4bench.config import RunConfig
 from p4bench.privacy.isolation import ChangedRecords, excluding
 from p4bench.privacy.post_processing import PostProcessingResult, simulator_options
-from p4bench.privacy.replay import Recording, instrument, judge_isolation, judge_messages, run_recorded
+from p4bench.privacy.replay import (
+    Recording,
+    instrument,
+    judge_isolation,
+    judge_messages,
+    run_recorded,
+)
 from p4bench.privacy.tape import ReleaseTape, ReplayDiverged, using_tape
 
 __all__ = ["RunRecorder", "not_recordable", "verify_at_size"]
@@ -46,7 +52,9 @@ def not_recordable(prepared: Any, resumed: bool) -> str | None:
     if not isinstance(prepared.runtime, GroupedRuntime):
         return f"runtime '{config.runtime}' runs its clients elsewhere"
     if prepared.device.type != "cpu":
-        return f"it ran on {prepared.device.type}, whose kernels a replay need not repeat bit for bit"
+        return (
+            f"it ran on {prepared.device.type}, whose kernels a replay need not repeat bit for bit"
+        )
     if config.noise_source != "seeded":
         return "its randomness is secret, so no replay can draw it again"
     if resumed:
@@ -76,13 +84,23 @@ class RunRecorder:
             yield
         self.cpu_seconds += time.process_time() - started
 
-    def verdict(self, run: Callable[..., Any], pm: Any, *, stop_at_step: int | None = None,
-                **run_options: Any) -> PostProcessingResult:
+    def verdict(
+        self,
+        run: Callable[..., Any],
+        pm: Any,
+        *,
+        stop_at_step: int | None = None,
+        **run_options: Any,
+    ) -> PostProcessingResult:
         """Replay the recorded run once (the changed half of the records replaced, the
         releases forced) and judge it; `stop_at_step`: where the run stopped early."""
         started, cpu = time.perf_counter(), time.process_time()
-        result = _judge(run, self.config, pm, self.recording, stop_at_step=stop_at_step, **run_options)
-        result.notes.insert(0, f"verified on the run itself ({_scope(self.config)}) and one replay of it")
+        result = _judge(
+            run, self.config, pm, self.recording, stop_at_step=stop_at_step, **run_options
+        )
+        result.notes.insert(
+            0, f"verified on the run itself ({_scope(self.config)}) and one replay of it"
+        )
         result.seconds = time.perf_counter() - started
         result.scope = "run"
         result.cpu_seconds = time.process_time() - cpu
@@ -90,40 +108,61 @@ class RunRecorder:
         return result
 
 
-def _judge(run: Callable[..., Any], config: RunConfig, pm: Any, recorded: Recording, **run_options: Any) -> PostProcessingResult:
+def _judge(
+    run: Callable[..., Any], config: RunConfig, pm: Any, recorded: Recording, **run_options: Any
+) -> PostProcessingResult:
     """The verdict of the one replay of `recorded` (a run of `config`)."""
     result = PostProcessingResult(config.method, "verified")
     tape = recorded.tape
     result.releases = len(tape.values)
     if tape.unforceable:
         result.status = "not verifiable"
-        result.findings.append(f"its releases use {', '.join(tape.unforceable)}, whose value a replay cannot force; "
-                               "declare the state a fused release updates (`Releases.state_before`/`state_after`)")
+        result.findings.append(
+            f"its releases use {', '.join(tape.unforceable)}, whose value a replay cannot force; "
+            "declare the state a fused release updates (`Releases.state_before`/`state_after`)"
+        )
         return result
     if not len(tape.values) and not tape.delegated:
-        result.notes.append("it made no DP release: every message it sends must then read no record")
-    replay = Recording(ReleaseTape(tape.values, clean=tape.clean_values), ChangedRecords(), recorded.slots)
+        result.notes.append(
+            "it made no DP release: every message it sends must then read no record"
+        )
+    replay = Recording(
+        ReleaseTape(tape.values, clean=tape.clean_values), ChangedRecords(), recorded.slots
+    )
     try:
         run_recorded(run, config, pm, replay, data_change="changed", **run_options)
     except ReplayDiverged as diverged:
-        result.status, result.findings = "failed", [f"the releases depend on the changed records: {diverged}"]
+        result.status, result.findings = (
+            "failed",
+            [f"the releases depend on the changed records: {diverged}"],
+        )
         return result
     judge_messages(result, recorded, replay)
     judge_isolation(result, recorded, replay)
     return result
 
 
-def verify_at_size(config: RunConfig, run: Callable[..., Any], pm: Any, why: str) -> PostProcessingResult:
+def verify_at_size(
+    config: RunConfig, run: Callable[..., Any], pm: Any, why: str
+) -> PostProcessingResult:
     """The check at `config`'s own size beside a run that cannot be its own recording
     (`why`): a recorded run and one replay on the CPU simulator with seeded randomness."""
     started, cpu = time.perf_counter(), time.process_time()
-    checked = config.replace(runtime="simulation", device="cpu", noise_source="seeded", time_budget_min=None,
-                             options=simulator_options(config))
+    checked = config.replace(
+        runtime="simulation",
+        device="cpu",
+        noise_source="seeded",
+        time_budget_min=None,
+        options=simulator_options(config),
+    )
     recorded = Recording(ReleaseTape(), ChangedRecords())
     run_recorded(run, checked, pm, recorded, data_change="none")
     result = _judge(run, checked, pm, recorded)
-    result.notes.insert(0, f"verified at the run's own size ({_scope(config)}) on the CPU simulator with seeded "
-                           f"randomness, beside the run: {why}")
+    result.notes.insert(
+        0,
+        f"verified at the run's own size ({_scope(config)}) on the CPU simulator with seeded "
+        f"randomness, beside the run: {why}",
+    )
     result.seconds = time.perf_counter() - started
     result.cpu_seconds = time.process_time() - cpu
     result.scope = "size"

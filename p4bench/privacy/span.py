@@ -1,5 +1,5 @@
 """The DP noise of K linear-model steps computed in the span of a client's data (P4's
-span path, `p4bench.plugins.p4.span`): how the K per-step Gaussian draws enter the
+span path, `p4bench_p4.span`): how the K per-step Gaussian draws enter the
 weights, the bias and the logits the later steps see.
 
 After K steps the proxy's weights are W_K = W_0 - A_K X + sum_k u_k N_k, with N_k (L x d)
@@ -44,9 +44,19 @@ class SpanNoise:
     `draw`, `seen`, `step` (each step) and `finish` in that order.
     """
 
-    def __init__(self, releases: Releases, mode: str, lr: float, expected_batch: torch.Tensor, classes: int, steps: int) -> None:
+    def __init__(
+        self,
+        releases: Releases,
+        mode: str,
+        lr: float,
+        expected_batch: torch.Tensor,
+        classes: int,
+        steps: int,
+    ) -> None:
         if mode not in NOISE_MODES:
-            raise ValueError(f"span noise mode must be one of {', '.join(NOISE_MODES)}, got {mode!r}")
+            raise ValueError(
+                f"span noise mode must be one of {', '.join(NOISE_MODES)}, got {mode!r}"
+            )
         self.releases, self.mode, self.classes, self.steps = releases, mode, classes, steps
         self.basis = mode == "basis"
         # the DP mean divides by the expected batch; u_k folds the noise std into the step size
@@ -67,11 +77,15 @@ class SpanNoise:
         self.bias = torch.empty(count, steps, classes)
         if self.basis:
             self.coordinates = torch.empty(count, steps, classes, width)
-            parts = [part for k in range(steps) for part in (self.bias[:, k], self.coordinates[:, k])]
+            parts = [
+                part for k in range(steps) for part in (self.bias[:, k], self.coordinates[:, k])
+            ]
             self.releases.draw([*parts, rows])  # then G, for the part outside the span
         else:
             self.blocks = rows.view(count, steps, classes, rows.shape[2])
-            self.releases.draw([part for k in range(steps) for part in (self.bias[:, k], self.blocks[:, k])])
+            self.releases.draw(
+                [part for k in range(steps) for part in (self.bias[:, k], self.blocks[:, k])]
+            )
 
     def seen(self, projections: torch.Tensor, coords: torch.Tensor | None) -> torch.Tensor:
         """(C, (K-1) L, n): N_k X^T for k < K-1, from the GEMM's `projections` of the noise
@@ -80,17 +94,29 @@ class SpanNoise:
             return projections
         assert coords is not None, "the basis sampler needs the data's coordinates R"
         count = projections.shape[0]
-        earlier = self.coordinates[:, : self.steps - 1].reshape(count, (self.steps - 1) * self.classes, coords.shape[1])
+        earlier = self.coordinates[:, : self.steps - 1].reshape(
+            count, (self.steps - 1) * self.classes, coords.shape[1]
+        )
         return torch.bmm(earlier, coords)  # N_k X^T = Z_k R
 
-    def step(self, k: int, seen: torch.Tensor, noise_logits: torch.Tensor, proxy_bias: torch.Tensor) -> None:
+    def step(
+        self, k: int, seen: torch.Tensor, noise_logits: torch.Tensor, proxy_bias: torch.Tensor
+    ) -> None:
         """Step k's noise: into the proxy's bias (C, L), and into the logits (C, L, n) later steps see."""
         count, classes = proxy_bias.shape
         if k < self.steps - 1:  # the last step's noise is seen by no later logits
-            noise_logits.addcmul_(seen[:, k * classes : (k + 1) * classes], self.scale[k].view(count, 1, 1))
+            noise_logits.addcmul_(
+                seen[:, k * classes : (k + 1) * classes], self.scale[k].view(count, 1, 1)
+            )
         proxy_bias.addcmul_(self.bias[:, k], self.scale[k].view(count, 1))
 
-    def finish(self, weight: torch.Tensor, coefficients: torch.Tensor, projections: torch.Tensor, rows: torch.Tensor) -> None:
+    def finish(
+        self,
+        weight: torch.Tensor,
+        coefficients: torch.Tensor,
+        projections: torch.Tensor,
+        rows: torch.Tensor,
+    ) -> None:
         """Add sum_k u_k N_k to the proxy's final weights W_K = `weight` - `coefficients` (data),
         in place: `weight` (C, L, d) the initial weights, `coefficients` (C, L, m) the
         proxy's coefficients in the basis (`basis`; unused with `streams`), `projections`

@@ -84,7 +84,11 @@ class ReleaseStore:
         kept: list[_Stored] = []
         for tensor in tensors:
             value = tensor.detach().to("cpu").contiguous()
-            raw: npt.NDArray[np.uint8] = value.reshape(-1).view(torch.uint8).numpy() if value.numel() else np.zeros(0, np.uint8)
+            raw: npt.NDArray[np.uint8] = (
+                value.reshape(-1).view(torch.uint8).numpy()
+                if value.numel()
+                else np.zeros(0, np.uint8)
+            )
             if self._in_memory + raw.nbytes <= self._limit:
                 self._in_memory += raw.nbytes
                 kept.append((raw.copy(), 0, value.dtype, tuple(value.shape)))
@@ -108,8 +112,13 @@ class ReleaseStore:
         kind, kept = self._entries[index]
         return kind, [shape for *_, shape in kept]
 
-    def _load(self, raw: npt.NDArray[np.uint8] | None, offset: int, dtype: torch.dtype,
-              shape: tuple[int, ...]) -> torch.Tensor:
+    def _load(
+        self,
+        raw: npt.NDArray[np.uint8] | None,
+        offset: int,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+    ) -> torch.Tensor:
         size = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
         if raw is None:
             assert self._file is not None
@@ -136,24 +145,37 @@ class ReleaseTape:
     kept clipped sums of the isolation check with the recorded ones.
     """
 
-    def __init__(self, recorded: ReleaseStore | Sequence[tuple[str, list[torch.Tensor]]] | None = None,
-                 clean: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] | None = None) -> None:
+    def __init__(
+        self,
+        recorded: ReleaseStore | Sequence[tuple[str, list[torch.Tensor]]] | None = None,
+        clean: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] | None = None,
+    ) -> None:
         self.replaying = recorded is not None
-        self.values = recorded if isinstance(recorded, ReleaseStore) else ReleaseStore(recorded or ())
+        self.values = (
+            recorded if isinstance(recorded, ReleaseStore) else ReleaseStore(recorded or ())
+        )
         self.position = 0
         # the kept clipped sums' row fingerprints and norms: recorded, or (given `clean`) compared on the replay
-        self.clean_values: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = list(clean or [])
+        self.clean_values: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = list(
+            clean or []
+        )
         self.comparing = clean is not None
         self.clean_position = 0
         self.clean_differences: list[str] = []
         self.unforceable: list[str] = []  # kinds of release that a replay could not force
         self.delegated = 0  # releases whose noise a trusted server adds (central DP)
-        self.before_values: list[npt.NDArray[np.int64]] = []  # fused releases' states before: row fingerprints
+        self.before_values: list[
+            npt.NDArray[np.int64]
+        ] = []  # fused releases' states before: row fingerprints
         self.before_position = 0
         self.before_differences: list[str] = []
-        self.kept_checked: list[bool] = []  # per recorded release: whether a kept clipped sum came before it
+        self.kept_checked: list[
+            bool
+        ] = []  # per recorded release: whether a kept clipped sum came before it
         self._kept_since_release = False
-        self.where = ""  # the round being run (set by whoever observes the run's network), for findings
+        self.where = (
+            ""  # the round being run (set by whoever observes the run's network), for findings
+        )
 
     def release(self, kind: str, tensors: Sequence[torch.Tensor]) -> None:
         """One release of `kind`: record copies of `tensors`, or overwrite them in place
@@ -165,13 +187,17 @@ class ReleaseTape:
             return
         index = self.position
         if index >= len(self.values):
-            raise ReplayDiverged(f"release {index + 1} ({kind}) was made on the replay only: the recorded run made "
-                                 f"{len(self.values)}")
+            raise ReplayDiverged(
+                f"release {index + 1} ({kind}) was made on the replay only: the recorded run made "
+                f"{len(self.values)}"
+            )
         recorded_kind, expected = self.values.shapes(index)
         shapes = [tuple(t.shape) for t in tensors]
         if recorded_kind != kind or shapes != expected:
-            raise ReplayDiverged(f"release {index + 1} is {kind} of shapes {shapes} on the replay, {recorded_kind} of "
-                                 f"shapes {expected} in the recorded run")
+            raise ReplayDiverged(
+                f"release {index + 1} is {kind} of shapes {shapes} on the replay, {recorded_kind} of "
+                f"shapes {expected} in the recorded run"
+            )
         for target, value in zip(tensors, self.values[index][1]):
             target.copy_(value.to(target.device))
         self.position += 1
@@ -192,22 +218,31 @@ class ReleaseTape:
         index = self.clean_position
         self.clean_position += 1
         if index >= len(self.clean_values):
-            self.clean_differences.append(f"clipped sum {index + 1} ({self.where}) was computed on the replay only")
+            self.clean_differences.append(
+                f"clipped sum {index + 1} ({self.where}) was computed on the replay only"
+            )
             return
         recorded, recorded_norms = self.clean_values[index]
         if recorded.shape != prints.shape:
-            self.clean_differences.append(f"clipped sum {index + 1} ({self.where}) has {tuple(prints.shape)} row "
-                                          f"fingerprints on the replay, {tuple(recorded.shape)} recorded")
+            self.clean_differences.append(
+                f"clipped sum {index + 1} ({self.where}) has {tuple(prints.shape)} row "
+                f"fingerprints on the replay, {tuple(recorded.shape)} recorded"
+            )
             return
         for row in np.flatnonzero((recorded != prints).any(axis=1)).tolist():
             self.clean_differences.append(
                 f"clipped sum {index + 1} ({self.where}), batch row {row}: the kept records' clipped sum before noise "
-                f"differs (norm {float(recorded_norms[row]):.6g} recorded, {float(norms[row]):.6g} on the replay)")
+                f"differs (norm {float(recorded_norms[row]):.6g} recorded, {float(norms[row]):.6g} on the replay)"
+            )
 
     def before(self, tensors: Sequence[torch.Tensor]) -> None:
         """The state a fused release updates, before its kernel (`Releases.state_before`):
         recorded as row fingerprints, or compared on a replay."""
-        prints = np.concatenate([row_fingerprints(t) for t in tensors], axis=1) if tensors else np.zeros((0, 2), np.int64)
+        prints = (
+            np.concatenate([row_fingerprints(t) for t in tensors], axis=1)
+            if tensors
+            else np.zeros((0, 2), np.int64)
+        )
         if not self.replaying:
             self.before_values.append(prints)
             return
@@ -217,10 +252,16 @@ class ReleaseTape:
             return  # a release made on the replay only: `release` names it
         recorded = self.before_values[index]
         if recorded.shape != prints.shape or bool((recorded != prints).any()):
-            rows = [] if recorded.shape != prints.shape else np.flatnonzero((recorded != prints).any(axis=1)).tolist()
+            rows = (
+                []
+                if recorded.shape != prints.shape
+                else np.flatnonzero((recorded != prints).any(axis=1)).tolist()
+            )
             self.before_differences.append(
                 f"fused release {index + 1} ({self.where}): the state it updates differs before the release"
-                + (f" in batch row {rows[0]}" if rows else "") + ": it was computed from records outside the mechanism")
+                + (f" in batch row {rows[0]}" if rows else "")
+                + ": it was computed from records outside the mechanism"
+            )
 
     def note_unforceable(self, kind: str) -> None:
         """A release whose value the tape cannot see (a fused kernel's draws)."""

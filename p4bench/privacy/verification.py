@@ -32,18 +32,40 @@ from p4bench.config import RunConfig
 from p4bench.data.paths import cache_dir
 from p4bench.errors import ConfigError
 
-__all__ = ["MODES", "NOT_VERIFIED", "VERIFY_ENV", "cache_key", "cached_verdict", "store_verdict",
-           "verification_enabled", "verification_mode", "verify_method"]
+__all__ = [
+    "MODES",
+    "NOT_VERIFIED",
+    "VERIFY_ENV",
+    "cache_key",
+    "cached_verdict",
+    "store_verdict",
+    "verification_enabled",
+    "verification_mode",
+    "verify_method",
+]
 
 VERIFY_ENV = "P4BENCH_VERIFY"
 MODES = ("full", "stand-in", "off")
 NOT_VERIFIED = "not verified"
 _CACHE_FILE = "post_processing.json"
-CHECK_VERSION = 3  # 3: run-size checks, fused releases forced as a whole, kept sums beside the run's own
+CHECK_VERSION = (
+    3  # 3: run-size checks, fused releases forced as a whole, kept sums beside the run's own
+)
 # fields that change where results go or how work is chunked, never what a method sends
 _NOT_IN_KEY = ("seed", "experiment", "tracking_uri", "results_dir", "memory_budget_gb", "verify")
-_ENV_WORDS = {"0": "off", "off": "off", "false": "off", "no": "off", "1": "full", "on": "full", "true": "full",
-              "yes": "full", "full": "full", "stand-in": "stand-in", "standin": "stand-in"}
+_ENV_WORDS = {
+    "0": "off",
+    "off": "off",
+    "false": "off",
+    "no": "off",
+    "1": "full",
+    "on": "full",
+    "true": "full",
+    "yes": "full",
+    "full": "full",
+    "stand-in": "stand-in",
+    "standin": "stand-in",
+}
 
 
 def verification_mode(config: RunConfig | None = None) -> str:
@@ -54,7 +76,9 @@ def verification_mode(config: RunConfig | None = None) -> str:
         return str(chosen)
     word = os.environ.get(VERIFY_ENV, "full").strip().lower()
     if word not in _ENV_WORDS:
-        raise ConfigError("verify", f"${VERIFY_ENV}={word!r}: use one of {', '.join(MODES)} (or 0/1)")
+        raise ConfigError(
+            "verify", f"${VERIFY_ENV}={word!r}: use one of {', '.join(MODES)} (or 0/1)"
+        )
     return _ENV_WORDS[word]
 
 
@@ -113,7 +137,9 @@ def store_verdict(key: str, verdict: dict[str, Any]) -> dict[str, Any]:
     return {**verdict, "cached": False}
 
 
-def verify_method(config: RunConfig, classes: list[type], plugin_manager: Any, run: Any) -> dict[str, Any]:
+def verify_method(
+    config: RunConfig, classes: list[type], plugin_manager: Any, run: Any
+) -> dict[str, Any]:
     """The stand-in verdict of `config`'s method (`PostProcessingResult.as_dict()`), from
     the cache or by running the small check with the runner's `run`."""
     from p4bench.privacy.post_processing import run_check

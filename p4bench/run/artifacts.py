@@ -1,5 +1,5 @@
 """What a run writes beside its MLflow record: the partition's table and heatmap, the
-accuracy plot, and the final metrics and tags (`p4bench.tracking` logs them)."""
+accuracy plot, and the final metrics and tags (`p4bench.tracking.tracker` logs them)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,15 @@ import numpy as np
 
 from p4bench.records import RunInfo, display_round
 
-__all__ = ["GLOBAL_FIGURES", "METHOD_FIGURE_PREFIXES", "final_metrics", "final_tags", "method_figures", "plot_accuracy",
-           "write_partition_summary"]
+__all__ = [
+    "GLOBAL_FIGURES",
+    "METHOD_FIGURE_PREFIXES",
+    "final_metrics",
+    "final_tags",
+    "method_figures",
+    "plot_accuracy",
+    "write_partition_summary",
+]
 
 GLOBAL_FIGURES = ("accuracy_global_mean", "accuracy_global_min", "accuracy_global_max")
 
@@ -23,16 +30,30 @@ def final_metrics(result: Any) -> dict[str, float]:
     """The run's final MLflow metrics: accuracy, time, bytes, rounds, method figures, epsilon
     (the reported clients', and `epsilon_evaluation_clients`: the evaluation clients' own)."""
     summary = result.summary
-    final = {"final_accuracy_mean": float(summary["accuracy_mean"]), "wall_time_s": float(result.wall_time_s),
-             # `--eval global|both`: the global test set's figures too (compare --metric final_accuracy_global_mean)
-             **{f"final_{k}": float(summary[k]) for k in GLOBAL_FIGURES if k in summary},
-             "bytes_sent_total": float(summary.get("bytes_sent", 0)),
-             "rounds_completed": float(summary.get("rounds_completed", len(result.outcome.reports)))}
+    final = {
+        "final_accuracy_mean": float(summary["accuracy_mean"]),
+        "wall_time_s": float(result.wall_time_s),
+        # `--eval global|both`: the global test set's figures too (compare --metric final_accuracy_global_mean)
+        **{f"final_{k}": float(summary[k]) for k in GLOBAL_FIGURES if k in summary},
+        "bytes_sent_total": float(summary.get("bytes_sent", 0)),
+        "rounds_completed": float(summary.get("rounds_completed", len(result.outcome.reports))),
+    }
     final.update(method_figures(summary))
     if summary.get("epsilon") is not None:  # a non-private run logs no epsilon at all (never 0.0)
-        final.update({k: float(summary[k]) for k in ("epsilon", "epsilon_mean", "epsilon_rdp", "epsilon_rdp_mean",
-                                                      "epsilon_pld", "epsilon_evaluation_clients")
-                      if summary.get(k) is not None})
+        final.update(
+            {
+                k: float(summary[k])
+                for k in (
+                    "epsilon",
+                    "epsilon_mean",
+                    "epsilon_rdp",
+                    "epsilon_rdp_mean",
+                    "epsilon_pld",
+                    "epsilon_evaluation_clients",
+                )
+                if summary.get(k) is not None
+            }
+        )
     return final
 
 
@@ -46,13 +67,22 @@ def final_tags(summary: Mapping[str, Any]) -> dict[str, str]:
         if summary.get("uncertified_reason"):
             tags["dp.uncertified_reason"] = str(summary["uncertified_reason"])
     if summary.get("epsilon") is not None:
-        tags.update({f"dp.{key}": str(summary[key]) for key in ("neighbouring", "noise_multiplier", "delta", "accountant", "clip")})
-        if summary.get("epsilon_scope"):  # stopped by the time budget: the rounds the epsilon covers
+        tags.update(
+            {
+                f"dp.{key}": str(summary[key])
+                for key in ("neighbouring", "noise_multiplier", "delta", "accountant", "clip")
+            }
+        )
+        if summary.get(
+            "epsilon_scope"
+        ):  # stopped by the time budget: the rounds the epsilon covers
             tags["dp.epsilon_scope"] = str(summary["epsilon_scope"])
     return tags
 
 
-def write_partition_summary(run: RunInfo, folder: Path, table: bool = True, heatmap: bool = True) -> None:
+def write_partition_summary(
+    run: RunInfo, folder: Path, table: bool = True, heatmap: bool = True
+) -> None:
     """partition.csv (per client: role, sizes, class counts) and a client-by-class heatmap
     (partition.png); `table` and `heatmap` choose which."""
     data = run.data
@@ -61,33 +91,71 @@ def write_partition_summary(run: RunInfo, folder: Path, table: bool = True, heat
     classes = data.num_classes
     counts = np.zeros((data.num_clients, classes), dtype=np.int64)
     for split in (data.train, data.test):
-        labels, sizes = split.y.cpu().numpy(), split.n.cpu().numpy()  # one copy from the run's device
+        labels, sizes = (
+            split.y.cpu().numpy(),
+            split.n.cpu().numpy(),
+        )  # one copy from the run's device
         for client in range(data.num_clients):
             counts[client] += np.bincount(labels[client, : sizes[client]], minlength=classes)
     if table:
         with open(folder / "partition.csv", "w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["client", "role", "malicious", "n_train", "n_test", *[f"class_{c}" for c in data.class_names]])
+            writer.writerow(
+                [
+                    "client",
+                    "role",
+                    "malicious",
+                    "n_train",
+                    "n_test",
+                    *[f"class_{c}" for c in data.class_names],
+                ]
+            )
             for client in range(data.num_clients):
                 role = "evaluation" if run.evaluation[client] else "reported"
-                writer.writerow([client, role, bool(run.malicious[client]), int(data.train.n[client]),
-                                 int(data.test.n[client]), *counts[client].tolist()])
+                writer.writerow(
+                    [
+                        client,
+                        role,
+                        bool(run.malicious[client]),
+                        int(data.train.n[client]),
+                        int(data.test.n[client]),
+                        *counts[client].tolist(),
+                    ]
+                )
     if heatmap:
         from p4bench.data.summary import plot_partition_heatmap
 
-        plot_partition_heatmap(counts, data.class_names, folder / "partition.png",
-                               title=f"{run.config.dataset} / {run.config.partitioner}: samples per client and class")
+        plot_partition_heatmap(
+            counts,
+            data.class_names,
+            folder / "partition.png",
+            title=f"{run.config.dataset} / {run.config.partitioner}: samples per client and class",
+        )
 
 
 # Run-level figures of the methods (PDSL's rho and Theorem 1 epsilon, P4L's completion rate,
 # a client gate's decisions, ...): logged as final MLflow metrics when numeric.
-METHOD_FIGURE_PREFIXES = ("p4l.", "pdsl.", "cga.", "gate.", "rho", "degree_", "epsilon_theorem1", "min_group")
+METHOD_FIGURE_PREFIXES = (
+    "p4l.",
+    "pdsl.",
+    "cga.",
+    "gate.",
+    "rho",
+    "degree_",
+    "epsilon_theorem1",
+    "min_group",
+)
 
 
 def method_figures(summary: Mapping[str, Any]) -> dict[str, float]:
     """The numeric summary values named by `METHOD_FIGURE_PREFIXES`."""
-    return {k: float(v) for k, v in summary.items()
-            if k.startswith(METHOD_FIGURE_PREFIXES) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: float(v)
+        for k, v in summary.items()
+        if k.startswith(METHOD_FIGURE_PREFIXES)
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+    }
 
 
 def plot_accuracy(metrics_csv: Path, out: Path, title: str) -> None:
@@ -103,15 +171,25 @@ def plot_accuracy(metrics_csv: Path, out: Path, title: str) -> None:
     fig, axis = plt.subplots(figsize=(6, 3.5), dpi=100)
     # the last phase's rounds are 1..T (as every method's); earlier ones (P4's grouping) count down
     # to 0, as MLflow shows them (`display_round`; the phases as the rows hold them, all completed)
-    phases = [SimpleNamespace(name=name, rounds=count) for name, count in frame["phase"].value_counts(sort=False).items()]
-    shown = [display_round(phases, phase, int(r)) for phase, r in zip(frame["phase"], frame["round"])]
+    phases = [
+        SimpleNamespace(name=name, rounds=count)
+        for name, count in frame["phase"].value_counts(sort=False).items()
+    ]
+    shown = [
+        display_round(phases, phase, int(r)) for phase, r in zip(frame["phase"], frame["round"])
+    ]
     main = frame["phase"] == frame["phase"].iloc[-1] if len(frame) else frame["phase"] == ""
     earlier = int((~main).sum())
     axis.plot(shown, frame["accuracy_mean"], marker="o", markersize=3)
     if earlier:
         axis.axvline(0.5, color="grey", linewidth=0.8, linestyle=":")
-        axis.annotate(", ".join(dict.fromkeys(frame["phase"][~main])), (0.5, 0.02), fontsize=7, ha="right",
-                      xycoords=("data", "axes fraction"))
+        axis.annotate(
+            ", ".join(dict.fromkeys(frame["phase"][~main])),
+            (0.5, 0.02),
+            fontsize=7,
+            ha="right",
+            xycoords=("data", "axes fraction"),
+        )
     axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     axis.set_xlabel("round")
     axis.set_ylabel("mean test accuracy (reported clients)")

@@ -39,14 +39,29 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from p4bench.records import RoundReport
-from p4bench.state_codec import capture, decode_into, encode, restore_object
+from p4bench.run.state_codec import capture, decode_into, encode, restore_object
 
 if TYPE_CHECKING:
     from p4bench.engine.driver import RoundDriver
     from p4bench.privacy.ledger import PrivacyLedger
 
-__all__ = ["CHECKPOINT_FILE", "META_FILE", "Checkpoint", "RunCheckpointer", "snapshot", "restore", "write", "load", "find_run_folder",
-           "find_for_config", "encode", "decode_into", "remove", "pack_report", "unpack_report"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "META_FILE",
+    "Checkpoint",
+    "RunCheckpointer",
+    "snapshot",
+    "restore",
+    "write",
+    "load",
+    "find_run_folder",
+    "find_for_config",
+    "encode",
+    "decode_into",
+    "remove",
+    "pack_report",
+    "unpack_report",
+]
 
 CHECKPOINT_FILE, META_FILE = "checkpoint.pt", "checkpoint.json"
 FORMAT = 1
@@ -80,7 +95,10 @@ class Checkpoint:
 
 
 def snapshot(
-    driver: RoundDriver, ledger: PrivacyLedger | None, extra: Mapping[str, Any], reports: list[torch.Tensor] | None = None,
+    driver: RoundDriver,
+    ledger: PrivacyLedger | None,
+    extra: Mapping[str, Any],
+    reports: list[torch.Tensor] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """The run's state after a completed round, and the paths of plugin state that could
     not be saved. `extra` holds the runner's own figures (detection totals, time);
@@ -90,18 +108,27 @@ def snapshot(
     for index, group in enumerate(driver.groups):
         noise = getattr(group.dp, "noise", None)
         philox = getattr(noise, "philox", None)  # counter-based noise streams: their draw counters
-        groups.append({
-            "rows": encode(group.rows), "state": encode(group.state, unsaved, f"group{index}.state"),
-            "rng_calls": encode(group.rng.calls), "attack_rng_calls": encode(group.attack_rng.calls),
-            "noise": [encode(g) for g in getattr(noise, "generators", [])],
-            **({"noise_calls": encode(philox.calls)} if philox is not None else {}),
-        })
+        groups.append(
+            {
+                "rows": encode(group.rows),
+                "state": encode(group.state, unsaved, f"group{index}.state"),
+                "rng_calls": encode(group.rng.calls),
+                "attack_rng_calls": encode(group.attack_rng.calls),
+                "noise": [encode(g) for g in getattr(noise, "generators", [])],
+                **({"noise_calls": encode(philox.calls)} if philox is not None else {}),
+            }
+        )
     job = driver.job
     state = {
-        "position": driver.position, "total_bytes": driver.total_bytes, "receive_errors": driver.receive_errors,
-        "groups": groups, "server_state": encode(driver.server_state, unsaved, "server_state"),
-        "server_rng_calls": encode(driver.server_rng.calls), "torch_rng": torch.get_rng_state(),
-        "method": capture(job.method, unsaved, "method"), "attack": capture(job.attack, unsaved, "attack"),
+        "position": driver.position,
+        "total_bytes": driver.total_bytes,
+        "receive_errors": driver.receive_errors,
+        "groups": groups,
+        "server_state": encode(driver.server_state, unsaved, "server_state"),
+        "server_rng_calls": encode(driver.server_rng.calls),
+        "torch_rng": torch.get_rng_state(),
+        "method": capture(job.method, unsaved, "method"),
+        "attack": capture(job.attack, unsaved, "attack"),
         "defense": capture(job.defense, unsaved, "defense"),
         "ledger": _ledger_state(ledger) if ledger is not None else None,
         "reports": reports if reports is not None else [pack_report(r) for r in driver.reports],
@@ -122,7 +149,9 @@ def restore(driver: RoundDriver, ledger: PrivacyLedger | None, state: Mapping[st
             raise ValueError("the checkpoint holds different client rows")
         group.state = decode_into(None, saved["state"], on_device)
         group.rng.calls = saved["rng_calls"].to(group.rng.calls.device, copy=True)
-        group.attack_rng.calls = saved["attack_rng_calls"].to(group.attack_rng.calls.device, copy=True)
+        group.attack_rng.calls = saved["attack_rng_calls"].to(
+            group.attack_rng.calls.device, copy=True
+        )
         noise = getattr(group.dp, "noise", None)
         for generator, generator_state in zip(getattr(noise, "generators", []), saved["noise"]):
             if generator is not None and generator_state is not None:
@@ -144,9 +173,15 @@ def restore(driver: RoundDriver, ledger: PrivacyLedger | None, state: Mapping[st
 
 
 def _ledger_state(ledger: PrivacyLedger) -> dict[str, Any]:
-    return {"keys": encode(ledger.keys), "steps": encode(ledger.steps), "rounds": dict(ledger.rounds),
-            "stopped": encode(ledger.stopped), "stop_log": encode(ledger.stop_log),
-            "phase": ledger._current_phase, "round": ledger._current_round}
+    return {
+        "keys": encode(ledger.keys),
+        "steps": encode(ledger.steps),
+        "rounds": dict(ledger.rounds),
+        "stopped": encode(ledger.stopped),
+        "stop_log": encode(ledger.stop_log),
+        "phase": ledger._current_phase,
+        "round": ledger._current_round,
+    }
 
 
 def _restore_ledger(ledger: PrivacyLedger, saved: Mapping[str, Any]) -> None:
@@ -162,7 +197,9 @@ def pack_report(report: RoundReport) -> torch.Tensor:
     """One round's report as one uint8 tensor (its plain encoding, serialised): a
     checkpoint holds every report so far, and thousands of small tensors pickle slowly."""
     buffer = io.BytesIO()
-    torch.save({f.name: encode(getattr(report, f.name)) for f in dataclasses.fields(report)}, buffer)
+    torch.save(
+        {f.name: encode(getattr(report, f.name)) for f in dataclasses.fields(report)}, buffer
+    )
     return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
 
 
@@ -191,7 +228,9 @@ class RunCheckpointer:
         self._cost = 0.0
         self._last = time.perf_counter()
 
-    def after_round(self, driver: RoundDriver, extra: Mapping[str, Any], force: bool = False) -> None:
+    def after_round(
+        self, driver: RoundDriver, extra: Mapping[str, Any], force: bool = False
+    ) -> None:
         """Checkpoint the driver's state after its last round (if due, or `force`)."""
         if self.folder is None or not driver.reports or self.unsaved:
             return
@@ -199,16 +238,21 @@ class RunCheckpointer:
         due = self._cost < 0.05 or time.perf_counter() - self._last >= 10 * self._cost
         if step == self.written_step or not (force or due):
             return
-        del self._packed[len(driver.reports):]
-        self._packed += [pack_report(r) for r in driver.reports[len(self._packed):]]
+        del self._packed[len(driver.reports) :]
+        self._packed += [pack_report(r) for r in driver.reports[len(self._packed) :]]
         state, unsaved = snapshot(driver, self.ledger, extra, self._packed)
         if unsaved:  # resuming without it would not continue this run (e.g. P4L's signing keys)
             self.unsaved = sorted(set(unsaved))
             remove(self.folder)
             return
         last_phase = driver.method.phases()[-1].name
-        meta = {**self.meta, "step": step, "position": driver.position, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "rounds_completed": sum(1 for r in driver.reports if r.phase == last_phase)}
+        meta = {
+            **self.meta,
+            "step": step,
+            "position": driver.position,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "rounds_completed": sum(1 for r in driver.reports if r.phase == last_phase),
+        }
         # the index (`checkpoint.json`: which run, for lookups) is written with the first
         # checkpoint and when the run stops; the snapshot carries the current round
         self._cost = write(self.folder, meta, state, index=force or not self.written_step)
@@ -219,7 +263,9 @@ class RunCheckpointer:
 # -- files -----------------------------------------------------------------------------------
 
 
-def write(folder: Path, meta: Mapping[str, Any], state: Mapping[str, Any], index: bool = True) -> float:
+def write(
+    folder: Path, meta: Mapping[str, Any], state: Mapping[str, Any], index: bool = True
+) -> float:
     """Write the snapshot (with its metadata) into `folder` atomically, and with `index`
     the metadata as `checkpoint.json` too; returns the seconds it took. The snapshot's
     own copy of the metadata is the one that counts (`Checkpoint.state`)."""
@@ -249,7 +295,9 @@ def remove(folder: Path) -> None:
         (folder / name).unlink(missing_ok=True)
 
 
-def find_run_folder(reference: str, results_dir: str, tracking_uri: str | None = None) -> Path | None:
+def find_run_folder(
+    reference: str, results_dir: str, tracking_uri: str | None = None
+) -> Path | None:
     """The local folder of a run given as a folder, a local run id (the folder name's
     suffix) or an MLflow run id (its `results_dir` or `local_run_id` tag)."""
     path = Path(reference).expanduser()
@@ -275,7 +323,9 @@ def find_run_folder(reference: str, results_dir: str, tracking_uri: str | None =
     return find_run_folder(local, results_dir) if local and local != reference else None
 
 
-def find_for_config(results_dir: str, config_hash: str, tags: Mapping[str, str]) -> Checkpoint | None:
+def find_for_config(
+    results_dir: str, config_hash: str, tags: Mapping[str, str]
+) -> Checkpoint | None:
     """The newest checkpoint under `results_dir` of a run with this requested config hash
     and these tags (a sweep's interrupted run)."""
     base = Path(results_dir)

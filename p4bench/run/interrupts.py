@@ -25,8 +25,14 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "RunInterrupted", "graceful_interrupts", "install_in_worker", "stop_requested", "request_stop", "clear_stop",
-    "training", "installed",
+    "RunInterrupted",
+    "graceful_interrupts",
+    "install_in_worker",
+    "stop_requested",
+    "request_stop",
+    "clear_stop",
+    "training",
+    "installed",
 ]
 
 
@@ -39,9 +45,19 @@ class RunInterrupted(KeyboardInterrupt):
     run as interrupted, never as finished."""
 
     def __init__(
-        self, where: str, results_dir: Path | None, resumable: bool, mlflow_run_id: str | None = None, why_not: str = "",
+        self,
+        where: str,
+        results_dir: Path | None,
+        resumable: bool,
+        mlflow_run_id: str | None = None,
+        why_not: str = "",
     ) -> None:
-        self.where, self.results_dir, self.mlflow_run_id, self.why_not = where, results_dir, mlflow_run_id, why_not
+        self.where, self.results_dir, self.mlflow_run_id, self.why_not = (
+            where,
+            results_dir,
+            mlflow_run_id,
+            why_not,
+        )
         self.resumable = resumable and results_dir is not None
         super().__init__(self.line())
 
@@ -97,13 +113,17 @@ def installed() -> bool:
 def _handle(signum: int, frame: Any) -> None:
     _state.signals += 1
     if _state.raised:
-        _exit_at_once(signum, frame)  # the KeyboardInterrupt of an earlier one is still being handled
+        _exit_at_once(
+            signum, frame
+        )  # the KeyboardInterrupt of an earlier one is still being handled
     if _state.requested or not (_state.graceful or _state.always_graceful):
         _state.raised = True
         raise KeyboardInterrupt
     _state.requested = True
     if _state.notice is not None:
-        _state.notice("stopping after the current round (writing a checkpoint); press Ctrl-C again to quit at once")
+        _state.notice(
+            "stopping after the current round (writing a checkpoint); press Ctrl-C again to quit at once"
+        )
 
 
 def _exit_at_once(signum: int, frame: Any) -> None:
@@ -127,7 +147,9 @@ def _restore() -> None:
 
 
 @contextmanager
-def graceful_interrupts(always: bool = False, notice: Callable[[str], None] | None = None) -> Iterator[bool]:
+def graceful_interrupts(
+    always: bool = False, notice: Callable[[str], None] | None = None
+) -> Iterator[bool]:
     """Install the SIGINT handler for the duration (main thread only; a SIGINT that is
     ignored, as in a background job, stays ignored). `always`: graceful outside training
     too. `notice` gets one line when the first SIGINT is taken as a stop request. Yields
@@ -139,7 +161,12 @@ def graceful_interrupts(always: bool = False, notice: Callable[[str], None] | No
     if previous is signal.SIG_IGN:
         yield False
         return
-    _state.previous, _state.requested, _state.always_graceful, _state.notice = previous, False, always, notice
+    _state.previous, _state.requested, _state.always_graceful, _state.notice = (
+        previous,
+        False,
+        always,
+        notice,
+    )
     _state.signals, _state.raised = 0, False
     signal.signal(signal.SIGINT, _handle)
     _state.installed = True
@@ -153,8 +180,15 @@ def graceful_interrupts(always: bool = False, notice: Callable[[str], None] | No
 def install_in_worker() -> None:
     """In a sweep's worker process: the terminal's Ctrl-C reaches the workers too, so each
     worker stops its run after the current round as the parent does (never restored)."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        _state.previous, _state.always_graceful, _state.notice = signal.getsignal(signal.SIGINT), True, None
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    ):
+        _state.previous, _state.always_graceful, _state.notice = (
+            signal.getsignal(signal.SIGINT),
+            True,
+            None,
+        )
         signal.signal(signal.SIGINT, _handle)
         _state.installed = True
 

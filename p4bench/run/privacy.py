@@ -8,7 +8,7 @@ from typing import Any
 
 from p4bench.config import RunConfig
 from p4bench.engine import Job, Method
-from p4bench.plugin_manager import Registry
+from p4bench.host.manager import Registry
 from p4bench.privacy.groups import attach_mechanisms
 from p4bench.privacy.ledger import PrivacyLedger, accounted_epsilon
 from p4bench.privacy.mechanism import DPSettings
@@ -16,7 +16,9 @@ from p4bench.privacy.mechanism import DPSettings
 __all__ = ["setup_privacy"]
 
 
-def setup_privacy(config: RunConfig, registry: Registry, method: Method, job: Job, records: int) -> PrivacyLedger:
+def setup_privacy(
+    config: RunConfig, registry: Registry, method: Method, job: Job, records: int
+) -> PrivacyLedger:
     """Calibrate sigma (unless given), build the ledger and plug the mechanism into the job;
     `records`: the data set's training records, N of the default delta."""
     from p4bench.privacy.accountants import ReleaseSegment
@@ -40,7 +42,16 @@ def setup_privacy(config: RunConfig, registry: Registry, method: Method, job: Jo
 
     def planned_epsilon(sigma: float, of: Any = accountant) -> float:
         history = [
-            ReleaseSegment(sigma, p.sample_rate, p.steps, p.local_steps, p.rounds, p.client_rate, config.clients, view)
+            ReleaseSegment(
+                sigma,
+                p.sample_rate,
+                p.steps,
+                p.local_steps,
+                p.rounds,
+                p.client_rate,
+                config.clients,
+                view,
+            )
             for p in plan
             if p.steps > 0
         ]
@@ -48,10 +59,18 @@ def setup_privacy(config: RunConfig, registry: Registry, method: Method, job: Jo
 
     sigma = config.noise_multiplier
     if sigma is None:
-        assert config.epsilon is not None  # a private run without a noise multiplier has a target epsilon
-        sigma = calibrate_noise(planned_epsilon, config.epsilon, tolerance=min(0.01, 0.01 * config.epsilon))
-    settings = DPSettings(clip=config.clip, noise_multiplier=float(sigma), neighbouring=neighbouring)
-    ledger = PrivacyLedger(settings, accountant, reference, config.clients, delta, config.epsilon, context, pld=pld)
+        assert (
+            config.epsilon is not None
+        )  # a private run without a noise multiplier has a target epsilon
+        sigma = calibrate_noise(
+            planned_epsilon, config.epsilon, tolerance=min(0.01, 0.01 * config.epsilon)
+        )
+    settings = DPSettings(
+        clip=config.clip, noise_multiplier=float(sigma), neighbouring=neighbouring
+    )
+    ledger = PrivacyLedger(
+        settings, accountant, reference, config.clients, delta, config.epsilon, context, pld=pld
+    )
     attach_mechanisms(job, settings)
     job.release_allowed = ledger.allowed
     return ledger

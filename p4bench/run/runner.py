@@ -19,19 +19,25 @@ import torch
 from p4bench.config import RunConfig
 from p4bench.data import FederatedData, build_federated_data
 from p4bench.data.base import load_dataset, run_partitioner
+from p4bench.data.features import normalize_federated, normalize_samples, scatter_dataset
 from p4bench.data.federated import evaluation_clients_only
 from p4bench.data.global_test import hold_out_global_test
 from p4bench.data.paths import _data_dir
 from p4bench.data.public import public_data
-from p4bench.devices import MemoryPlan, describe_device, device_scope, plan_memory, resolve_device
 from p4bench.engine import Attack, Defense, Job, Method, RoundReport
 from p4bench.engine.chunking import dp_step_bytes, plan_work
+from p4bench.engine.devices import (
+    MemoryPlan,
+    describe_device,
+    device_scope,
+    plan_memory,
+    resolve_device,
+)
 from p4bench.engine.receive_gate import rejection_counts
 from p4bench.errors import IncompatibleError, UsageError
-from p4bench.features import normalize_federated, normalize_samples, scatter_dataset
+from p4bench.host.manager import Registry, create_plugin_manager
 from p4bench.moved import forward_moved
 from p4bench.options import validate_run_options
-from p4bench.plugin_manager import Registry, create_plugin_manager
 from p4bench.privacy.certification import certify
 from p4bench.privacy.ledger import PrivacyLedger
 from p4bench.privacy.plan_check import plan_reasons
@@ -45,8 +51,10 @@ from p4bench.run.summary import early_stop_epsilon_note, summarize, summed_metri
 from p4bench.run.verify import RunVerification
 
 # the summary's helpers were defined here before 0.2
-__getattr__ = forward_moved(__name__, dict.fromkeys(
-    ("DetectionScore", "budget_fields", "reported_mean"), "p4bench.run.summary"))
+__getattr__ = forward_moved(
+    __name__,
+    dict.fromkeys(("DetectionScore", "budget_fields", "reported_mean"), "p4bench.run.summary"),
+)
 
 
 @dataclass
@@ -82,12 +90,19 @@ def resolve_run_config(config: RunConfig, registry: Registry) -> RunConfig:
     changes: dict[str, Any] = {}
     if config.no_dp and (config.epsilon is not None or config.noise_multiplier is not None):
         raise UsageError("--no-dp cannot be combined with --epsilon or --noise-multiplier")
-    if not config.no_dp and config.epsilon is None and config.noise_multiplier is None and method_cls.default_epsilon:
+    if (
+        not config.no_dp
+        and config.epsilon is None
+        and config.noise_multiplier is None
+        and method_cls.default_epsilon
+    ):
         changes["epsilon"] = float(method_cls.default_epsilon)
     separate = bool(getattr(runtime_cls, "separate_parties", False))
     private = config.replace(**changes).private if changes else config.private
     source = config.noise_source
-    if source == "auto":  # without DP nothing secret depends on the draws: the simulator's seeded ones
+    if (
+        source == "auto"
+    ):  # without DP nothing secret depends on the draws: the simulator's seeded ones
         source = changes["noise_source"] = "secure" if separate and private else "seeded"
     if separate and private and source == "seeded" and not config.device_simulation:
         raise UsageError(
@@ -98,16 +113,29 @@ def resolve_run_config(config: RunConfig, registry: Registry) -> RunConfig:
     return config.replace(**changes) if changes else config
 
 
-def plugin_provenance(config: RunConfig, registry: Registry, defense: str | None) -> dict[str, dict[str, str]]:
+def plugin_provenance(
+    config: RunConfig, registry: Registry, defense: str | None
+) -> dict[str, dict[str, str]]:
     """`{kind: {name, distribution, version}}` of the plugins a (resolved) run uses."""
-    used = {"method": config.method, "attack": config.attack, "defense": defense, "dataset": config.dataset,
-            "partitioner": config.partitioner, "model": config.model, "runtime": config.runtime,
-            "accountant": config.accountant if config.private else None}
+    used = {
+        "method": config.method,
+        "attack": config.attack,
+        "defense": defense,
+        "dataset": config.dataset,
+        "partitioner": config.partitioner,
+        "model": config.model,
+        "runtime": config.runtime,
+        "accountant": config.accountant if config.private else None,
+    }
     provenance = {}
     for kind, name in used.items():
         if name not in (None, "none"):
             entry = registry.entry(kind, name)
-            provenance[kind] = {"name": name, "distribution": entry.distribution, "version": entry.version}
+            provenance[kind] = {
+                "name": name,
+                "distribution": entry.distribution,
+                "version": entry.version,
+            }
     return provenance
 
 
@@ -116,65 +144,97 @@ def plugin_provenance(config: RunConfig, registry: Registry, defense: str | None
 DataTransform = Callable[[FederatedData, Any], tuple[FederatedData, Any]]
 
 
-def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform | None = None) -> PreparedRun:
+def prepare(
+    config: RunConfig, registry: Registry, data_transform: DataTransform | None = None
+) -> PreparedRun:
     """Resolve every plugin name and check compatibility before any data or training.
 
     `data_transform(data, public)` returns the client data and public data the run
     trains on (the privacy claim's N, for the default delta, is the dataset's own)."""
     requested_hash = config.config_hash()
     config = resolve_run_config(config, registry)
-    plugin_options = validate_run_options(config, registry)  # unknown keys and bad values: before any data
+    plugin_options = validate_run_options(
+        config, registry
+    )  # unknown keys and bad values: before any data
     method_cls: type[Method] = registry.get("method", config.method)
     dataset_cls = registry.get("dataset", config.dataset)
     partitioner_cls = registry.get("partitioner", config.partitioner)
     model_cls = registry.get("model", config.model)
     runtime_cls = registry.get("runtime", config.runtime)
-    attack_cls: type[Attack] | None = registry.get("attack", config.attack) if config.attack else None
+    attack_cls: type[Attack] | None = (
+        registry.get("attack", config.attack) if config.attack else None
+    )
     defense_name = config.defense if config.defense is not None else method_cls.default_defense
-    defense_cls: type[Defense] | None = registry.get("defense", defense_name) if defense_name not in (None, "none") else None
+    defense_cls: type[Defense] | None = (
+        registry.get("defense", defense_name) if defense_name not in (None, "none") else None
+    )
     for kind, cls in (("defense", defense_cls), ("attack", attack_cls)):
         if cls is None:
             continue
         reason = cls.incompatibility(method_cls.capabilities)
         if reason:
-            raise IncompatibleError(f"{kind} '{cls.name}' cannot be used with method '{config.method}': {reason}")
+            raise IncompatibleError(
+                f"{kind} '{cls.name}' cannot be used with method '{config.method}': {reason}"
+            )
 
     device = resolve_device(config.device)
     if device.type != "cpu" and getattr(runtime_cls, "separate_parties", False):
-        raise UsageError(f"runtime '{config.runtime}' trains on its peers' own processors; --device {config.device} "
-                         "applies to the simulation runtimes (simulation, reference, bytes)")
+        raise UsageError(
+            f"runtime '{config.runtime}' trains on its peers' own processors; --device {config.device} "
+            "applies to the simulation runtimes (simulation, reference, bytes)"
+        )
     # A tuning run on the evaluation clients alone (`federation_clients`) builds the data of
     # the whole federation it is drawn from, exactly as that federation's runs do, then keeps
     # the evaluation clients: same partition, same splits, no reported client's record.
-    whole = config.replace(clients=config.federation_clients, federation_clients=None) \
-        if config.federation_clients is not None else config
+    whole = (
+        config.replace(clients=config.federation_clients, federation_clients=None)
+        if config.federation_clients is not None
+        else config
+    )
     dataset = load_dataset(dataset_cls, Path(_data_dir()), whole)
-    records = len(dataset.y_train)  # the default delta's N (`default_delta`), before any public split
-    if config.features == "scatter":  # the feature cache is shared by devices: computed where the run is
+    records = len(
+        dataset.y_train
+    )  # the default delta's N (`default_delta`), before any public split
+    if (
+        config.features == "scatter"
+    ):  # the feature cache is shared by devices: computed where the run is
         dataset = scatter_dataset(dataset, device=str(device) if device.type == "cuda" else "cpu")
     global_test = None
-    if config.eval_set != "personal":  # the papers' held-out test set: before any client gets a share
+    if (
+        config.eval_set != "personal"
+    ):  # the papers' held-out test set: before any client gets a share
         if config.features == "scatter" and config.feature_norm == "client":
-            raise UsageError("--eval global needs features that do not depend on a client's statistics: "
-                             "--feature-norm client normalises each client by its own; use sample or none")
+            raise UsageError(
+                "--eval global needs features that do not depend on a client's statistics: "
+                "--feature-norm client normalises each client by its own; use sample or none"
+            )
         dataset, global_test = hold_out_global_test(dataset, config.seed)
     public = None
-    if method_cls.needs_public_data:  # held-out records leave the dataset before any client gets a share
-        dataset, public = public_data(dataset_cls, dataset, Path(_data_dir()), whole,
-                                      labeled=method_cls.needs_public_labels)  # PDSL's shared validation set Q
-    elif config.hold_out_public:  # the same records leave as in a run that reads them; this run reads none
+    if (
+        method_cls.needs_public_data
+    ):  # held-out records leave the dataset before any client gets a share
+        dataset, public = public_data(
+            dataset_cls, dataset, Path(_data_dir()), whole, labeled=method_cls.needs_public_labels
+        )  # PDSL's shared validation set Q
+    elif (
+        config.hold_out_public
+    ):  # the same records leave as in a run that reads them; this run reads none
         dataset, _ = public_data(dataset_cls, dataset, Path(_data_dir()), whole)
     rng = harness_rng(config.seed, SEED_PARTITION)
     partitioner = partitioner_cls()
-    partition = run_partitioner(partitioner, dataset, whole.clients, config.samples_per_client, rng, whole)
+    partition = run_partitioner(
+        partitioner, dataset, whole.clients, config.samples_per_client, rng, whole
+    )
     data: FederatedData = build_federated_data(dataset, partition, config.eval_fraction, rng)
     if global_test is not None:
         data = dataclasses.replace(data, global_test=global_test)
     if config.federation_clients is not None:
         data = evaluation_clients_only(data)
         if data.num_clients != config.clients:
-            raise UsageError(f"federation_clients={config.federation_clients} with eval_fraction={config.eval_fraction} "
-                             f"has {data.num_clients} evaluation clients, but the run has clients={config.clients}")
+            raise UsageError(
+                f"federation_clients={config.federation_clients} with eval_fraction={config.eval_fraction} "
+                f"has {data.num_clients} evaluation clients, but the run has clients={config.clients}"
+            )
     if config.features == "scatter" and config.feature_norm == "client":
         data = normalize_federated(data)  # the paper's: each client's own statistics (uncertified)
     elif config.features == "scatter" and config.feature_norm == "sample":
@@ -185,7 +245,11 @@ def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform
     malicious = np.zeros(config.clients, dtype=bool)
     if attack_cls is not None:
         chooser = harness_rng(config.seed, SEED_MALICIOUS)
-        malicious[chooser.permutation(config.clients)[: int(round(config.malicious_fraction * config.clients))]] = True
+        malicious[
+            chooser.permutation(config.clients)[
+                : int(round(config.malicious_fraction * config.clients))
+            ]
+        ] = True
 
     host_data = data
     with device_scope(device):  # parameters, method state and data live on the run's device
@@ -194,16 +258,30 @@ def prepare(config: RunConfig, registry: Registry, data_transform: DataTransform
         method.public_data = public
         num_parameters = model.num_parameters(method.initial_params())
         memory = plan_memory(device, data.nbytes(), state_bytes(num_parameters, config.clients))
-        widest = max(1, math.ceil(float(data.train.n.max()) * config.data_rate)) if config.private else 0
+        widest = (
+            max(1, math.ceil(float(data.train.n.max()) * config.data_rate)) if config.private else 0
+        )
         resident = 0 if memory.stream_data else data.nbytes()
-        budget = plan_work(device, resident + memory.state_bytes + method.working_bytes(config.clients),
-                           dp_step_bytes(model, num_parameters, widest, data.num_classes) if widest else 0,
-                           int(config.memory_budget_gb * (1 << 30)) if config.memory_budget_gb is not None else None)
+        budget = plan_work(
+            device,
+            resident + memory.state_bytes + method.working_bytes(config.clients),
+            dp_step_bytes(model, num_parameters, widest, data.num_classes) if widest else 0,
+            int(config.memory_budget_gb * (1 << 30))
+            if config.memory_budget_gb is not None
+            else None,
+        )
         data = data.to(device, stream=memory.stream_data)
-        reasons = method.uncertified_steps() + (defense_cls.uncertified_steps() if defense_cls is not None else [])
+        reasons = method.uncertified_steps() + (
+            defense_cls.uncertified_steps() if defense_cls is not None else []
+        )
         accountant_cls = registry.get("accountant", config.accountant) if config.private else None
-        certification = certify(config, reasons, bool(getattr(runtime_cls, "separate_parties", False)), accountant_cls,
-                                method_cls.capabilities)
+        certification = certify(
+            config,
+            reasons,
+            bool(getattr(runtime_cls, "separate_parties", False)),
+            accountant_cls,
+            method_cls.capabilities,
+        )
         malicious_mask = torch.from_numpy(malicious).to(device)
         job = Job(
             config=config,
@@ -278,7 +356,7 @@ def run(
     run is marked KILLED and `RunInterrupted` raised. Any other KeyboardInterrupt also
     marks the MLflow run KILLED before it propagates.
     """
-    from p4bench.tracking import Tracker
+    from p4bench.tracking.tracker import Tracker
 
     if track or any(isinstance(o, Tracker) for o in observers):
         _preflight(config)
@@ -290,7 +368,9 @@ def run(
         resume.state()  # read now: the tracker continues from the snapshot's own round
     prepared = prepare(config, registry, data_transform)
     prepared.stop_at_step = stop_at_step
-    verification = RunVerification(prepared, registry, pm, run, enabled=verify, resumed=resume is not None)
+    verification = RunVerification(
+        prepared, registry, pm, run, enabled=verify, resumed=resume is not None
+    )
     if on_prepared is not None:
         on_prepared(prepared)
     info = prepared.info
@@ -315,14 +395,21 @@ def run(
             pm.hook.round_finished(run=info, report=report)
             session.checkpoint(force=interrupts.stop_requested())
 
-        with interrupts.training() if session.runtime is not None else nullcontext(), device_scope(prepared.device), \
-                verification.recording():
-            outcome = prepared.runtime.execute(prepared.job, on_round)  # (without interrupts Ctrl-C stops at once)
+        with (
+            interrupts.training() if session.runtime is not None else nullcontext(),
+            device_scope(prepared.device),
+            verification.recording(),
+        ):
+            outcome = prepared.runtime.execute(
+                prepared.job, on_round
+            )  # (without interrupts Ctrl-C stops at once)
         if session.stopped_by_request and not session.complete:
             raise session.interrupted(attached)
         trained = time.perf_counter()  # the run's wall time leaves its verification replay out
         verification.finish(outcome, attached, data_transform=data_transform, prepare=on_prepared)
-        if session.runtime is not None and session.budget is not None:  # devices: the launcher's budget set it
+        if (
+            session.runtime is not None and session.budget is not None
+        ):  # devices: the launcher's budget set it
             outcome.budget_overran_at = session.budget.overran_at
         outcome = within_budget(outcome)
         wall = trained - started + session.elapsed_before
@@ -330,19 +417,29 @@ def run(
         method = prepared.job.method
         totals = summed_metrics(outcome.reports)
         result.summary.update(method.derived_metrics(totals))  # over the whole run
-        result.summary.update({k: v for k, v in totals.items() if k.startswith("gate.")})  # a client gate's decisions
-        rejected = rejection_counts(totals)  # the receive gate's (and methods') rejections, by reason and sender
+        result.summary.update(
+            {k: v for k, v in totals.items() if k.startswith("gate.")}
+        )  # a client gate's decisions
+        rejected = rejection_counts(
+            totals
+        )  # the receive gate's (and methods') rejections, by reason and sender
         result.summary.update(rejections=rejected, rejected_messages=sum(rejected.values()))
         if prepared.ledger is None:
-            result.summary.update(method.privacy_context())  # e.g. P4L's secure aggregation without DP
+            result.summary.update(
+                method.privacy_context()
+            )  # e.g. P4L's secure aggregation without DP
         else:
             result.summary.update(prepared.ledger.summary(info.reported))
             result.summary.update(method.privacy_context())  # who observes the releases
             if result.summary["stopped_by_time_budget"]:
                 result.summary["epsilon_scope"] = early_stop_epsilon_note(result.summary)
         if info.certification is not None:
-            if prepared.ledger is not None and info.certification.private:  # the declaration against the ledger
-                extra = plan_reasons(prepared.ledger, method.privacy_plan(), result.summary.get("phases"))
+            if (
+                prepared.ledger is not None and info.certification.private
+            ):  # the declaration against the ledger
+                extra = plan_reasons(
+                    prepared.ledger, method.privacy_plan(), result.summary.get("phases")
+                )
                 info.certification = info.certification.with_reasons(extra)
             result.summary.update(info.certification.summary_fields())
             result.summary.update(verification.summary)
@@ -359,7 +456,9 @@ def run(
         if not interrupts.installed():  # else the command that installed the handler owns the flag
             interrupts.clear_stop()  # honoured: a later run in this process starts afresh
         raise
-    except KeyboardInterrupt:  # a second Ctrl-C, or one outside the rounds: stop now, but say so in MLflow
+    except (
+        KeyboardInterrupt
+    ):  # a second Ctrl-C, or one outside the rounds: stop now, but say so in MLflow
         mark_interrupted(attached, info)
         raise
     finally:
@@ -373,7 +472,9 @@ def check_resumable(config: RunConfig, registry: Registry) -> None:
 
     runtime_cls = registry.get("runtime", config.runtime)
     if not issubclass(runtime_cls, GroupedRuntime):
-        raise UsageError(f"runtime '{config.runtime}' cannot resume a run from a checkpoint; start the run again")
+        raise UsageError(
+            f"runtime '{config.runtime}' cannot resume a run from a checkpoint; start the run again"
+        )
 
 
 def _preflight(config: RunConfig) -> None:
@@ -386,5 +487,3 @@ def _preflight(config: RunConfig) -> None:
     except (ImportError, AttributeError):
         return
     check(config)
-
-

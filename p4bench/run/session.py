@@ -33,7 +33,9 @@ class RunSession:
     """What `run` keeps besides the hooks: per-round metrics of the harness, the stop
     rule (time budget, stop request), checkpoints, and what a resumed run carries over."""
 
-    def __init__(self, prepared: Any, requested: RunConfig, resume: Checkpoint | None, tracker: Any) -> None:
+    def __init__(
+        self, prepared: Any, requested: RunConfig, resume: Checkpoint | None, tracker: Any
+    ) -> None:
         # prepared: a p4bench.run.runner.PreparedRun (not imported: runner imports this module)
         from p4bench.engine.driver import TimeBudget
         from p4bench.engine.runtime import GroupedRuntime
@@ -41,27 +43,42 @@ class RunSession:
 
         self.prepared, self.info = prepared, prepared.info
         job = prepared.job
-        self.detection = DetectionScore(self.info.malicious) if job.defense is not None and job.defense.filters else None
+        self.detection = (
+            DetectionScore(self.info.malicious)
+            if job.defense is not None and job.defense.filters
+            else None
+        )
         self.state = resume.state() if resume is not None else None
         self.elapsed_before = float(self.state["elapsed_s"]) if self.state is not None else 0.0
         self.started = time.perf_counter()
         minutes = prepared.config.time_budget_min
         self.budget = TimeBudget(minutes) if minutes is not None else None
         if self.budget is not None:
-            self.budget.started -= self.elapsed_before  # the budget counts the rounds before the interruption too
+            self.budget.started -= (
+                self.elapsed_before
+            )  # the budget counts the rounds before the interruption too
         self.stopped_by_request = False
         self.tracker = tracker  # its MLflow run id is read at the first checkpoint: the tracking worker may still be creating it
         mlflow_run_id = resume.meta.get("mlflow_run_id") if resume else None
-        meta = {"config": requested.to_dict(), "config_hash": self.info.config_hash or requested.config_hash(),
-                "run_id": self.info.run_id, "mlflow_run_id": mlflow_run_id,
-                "tracking_uri": getattr(tracker, "uri", None), "tags": dict(getattr(tracker, "extra_tags", {}) or {}),
-                "method": requested.method, "rounds": int(self.info.phases[-1].rounds) if self.info.phases else 0,
-                "secret_randomness": prepared.config.noise_source == "secure", "p4bench_version": __version__}
+        meta = {
+            "config": requested.to_dict(),
+            "config_hash": self.info.config_hash or requested.config_hash(),
+            "run_id": self.info.run_id,
+            "mlflow_run_id": mlflow_run_id,
+            "tracking_uri": getattr(tracker, "uri", None),
+            "tags": dict(getattr(tracker, "extra_tags", {}) or {}),
+            "method": requested.method,
+            "rounds": int(self.info.phases[-1].rounds) if self.info.phases else 0,
+            "secret_randomness": prepared.config.noise_source == "secure",
+            "p4bench_version": __version__,
+        }
         self.checkpoints = RunCheckpointer(meta, prepared.ledger)
         folder = getattr(tracker, "local_dir", None)
         self.checkpoints.folder = Path(folder) if folder is not None else None
         self.runtime = prepared.runtime if isinstance(prepared.runtime, GroupedRuntime) else None
-        if self.runtime is not None:  # other runtimes (devices) keep their own stop rule and take no checkpoints
+        if (
+            self.runtime is not None
+        ):  # other runtimes (devices) keep their own stop rule and take no checkpoints
             self.runtime.stop_after = self.stop_after
             self.runtime.prepare_driver = self._restore if self.state is not None else None
 
@@ -69,7 +86,9 @@ class RunSession:
         assert self.state is not None  # set on resume
         restore(driver, self.prepared.ledger, self.state)
         if self.detection is not None:
-            self.detection.totals = np.asarray(decode_into(None, self.state["detection"]), dtype=np.int64)
+            self.detection.totals = np.asarray(
+                decode_into(None, self.state["detection"]), dtype=np.int64
+            )
         self.checkpoints.written_step = driver.reports[-1].step if driver.reports else 0
 
     def stop_after(self, step: int) -> bool:
@@ -103,8 +122,12 @@ class RunSession:
         if report.client_bytes_sent is not None:
             report.metrics["client_bytes_sent_mean"] = float(report.client_bytes_sent.mean())
             report.metrics["client_bytes_sent_max"] = float(report.client_bytes_sent.max())
-            assert report.client_bytes_received is not None  # reported together with client_bytes_sent
-            report.metrics["client_bytes_received_mean"] = float(report.client_bytes_received.mean())
+            assert (
+                report.client_bytes_received is not None
+            )  # reported together with client_bytes_sent
+            report.metrics["client_bytes_received_mean"] = float(
+                report.client_bytes_received.mean()
+            )
 
     def checkpoint(self, force: bool = False) -> None:
         """Checkpoint the driver after a round (if due, or `force`)."""
@@ -116,8 +139,12 @@ class RunSession:
         if self.checkpoints.meta.get("mlflow_run_id") is None:
             self.checkpoints.meta["mlflow_run_id"] = getattr(self.tracker, "mlflow_run_id", None)
         elapsed = self.elapsed_before + time.perf_counter() - self.started
-        totals = self.detection.totals if self.detection is not None else np.zeros(4, dtype=np.int64)
-        self.checkpoints.after_round(driver, {"elapsed_s": elapsed, "detection": totals}, force=force)
+        totals = (
+            self.detection.totals if self.detection is not None else np.zeros(4, dtype=np.int64)
+        )
+        self.checkpoints.after_round(
+            driver, {"elapsed_s": elapsed, "detection": totals}, force=force
+        )
 
     def where(self) -> str:
         """How far the run got, in the user's terms."""
@@ -137,10 +164,19 @@ class RunSession:
         mark_interrupted(observers, self.info)
         folder = self.checkpoints.folder
         unsaved = self.checkpoints.unsaved
-        why_not = f" (state a checkpoint cannot hold: {', '.join(unsaved[:3])}{', ...' if len(unsaved) > 3 else ''})" if unsaved else ""
-        return interrupts.RunInterrupted(self.where(), folder, self.checkpoints.written_step > 0,
-                                         self.checkpoints.meta.get("mlflow_run_id")
-                                         or getattr(self.tracker, "mlflow_run_id", None), why_not)
+        why_not = (
+            f" (state a checkpoint cannot hold: {', '.join(unsaved[:3])}{', ...' if len(unsaved) > 3 else ''})"
+            if unsaved
+            else ""
+        )
+        return interrupts.RunInterrupted(
+            self.where(),
+            folder,
+            self.checkpoints.written_step > 0,
+            self.checkpoints.meta.get("mlflow_run_id")
+            or getattr(self.tracker, "mlflow_run_id", None),
+            why_not,
+        )
 
     def finished(self) -> None:
         """The run is complete: its checkpoint is no longer needed."""

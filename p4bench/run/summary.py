@@ -15,8 +15,16 @@ import numpy as np
 
 from p4bench.records import GLOBAL_ACCURACY, Outcome, RoundReport, RunInfo, extra_metric_name
 
-__all__ = ["DetectionScore", "reported_mean", "summarize", "budget_fields", "within_budget", "summed_metrics", "early_stop_epsilon_note",
-           "phase_rounds"]
+__all__ = [
+    "DetectionScore",
+    "reported_mean",
+    "summarize",
+    "budget_fields",
+    "within_budget",
+    "summed_metrics",
+    "early_stop_epsilon_note",
+    "phase_rounds",
+]
 
 
 def reported_mean(accuracy: np.ndarray, reported: np.ndarray) -> float:
@@ -87,37 +95,53 @@ def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, 
         **budget_fields(info, outcome),
         "clients": config.clients,
         "reported_clients": int(reported.sum()),
-        "evaluation_clients": int(np.asarray(info.evaluation).sum()),  # reserved for tuning; they train here too
+        "evaluation_clients": int(
+            np.asarray(info.evaluation).sum()
+        ),  # reserved for tuning; they train here too
         "accuracy_mean": float(chosen.mean()),
         "accuracy_min": float(chosen.min()),
         "accuracy_max": float(chosen.max()),
         "accuracy_per_client": {str(i): float(accuracy[i]) for i in np.flatnonzero(reported)},
-        **{extra_metric_name(name): reported_mean(values, reported) for name, values in outcome.extra_accuracy.items()},
-        **eval_fields(config.eval_set, chosen, outcome.extra_accuracy.get(GLOBAL_ACCURACY), reported),
+        **{
+            extra_metric_name(name): reported_mean(values, reported)
+            for name, values in outcome.extra_accuracy.items()
+        },
+        **eval_fields(
+            config.eval_set, chosen, outcome.extra_accuracy.get(GLOBAL_ACCURACY), reported
+        ),
         "epsilon": None,  # stays None (JSON null) in a non-private run: no DP, no epsilon, never 0.0
         "epsilon_evaluation_clients": None,  # a private run's ledger sets it: their own epsilon in this run
         "bytes_sent": int(outcome.bytes_sent),
         "bytes_per_phase": _per_phase(outcome.reports, lambda r: r.bytes_sent),
-        "seconds_per_phase": {k: round(v, 4) for k, v in _per_phase(outcome.reports, lambda r: r.seconds).items()},
+        "seconds_per_phase": {
+            k: round(v, 4) for k, v in _per_phase(outcome.reports, lambda r: r.seconds).items()
+        },
         "client_bytes_sent": _client_total(outcome.reports, "client_bytes_sent"),
         "client_bytes_received": _client_total(outcome.reports, "client_bytes_received"),
         "wall_time_s": round(wall_time_s, 4),
         "config_hash": info.config_hash or config.config_hash(),
         "plugins": info.plugins,
         "public_data": info.public_data,  # unlabeled public data the method read (threat model), or None
-        **({"partition_stats": dict(info.partition_report.stats)} if info.partition_report.stats else {}),
+        **(
+            {"partition_stats": dict(info.partition_report.stats)}
+            if info.partition_report.stats
+            else {}
+        ),
     }
 
 
-def eval_fields(eval_set: str, personal: np.ndarray, global_accuracy: np.ndarray | None,
-                reported: np.ndarray) -> dict[str, Any]:
+def eval_fields(
+    eval_set: str, personal: np.ndarray, global_accuracy: np.ndarray | None, reported: np.ndarray
+) -> dict[str, Any]:
     """Where accuracy was measured (`--eval`), and the headline `accuracy`: the mean over the
     reported clients on the global test set (`eval_set` global) or on their own test
     splits; with a global test set, its min and max over clients beside the mean."""
     fields: dict[str, Any] = {"eval_set": eval_set, "accuracy": float(personal.mean())}
     if global_accuracy is not None:
         chosen = global_accuracy[reported] if reported.any() else np.array([float("nan")])
-        fields.update(accuracy_global_min=float(chosen.min()), accuracy_global_max=float(chosen.max()))
+        fields.update(
+            accuracy_global_min=float(chosen.min()), accuracy_global_max=float(chosen.max())
+        )
         if eval_set == "global":
             fields["accuracy"] = float(chosen.mean())
     return fields
@@ -136,8 +160,11 @@ def within_budget(outcome: Outcome) -> Outcome:
     last = next((r for r in reversed(outcome.reports) if r.round >= 0 and r.step == kept), None)
     if last is None:
         return outcome
-    return dataclasses.replace(outcome, accuracy=last.accuracy.copy(),
-                               extra_accuracy={name: values.copy() for name, values in last.extra_accuracy.items()})
+    return dataclasses.replace(
+        outcome,
+        accuracy=last.accuracy.copy(),
+        extra_accuracy={name: values.copy() for name, values in last.extra_accuracy.items()},
+    )
 
 
 def budget_fields(info: RunInfo, outcome: Outcome) -> dict[str, Any]:
@@ -152,21 +179,31 @@ def budget_fields(info: RunInfo, outcome: Outcome) -> dict[str, Any]:
     for report in outcome.reports:
         if report.round < 0:
             continue
-        if overran is not None and report.step >= max(overran, 2):  # a first round that overran is kept
+        if overran is not None and report.step >= max(
+            overran, 2
+        ):  # a first round that overran is kept
             past += 1
         else:
             done[report.phase] = done.get(report.phase, 0) + 1
     last = info.phases[-1].name if info.phases else ""
     budget = info.config.time_budget_min
     stopped = sum(done.values()) < info.total_rounds
-    fields = {"rounds": rounds, "rounds_completed": done.get(last, 0),
-              "phases": {name: {"rounds": planned, "completed": done.get(name, 0)} for name, planned in phases.items()},
-              "time_budget_min": budget,
-              "stopped_by_time_budget": overran is not None,
-              # the method's own stopping rule (`Method.finished`, e.g. P4L's mrt/mrr) ended it
-              "stopped_by_method": stopped and overran is None}
+    fields = {
+        "rounds": rounds,
+        "rounds_completed": done.get(last, 0),
+        "phases": {
+            name: {"rounds": planned, "completed": done.get(name, 0)}
+            for name, planned in phases.items()
+        },
+        "time_budget_min": budget,
+        "stopped_by_time_budget": overran is not None,
+        # the method's own stopping rule (`Method.finished`, e.g. P4L's mrt/mrr) ended it
+        "stopped_by_method": stopped and overran is None,
+    }
     if overran is not None:
-        fields.update(rounds_past_budget=past, rounds_within_budget=overran - 1)  # 0: even the first round overran
+        fields.update(
+            rounds_past_budget=past, rounds_within_budget=overran - 1
+        )  # 0: even the first round overran
     return fields
 
 
@@ -185,11 +222,14 @@ def early_stop_epsilon_note(summary: dict[str, Any]) -> str:
     not the planned one (sigma was calibrated for every round, so it is at most the target)."""
     target = summary.get("epsilon_budget")
     planned = f"; sigma was calibrated for all {summary['rounds']} rounds" + (
-        f" at target epsilon {target:g}" if isinstance(target, (int, float)) else "")
+        f" at target epsilon {target:g}" if isinstance(target, (int, float)) else ""
+    )
     past = int(summary.get("rounds_past_budget") or 0)
     beyond = f" and the {past} that ran past it" if past else ""
-    return (f"releases taken in the {summary['rounds_completed']} of {summary['rounds']} rounds completed before the "
-            f"time budget ({summary['time_budget_min']:g} min){beyond}{planned}")
+    return (
+        f"releases taken in the {summary['rounds_completed']} of {summary['rounds']} rounds completed before the "
+        f"time budget ({summary['time_budget_min']:g} min){beyond}{planned}"
+    )
 
 
 def _per_phase(reports: list[RoundReport], value: Callable[[RoundReport], Any]) -> dict[str, Any]:

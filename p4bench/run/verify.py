@@ -12,7 +12,13 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from p4bench.privacy.run_verification import RunRecorder, not_recordable, verify_at_size
-from p4bench.privacy.verification import cache_key, cached_verdict, store_verdict, verification_mode, verify_method
+from p4bench.privacy.verification import (
+    cache_key,
+    cached_verdict,
+    store_verdict,
+    verification_mode,
+    verify_method,
+)
 
 __all__ = ["RunVerification"]
 
@@ -21,8 +27,16 @@ class RunVerification:
     """One run's verification: `recording()` around its rounds, `finish(...)` after them;
     the verdict goes into `prepared.info.certification`."""
 
-    def __init__(self, prepared: Any, registry: Any, pm: Any, run: Callable[..., Any], *, enabled: bool,
-                 resumed: bool) -> None:
+    def __init__(
+        self,
+        prepared: Any,
+        registry: Any,
+        pm: Any,
+        run: Callable[..., Any],
+        *,
+        enabled: bool,
+        resumed: bool,
+    ) -> None:
         self.prepared, self.pm, self.run = prepared, pm, run
         self.recorder: RunRecorder | None = None
         self.key: str | None = None
@@ -33,7 +47,10 @@ class RunVerification:
         if self.mode == "off":
             self._apply(None)
             return
-        classes = [registry.get(kind, entry["name"]) for kind, entry in sorted(prepared.info.plugins.items())]
+        classes = [
+            registry.get(kind, entry["name"])
+            for kind, entry in sorted(prepared.info.plugins.items())
+        ]
         if self.mode == "stand-in":
             self._apply(verify_method(prepared.config, classes, pm, run))
             return
@@ -44,7 +61,9 @@ class RunVerification:
             return
         why = not_recordable(prepared, resumed)
         if why is not None:
-            self._apply(store_verdict(self.key, verify_at_size(prepared.config, run, pm, why).as_dict()))
+            self._apply(
+                store_verdict(self.key, verify_at_size(prepared.config, run, pm, why).as_dict())
+            )
             return
         self.recorder = RunRecorder(prepared)
 
@@ -63,20 +82,30 @@ class RunVerification:
         if self.recorder is None or self.key is None:
             return
         recorder, self.recorder = self.recorder, None
-        stopped = outcome.budget_overran_at is not None  # the replay stops where the time budget stopped the run
+        stopped = (
+            outcome.budget_overran_at is not None
+        )  # the replay stops where the time budget stopped the run
         steps = int(outcome.reports[-1].step) if outcome.reports else None
         shown = [o for o in attached if getattr(o, "shows_progress", False)]
         with _detached(self.pm, attached):
             try:
-                result = recorder.verdict(self.run, self.pm, stop_at_step=steps if stopped else None, observers=shown,
-                                          **run_options)
+                result = recorder.verdict(
+                    self.run,
+                    self.pm,
+                    stop_at_step=steps if stopped else None,
+                    observers=shown,
+                    **run_options,
+                )
             except KeyboardInterrupt:
                 self._apply(None)
                 self.prepared.info.certification = self.prepared.info.certification.with_reasons(
-                    ["the verification replay was interrupted"])
+                    ["the verification replay was interrupted"]
+                )
                 return
         verdict = result.as_dict()
-        self._apply(store_verdict(self.key, verdict) if not stopped else {**verdict, "cached": False})
+        self._apply(
+            store_verdict(self.key, verdict) if not stopped else {**verdict, "cached": False}
+        )
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -86,11 +115,15 @@ class RunVerification:
             return {}
         fields: dict[str, Any] = {"verify": self.mode}
         if verdict:
-            fields.update(verification_scope=verdict.get("scope"), verification_notes=verdict.get("notes", []),
-                          verification_cached=bool(verdict.get("cached")),
-                          verification_cpu_s=round(float(verdict.get("cpu_seconds", 0.0)), 3),
-                          verification_wall_s=round(float(verdict.get("seconds", 0.0)), 3),
-                          verification_messages=verdict.get("messages"), verification_releases=verdict.get("releases"))
+            fields.update(
+                verification_scope=verdict.get("scope"),
+                verification_notes=verdict.get("notes", []),
+                verification_cached=bool(verdict.get("cached")),
+                verification_cpu_s=round(float(verdict.get("cpu_seconds", 0.0)), 3),
+                verification_wall_s=round(float(verdict.get("seconds", 0.0)), 3),
+                verification_messages=verdict.get("messages"),
+                verification_releases=verdict.get("releases"),
+            )
         return fields
 
 

@@ -23,16 +23,24 @@ import numpy as np
 from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 from p4bench.hookspecs import hookimpl
-from p4bench.participation import COUNT_PREFIX
 from p4bench.studies.results import TUNING_TAG
+from p4bench.tracking.participation import COUNT_PREFIX
 
 if TYPE_CHECKING:
     import pluggy
 
     from p4bench.records import RoundReport, RunInfo, RunResult
 
-__all__ = ["RunTask", "RunRecord", "execute_task", "execute_on_ray_node", "Backend", "LocalBackend", "RayBackend",
-           "make_backend"]
+__all__ = [
+    "RunTask",
+    "RunRecord",
+    "execute_task",
+    "execute_on_ray_node",
+    "Backend",
+    "LocalBackend",
+    "RayBackend",
+    "make_backend",
+]
 
 OnDone = Callable[[int, "RunRecord"], None]
 
@@ -82,12 +90,21 @@ class RoundRecorder:
     def __init__(self, resume: Any = None) -> None:
         self.rounds: list[dict[str, float]] = []
         self.selection: np.ndarray | None = None
-        if resume is not None:  # a resumed run: the rounds before its checkpoint, from the reports saved there
+        if (
+            resume is not None
+        ):  # a resumed run: the rounds before its checkpoint, from the reports saved there
             from p4bench.run.checkpoint import unpack_report
 
             for report in map(unpack_report, resume.state()["reports"]):
-                self.rounds.append({"step": report.step, **{k: float(report.metrics.get(k, math.nan))
-                                    for k in ("accuracy_mean", "accuracy_evaluation_mean")}})
+                self.rounds.append(
+                    {
+                        "step": report.step,
+                        **{
+                            k: float(report.metrics.get(k, math.nan))
+                            for k in ("accuracy_mean", "accuracy_evaluation_mean")
+                        },
+                    }
+                )
 
     @hookimpl(tryfirst=True)
     def run_started(self, run: RunInfo) -> None:
@@ -99,8 +116,11 @@ class RoundRecorder:
         value = float(chosen.mean()) if len(chosen) else float("nan")
         report.metrics["accuracy_evaluation_mean"] = value
         self.rounds.append(
-            {"step": report.step, "accuracy_mean": float(report.metrics.get("accuracy_mean", math.nan)),
-             "accuracy_evaluation_mean": value}
+            {
+                "step": report.step,
+                "accuracy_mean": float(report.metrics.get("accuracy_mean", math.nan)),
+                "accuracy_evaluation_mean": value,
+            }
         )
 
 
@@ -117,7 +137,9 @@ class WithheldTests:
         import torch
 
         if run.data is None:  # never train on tests that should have been withheld
-            raise RuntimeError("withholding the reported clients' tests needs the run's data in this process")
+            raise RuntimeError(
+                "withholding the reported clients' tests needs the run's data in this process"
+            )
         test = run.data.test  # the very tensors the runtime reads when the rounds start
         drop = torch.from_numpy(~(run.evaluation & ~run.malicious))
         test.x[drop.to(test.x.device)] = 0
@@ -127,7 +149,11 @@ class WithheldTests:
 
     @staticmethod
     def _over_reported(key: str) -> bool:
-        return key.startswith("accuracy_") and key != "accuracy_evaluation_mean" and key != "accuracy_per_client"
+        return (
+            key.startswith("accuracy_")
+            and key != "accuracy_evaluation_mean"
+            and key != "accuracy_per_client"
+        )
 
     @hookimpl(tryfirst=True)
     def round_finished(self, run: RunInfo, report: RoundReport) -> None:
@@ -153,9 +179,11 @@ class WithheldTests:
 
 @lru_cache(maxsize=2)
 def _plugin_manager(autoload: bool | None) -> pluggy.PluginManager:
-    from p4bench.plugin_manager import create_plugin_manager, default_plugin_manager
+    from p4bench.host.manager import create_plugin_manager, default_plugin_manager
 
-    return default_plugin_manager() if autoload is None else create_plugin_manager(autoload=autoload)
+    return (
+        default_plugin_manager() if autoload is None else create_plugin_manager(autoload=autoload)
+    )
 
 
 def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
@@ -164,8 +192,7 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
     (`p4bench.run.interrupts`) is recorded as interrupted, with its checkpoint."""
     from p4bench.run import interrupts, runner
     from p4bench.run.checkpoint import find_for_config
-    from p4bench.tracking import Tracker, default_tracking_uri
-    from p4bench.tracking_attempts import (
+    from p4bench.studies.attempts import (
         PLANNED_RUN_TAG,
         finished_summary,
         planned_run_key,
@@ -173,42 +200,77 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
         run_row,
         settle_attempts,
     )
+    from p4bench.tracking.tracker import Tracker, default_tracking_uri
 
     started = time.perf_counter()
     tags = {**task.tags, TUNING_TAG: "true" if task.tuning else "false"}
     try:
         config = task.run_config()
     except Exception as exc:  # noqa: BLE001 - reported in the record
-        return RunRecord("", "failed", error=_one_line(exc), traceback=traceback.format_exc(), tags=tags)
+        return RunRecord(
+            "", "failed", error=_one_line(exc), traceback=traceback.format_exc(), tags=tags
+        )
     if interrupts.stop_requested():  # Ctrl-C before this run started: leave it to the next sweep
         return RunRecord(config.config_hash(), "interrupted", error="not started", tags=tags)
     tracker = checkpoint = None
     try:
-        checkpoint = find_for_config(config.results_dir, config.config_hash(), tags) if task.track else None
+        checkpoint = (
+            find_for_config(config.results_dir, config.config_hash(), tags) if task.track else None
+        )
         if task.track:  # an earlier attempt of this sweep run (a lost worker, a retried task): see tracking_attempts
             uri = config.tracking_uri or default_tracking_uri(config.results_dir)
-            done = settle_attempts(uri, config, tags, keep=checkpoint.meta.get("mlflow_run_id") if checkpoint else None)
-            if done is not None:  # it finished, but its answer never reached the sweep: not trained again
+            done = settle_attempts(
+                uri, config, tags, keep=checkpoint.meta.get("mlflow_run_id") if checkpoint else None
+            )
+            if (
+                done is not None
+            ):  # it finished, but its answer never reached the sweep: not trained again
                 summary, evaluation = finished_summary(config, run_row(done))
-                return RunRecord(config.config_hash(), "skipped", summary=summary, evaluation_accuracy=evaluation,
-                                 mlflow_run_id=done.info.run_id, tags=tags)
+                return RunRecord(
+                    config.config_hash(),
+                    "skipped",
+                    summary=summary,
+                    evaluation_accuracy=evaluation,
+                    mlflow_run_id=done.info.run_id,
+                    tags=tags,
+                )
         recorder = RoundRecorder(checkpoint)
         placement = {**task.placement, PLANNED_RUN_TAG: planned_run_key(tags)}
-        tracker = Tracker(config, tags=tags, resume=checkpoint, placement=placement) if task.track else None
+        tracker = (
+            Tracker(config, tags=tags, resume=checkpoint, placement=placement)
+            if task.track
+            else None
+        )
         observers: list[object] = [o for o in (tracker, recorder) if o is not None]
         if task.tuning:
             observers.append(WithheldTests())
         pm = plugin_manager or _plugin_manager(task.autoload)
-        result = runner.run(config, observers=observers, plugin_manager=pm, track=False, resume=checkpoint)
+        result = runner.run(
+            config, observers=observers, plugin_manager=pm, track=False, resume=checkpoint
+        )
     except interrupts.RunInterrupted as stopped:
-        return RunRecord(config.config_hash(), "interrupted", error=stopped.line(), seconds=time.perf_counter() - started,
-                         mlflow_run_id=stopped.mlflow_run_id, tags=tags,
-                         summary={"results_dir": str(stopped.results_dir) if stopped.results_dir else None})
+        return RunRecord(
+            config.config_hash(),
+            "interrupted",
+            error=stopped.line(),
+            seconds=time.perf_counter() - started,
+            mlflow_run_id=stopped.mlflow_run_id,
+            tags=tags,
+            summary={"results_dir": str(stopped.results_dir) if stopped.results_dir else None},
+        )
     except Exception as exc:  # noqa: BLE001 - one failing run must not stop a sweep
-        record = RunRecord(config.config_hash(), "failed", error=_one_line(exc), traceback=traceback.format_exc(),
-                           seconds=time.perf_counter() - started, tags=tags)
+        record = RunRecord(
+            config.config_hash(),
+            "failed",
+            error=_one_line(exc),
+            traceback=traceback.format_exc(),
+            seconds=time.perf_counter() - started,
+            tags=tags,
+        )
         record.mlflow_run_id = record_failure(config, tracker, tags, record.error)
-        if checkpoint is not None:  # the next sweep starts this run afresh rather than fail on the same checkpoint
+        if (
+            checkpoint is not None
+        ):  # the next sweep starts this run afresh rather than fail on the same checkpoint
             from p4bench.run.checkpoint import remove
 
             remove(checkpoint.folder)
@@ -251,7 +313,9 @@ class Backend:
 
     name = "backend"
 
-    def map(self, tasks: Sequence[RunTask], on_done: OnDone) -> None:  # pragma: no cover - interface
+    def map(
+        self, tasks: Sequence[RunTask], on_done: OnDone
+    ) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -273,7 +337,7 @@ class LocalBackend(Backend):
 
     def map(self, tasks: Sequence[RunTask], on_done: OnDone) -> None:
         if self.jobs == 1:
-            from p4bench.plugin_manager import default_plugin_manager
+            from p4bench.host.manager import default_plugin_manager
 
             pm = self.plugin_manager or default_plugin_manager()  # the CLI's own plugins
             for index, task in enumerate(tasks):
@@ -285,12 +349,18 @@ class LocalBackend(Backend):
         from p4bench.run.interrupts import stop_requested
 
         threads = max(1, (os.cpu_count() or 1) // self.jobs)
-        with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_init_worker, initargs=(threads,)) as pool:
+        with ProcessPoolExecutor(
+            self.jobs,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(threads,),
+        ) as pool:
             futures = {pool.submit(execute_task, task): index for index, task in enumerate(tasks)}
             for future in as_completed(futures):
                 index = futures[future]
-                if stop_requested():  # Ctrl-C: workers stop their runs after the round; queued runs do not start
+                if (
+                    stop_requested()
+                ):  # Ctrl-C: workers stop their runs after the round; queued runs do not start
                     for waiting in futures:
                         waiting.cancel()
                 try:
@@ -324,7 +394,9 @@ def _lost(task: RunTask, exc: BaseException) -> RunRecord:
         config_hash = task.run_config().config_hash()
     except Exception:  # noqa: BLE001
         config_hash = ""
-    return RunRecord(config_hash, "failed", error=f"worker lost: {_one_line(exc)}", tags=dict(task.tags))
+    return RunRecord(
+        config_hash, "failed", error=f"worker lost: {_one_line(exc)}", tags=dict(task.tags)
+    )
 
 
 class RayBackend(Backend):
@@ -333,12 +405,14 @@ class RayBackend(Backend):
 
     A task whose worker process or node dies is run again by Ray, up to `retries` times, on
     a node that is alive (the run's earlier attempt is superseded in MLflow, see
-    `p4bench.tracking_attempts`); a run that fails in Python is never retried (its task
+    `p4bench.studies.attempts`); a run that fails in Python is never retried (its task
     returns a failed record). Every run is tagged with the node it ran on (`ray_node_id`)."""
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, cpus_per_run: float = 1.0, retries: int = 2) -> None:
+    def __init__(
+        self, address: str | None = None, cpus_per_run: float = 1.0, retries: int = 2
+    ) -> None:
         self.address, self.cpus_per_run, self.retries = address, cpus_per_run, retries
 
     def describe(self) -> str:
@@ -355,7 +429,9 @@ class RayBackend(Backend):
         if started_here:
             connect(ray, self.address, _forwarded_environment())
         try:
-            remote = ray.remote(num_cpus=self.cpus_per_run, max_retries=self.retries)(execute_on_ray_node)
+            remote = ray.remote(num_cpus=self.cpus_per_run, max_retries=self.retries)(
+                execute_on_ray_node
+            )
             pending = {remote.remote(task): index for index, task in enumerate(tasks)}
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
@@ -375,12 +451,19 @@ def execute_on_ray_node(task: RunTask) -> RunRecord:
     from p4bench.studies.ray_cluster import NODE_TAG, node_id
 
     node = node_id()
-    return execute_task(replace(task, placement={**task.placement, NODE_TAG: node}) if node else task)
+    return execute_task(
+        replace(task, placement={**task.placement, NODE_TAG: node}) if node else task
+    )
 
 
 def _forwarded_environment() -> dict[str, str]:
     """Settings the workers need to find the same data and store as this process."""
-    keys = ("P4BENCH_DATA_DIR", "P4BENCH_CACHE_DIR", "P4BENCH_DISABLE_PLUGIN_AUTOLOAD", "MLFLOW_TRACKING_URI")
+    keys = (
+        "P4BENCH_DATA_DIR",
+        "P4BENCH_CACHE_DIR",
+        "P4BENCH_DISABLE_PLUGIN_AUTOLOAD",
+        "MLFLOW_TRACKING_URI",
+    )
     return {k: os.environ[k] for k in keys if os.environ.get(k)}
 
 

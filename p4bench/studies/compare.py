@@ -36,14 +36,31 @@ from p4bench.studies.equal_privacy import PrivacyCheck
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Comparison", "compare_experiment", "aggregate", "default_group_by", "format_table", "plot_comparison",
-           "DEFAULT_METRIC", "SETTINGS", "privacy_settings", "keep_settings_apart", "split_note"]
+__all__ = [
+    "Comparison",
+    "compare_experiment",
+    "aggregate",
+    "default_group_by",
+    "format_table",
+    "plot_comparison",
+    "DEFAULT_METRIC",
+    "SETTINGS",
+    "privacy_settings",
+    "keep_settings_apart",
+    "split_note",
+]
 
-DEFAULT_METRIC = "final_accuracy_mean"  # mean test accuracy of the reported clients after the last round
+DEFAULT_METRIC = (
+    "final_accuracy_mean"  # mean test accuracy of the reported clients after the last round
+)
 CURVE_METRIC = "accuracy_mean"  # the same, per round
 _TAG_KEYS = ("method", "attack", "defense", "dataset", "variant")
 _NOT_GROUPS = {"seed", "experiment", "tracking_uri", "results_dir"}
-SETTINGS = ("epsilon", "delta", "accountant")  # privacy settings a row never pools (besides the `privacy` mark)
+SETTINGS = (
+    "epsilon",
+    "delta",
+    "accountant",
+)  # privacy settings a row never pools (besides the `privacy` mark)
 NONE = "none"  # a non-private run's epsilon (never a number: 0 would read as perfect privacy)
 
 
@@ -56,60 +73,83 @@ class Comparison:
     group_by: list[str]
     metric: str
     privacy: Any = None  # p4bench.studies.equal_privacy.PrivacyCheck of the compared runs
-    split_by: list[str] = field(default_factory=list)  # privacy settings added to group_by: they vary in a group
+    split_by: list[str] = field(
+        default_factory=list
+    )  # privacy settings added to group_by: they vary in a group
 
 
 def dedupe(runs: pd.DataFrame) -> pd.DataFrame:
     """The latest finished run of every config hash."""
     if runs.empty or "config_hash" not in runs:
         return runs
-    return runs.sort_values("start_time", kind="stable").drop_duplicates("config_hash", keep="last").reset_index(drop=True)
+    return (
+        runs.sort_values("start_time", kind="stable")
+        .drop_duplicates("config_hash", keep="last")
+        .reset_index(drop=True)
+    )
 
 
 def column_for(runs: pd.DataFrame, key: str) -> str:
     """The DataFrame column holding `key` (a tag, a run option, or options.<name>)."""
     key = key.strip()
-    candidates = [key] if key in _TAG_KEYS or key in ("seed", "sweep", PRIVACY_COLUMN, *SETTINGS) else []
+    candidates = (
+        [key] if key in _TAG_KEYS or key in ("seed", "sweep", PRIVACY_COLUMN, *SETTINGS) else []
+    )
     name = key.replace("-", "_")
     candidates += [f"params.{name}", f"params.{key}"]
     for column in candidates:
         if column in runs:
             return str(column)
-    params = (c[len("params."):] for c in runs if c.startswith("params."))
+    params = (c[len("params.") :] for c in runs if c.startswith("params."))
     available = sorted({*(k for k in _TAG_KEYS if k in runs), *params})
-    raise UsageError(f"unknown group key '{key}'; keys present in these runs: {', '.join(available)}")
+    raise UsageError(
+        f"unknown group key '{key}'; keys present in these runs: {', '.join(available)}"
+    )
 
 
 def default_group_by(runs: pd.DataFrame) -> list[str]:
     """Every tag or option that varies across the runs, except the seed."""
     keys = [k for k in _TAG_KEYS if k in runs and runs[k].fillna("-").nunique() > 1]
     for column in sorted(c for c in runs if c.startswith("params.")):
-        name = column[len("params."):]
-        if name in _NOT_GROUPS or name in keys or name.startswith("option."):  # resolved plugin options: derived
+        name = column[len("params.") :]
+        if (
+            name in _NOT_GROUPS or name in keys or name.startswith("option.")
+        ):  # resolved plugin options: derived
             continue
         if runs[column].fillna("-").nunique() > 1:
             keys.append(name)
     return keys or ["method"]
 
 
-def aggregate(runs: pd.DataFrame, group_by: Sequence[str], metric: str = DEFAULT_METRIC) -> pd.DataFrame:
+def aggregate(
+    runs: pd.DataFrame, group_by: Sequence[str], metric: str = DEFAULT_METRIC
+) -> pd.DataFrame:
     """mean, std (sample, n-1) and n of `metric` per group; NaN values are left out."""
     import pandas as pd
 
     column = f"metrics.{metric}"
     if column not in runs:
-        names = sorted(c[len("metrics."):] for c in runs if c.startswith("metrics."))
-        raise UsageError(f"metric '{metric}' is not logged in these runs; available: {', '.join(names)}")
-    frame = pd.DataFrame({key: runs[column_for(runs, key)].fillna("-").astype(str) for key in group_by})
+        names = sorted(c[len("metrics.") :] for c in runs if c.startswith("metrics."))
+        raise UsageError(
+            f"metric '{metric}' is not logged in these runs; available: {', '.join(names)}"
+        )
+    frame = pd.DataFrame(
+        {key: runs[column_for(runs, key)].fillna("-").astype(str) for key in group_by}
+    )
     frame["value"] = pd.to_numeric(runs[column], errors="coerce")
     frame = frame.dropna(subset=["value"])
-    table = frame.groupby(list(group_by), dropna=False, sort=False)["value"].agg(["mean", "std", "count"]).reset_index()
+    table = (
+        frame.groupby(list(group_by), dropna=False, sort=False)["value"]
+        .agg(["mean", "std", "count"])
+        .reset_index()
+    )
     table = table.rename(columns={"count": "n"})
     return _sorted(table, list(group_by))
 
 
 def _sorted(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Rows ordered by the keys; numbers numerically, before text such as `none`."""
+
     def rank(value: str) -> tuple[int, float, str]:
         try:
             return (0, float(value), "")
@@ -120,14 +160,17 @@ def _sorted(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return table.iloc[order].reset_index(drop=True)
 
 
-def mark_privacy(runs: pd.DataFrame, keys: list[str], *, allow_mixed: bool = False,
-                 what: str = "this table") -> tuple[pd.DataFrame, list[str], PrivacyCheck]:
+def mark_privacy(
+    runs: pd.DataFrame, keys: list[str], *, allow_mixed: bool = False, what: str = "this table"
+) -> tuple[pd.DataFrame, list[str], PrivacyCheck]:
     """Apply the equal-privacy rule to the runs of a table (UsageError unless it holds or
     `allow_mixed`); where the runs carry different marks, add the `privacy` column to the
     runs and to the group keys. Returns (runs, keys, check)."""
     from p4bench.studies.equal_privacy import check_privacy, from_row
 
-    verdict = check_privacy([from_row(row) for row in runs.to_dict("records")], allow_mixed=allow_mixed, what=what)
+    verdict = check_privacy(
+        [from_row(row) for row in runs.to_dict("records")], allow_mixed=allow_mixed, what=what
+    )
     if verdict.needs_column or PRIVACY_COLUMN in keys:
         runs = runs.assign(**{PRIVACY_COLUMN: [r.mark for r in verdict.runs]})
         if PRIVACY_COLUMN not in keys:
@@ -164,7 +207,9 @@ def privacy_settings(runs: pd.DataFrame, verdict: PrivacyCheck) -> pd.DataFrame:
     private = [r.private for r in verdict.runs]
     return runs.assign(
         epsilon=[_epsilon_of(row, p) for row, p in zip(rows, private)],
-        delta=[f"{r.delta:.3g}" if r.private and r.delta is not None else "-" for r in verdict.runs],
+        delta=[
+            f"{r.delta:.3g}" if r.private and r.delta is not None else "-" for r in verdict.runs
+        ],
         accountant=[(r.accountant or "?") if r.private else "-" for r in verdict.runs],
     )
 
@@ -180,7 +225,9 @@ def keep_settings_apart(runs: pd.DataFrame, keys: Sequence[str]) -> tuple[list[s
         columns = [column_for(runs, k) for k in keys]
         values = runs[[*columns, name]].fillna("-").astype(str)
         if columns:
-            varies = bool((values.groupby(columns, dropna=False, sort=False)[name].nunique() > 1).any())
+            varies = bool(
+                (values.groupby(columns, dropna=False, sort=False)[name].nunique() > 1).any()
+            )
         else:
             varies = values[name].nunique() > 1
         if varies:
@@ -194,13 +241,20 @@ def split_note(added: Sequence[str]) -> str | None:
     if not added:
         return None
     names = " and ".join(added)
-    return (f"rows also split by {names}: the runs of a group differ in it, and a row never pools runs at different "
-            "privacy settings")
+    return (
+        f"rows also split by {names}: the runs of a group differ in it, and a row never pools runs at different "
+        "privacy settings"
+    )
 
 
-def compare_experiment(uri: str, experiment: str, group_by: Sequence[str] | None = None,
-                       metric: str = DEFAULT_METRIC, config_hashes: Sequence[str] | None = None,
-                       allow_mixed_privacy: bool = False) -> Comparison:
+def compare_experiment(
+    uri: str,
+    experiment: str,
+    group_by: Sequence[str] | None = None,
+    metric: str = DEFAULT_METRIC,
+    config_hashes: Sequence[str] | None = None,
+    allow_mixed_privacy: bool = False,
+) -> Comparison:
     """Read the experiment's finished runs, check they compare at equal privacy, aggregate."""
     from p4bench.studies.results import load_runs
 
@@ -210,10 +264,14 @@ def compare_experiment(uri: str, experiment: str, group_by: Sequence[str] | None
     if runs.empty:
         raise UsageError(f"experiment '{experiment}' has no finished runs to compare")
     keys = list(group_by) if group_by else default_group_by(runs)
-    runs, keys, verdict = mark_privacy(runs, keys, allow_mixed=allow_mixed_privacy, what=f"experiment '{experiment}'")
+    runs, keys, verdict = mark_privacy(
+        runs, keys, allow_mixed=allow_mixed_privacy, what=f"experiment '{experiment}'"
+    )
     runs = privacy_settings(runs, verdict)
     keys, added = keep_settings_apart(runs, keys)
-    return Comparison(experiment, uri, runs, aggregate(runs, keys, metric), keys, metric, verdict, added)
+    return Comparison(
+        experiment, uri, runs, aggregate(runs, keys, metric), keys, metric, verdict, added
+    )
 
 
 def _cell(value: Any, digits: int = 4) -> str:
@@ -251,10 +309,14 @@ def _band(axis: Any, frame: Any, name: str, colour: str) -> None:
     stats = frame.groupby("step")["value"].agg(["mean", "std"]).reset_index()
     spread = stats["std"].fillna(0)
     axis.plot(stats["step"], stats["mean"], marker="o", markersize=2, label=name, color=colour)
-    axis.fill_between(stats["step"], stats["mean"] - spread, stats["mean"] + spread, alpha=0.15, color=colour)
+    axis.fill_between(
+        stats["step"], stats["mean"] - spread, stats["mean"] + spread, alpha=0.15, color=colour
+    )
 
 
-def plot_comparison(comparison: Comparison, out: str | Path, curve_metric: str = CURVE_METRIC) -> Path:
+def plot_comparison(
+    comparison: Comparison, out: str | Path, curve_metric: str = CURVE_METRIC
+) -> Path:
     """Accuracy-per-round curves per group (mean with a +-std band over seeds) next to a
     bar chart of the final metric (mean, std error bars); where the runs are private, also
     epsilon over rounds and the final metric against the final epsilon. Saved as an image."""
@@ -268,15 +330,25 @@ def plot_comparison(comparison: Comparison, out: str | Path, curve_metric: str =
     from p4bench.studies.results import metric_history
 
     runs, keys = comparison.runs, comparison.group_by
-    labels = runs.apply(lambda r: group_label({k: str(r[column_for(runs, k)]) if pd.notna(r[column_for(runs, k)])
-                                               else "-" for k in keys}, keys), axis=1)
+    labels = runs.apply(
+        lambda r: group_label(
+            {
+                k: str(r[column_for(runs, k)]) if pd.notna(r[column_for(runs, k)]) else "-"
+                for k in keys
+            },
+            keys,
+        ),
+        axis=1,
+    )
     history = metric_history(comparison.tracking_uri, runs["run_id"], curve_metric)
     history = history.merge(pd.DataFrame({"run_id": runs["run_id"], "group": labels}), on="run_id")
     table = comparison.table
     names = [group_label(row, keys) for row in table.to_dict("records")]
     colours = [f"C{i % 10}" for i in range(len(names))]  # one colour per group in both panels
     epsilons = metric_history(comparison.tracking_uri, runs["run_id"], EPSILON_METRIC)
-    epsilons = epsilons.merge(pd.DataFrame({"run_id": runs["run_id"], "group": labels}), on="run_id")
+    epsilons = epsilons.merge(
+        pd.DataFrame({"run_id": runs["run_id"], "group": labels}), on="run_id"
+    )
     private = not epsilons.empty
     if private:  # epsilon over rounds and accuracy against epsilon beside the accuracy
         fig, grid = plt.subplots(2, 2, figsize=(12, 8.5), dpi=100)
@@ -293,7 +365,9 @@ def plot_comparison(comparison: Comparison, out: str | Path, curve_metric: str =
     curves.set_ylim(0, 1)
     curves.grid(alpha=0.3)
     curves.legend(fontsize=7)
-    bars.bar(range(len(table)), table["mean"], yerr=table["std"].fillna(0), capsize=3, color=colours)
+    bars.bar(
+        range(len(table)), table["mean"], yerr=table["std"].fillna(0), capsize=3, color=colours
+    )
     bars.set_xticks(range(len(table)), names, rotation=45, ha="right", fontsize=7)
     bars.set_ylabel(comparison.metric)
     bars.grid(alpha=0.3, axis="y")
@@ -302,11 +376,20 @@ def plot_comparison(comparison: Comparison, out: str | Path, curve_metric: str =
         spent.set_xlabel("round")
         spent.set_ylabel("epsilon spent (largest client)")
         spent.grid(alpha=0.3)
-        final = epsilons.sort_values("step").groupby("run_id").tail(1).groupby("group")["value"].mean()
+        final = (
+            epsilons.sort_values("step").groupby("run_id").tail(1).groupby("group")["value"].mean()
+        )
         for row, name, colour in zip(table.to_dict("records"), names, colours):
             if name in final.index:
-                tradeoff.errorbar(final[name], row["mean"], yerr=row["std"] if row["std"] == row["std"] else 0,
-                                  marker="o", capsize=3, color=colour, label=name)
+                tradeoff.errorbar(
+                    final[name],
+                    row["mean"],
+                    yerr=row["std"] if row["std"] == row["std"] else 0,
+                    marker="o",
+                    capsize=3,
+                    color=colour,
+                    label=name,
+                )
         tradeoff.set_xlabel("epsilon at the end (largest client)")
         tradeoff.set_ylabel(comparison.metric)
         tradeoff.grid(alpha=0.3)

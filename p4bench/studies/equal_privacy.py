@@ -40,8 +40,20 @@ from typing import Any
 
 from p4bench.errors import UsageError
 
-__all__ = ["UnequalPrivacyError", "RunPrivacy", "PrivacyCheck", "check_privacy", "from_row", "from_summary", "from_config",
-           "settle_relation", "COLUMN", "FLAG", "STUDY_DEFAULT", "NON_PRIVATE"]
+__all__ = [
+    "UnequalPrivacyError",
+    "RunPrivacy",
+    "PrivacyCheck",
+    "check_privacy",
+    "from_row",
+    "from_summary",
+    "from_config",
+    "settle_relation",
+    "COLUMN",
+    "FLAG",
+    "STUDY_DEFAULT",
+    "NON_PRIVATE",
+]
 
 COLUMN = "privacy"  # the column that marks each run's relation and certification
 FLAG = "--allow-mixed-privacy"
@@ -85,7 +97,9 @@ class PrivacyCheck:
     """The verdict on the runs of one table."""
 
     runs: list[RunPrivacy]
-    problems: list[str] = field(default_factory=list)  # why the table breaks the rule (empty: it does not)
+    problems: list[str] = field(
+        default_factory=list
+    )  # why the table breaks the rule (empty: it does not)
     allowed: bool = False  # the user asked for a mixed table
 
     @property
@@ -111,8 +125,10 @@ class PrivacyCheck:
     def warning(self) -> str | None:
         if self.ok:
             return None
-        return (f"runs under unequal privacy are compared because {FLAG} was given; the '{COLUMN}' column marks "
-                f"each one: {'; '.join(self.problems)}")
+        return (
+            f"runs under unequal privacy are compared because {FLAG} was given; the '{COLUMN}' column marks "
+            f"each one: {'; '.join(self.problems)}"
+        )
 
     def note(self, certification: bool = True) -> str:
         """One line: which methods are private under which relation (and, with
@@ -127,8 +143,10 @@ class PrivacyCheck:
             if mark == NON_PRIVATE:
                 parts.append(f"non-private: {', '.join(methods)}")
             elif mark.endswith(UNCERTIFIED):
-                parts.append(f"private, {mark.replace(' ' + UNCERTIFIED, '')} neighbouring, epsilon UNCERTIFIED: "
-                             f"{', '.join(methods)}")
+                parts.append(
+                    f"private, {mark.replace(' ' + UNCERTIFIED, '')} neighbouring, epsilon UNCERTIFIED: "
+                    f"{', '.join(methods)}"
+                )
             else:
                 certified = ", certified epsilon" if certification else ""
                 parts.append(f"private, {mark} neighbouring{certified}: {', '.join(methods)}")
@@ -137,13 +155,21 @@ class PrivacyCheck:
 
 def _named(runs: Sequence[RunPrivacy], detail: bool = False) -> str:
     # braces, not brackets: the CLI prints with rich, which reads [words] as markup
-    shown = [f"{r.run}" + (f" {{why: {r.reason}}}" if detail and r.reason else "") for r in runs[:_LISTED]]
+    shown = [
+        f"{r.run}" + (f" {{why: {r.reason}}}" if detail and r.reason else "")
+        for r in runs[:_LISTED]
+    ]
     more = len(runs) - _LISTED
     return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
-def check_privacy(runs: Iterable[RunPrivacy], *, allow_mixed: bool = False, what: str = "this table",
-                  certification: bool = True) -> PrivacyCheck:
+def check_privacy(
+    runs: Iterable[RunPrivacy],
+    *,
+    allow_mixed: bool = False,
+    what: str = "this table",
+    certification: bool = True,
+) -> PrivacyCheck:
     """Apply the rule to the runs of one table. Raises UsageError (exit 2) naming the
     offending runs unless `allow_mixed`; `certification=False` checks relations only (runs
     that have not run yet)."""
@@ -154,26 +180,34 @@ def check_privacy(runs: Iterable[RunPrivacy], *, allow_mixed: bool = False, what
     for run in private:
         by_relation.setdefault(run.relation, []).append(run)
     if len(by_relation) > 1:
-        groups = "; ".join(f"{relation}: {_named(members)}" for relation, members in sorted(by_relation.items()))
+        groups = "; ".join(
+            f"{relation}: {_named(members)}" for relation, members in sorted(by_relation.items())
+        )
         verdict.problems.append(f"private runs under different neighbouring relations ({groups})")
-    for name, value_of in (("delta", lambda r: None if r.delta is None else f"{r.delta:.6g}"),
-                           ("accountant", lambda r: r.accountant)):
+    for name, value_of in (
+        ("delta", lambda r: None if r.delta is None else f"{r.delta:.6g}"),
+        ("accountant", lambda r: r.accountant),
+    ):
         by_value: dict[str, list[RunPrivacy]] = {}
         for run in private:
             value = value_of(run)
             if value is not None:
                 by_value.setdefault(value, []).append(run)
         if len(by_value) > 1:
-            groups = "; ".join(f"{value}: {_named(members)}" for value, members in sorted(by_value.items()))
+            groups = "; ".join(
+                f"{value}: {_named(members)}" for value, members in sorted(by_value.items())
+            )
             verdict.problems.append(f"private runs under different {name} ({groups})")
     uncertified = [r for r in private if not r.certified] if certification else []
     if uncertified:
         verdict.problems.append(f"uncertified epsilon: {_named(uncertified, detail=True)}")
     if verdict.problems and not allow_mixed:
-        raise UnequalPrivacyError(f"{what}: refusing to compare runs under unequal privacy: {'; '.join(verdict.problems)}. "
-                         f"Give one neighbouring relation, delta and accountant to every private run (and certified "
-                         f"settings), or pass "
-                         f"{FLAG} to compare them anyway, marked in a '{COLUMN}' column")
+        raise UnequalPrivacyError(
+            f"{what}: refusing to compare runs under unequal privacy: {'; '.join(verdict.problems)}. "
+            f"Give one neighbouring relation, delta and accountant to every private run (and certified "
+            f"settings), or pass "
+            f"{FLAG} to compare them anyway, marked in a '{COLUMN}' column"
+        )
     return verdict
 
 
@@ -208,16 +242,30 @@ def from_row(row: Mapping[str, Any], params: str = "params.") -> RunPrivacy:
         private = private_tag.lower() == "true"
     else:  # logged before the dp.private tag: what its parameters say
         no_dp = (_text(row.get(f"{params}no_dp")) or "false").lower() == "true"
-        private = not no_dp and any(_text(row.get(f"{params}{k}")) for k in ("epsilon", "noise_multiplier"))
+        private = not no_dp and any(
+            _text(row.get(f"{params}{k}")) for k in ("epsilon", "noise_multiplier")
+        )
     if not private:
         return RunPrivacy(label, method, False)
-    neighbouring = _text(row.get("dp.neighbouring")) or _text(row.get(f"{params}neighbouring")) or _default_relation(method)
+    neighbouring = (
+        _text(row.get("dp.neighbouring"))
+        or _text(row.get(f"{params}neighbouring"))
+        or _default_relation(method)
+    )
     certified_tag = _text(row.get("dp.certified"))
     delta = _number(_text(row.get("dp.delta")) or _text(row.get(f"{params}delta")))
     accountant = _text(row.get("dp.accountant")) or _text(row.get(f"{params}accountant"))
     if certified_tag is None:
-        return RunPrivacy(label, method, True, neighbouring, False, "no dp.certified tag (logged before certification)",
-                          delta, accountant)
+        return RunPrivacy(
+            label,
+            method,
+            True,
+            neighbouring,
+            False,
+            "no dp.certified tag (logged before certification)",
+            delta,
+            accountant,
+        )
     certified = certified_tag.lower() == "true"
     reason = None if certified else (_text(row.get("dp.uncertified_reason")) or "not certified")
     return RunPrivacy(label, method, True, neighbouring, certified, reason, delta, accountant)
@@ -242,14 +290,31 @@ def from_summary(summary: Mapping[str, Any], label: str | None = None) -> RunPri
     certified = summary.get("epsilon_certified")
     delta, accountant = _number(_text(summary.get("delta"))), _text(summary.get("accountant"))
     if certified is None:
-        return RunPrivacy(label, method, True, _text(summary.get("neighbouring")), False,
-                          "no certification recorded", delta, accountant)
+        return RunPrivacy(
+            label,
+            method,
+            True,
+            _text(summary.get("neighbouring")),
+            False,
+            "no certification recorded",
+            delta,
+            accountant,
+        )
     reason = None if certified else (summary.get("uncertified_reason") or "not certified")
-    return RunPrivacy(label, method, True, _text(summary.get("neighbouring")), bool(certified), reason, delta, accountant)
+    return RunPrivacy(
+        label,
+        method,
+        True,
+        _text(summary.get("neighbouring")),
+        bool(certified),
+        reason,
+        delta,
+        accountant,
+    )
 
 
 def _method_class(method: str, registry: Any = None) -> Any:
-    from p4bench.plugin_manager import default_registry
+    from p4bench.host.manager import default_registry
 
     try:
         return (registry or default_registry()).get("method", method)
@@ -279,11 +344,19 @@ def from_config(config: Any, label: str | None = None, registry: Any = None) -> 
     label = label or _label(config.method, config.seed)
     if not planned_private(config, registry):
         return RunPrivacy(label, config.method, False)
-    return RunPrivacy(label, config.method, True, config.neighbouring or _default_relation(config.method, registry),
-                      delta=config.delta, accountant=config.accountant)
+    return RunPrivacy(
+        label,
+        config.method,
+        True,
+        config.neighbouring or _default_relation(config.method, registry),
+        delta=config.delta,
+        accountant=config.accountant,
+    )
 
 
-def settle_relation(configs: Sequence[Any], registry: Any = None) -> tuple[list[Any], str | None, bool]:
+def settle_relation(
+    configs: Sequence[Any], registry: Any = None
+) -> tuple[list[Any], str | None, bool]:
     """One relation for a study's private runs: (configs, relation, defaulted).
 
     Private runs that name no `neighbouring` get the one relation the others name, or
@@ -296,5 +369,8 @@ def settle_relation(configs: Sequence[Any], registry: Any = None) -> tuple[list[
     if len(named) > 1:
         return list(configs), None, False
     relation = next(iter(named)) if named else STUDY_DEFAULT
-    filled = [c.replace(neighbouring=relation) if p and c.neighbouring is None else c for c, p in zip(configs, private)]
+    filled = [
+        c.replace(neighbouring=relation) if p and c.neighbouring is None else c
+        for c, p in zip(configs, private)
+    ]
     return filled, relation, not named and any(private)

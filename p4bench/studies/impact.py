@@ -40,12 +40,21 @@ TAGS = ("method", "attack", "defense", "dataset", "seed")
 DETECTION = ("detection_precision_total", "detection_recall_total")
 DP_TAGS = ("dp.private", "dp.certified", "dp.neighbouring", "dp.uncertified_reason")
 # never part of a config's identity: where it was logged, and what tags say better
-_NOT_CONFIG = {"experiment", "tracking_uri", "results_dir", "attack", "defense", "method", "dataset", "seed"}
+_NOT_CONFIG = {
+    "experiment",
+    "tracking_uri",
+    "results_dir",
+    "attack",
+    "defense",
+    "method",
+    "dataset",
+    "seed",
+}
 
 
 def plugin_option_names(kind: str) -> set[str]:
     """Option keys (`config.options`) that belong to registered plugins of `kind`."""
-    from p4bench.plugin_manager import default_registry
+    from p4bench.host.manager import default_registry
 
     names: set[str] = set()
     for entry in default_registry().entries(kind):
@@ -63,10 +72,17 @@ def load_runs(experiment: str, tracking_uri: str, metric: str = DEFAULT_METRIC) 
     found = client.get_experiment_by_name(experiment)
     if found is None:
         known = sorted(e.name for e in client.search_experiments())
-        raise UsageError(f"no MLflow experiment '{experiment}' at {tracking_uri}; experiments there: {', '.join(known) or '(none)'}")
+        raise UsageError(
+            f"no MLflow experiment '{experiment}' at {tracking_uri}; experiments there: {', '.join(known) or '(none)'}"
+        )
     rows, token = [], None
     while True:
-        page = client.search_runs([found.experiment_id], "attributes.status = 'FINISHED'", max_results=1000, page_token=token)
+        page = client.search_runs(
+            [found.experiment_id],
+            "attributes.status = 'FINISHED'",
+            max_results=1000,
+            page_token=token,
+        )
         for r in page:
             row: dict[str, Any] = {"run_id": r.info.run_id, "start_time": r.info.start_time}
             row.update({tag: r.data.tags.get(tag, "none") for tag in TAGS})
@@ -103,7 +119,9 @@ def load_client_accuracies(tracking_uri: str, run_ids: Iterable[str]) -> dict[st
 
 def matched_accuracy(clean: pd.DataFrame, attacked: pd.DataFrame) -> float:
     """Mean accuracy in `clean` over the clients reported (benign, non-evaluation) in `attacked`."""
-    benign = attacked[(attacked["role"] == "reported") & ~attacked["malicious"].astype(bool)]["client"]
+    benign = attacked[(attacked["role"] == "reported") & ~attacked["malicious"].astype(bool)][
+        "client"
+    ]
     values = clean.set_index("client").reindex(benign)["accuracy"]
     return float(values.mean()) if values.notna().all() and len(values) else float("nan")
 
@@ -112,8 +130,13 @@ def _key_columns(runs: pd.DataFrame, ignore: Iterable[str]) -> list[str]:
     ignored = set(_NOT_CONFIG) | set(ignore)
     # `option.*` are resolved plugin options: derived from the plugins and `options.*`, and
     # only logged for the plugins a run uses (an attack's exist on attacked runs only)
-    return sorted(c for c in runs.columns if c.startswith("param.") and not c.startswith("param.option.")
-                  and c[len("param."):] not in ignored)
+    return sorted(
+        c
+        for c in runs.columns
+        if c.startswith("param.")
+        and not c.startswith("param.option.")
+        and c[len("param.") :] not in ignored
+    )
 
 
 def _latest(runs: pd.DataFrame, key: list[str]) -> pd.DataFrame:
@@ -121,7 +144,10 @@ def _latest(runs: pd.DataFrame, key: list[str]) -> pd.DataFrame:
 
 
 def pair_runs(
-    runs: pd.DataFrame, attack_options: set[str], defense_options: set[str], clients: dict[str, pd.DataFrame] | None = None
+    runs: pd.DataFrame,
+    attack_options: set[str],
+    defense_options: set[str],
+    clients: dict[str, pd.DataFrame] | None = None,
 ) -> pd.DataFrame:
     """Attacked runs with their unattacked and ideal-defense partners: columns accuracy,
     clean_accuracy, attack_impact, ideal_accuracy, ideal_gap (NaN where no partner).
@@ -148,11 +174,17 @@ def pair_runs(
     if clients is not None:
         for index, row in paired.iterrows():
             if row["run_id"] in clients and row["clean_run_id"] in clients:
-                paired.loc[index, "clean_accuracy"] = matched_accuracy(clients[row["clean_run_id"]], clients[row["run_id"]])
+                paired.loc[index, "clean_accuracy"] = matched_accuracy(
+                    clients[row["clean_run_id"]], clients[row["run_id"]]
+                )
 
-    ideal_key = ["method", "dataset", "seed", "attack"] + _key_columns(runs, {f"options.{o}" for o in defense_options})
+    ideal_key = ["method", "dataset", "seed", "attack"] + _key_columns(
+        runs, {f"options.{o}" for o in defense_options}
+    )
     ideal = runs[(runs["defense"] == "ideal") & (runs["attack"] != "none")]
-    ideal = _latest(ideal, ideal_key)[ideal_key + ["accuracy"]].rename(columns={"accuracy": "ideal_accuracy"})
+    ideal = _latest(ideal, ideal_key)[ideal_key + ["accuracy"]].rename(
+        columns={"accuracy": "ideal_accuracy"}
+    )
     paired = paired.merge(ideal, on=ideal_key, how="left")
     paired["attack_impact"] = paired["clean_accuracy"] - paired["accuracy"]
     paired["ideal_gap"] = paired["ideal_accuracy"] - paired["accuracy"]
@@ -186,13 +218,21 @@ def format_table(table: pd.DataFrame) -> str:
 
     def pm(name: str) -> pd.Series:
         mean, std = table[f"{name}_mean"], table[f"{name}_std"].fillna(0.0)
-        return pd.Series([("-" if pd.isna(m) else f"{m:.3f} ± {s:.3f}") for m, s in zip(mean, std)], index=table.index)
+        return pd.Series(
+            [("-" if pd.isna(m) else f"{m:.3f} ± {s:.3f}") for m, s in zip(mean, std)],
+            index=table.index,
+        )
 
     shown = table[[c for c in table.columns if not c.endswith(("_mean", "_std"))]].copy()
-    shown.columns = [c[len("param."):] if c.startswith("param.") else c for c in shown.columns]
-    for name, title in (("accuracy", "benign acc"), ("clean_accuracy", "no-attack acc"), ("attack_impact", "attack impact"),
-                        ("ideal_gap", "ideal gap"), ("detection_precision_total", "det. precision"),
-                        ("detection_recall_total", "det. recall")):
+    shown.columns = [c[len("param.") :] if c.startswith("param.") else c for c in shown.columns]
+    for name, title in (
+        ("accuracy", "benign acc"),
+        ("clean_accuracy", "no-attack acc"),
+        ("attack_impact", "attack impact"),
+        ("ideal_gap", "ideal gap"),
+        ("detection_precision_total", "det. precision"),
+        ("detection_recall_total", "det. recall"),
+    ):
         shown[title] = pm(name)
     return str(shown.to_string(index=False))
 
@@ -208,7 +248,9 @@ def plot_impact(table: pd.DataFrame, path: Path, title: str = "") -> Path:
 
     panels = [c for c in group_columns_of(table) if c not in ("attack", "defense")]
     groups = list(table.groupby(panels, dropna=False, sort=True)) if panels else [((), table)]
-    fig, axes = plt.subplots(1, len(groups), figsize=(max(5.0, 4.5 * len(groups)), 3.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1, len(groups), figsize=(max(5.0, 4.5 * len(groups)), 3.8), squeeze=False, sharey=True
+    )
     defenses = sorted(table["defense"].unique(), key=lambda d: (d != "none", d != "ideal", d))
     for axis, (label, part) in zip(axes[0], groups):
         attacks = sorted(part["attack"].unique())
@@ -216,7 +258,14 @@ def plot_impact(table: pd.DataFrame, path: Path, title: str = "") -> Path:
         for k, defense in enumerate(defenses):
             rows = part[part["defense"] == defense].set_index("attack").reindex(attacks)
             x = np.arange(len(attacks)) + (k - (len(defenses) - 1) / 2) * width
-            axis.bar(x, rows["attack_impact_mean"], width, yerr=rows["attack_impact_std"].fillna(0.0), capsize=2, label=defense)
+            axis.bar(
+                x,
+                rows["attack_impact_mean"],
+                width,
+                yerr=rows["attack_impact_std"].fillna(0.0),
+                capsize=2,
+                label=defense,
+            )
         axis.axhline(0, color="black", linewidth=0.6)
         axis.set_xticks(np.arange(len(attacks)), attacks, rotation=20)
         axis.set_title(panel_title(panels, label), fontsize=9)
@@ -236,37 +285,57 @@ def panel_title(panels: list[str], label: Any) -> str:
     """An impact panel's title: what varies between panels, as "column value"; a parameter
     the runs did not set ("<unset>") says nothing."""
     values = label if isinstance(label, tuple) else (label,)
-    named = [f"{column} {value}" for column, value in zip(panels, values) if str(value) not in ("<unset>", "nan", "None")]
+    named = [
+        f"{column} {value}"
+        for column, value in zip(panels, values)
+        if str(value) not in ("<unset>", "nan", "None")
+    ]
     return " / ".join(named) or "all runs"
 
 
 def group_columns_of(table: pd.DataFrame) -> list[str]:
     """The grouping columns present in an impact table."""
-    return [c for c in table.columns if c in ("dataset", "method", PRIVACY, "attack", "defense") or c.startswith("param.")]
+    return [
+        c
+        for c in table.columns
+        if c in ("dataset", "method", PRIVACY, "attack", "defense") or c.startswith("param.")
+    ]
 
 
-def check_privacy_of(runs: pd.DataFrame, experiment: str,
-                     allow_mixed: bool = False) -> tuple[pd.DataFrame, PrivacyCheck]:
+def check_privacy_of(
+    runs: pd.DataFrame, experiment: str, allow_mixed: bool = False
+) -> tuple[pd.DataFrame, PrivacyCheck]:
     """The equal-privacy rule on the runs (UsageError naming them unless it holds or
     `allow_mixed`); where their marks differ, a `privacy` column is added. (runs, check)."""
     from p4bench.studies.equal_privacy import check_privacy, from_row
 
-    verdict = check_privacy([from_row(row, params="param.") for row in runs.to_dict("records")],
-                            allow_mixed=allow_mixed, what=f"experiment '{experiment}'")
+    verdict = check_privacy(
+        [from_row(row, params="param.") for row in runs.to_dict("records")],
+        allow_mixed=allow_mixed,
+        what=f"experiment '{experiment}'",
+    )
     if verdict.needs_column:
         runs = runs.assign(**{PRIVACY: [r.mark for r in verdict.runs]})
     return runs, verdict
 
 
-def compute_impact(experiment: str, tracking_uri: str, metric: str = DEFAULT_METRIC,
-                   allow_mixed_privacy: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+def compute_impact(
+    experiment: str,
+    tracking_uri: str,
+    metric: str = DEFAULT_METRIC,
+    allow_mixed_privacy: bool = False,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-run pairs, table) for an experiment; UsageError if it has no attacked run, or
     if its runs do not compare at equal privacy (unless `allow_mixed_privacy`)."""
     runs = load_runs(experiment, tracking_uri, metric)
     if runs.empty or not (runs["attack"] != "none").any():
-        raise UsageError(f"experiment '{experiment}' has no finished run with an attack; nothing to compare")
+        raise UsageError(
+            f"experiment '{experiment}' has no finished run with an attack; nothing to compare"
+        )
     runs, verdict = check_privacy_of(runs, experiment, allow_mixed_privacy)
-    clients = load_client_accuracies(tracking_uri, runs["run_id"]) if metric == DEFAULT_METRIC else None
+    clients = (
+        load_client_accuracies(tracking_uri, runs["run_id"]) if metric == DEFAULT_METRIC else None
+    )
     paired = pair_runs(runs, plugin_option_names("attack"), plugin_option_names("defense"), clients)
     table = impact_table(paired)
     table.attrs["privacy"] = verdict  # the note and warning impact_command prints

@@ -28,8 +28,10 @@ from p4bench.errors import UsageError
 __all__ = ["NODE_TAG", "cluster_endpoint", "check_reachable", "connect", "node_id"]
 
 NODE_TAG = "ray_node_id"  # MLflow tag: the Ray node a run executed on
-_TOKEN_HINT = ("set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token "
-               "(`ray get-auth-token` on the head node prints it) in the environment of this command")
+_TOKEN_HINT = (
+    "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token "
+    "(`ray get-auth-token` on the head node prints it) in the environment of this command"
+)
 
 
 def cluster_endpoint(address: str | None) -> tuple[str, int] | None:
@@ -45,7 +47,9 @@ def cluster_endpoint(address: str | None) -> tuple[str, int] | None:
     except ValueError:
         port = None
     if not parsed.hostname or port is None:
-        raise UsageError(f"--address must be HOST:PORT of a Ray head node (e.g. 10.0.0.1:6379), got {address!r}")
+        raise UsageError(
+            f"--address must be HOST:PORT of a Ray head node (e.g. 10.0.0.1:6379), got {address!r}"
+        )
     return parsed.hostname, port
 
 
@@ -59,8 +63,10 @@ def check_reachable(address: str | None, timeout: float = 3.0) -> None:
             return
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-    raise UsageError(f"no Ray cluster answers at {address} ({reason}); start one with `ray start --head --port "
-                     f"{endpoint[1]}` and give its address to --address")
+    raise UsageError(
+        f"no Ray cluster answers at {address} ({reason}); start one with `ray start --head --port "
+        f"{endpoint[1]}` and give its address to --address"
+    )
 
 
 def _is_auth_failure(exc: BaseException) -> bool:
@@ -82,7 +88,9 @@ def _check_token(address: str) -> None:
         client(address=address)
     except Exception as exc:  # noqa: BLE001 - only a token failure is ours to report
         if _is_auth_failure(exc):
-            raise UsageError(f"the Ray cluster at {address} requires token authentication: {_TOKEN_HINT}") from None
+            raise UsageError(
+                f"the Ray cluster at {address} requires token authentication: {_TOKEN_HINT}"
+            ) from None
 
 
 def connect(ray: Any, address: str | None, env_vars: Mapping[str, str]) -> None:
@@ -92,16 +100,22 @@ def connect(ray: Any, address: str | None, env_vars: Mapping[str, str]) -> None:
     if address and "://" not in address and address.strip() != "auto":
         _check_token(address.strip())
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": dict(env_vars)})
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": dict(env_vars)},
+        )
     except Exception as exc:  # noqa: BLE001 - Ray's errors differ between versions; named below
         where = f"the Ray cluster at {address}" if address else "a local Ray instance"
         if _is_auth_failure(exc):
             raise UsageError(f"{where} requires token authentication: {_TOKEN_HINT}") from None
         if isinstance(exc, (ConnectionError, TimeoutError)) or "connect" in str(exc).lower():
             first = (str(exc).strip().splitlines() or [""])[0][:200]
-            raise UsageError(f"cannot connect to {where}: {type(exc).__name__}: {first} (a cluster started with "
-                             f"RAY_AUTH_MODE=token needs its token here too: {_TOKEN_HINT})") from None
+            raise UsageError(
+                f"cannot connect to {where}: {type(exc).__name__}: {first} (a cluster started with "
+                f"RAY_AUTH_MODE=token needs its token here too: {_TOKEN_HINT})"
+            ) from None
         raise
 
 

@@ -7,16 +7,16 @@ Presets (paper settings from `shared/reference/p4.md` section 8 and the extended
 - ablation: P4 with grouping, ScatterNet or the proxy switched off, one at a time.
 - defense: the four attacks at 30% malicious clients, against every defense.
 - malicious: 10..50% malicious clients, P4 with its secure aggregation against the ideal defense.
-- karras: Karras et al.'s P2P FL paper (`p4bench.baselines.karras_preset`): CBDS undersampling from the
+- karras: Karras et al.'s P2P FL paper (`p4bench_p2p_fl.preset`): CBDS undersampling from the
   partitioner alone, FedDF vs FedAvg under random-label clients, P2P-FL personal averaging at
   alpha 0.01, Table III printed beside ours as reference values, a plot of accuracy vs N_K;
   every run non-private (the paper uses no DP). A preset may bring its own data settings and
   scale (`Preset.settings`), per-method values (`per_method_for`), lr grids and lines printed
   after the table (`Preset.report`).
-- p4l: P4L (`p4bench.plugins.p4l.preset`) on digits: synergy size x IID/non-IID, Byzantine % x the
+- p4l: P4L (`p4bench_p4l.preset`) on digits: synergy size x IID/non-IID, Byzantine % x the
   paper's four attacks, Paillier vs plaintext on matched seeds; claims R10 (HE within 1 point)
   and R13 (Byzantine % the least influential factor), R1 from the participation curves.
-- pdsl: PDSL (`p4bench.baselines.pdsl_preset`, `p4bench.baselines.pdsl_preset_report`) on digits at Dirichlet
+- pdsl: PDSL (`p4bench_pdsl.preset`, `p4bench_pdsl.preset_report`) on digits at Dirichlet
   mu 0.25: Table I's epsilon x topology (complete/bipartite/ring) x M (10/20) grid, PDSL vs
   DP-CGA, Muffliato and DP-DPSGD at one certified epsilon per cell (the paper's per-round
   epsilon printed beside as reference only); claims: PDSL first in every cell, and for PDSL
@@ -78,9 +78,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from p4bench.claims import ClaimCheck, ClaimContext
 from p4bench.errors import UnknownNameError, UsageError
-from p4bench.presets import (  # the presets are part of this command's API (re-exported)
+from p4bench.studies.claims import ClaimCheck, ClaimContext
+from p4bench.studies.equal_privacy import UnequalPrivacyError
+from p4bench.studies.presets import (  # the presets are part of this command's API (re-exported)
     DATASETS,
     FULL,
     PRESETS,
@@ -89,11 +90,28 @@ from p4bench.presets import (  # the presets are part of this command's API (re-
     data_settings,
     shard_variant,
 )
-from p4bench.studies.equal_privacy import UnequalPrivacyError
-from p4bench.studies.sweep import PlannedRun, SweepReport, SweepSpec, expand, option_key, run_sweep, unknown_names
+from p4bench.studies.sweep import (
+    PlannedRun,
+    SweepReport,
+    SweepSpec,
+    expand,
+    option_key,
+    run_sweep,
+    unknown_names,
+)
 from p4bench.studies.tune_scope import DEFAULT_TUNE_SCOPE, matches, plan_lr_groups, tuning_keys
 
-__all__ = ["DATASETS", "PRESETS", "Preset", "PresetPlan", "ClaimCheck", "ReproduceReport", "plan_preset", "reproduce", "shard_variant"]
+__all__ = [
+    "DATASETS",
+    "PRESETS",
+    "Preset",
+    "PresetPlan",
+    "ClaimCheck",
+    "ReproduceReport",
+    "plan_preset",
+    "reproduce",
+    "shard_variant",
+]
 
 TUNE_GRID = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # lr candidates, on the evaluation clients
 QUICK_TUNE_GRID = (0.1, 1.0)
@@ -113,35 +131,59 @@ class ReproduceReport:
     comparison: Any  # p4bench.studies.compare.Comparison, or None when nothing finished
     claims: list[ClaimCheck]
     tuning: Any = None  # p4bench.studies.tune.TuneResult, or None when lr was not tuned
-    tuned_lr: dict[str, float] = field(default_factory=dict)  # tuning group (key, or "key @ partition") -> lr used
-    privacy: list[str] = field(default_factory=list)  # lines stating who is private, under which relation
-    extras: list[str] = field(default_factory=list)  # the preset's own lines (reference values, plots written)
-    tuning_plan: Any = None  # p4bench.studies.tune_scope.LrTuningPlan: which runs each tuning served
-    beside: Any = None  # the same runs on the other accuracy (`Preset.beside_metric`), printed beside
+    tuned_lr: dict[str, float] = field(
+        default_factory=dict
+    )  # tuning group (key, or "key @ partition") -> lr used
+    privacy: list[str] = field(
+        default_factory=list
+    )  # lines stating who is private, under which relation
+    extras: list[str] = field(
+        default_factory=list
+    )  # the preset's own lines (reference values, plots written)
+    tuning_plan: Any = (
+        None  # p4bench.studies.tune_scope.LrTuningPlan: which runs each tuning served
+    )
+    beside: Any = (
+        None  # the same runs on the other accuracy (`Preset.beside_metric`), printed beside
+    )
 
 
-def _dataset_choice(preset: Preset, requested: str | None, registry: Any, notices: list[str], check: bool) -> str:
+def _dataset_choice(
+    preset: Preset, requested: str | None, registry: Any, notices: list[str], check: bool
+) -> str:
     from p4bench.data.paths import data_dir
 
     dataset = requested or preset.datasets[0]
     cls = registry.get("dataset", dataset)  # unknown names fail with the registered list
     root = data_dir()
     if check and not cls().is_present(root):
-        notices.append(f"dataset '{dataset}' is not present in {root} (fetch it with `p4bench data download {dataset}`); "
-                       "falling back to digits")
+        notices.append(
+            f"dataset '{dataset}' is not present in {root} (fetch it with `p4bench data download {dataset}`); "
+            "falling back to digits"
+        )
         return "digits"
     if requested and requested not in preset.datasets:
-        notices.append(f"the paper ran '{preset.name}' on {', '.join(preset.datasets)}; running it on '{dataset}'")
+        notices.append(
+            f"the paper ran '{preset.name}' on {', '.join(preset.datasets)}; running it on '{dataset}'"
+        )
     return dataset
 
 
-def plan_preset(name: str, dataset: str | None = None, quick: bool = False, *, strict: bool = False,
-                registry: Any = None, overrides: Mapping[str, Any] | None = None,
-                only: Mapping[str, Sequence[Any]] | None = None, check_data: bool = True) -> PresetPlan:
+def plan_preset(
+    name: str,
+    dataset: str | None = None,
+    quick: bool = False,
+    *,
+    strict: bool = False,
+    registry: Any = None,
+    overrides: Mapping[str, Any] | None = None,
+    only: Mapping[str, Sequence[Any]] | None = None,
+    check_data: bool = True,
+) -> PresetPlan:
     """The runs of a preset: its sweep, the runs to do, notices, the dataset used and the
     plugins skipped because nobody registered them. `only` keeps the runs whose option
     takes one of the listed values (e.g. {"method": ["local", "p4"]})."""
-    from p4bench.plugin_manager import default_registry
+    from p4bench.host.manager import default_registry
 
     if name not in PRESETS:
         raise UsageError(f"unknown preset '{name}'; presets: {', '.join(PRESETS)}")
@@ -151,22 +193,44 @@ def plan_preset(name: str, dataset: str | None = None, quick: bool = False, *, s
     chosen = _dataset_choice(preset, dataset, registry, notices, check_data)
     settings = data_settings(chosen, quick)
     scale = QUICK if quick else FULL
-    base = {"dataset": chosen, "clients": settings["clients"], "samples_per_client": settings["samples_per_client"],
-            "rounds": scale["rounds"], "neighbouring": preset.neighbouring,
-            # a paper scored on a global test set: measure both, its metric the table's (`Preset.metric`)
-            **({"eval_set": "both"} if preset.eval_set == "global" else {}), **preset.base}
-    if preset.settings is not None:  # the preset's own data settings and scale (karras: K = 40, Table II)
+    base = {
+        "dataset": chosen,
+        "clients": settings["clients"],
+        "samples_per_client": settings["samples_per_client"],
+        "rounds": scale["rounds"],
+        "neighbouring": preset.neighbouring,
+        # a paper scored on a global test set: measure both, its metric the table's (`Preset.metric`)
+        **({"eval_set": "both"} if preset.eval_set == "global" else {}),
+        **preset.base,
+    }
+    if (
+        preset.settings is not None
+    ):  # the preset's own data settings and scale (karras: K = 40, Table II)
         base.update(preset.settings(chosen, quick))
     experiment = f"reproduce-{name}-{chosen}{'-quick' if quick else ''}"
-    per_method = preset.per_method_for(quick) if preset.per_method_for is not None else preset.per_method
-    spec = SweepSpec(experiment, base, {"seed": scale["seeds"]}, tuple(preset.variants(chosen, quick)), per_method)
+    per_method = (
+        preset.per_method_for(quick) if preset.per_method_for is not None else preset.per_method
+    )
+    spec = SweepSpec(
+        experiment,
+        base,
+        {"seed": scale["seeds"]},
+        tuple(preset.variants(chosen, quick)),
+        per_method,
+    )
     spec = spec.with_base(**dict(overrides or {}))
     runs, skipped = [], []
     planned = expand(spec)
-    kept = [run for run in planned if all(matches(run.config, key, values) for key, values in (only or {}).items())]
+    kept = [
+        run
+        for run in planned
+        if all(matches(run.config, key, values) for key, values in (only or {}).items())
+    ]
     if only:
         wanted = "; ".join(f"{k} in {{{', '.join(map(str, v))}}}" for k, v in only.items())
-        notices.append(f"restricted to {wanted}: {len(planned) - len(kept)} of {len(planned)} runs left out")
+        notices.append(
+            f"restricted to {wanted}: {len(planned) - len(kept)} of {len(planned)} runs left out"
+        )
     for run in kept:
         missing = unknown_names(run.config, registry)
         if missing and strict:
@@ -179,7 +243,9 @@ def plan_preset(name: str, dataset: str | None = None, quick: bool = False, *, s
         if not missing:
             runs.append(_undefended_without_attack(run))
     if skipped:
-        notices.append(f"not registered yet, their runs are skipped: {', '.join(skipped)} (use --strict to fail instead)")
+        notices.append(
+            f"not registered yet, their runs are skipped: {', '.join(skipped)} (use --strict to fail instead)"
+        )
     return PresetPlan(spec, runs, notices, chosen, skipped)
 
 
@@ -200,9 +266,15 @@ class PresetPlan:
     skipped: list[str]
 
 
-def plan_lr_tuning(preset: Preset, runs: Sequence[PlannedRun], experiment: str, grid: Sequence[float],
-                   rounds: int | None = None, tune_on: str = "evaluation-clients",
-                   scope: str = DEFAULT_TUNE_SCOPE) -> list[tuple[str, PlannedRun]]:
+def plan_lr_tuning(
+    preset: Preset,
+    runs: Sequence[PlannedRun],
+    experiment: str,
+    grid: Sequence[float],
+    rounds: int | None = None,
+    tune_on: str = "evaluation-clients",
+    scope: str = DEFAULT_TUNE_SCOPE,
+) -> list[tuple[str, PlannedRun]]:
     """(group, tuning run) for every lr of `grid` and every tuning group (`scope`,
     `p4bench.studies.tune_scope.plan_lr_groups`) of the runs, at the preset's `tune_at`."""
     return plan_lr_groups(preset.tune_at, runs, experiment, grid, rounds, tune_on, scope).planned
@@ -210,14 +282,24 @@ def plan_lr_tuning(preset: Preset, runs: Sequence[PlannedRun], experiment: str, 
 
 def apply_tuned_lr(runs: Sequence[PlannedRun], lrs: Mapping[str, float]) -> list[PlannedRun]:
     """The runs with each tuning key's lr (keys without one keep theirs)."""
-    return [PlannedRun(run.config.replace(lr=float(lrs[key])), run.tags) if key in lrs else run
-            for key, run in zip(tuning_keys(runs), runs)]
+    return [
+        PlannedRun(run.config.replace(lr=float(lrs[key])), run.tags) if key in lrs else run
+        for key, run in zip(tuning_keys(runs), runs)
+    ]
 
 
 def quick_claims(checks: Sequence[ClaimCheck]) -> list[ClaimCheck]:
     """A smoke run tests no claim: its yes / no become "not tested", figures kept."""
-    return [ClaimCheck(c.claim, "not tested", "quick smoke run" + (f"; figures: {c.detail}" if c.detail else ""))
-            if c.status in ("yes", "no") and c.training else c for c in checks]
+    return [
+        ClaimCheck(
+            c.claim,
+            "not tested",
+            "quick smoke run" + (f"; figures: {c.detail}" if c.detail else ""),
+        )
+        if c.status in ("yes", "no") and c.training
+        else c
+        for c in checks
+    ]
 
 
 def smoke_note(report: ReproduceReport) -> str | None:
@@ -226,11 +308,17 @@ def smoke_note(report: ReproduceReport) -> str | None:
     if not report.quick:
         return None
     rounds = sorted({run.config.rounds for run in report.sweep.planned})
-    scale = (f"{rounds[0]}" if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}") + " rounds" if rounds else "no runs"
+    scale = (
+        (f"{rounds[0]}" if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}") + " rounds"
+        if rounds
+        else "no runs"
+    )
     seeds = len({run.config.seed for run in report.sweep.planned})
-    return (f"smoke run (--quick: {scale}, {seeds} seed{'s' if seeds != 1 else ''}, shorter lists): not a test of the "
-            "paper's claims. A claim that needs training says \"not tested\" and shows its figures only; run without "
-            "--quick for verdicts.")
+    return (
+        f"smoke run (--quick: {scale}, {seeds} seed{'s' if seeds != 1 else ''}, shorter lists): not a test of the "
+        'paper\'s claims. A claim that needs training says "not tested" and shows its figures only; run without '
+        "--quick for verdicts."
+    )
 
 
 def claim_note(check: ClaimCheck, quick: bool) -> str:
@@ -241,14 +329,27 @@ def claim_note(check: ClaimCheck, quick: bool) -> str:
     return ""
 
 
-def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, backend: Any = None,
-              results_dir: str | None = None, tracking_uri: str | None = None, strict: bool = False,
-              progress: Any = None, overrides: Mapping[str, Any] | None = None,
-              only: Mapping[str, Sequence[Any]] | None = None,
-              on_notice: Callable[[str], None] | None = None, tune: bool = True,
-              tune_grid: Sequence[float] | None = None, tune_rounds: int | None = None,
-              tune_progress: Any = None, allow_mixed_privacy: bool = False,
-              tune_on: str = "evaluation-clients", tune_scope: str = DEFAULT_TUNE_SCOPE) -> ReproduceReport:
+def reproduce(
+    name: str,
+    dataset: str | None = None,
+    quick: bool = False,
+    *,
+    backend: Any = None,
+    results_dir: str | None = None,
+    tracking_uri: str | None = None,
+    strict: bool = False,
+    progress: Any = None,
+    overrides: Mapping[str, Any] | None = None,
+    only: Mapping[str, Sequence[Any]] | None = None,
+    on_notice: Callable[[str], None] | None = None,
+    tune: bool = True,
+    tune_grid: Sequence[float] | None = None,
+    tune_rounds: int | None = None,
+    tune_progress: Any = None,
+    allow_mixed_privacy: bool = False,
+    tune_on: str = "evaluation-clients",
+    tune_scope: str = DEFAULT_TUNE_SCOPE,
+) -> ReproduceReport:
     """Tune lr per method on the evaluation clients (alone, or with `tune_on="federation"`
     in the whole federation), per partition (`tune_scope`, `p4bench.studies.tune_scope`), run a
     preset (resuming finished runs), aggregate it from MLflow at equal privacy and check
@@ -256,8 +357,8 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     from pathlib import Path
 
     from p4bench.config import RunConfig
+    from p4bench.host.manager import default_registry
     from p4bench.options import validate_planned
-    from p4bench.plugin_manager import default_registry
     from p4bench.studies.compare import compare_experiment
     from p4bench.studies.results import tracking_uri_for
     from p4bench.studies.sweep import describe_run
@@ -267,14 +368,24 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
     check_tune_on(tune_on)
     check_tune_scope(tune_scope)
     plan = plan_preset(name, dataset, quick, strict=strict, overrides=overrides, only=only)
-    spec, runs, notices, chosen, skipped = plan.spec, plan.runs, plan.notices, plan.dataset, plan.skipped
+    spec, runs, notices, chosen, skipped = (
+        plan.spec,
+        plan.runs,
+        plan.notices,
+        plan.dataset,
+        plan.skipped,
+    )
     say = on_notice or (lambda text: None)
     for notice in notices:
         say(notice)
     base_dir = str(Path(results_dir or RunConfig.results_dir).resolve())
     uri = tracking_uri_for(tracking_uri, base_dir)
-    located = [PlannedRun(r.config.replace(results_dir=base_dir, tracking_uri=uri), r.tags) for r in runs]
-    validate_planned(located, default_registry(), describe_run)  # bad plugin options: before tuning starts
+    located = [
+        PlannedRun(r.config.replace(results_dir=base_dir, tracking_uri=uri), r.tags) for r in runs
+    ]
+    validate_planned(
+        located, default_registry(), describe_run
+    )  # bad plugin options: before tuning starts
     preset = PRESETS[name]
     tuning: Any = None
     tuning_plan: Any = None
@@ -284,45 +395,125 @@ def reproduce(name: str, dataset: str | None = None, quick: bool = False, *, bac
         notices.append("lr is set explicitly (--set lr=...): not tuned")
         say(notices[-1])
     elif tune and located:
-        grid = tuple(tune_grid or (preset.quick_tune_grid or QUICK_TUNE_GRID if quick else preset.tune_grid or TUNE_GRID))
-        tuning_plan = plan_lr_groups(preset.tune_at, located, f"{spec.name}-tune", grid, tune_rounds, tune_on, tune_scope)
-        tuning, tuned_lr = _tune_lr(preset, spec, tuning_plan, grid, backend, base_dir, uri, tune_rounds,
-                                    tune_progress, allow_mixed_privacy, say, notices)
+        grid = tuple(
+            tune_grid
+            or (
+                preset.quick_tune_grid or QUICK_TUNE_GRID
+                if quick
+                else preset.tune_grid or TUNE_GRID
+            )
+        )
+        tuning_plan = plan_lr_groups(
+            preset.tune_at, located, f"{spec.name}-tune", grid, tune_rounds, tune_on, tune_scope
+        )
+        tuning, tuned_lr = _tune_lr(
+            preset,
+            spec,
+            tuning_plan,
+            grid,
+            backend,
+            base_dir,
+            uri,
+            tune_rounds,
+            tune_progress,
+            allow_mixed_privacy,
+            say,
+            notices,
+        )
         located = tuning_plan.apply(tuned_lr)
     elif not tune:
-        notices.append(f"lr not tuned (--no-tune): every method at lr={located[0].config.lr:g}" if located else
-                       "lr not tuned (--no-tune)")
+        notices.append(
+            f"lr not tuned (--no-tune): every method at lr={located[0].config.lr:g}"
+            if located
+            else "lr not tuned (--no-tune)"
+        )
         say(notices[-1])
-    report = run_sweep(spec, backend, results_dir=base_dir, tracking_uri=uri, progress=progress, planned=located,
-                       allow_mixed_privacy=allow_mixed_privacy)
+    report = run_sweep(
+        spec,
+        backend,
+        results_dir=base_dir,
+        tracking_uri=uri,
+        progress=progress,
+        planned=located,
+        allow_mixed_privacy=allow_mixed_privacy,
+    )
     context = ClaimContext(chosen, quick, tuple(skipped))
     hashes = [r.config_hash for r in located]
     comparison: Any = None
     beside: Any = None
     try:
-        comparison = compare_experiment(uri, spec.name, list(preset.group_by), preset.metric, config_hashes=hashes,
-                                        allow_mixed_privacy=allow_mixed_privacy)
-        beside = compare_experiment(uri, spec.name, list(preset.group_by), preset.beside_metric, config_hashes=hashes,
-                                    allow_mixed_privacy=allow_mixed_privacy) if preset.eval_set == "global" else None
+        comparison = compare_experiment(
+            uri,
+            spec.name,
+            list(preset.group_by),
+            preset.metric,
+            config_hashes=hashes,
+            allow_mixed_privacy=allow_mixed_privacy,
+        )
+        beside = (
+            compare_experiment(
+                uri,
+                spec.name,
+                list(preset.group_by),
+                preset.beside_metric,
+                config_hashes=hashes,
+                allow_mixed_privacy=allow_mixed_privacy,
+            )
+            if preset.eval_set == "global"
+            else None
+        )
     except UnequalPrivacyError:
         raise
     except UsageError as exc:
         notices.append(str(exc))
         comparison = beside = None
-    checks = preset.claims(comparison.table, context) if comparison is not None else [
-        ClaimCheck("every claim of this preset", "not checked", "no run finished")]
+    checks = (
+        preset.claims(comparison.table, context)
+        if comparison is not None
+        else [ClaimCheck("every claim of this preset", "not checked", "no run finished")]
+    )
     if quick:
         checks = quick_claims(checks)
     privacy = _privacy_lines(preset, spec, comparison, located) + tuning_lines(tuning)
-    extras = preset.report(comparison.table if comparison is not None else None, context, Path(base_dir), spec.name) \
-        if preset.report is not None else []
-    return ReproduceReport(preset, chosen, quick, spec.name, notices + report.notices, report, comparison, checks,
-                           tuning, tuned_lr, privacy, extras, tuning_plan, beside)
+    extras = (
+        preset.report(
+            comparison.table if comparison is not None else None, context, Path(base_dir), spec.name
+        )
+        if preset.report is not None
+        else []
+    )
+    return ReproduceReport(
+        preset,
+        chosen,
+        quick,
+        spec.name,
+        notices + report.notices,
+        report,
+        comparison,
+        checks,
+        tuning,
+        tuned_lr,
+        privacy,
+        extras,
+        tuning_plan,
+        beside,
+    )
 
 
-def _tune_lr(preset: Preset, spec: SweepSpec, plan: Any, grid: Sequence[float], backend: Any, base_dir: str, uri: str,
-             rounds: int | None, progress: Any, allow_mixed: bool, say: Callable[[str], None],
-             notices: list[str]) -> tuple[Any, dict[str, float]]:
+def _tune_lr(
+    preset: Preset,
+    spec: SweepSpec,
+    plan: Any,
+    grid: Sequence[float],
+    backend: Any,
+    base_dir: str,
+    uri: str,
+    rounds: int | None,
+    progress: Any,
+    allow_mixed: bool,
+    say: Callable[[str], None],
+    notices: list[str],
+) -> tuple[Any, dict[str, float]]:
     """Run the tuning runs of `plan` (a `p4bench.studies.tune_scope.LrTuningPlan`, p4bench.studies.tune);
     (TuneResult, tuning group -> chosen lr)."""
     from p4bench.studies.tune import TuneSpec, tune_planned
@@ -335,29 +526,52 @@ def _tune_lr(preset: Preset, spec: SweepSpec, plan: Any, grid: Sequence[float], 
     if plan.scope == PARTITION:
         where = f"each partition's {'evaluation clients alone' if alone else 'whole federation'} ({partition_shape(plan)}"
     else:
-        at = ", ".join(f"{k}={v}" for k, v in preset.tune_at.items()) or "each method's first setting"
+        at = (
+            ", ".join(f"{k}={v}" for k, v in preset.tune_at.items())
+            or "each method's first setting"
+        )
         where = f"the {'evaluation clients alone' if alone else 'whole federation'} ({at}, seed {plan.groups[0].run.config.seed}"
-    notices.append(f"tuning lr over {', '.join(f'{v:g}' for v in grid)} for {', '.join(keys)} on {where}, {scale}; "
-                   f"{len(plan.planned)} tuning runs, experiment '{experiment}')")
+    notices.append(
+        f"tuning lr over {', '.join(f'{v:g}' for v in grid)} for {', '.join(keys)} on {where}, {scale}; "
+        f"{len(plan.planned)} tuning runs, experiment '{experiment}')"
+    )
     say(notices[-1])
     seeds_used = tuple(sorted({group.run.config.seed for group in plan.groups}))
-    tune_spec = TuneSpec(experiment, dict(spec.base), {group.name: {"lr": tuple(grid)} for group in plan.groups},
-                         seeds_used, tune_on=plan.tune_on)
-    result = tune_planned(tune_spec, plan.planned, backend, results_dir=base_dir, tracking_uri=uri, progress=progress,
-                          allow_mixed_privacy=allow_mixed)
+    tune_spec = TuneSpec(
+        experiment,
+        dict(spec.base),
+        {group.name: {"lr": tuple(grid)} for group in plan.groups},
+        seeds_used,
+        tune_on=plan.tune_on,
+    )
+    result = tune_planned(
+        tune_spec,
+        plan.planned,
+        backend,
+        results_dir=base_dir,
+        tracking_uri=uri,
+        progress=progress,
+        allow_mixed_privacy=allow_mixed,
+    )
     if plan.scope == PARTITION:
         result.scope = scope_note(plan) or result.scope
     elif alone:
-        result.scope += f"; --tune-scope {PARTITION} tunes every partition on its own evaluation clients"
+        result.scope += (
+            f"; --tune-scope {PARTITION} tunes every partition on its own evaluation clients"
+        )
     lrs = {name: float(values["lr"]) for name, values in result.best.items()}
     for group in plan.groups:
         if group.name not in lrs:
-            notices.append(f"no tuning run of {group.name} finished: its runs keep lr={group.run.config.lr:g}")
+            notices.append(
+                f"no tuning run of {group.name} finished: its runs keep lr={group.run.config.lr:g}"
+            )
             say(notices[-1])
     return result, lrs
 
 
-def _privacy_lines(preset: Preset, spec: SweepSpec, comparison: Any, runs: Sequence[PlannedRun]) -> list[str]:
+def _privacy_lines(
+    preset: Preset, spec: SweepSpec, comparison: Any, runs: Sequence[PlannedRun]
+) -> list[str]:
     """Who is private, under which relation, epsilon and delta; which baselines are not."""
     from p4bench.studies.tune_federation import deltas_text
 
@@ -373,9 +587,12 @@ def _privacy_lines(preset: Preset, spec: SweepSpec, comparison: Any, runs: Seque
     accountants = sorted({c.accountant for c in private})
     delta = deltas_text(verdict.runs) if verdict is not None else ""
     if relation and private:
-        lines.append(f"one neighbouring relation for the preset: {relation}; target epsilon "
-                     f"{', '.join(f'{e:g}' for e in epsilons) if epsilons else '-'}" + (f", {delta}" if delta else "")
-                     + (f" (accountant {', '.join(accountants)})" if accountants else ""))
+        lines.append(
+            f"one neighbouring relation for the preset: {relation}; target epsilon "
+            f"{', '.join(f'{e:g}' for e in epsilons) if epsilons else '-'}"
+            + (f", {delta}" if delta else "")
+            + (f" (accountant {', '.join(accountants)})" if accountants else "")
+        )
     if preset.baselines:
         lines.append(preset.baselines)
     return lines

@@ -18,7 +18,14 @@ from p4bench.errors import UsageError
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["tracking_uri_for", "store_client", "ensure_experiment", "load_runs", "finished_runs", "TUNING_TAG"]
+__all__ = [
+    "tracking_uri_for",
+    "store_client",
+    "ensure_experiment",
+    "load_runs",
+    "finished_runs",
+    "TUNING_TAG",
+]
 
 TUNING_TAG = "tuning"  # "true" on tuning runs (reported clients' test splits withheld)
 _PAGE = 1000
@@ -28,7 +35,7 @@ def tracking_uri_for(tracking_uri: str | None, results_dir: str) -> str:
     """The URI runs are logged to: the explicit one, else $MLFLOW_TRACKING_URI, else the
     SQLite store in `results_dir` (as the tracker does), with the folder made absolute so
     that worker processes and Ray workers write to the same store."""
-    from p4bench.tracking import default_tracking_uri
+    from p4bench.tracking.tracker import default_tracking_uri
 
     return tracking_uri or default_tracking_uri(str(Path(results_dir).resolve()))
 
@@ -62,15 +69,18 @@ def ensure_experiment(uri: str, name: str) -> str:
 def _runs(client: Any, experiment_id: str, filter_string: str) -> Iterable[Any]:
     token = None
     while True:
-        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=_PAGE, page_token=token)
+        page = client.search_runs(
+            [experiment_id], filter_string=filter_string, max_results=_PAGE, page_token=token
+        )
         yield from page
         token = page.token
         if not token:
             return
 
 
-def load_runs(uri: str, experiment: str, statuses: tuple[str, ...] = ("FINISHED",),
-              required: bool = True) -> pd.DataFrame:
+def load_runs(
+    uri: str, experiment: str, statuses: tuple[str, ...] = ("FINISHED",), required: bool = True
+) -> pd.DataFrame:
     """A pandas DataFrame of the experiment's runs with one of `statuses`.
 
     Columns: run_id, status, start_time, every tag, `params.<name>`, `metrics.<name>`.
@@ -85,11 +95,17 @@ def load_runs(uri: str, experiment: str, statuses: tuple[str, ...] = ("FINISHED"
             raise UsageError(f"no MLflow experiment named '{experiment}' at {uri}")
         return pd.DataFrame()
     rows = []
-    clause = f"attributes.status = '{statuses[0]}'" if len(statuses) == 1 else ""  # else filtered below
+    clause = (
+        f"attributes.status = '{statuses[0]}'" if len(statuses) == 1 else ""
+    )  # else filtered below
     for run in _runs(client, found.experiment_id, clause):
         if run.info.status not in statuses:
             continue
-        row: dict[str, Any] = {"run_id": run.info.run_id, "status": run.info.status, "start_time": run.info.start_time}
+        row: dict[str, Any] = {
+            "run_id": run.info.run_id,
+            "status": run.info.status,
+            "start_time": run.info.start_time,
+        }
         row.update({k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")})
         row.update({f"params.{k}": v for k, v in run.data.params.items()})
         row.update({f"metrics.{k}": v for k, v in run.data.metrics.items()})

@@ -51,12 +51,29 @@ from p4bench.errors import ConfigError, UsageError
 from p4bench.options import validate_planned
 from p4bench.run.interrupts import graceful_interrupts, say
 from p4bench.studies.backends import Backend, LocalBackend, RunRecord, RunTask
-from p4bench.studies.sweep_plan import LABEL, PlannedRun, SweepSpec, apply_option, describe_run, option_key  # re-exported
+from p4bench.studies.sweep_plan import (
+    LABEL,
+    PlannedRun,
+    SweepSpec,
+    apply_option,
+    describe_run,
+    option_key,
+)  # re-exported
 from p4bench.studies.sweep_privacy import study_privacy, uncertified_notice
 
 __all__ = [
-    "SweepSpec", "PlannedRun", "SweepReport", "SweepInterrupted", "load_sweep", "parse_sweep", "expand", "run_sweep",
-    "unknown_names", "option_key", "apply_option", "describe_run",
+    "SweepSpec",
+    "PlannedRun",
+    "SweepReport",
+    "SweepInterrupted",
+    "load_sweep",
+    "parse_sweep",
+    "expand",
+    "run_sweep",
+    "unknown_names",
+    "option_key",
+    "apply_option",
+    "describe_run",
 ]
 
 _SPEC_KEYS = ("name", "base", "axes", "variants", "include", "per_method")
@@ -80,7 +97,9 @@ def parse_sweep(data: Any, source: str = "sweep", folder: Path | None = None) ->
         raise UsageError(f"{source} must hold a mapping with keys {', '.join(_SPEC_KEYS)}")
     unknown = sorted(set(map(str, data)) - set(_SPEC_KEYS))
     if unknown:
-        raise UsageError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(_SPEC_KEYS)}")
+        raise UsageError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(_SPEC_KEYS)}"
+        )
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
         raise UsageError(f"{source}: 'name' (the MLflow experiment) must be a non-empty string")
@@ -96,12 +115,20 @@ def parse_sweep(data: Any, source: str = "sweep", folder: Path | None = None) ->
     per_method: dict[str, dict[str, Any]] = {}
     includes = data.get("include") or []
     for include in [includes] if isinstance(includes, (str, Path)) else includes:
-        target = Path(include) if folder is None or Path(include).is_absolute() else folder / include
+        target = (
+            Path(include) if folder is None or Path(include).is_absolute() else folder / include
+        )
         for method, tuned in load_tuned(target).items():
             per_method.setdefault(method, {}).update(tuned)
     for method, values in _mapping(data.get("per_method"), f"{source}: per_method").items():
-        per_method.setdefault(str(method), {}).update(_mapping(values, f"{source}: per_method.{method}"))
-    for key in [*base, *(k for v in variants for k in v if k != LABEL), *(k for v in per_method.values() for k in v)]:
+        per_method.setdefault(str(method), {}).update(
+            _mapping(values, f"{source}: per_method.{method}")
+        )
+    for key in [
+        *base,
+        *(k for v in variants for k in v if k != LABEL),
+        *(k for v in per_method.values() for k in v),
+    ]:
         option_key(key)
     return SweepSpec(name.strip(), base, axes, tuple(variants), per_method)
 
@@ -114,7 +141,9 @@ def load_tuned(path: str | Path) -> dict[str, dict[str, Any]]:
     data = yaml.safe_load(path.read_text()) or {}
     tuned = data.get("tuned") if isinstance(data, Mapping) else None
     if not isinstance(tuned, Mapping):
-        raise UsageError(f"{path} has no 'tuned' mapping of method -> options (written by p4bench tune)")
+        raise UsageError(
+            f"{path} has no 'tuned' mapping of method -> options (written by p4bench tune)"
+        )
     return {str(m): dict(_mapping(v, f"{path}: tuned.{m}")) for m, v in tuned.items()}
 
 
@@ -135,7 +164,9 @@ def _combinations(grid: Mapping[str, Any]) -> list[list[tuple[str, Any]]]:
     return [list(combo) for combo in itertools.product(*items)]
 
 
-def expand(spec: SweepSpec, overrides: Mapping[str, Any] | None = None, registry: Any = None) -> list[PlannedRun]:
+def expand(
+    spec: SweepSpec, overrides: Mapping[str, Any] | None = None, registry: Any = None
+) -> list[PlannedRun]:
     """Every run of the sweep in a stable order (variants, then axes), duplicates removed.
 
     `overrides` (results_dir, tracking_uri, ...) apply to every run after everything else.
@@ -151,7 +182,10 @@ def expand(spec: SweepSpec, overrides: Mapping[str, Any] | None = None, registry
         for variant_combo in _combinations(grid):
             for axes_combo in _combinations(spec.axes):
                 config = _config(spec, axes_combo, variant_combo, overrides or {})
-                tags = {"sweep": spec.name, **({"variant": str(label)} if label is not None else {})}
+                tags = {
+                    "sweep": spec.name,
+                    **({"variant": str(label)} if label is not None else {}),
+                }
                 combos.append((config, tags))
     configs, _, _ = settle_relation([c for c, _ in combos], registry)
     planned: list[PlannedRun] = []
@@ -165,14 +199,24 @@ def expand(spec: SweepSpec, overrides: Mapping[str, Any] | None = None, registry
     return planned
 
 
-def _config(spec: SweepSpec, axes_combo: Iterable[tuple[str, Any]], variant_combo: Iterable[tuple[str, Any]],
-            overrides: Mapping[str, Any]) -> RunConfig:
+def _config(
+    spec: SweepSpec,
+    axes_combo: Iterable[tuple[str, Any]],
+    variant_combo: Iterable[tuple[str, Any]],
+    overrides: Mapping[str, Any],
+) -> RunConfig:
     probe: dict[str, Any] = {}
     for key, value in [*spec.base.items(), *axes_combo, *variant_combo]:
         apply_option(probe, key, value)
     method = probe.get("method", RunConfig.method)
     values: dict[str, Any] = {}
-    layers = [spec.base.items(), spec.per_method.get(str(method), {}).items(), axes_combo, variant_combo, overrides.items()]
+    layers = [
+        spec.base.items(),
+        spec.per_method.get(str(method), {}).items(),
+        axes_combo,
+        variant_combo,
+        overrides.items(),
+    ]
     for key, value in itertools.chain(*layers):
         apply_option(values, key, value)
     values["experiment"] = spec.name
@@ -180,13 +224,21 @@ def _config(spec: SweepSpec, axes_combo: Iterable[tuple[str, Any]], variant_comb
         return RunConfig(**values)
     except ConfigError as exc:
         described = ", ".join(f"{k}={v}" for k, v in [*axes_combo, *variant_combo]) or "base"
-        raise ConfigError(exc.field, f"{str(exc).split(': ', 1)[-1]} (in the run {described})") from None
+        raise ConfigError(
+            exc.field, f"{str(exc).split(': ', 1)[-1]} (in the run {described})"
+        ) from None
 
 
 def unknown_names(config: RunConfig, registry: Any) -> list[tuple[str, str]]:
     """(kind, name) of every plugin the config names that is not registered."""
-    wanted = [("method", config.method), ("dataset", config.dataset), ("partitioner", config.partitioner),
-              ("model", config.model), ("runtime", config.runtime), ("accountant", config.accountant)]
+    wanted = [
+        ("method", config.method),
+        ("dataset", config.dataset),
+        ("partitioner", config.partitioner),
+        ("model", config.model),
+        ("runtime", config.runtime),
+        ("accountant", config.accountant),
+    ]
     if config.attack:
         wanted.append(("attack", config.attack))
     if config.defense not in (None, "none"):
@@ -246,8 +298,11 @@ class SweepReport:
     @property
     def untracked(self) -> list[tuple[PlannedRun, RunRecord]]:
         """Runs that finished but did not reach MLflow (kept locally; a resume runs them again)."""
-        return [(p, r) for p, r in zip(self.planned, self.records)
-                if r.status == "finished" and r.summary.get("tracked") is False]
+        return [
+            (p, r)
+            for p, r in zip(self.planned, self.records)
+            if r.status == "finished" and r.summary.get("tracked") is False
+        ]
 
     @property
     def trained(self) -> int:
@@ -276,35 +331,54 @@ def run_sweep(
     runs whose attack or defense cannot be used with their method are listed as
     incompatible and not run.
     """
-    from p4bench.plugin_manager import DISABLE_AUTOLOAD_ENV, default_registry
+    from p4bench.host.manager import DISABLE_AUTOLOAD_ENV, default_registry
     from p4bench.studies.results import ensure_experiment, finished_runs, tracking_uri_for
 
     registry = registry or default_registry()
     backend = backend or LocalBackend()
     progress = progress or Progress()
-    base_dir = str(Path(results_dir or spec.base.get("results_dir") or spec.base.get("results-dir")
-                        or RunConfig.results_dir).resolve())
-    uri = tracking_uri_for(tracking_uri or spec.base.get("tracking_uri") or spec.base.get("tracking-uri"), base_dir)
+    base_dir = str(
+        Path(
+            results_dir
+            or spec.base.get("results_dir")
+            or spec.base.get("results-dir")
+            or RunConfig.results_dir
+        ).resolve()
+    )
+    uri = tracking_uri_for(
+        tracking_uri or spec.base.get("tracking_uri") or spec.base.get("tracking-uri"), base_dir
+    )
     if planned is None:
         planned = expand(spec, {"results_dir": base_dir, "tracking_uri": uri}, registry)
     planned = list(planned)
     for run in planned:
         for kind, name in unknown_names(run.config, registry):
             registry.get(kind, name)  # raises UnknownNameError with the registered names
-    validate_planned(planned, registry, describe_run)  # every run's plugin options, before the first starts
-    notices: list[str] = study_privacy(spec, planned, registry, allow_mixed=allow_mixed_privacy,
-                                       what=f"{'tuning' if tuning else 'sweep'} '{spec.name}'")
+    validate_planned(
+        planned, registry, describe_run
+    )  # every run's plugin options, before the first starts
+    notices: list[str] = study_privacy(
+        spec,
+        planned,
+        registry,
+        allow_mixed=allow_mixed_privacy,
+        what=f"{'tuning' if tuning else 'sweep'} '{spec.name}'",
+    )
     done: dict[tuple[str, bool], dict[str, Any]] = {}
     if track:
         try:
             ensure_experiment(uri, spec.name)
             done = finished_runs(uri, spec.name)
         except Exception as exc:  # noqa: BLE001 - an unreachable store must not stop the sweep
-            notices.append(f"MLflow store {uri} not usable ({type(exc).__name__}: {str(exc)[:200]}); "
-                           "finished runs cannot be skipped, results are kept locally")
+            notices.append(
+                f"MLflow store {uri} not usable ({type(exc).__name__}: {str(exc)[:200]}); "
+                "finished runs cannot be skipped, results are kept locally"
+            )
     if getattr(backend, "address", None) and uri.startswith("sqlite:"):
-        notices.append(f"Ray workers on other machines log to their own copy of {uri}; give a shared MLflow server "
-                       "(--tracking-uri http://...) or a path on a shared filesystem")
+        notices.append(
+            f"Ray workers on other machines log to their own copy of {uri}; give a shared MLflow server "
+            "(--tracking-uri http://...) or a path on a shared filesystem"
+        )
     autoload = not os.environ.get(DISABLE_AUTOLOAD_ENV)
     records: list[RunRecord | None] = [None] * len(planned)
     tasks: list[RunTask] = []
@@ -316,13 +390,20 @@ def run_sweep(
             continue
         reason = _incompatibility(run.config, registry)
         if reason:
-            records[index] = RunRecord(run.config_hash, "incompatible", error=reason, tags=dict(run.tags))
+            records[index] = RunRecord(
+                run.config_hash, "incompatible", error=reason, tags=dict(run.tags)
+            )
             continue
-        tasks.append(RunTask(run.config.to_dict(), dict(run.tags), tuning=tuning, track=track, autoload=autoload))
+        tasks.append(
+            RunTask(
+                run.config.to_dict(), dict(run.tags), tuning=tuning, track=track, autoload=autoload
+            )
+        )
         positions.append(index)
     progress.start(len(planned), len(planned) - len(tasks))
     with graceful_interrupts(always=True, notice=say):
         try:
+
             def on_done(task_index: int, record: RunRecord) -> None:
                 index = positions[task_index]
                 records[index] = record
@@ -333,7 +414,9 @@ def run_sweep(
             progress.stop()
     lost = [i for i, r in enumerate(records) if r is None]
     for index in lost:  # a backend that returned without an answer for some run
-        records[index] = RunRecord(planned[index].config_hash, "failed", error="no result came back")
+        records[index] = RunRecord(
+            planned[index].config_hash, "failed", error="no result came back"
+        )
     report = SweepReport(spec.name, uri, planned, records, notices)  # type: ignore[arg-type]
     if report.count("interrupted"):
         raise SweepInterrupted(report)
@@ -352,16 +435,26 @@ class SweepInterrupted(KeyboardInterrupt):
     def __init__(self, report: SweepReport) -> None:
         self.report = report
         done = sum(report.count(s) for s in ("finished", "skipped", "incompatible"))
-        resumable = sum(1 for r in report.records if r.status == "interrupted" and r.error != "not started")
-        self.text = (f"sweep '{report.name}' interrupted: {done} of {len(report.records)} runs done"
-                     + (f", {resumable} stopped with a checkpoint" if resumable else "")
-                     + "; run the same sweep again to go on (finished runs are skipped, checkpoints resumed)")
+        resumable = sum(
+            1 for r in report.records if r.status == "interrupted" and r.error != "not started"
+        )
+        self.text = (
+            f"sweep '{report.name}' interrupted: {done} of {len(report.records)} runs done"
+            + (f", {resumable} stopped with a checkpoint" if resumable else "")
+            + "; run the same sweep again to go on (finished runs are skipped, checkpoints resumed)"
+        )
         super().__init__(self.text)
 
 
 def _skipped(run: PlannedRun, row: Mapping[str, Any]) -> RunRecord:
-    from p4bench.tracking_attempts import finished_summary
+    from p4bench.studies.attempts import finished_summary
 
     summary, evaluation = finished_summary(run.config, row)
-    return RunRecord(run.config_hash, "skipped", summary=summary, evaluation_accuracy=evaluation,
-                     mlflow_run_id=row.get("run_id"), tags=dict(run.tags))
+    return RunRecord(
+        run.config_hash,
+        "skipped",
+        summary=summary,
+        evaluation_accuracy=evaluation,
+        mlflow_run_id=row.get("run_id"),
+        tags=dict(run.tags),
+    )

@@ -25,8 +25,11 @@ def option_key(key: str) -> str:
     if name.startswith("options."):
         return "options." + str(key)[len("options.") :]
     if name not in FIELD_NAMES:
-        raise ConfigError(str(key), f"unknown run option; valid options: {', '.join(FIELD_NAMES)}, "
-                                    "or options.<name> for a plugin option")
+        raise ConfigError(
+            str(key),
+            f"unknown run option; valid options: {', '.join(FIELD_NAMES)}, "
+            "or options.<name> for a plugin option",
+        )
     return name
 
 
@@ -37,7 +40,9 @@ def apply_option(values: dict[str, Any], key: str, value: Any) -> None:
         values.setdefault("options", {})[name[len("options.") :]] = value
     elif name == "options":
         if not isinstance(value, Mapping):
-            raise ConfigError("options", f"must be a mapping of option names to values, got {value!r}")
+            raise ConfigError(
+                "options", f"must be a mapping of option names to values, got {value!r}"
+            )
         values.setdefault("options", {}).update(value)
     elif name in _OPTIONAL and isinstance(value, str) and value.strip().lower() in ("none", "null"):
         values[name] = None
@@ -88,7 +93,11 @@ def describe_run(planned: PlannedRun, keys: Sequence[str] = ()) -> str:
             parts.append(planned.tags[tag])
     for key in keys:
         name = option_key(key)
-        value = c.options.get(name[len("options."):]) if name.startswith("options.") else getattr(c, name)
+        value = (
+            c.options.get(name[len("options.") :])
+            if name.startswith("options.")
+            else getattr(c, name)
+        )
         parts.append(f"{key}={value}")
     parts.append(f"seed={c.seed}")
     return " ".join(parts)

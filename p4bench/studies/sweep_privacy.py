@@ -18,24 +18,42 @@ __all__ = ["names_relation", "record_privacy", "study_privacy", "uncertified_not
 
 def names_relation(spec: SweepSpec) -> bool:
     """Whether the sweep file names a neighbouring relation anywhere."""
-    keys = [*spec.base, *spec.axes, *(k for v in spec.variants for k in v), *(k for v in spec.per_method.values() for k in v)]
+    keys = [
+        *spec.base,
+        *spec.axes,
+        *(k for v in spec.variants for k in v),
+        *(k for v in spec.per_method.values() for k in v),
+    ]
     return any(str(k).replace("-", "_") == "neighbouring" for k in keys)
 
 
-def study_privacy(spec: SweepSpec, planned: Sequence[PlannedRun], registry: Any = None, *,
-                  allow_mixed: bool = False, what: str | None = None) -> list[str]:
+def study_privacy(
+    spec: SweepSpec,
+    planned: Sequence[PlannedRun],
+    registry: Any = None,
+    *,
+    allow_mixed: bool = False,
+    what: str | None = None,
+) -> list[str]:
     """Check before anything trains that the private runs share one neighbouring relation
     (UsageError naming the runs otherwise, unless `allow_mixed`); the notices to show."""
     statuses = [from_config(run.config, describe_run(run), registry) for run in planned]
-    verdict = check_privacy(statuses, allow_mixed=allow_mixed, what=what or f"sweep '{spec.name}'", certification=False)
+    verdict = check_privacy(
+        statuses, allow_mixed=allow_mixed, what=what or f"sweep '{spec.name}'", certification=False
+    )
     if not any(s.private for s in statuses):
         return []
     if verdict.relation is None:
         return [verdict.warning or ""]
-    origin = ("named by the study" if names_relation(spec) else
-              "the study default, as the study names none; set `neighbouring` in its base to choose")
-    return [f"one neighbouring relation for every private run of this study: {verdict.relation} ({origin}); "
-            + verdict.note(certification=False)]  # certification is known once the runs ran
+    origin = (
+        "named by the study"
+        if names_relation(spec)
+        else "the study default, as the study names none; set `neighbouring` in its base to choose"
+    )
+    return [
+        f"one neighbouring relation for every private run of this study: {verdict.relation} ({origin}); "
+        + verdict.note(certification=False)
+    ]  # certification is known once the runs ran
 
 
 def uncertified_notice(planned: Sequence[PlannedRun], records: Sequence[RunRecord]) -> str | None:
@@ -43,7 +61,9 @@ def uncertified_notice(planned: Sequence[PlannedRun], records: Sequence[RunRecor
     statuses = [record_privacy(p, r) for p, r in zip(planned, records)]
     verdict = check_privacy([s for s in statuses if s is not None], allow_mixed=True)
     bad = [p for p in verdict.problems if p.startswith("uncertified")]
-    return f"{bad[0]}; tables of these runs are refused unless --allow-mixed-privacy" if bad else None
+    return (
+        f"{bad[0]}; tables of these runs are refused unless --allow-mixed-privacy" if bad else None
+    )
 
 
 def record_privacy(planned: PlannedRun, record: RunRecord) -> RunPrivacy | None:

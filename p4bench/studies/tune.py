@@ -64,11 +64,34 @@ import yaml
 from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 from p4bench.studies.backends import Backend
-from p4bench.studies.sweep import PlannedRun, ProgressSink, SweepReport, SweepSpec, expand, option_key, run_sweep
-from p4bench.studies.tune_federation import DEFAULT_TUNE_ON, check_tune_on, tuning_config, tuning_note, tuning_tags
+from p4bench.studies.sweep import (
+    PlannedRun,
+    ProgressSink,
+    SweepReport,
+    SweepSpec,
+    expand,
+    option_key,
+    run_sweep,
+)
+from p4bench.studies.tune_federation import (
+    DEFAULT_TUNE_ON,
+    check_tune_on,
+    tuning_config,
+    tuning_note,
+    tuning_tags,
+)
 
-__all__ = ["TuneSpec", "TuneResult", "PointScore", "load_tune", "parse_tune", "plan_tuning", "run_tuning",
-           "write_tuned", "SELECTION_METRIC"]
+__all__ = [
+    "TuneSpec",
+    "TuneResult",
+    "PointScore",
+    "load_tune",
+    "parse_tune",
+    "plan_tuning",
+    "run_tuning",
+    "write_tuned",
+    "SELECTION_METRIC",
+]
 
 SELECTION_METRIC = "accuracy_evaluation_mean"
 _KEYS = ("name", "base", "seeds", "grid", "methods", "tune_on")
@@ -80,8 +103,12 @@ class TuneSpec:
     base: Mapping[str, Any]
     grids: Mapping[str, Mapping[str, tuple[Any, ...]]]  # method -> option -> values
     seeds: tuple[int, ...] = (0,)
-    shared: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # the file's `grid`, for other methods
-    tune_on: str = DEFAULT_TUNE_ON  # evaluation-clients | federation (p4bench.studies.tune_federation)
+    shared: Mapping[str, tuple[Any, ...]] = field(
+        default_factory=dict
+    )  # the file's `grid`, for other methods
+    tune_on: str = (
+        DEFAULT_TUNE_ON  # evaluation-clients | federation (p4bench.studies.tune_federation)
+    )
 
 
 @dataclass
@@ -89,7 +116,9 @@ class PointScore:
     values: dict[str, Any]
     scores: list[float] = field(default_factory=list)  # one per seed that finished
     failed: int = 0
-    marks: list[str] = field(default_factory=list)  # privacy marks of its runs (see p4bench.studies.equal_privacy)
+    marks: list[str] = field(
+        default_factory=list
+    )  # privacy marks of its runs (see p4bench.studies.equal_privacy)
 
     @property
     def privacy(self) -> str:
@@ -130,7 +159,9 @@ def parse_tune(data: Any, source: str = "tuning spec") -> TuneSpec:
         raise UsageError(f"{source} must hold a mapping with keys {', '.join(_KEYS)}")
     unknown = sorted(set(map(str, data)) - set(_KEYS))
     if unknown:
-        raise UsageError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(_KEYS)}")
+        raise UsageError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(_KEYS)}"
+        )
     shared = _grid(data.get("grid"), f"{source}: grid")
     methods = data.get("methods")
     if isinstance(methods, str):
@@ -139,7 +170,9 @@ def parse_tune(data: Any, source: str = "tuning spec") -> TuneSpec:
         methods = {m: None for m in methods}
     if not isinstance(methods, Mapping) or not methods:
         raise UsageError(f"{source}: 'methods' must list the methods to tune")
-    grids = {str(m): {**shared, **_grid(own, f"{source}: methods.{m}")} for m, own in methods.items()}
+    grids = {
+        str(m): {**shared, **_grid(own, f"{source}: methods.{m}")} for m, own in methods.items()
+    }
     for method, grid in grids.items():
         if not grid:
             raise UsageError(f"{source}: method '{method}' has nothing to tune (give a grid)")
@@ -173,10 +206,16 @@ def _grid(value: Any, what: str) -> dict[str, tuple[Any, ...]]:
 
 def _value(config: RunConfig, key: str) -> Any:
     name = option_key(key)
-    return config.options.get(name[len("options."):]) if name.startswith("options.") else getattr(config, name)
+    return (
+        config.options.get(name[len("options.") :])
+        if name.startswith("options.")
+        else getattr(config, name)
+    )
 
 
-def plan_tuning(spec: TuneSpec, overrides: Mapping[str, Any] | None = None) -> list[tuple[str, PlannedRun]]:
+def plan_tuning(
+    spec: TuneSpec, overrides: Mapping[str, Any] | None = None
+) -> list[tuple[str, PlannedRun]]:
     """(method, run) for every grid point and seed, methods in the given order, each run on
     the federation `spec.tune_on` names (`tuning_run`)."""
     planned: list[tuple[str, PlannedRun]] = []
@@ -195,8 +234,10 @@ def tuning_run(run: PlannedRun, tune_on: str) -> PlannedRun:
     (UsageError) a federation without evaluation clients."""
     config = run.config
     if int(round(config.eval_fraction * config.clients)) < 1:
-        raise UsageError(f"tuning needs evaluation clients, but eval_fraction={config.eval_fraction} of "
-                         f"{config.clients} clients leaves none")
+        raise UsageError(
+            f"tuning needs evaluation clients, but eval_fraction={config.eval_fraction} of "
+            f"{config.clients} clients leaves none"
+        )
     config = tuning_config(config, tune_on)
     return PlannedRun(config, {**run.tags, **tuning_tags(config, tune_on)})
 
@@ -214,11 +255,21 @@ def run_tuning(
     """Run every tuning run (resuming finished ones) and choose each method's best point."""
     from p4bench.studies.results import tracking_uri_for
 
-    base_dir = str(Path(results_dir or spec.base.get("results_dir") or RunConfig.results_dir).resolve())
+    base_dir = str(
+        Path(results_dir or spec.base.get("results_dir") or RunConfig.results_dir).resolve()
+    )
     uri = tracking_uri_for(tracking_uri or spec.base.get("tracking_uri"), base_dir)
     planned = plan_tuning(spec, {"results_dir": base_dir, "tracking_uri": uri})
-    return tune_planned(spec, planned, backend, results_dir=base_dir, tracking_uri=uri, progress=progress, track=track,
-                        allow_mixed_privacy=allow_mixed_privacy)
+    return tune_planned(
+        spec,
+        planned,
+        backend,
+        results_dir=base_dir,
+        tracking_uri=uri,
+        progress=progress,
+        track=track,
+        allow_mixed_privacy=allow_mixed_privacy,
+    )
 
 
 def tune_planned(
@@ -241,14 +292,27 @@ def tune_planned(
     from p4bench.studies.sweep_privacy import record_privacy
     from p4bench.studies.tune_federation import check_tuning_federation
 
-    check_tuning_federation([run.config for _, run in planned])  # too few evaluation clients: before any training
+    check_tuning_federation(
+        [run.config for _, run in planned]
+    )  # too few evaluation clients: before any training
     sweep = SweepSpec(spec.name, spec.base)
-    report = run_sweep(sweep, backend, results_dir=results_dir, tracking_uri=tracking_uri, tuning=True,
-                       progress=progress, track=track, planned=[run for _, run in planned],
-                       allow_mixed_privacy=allow_mixed_privacy)
+    report = run_sweep(
+        sweep,
+        backend,
+        results_dir=results_dir,
+        tracking_uri=tracking_uri,
+        tuning=True,
+        progress=progress,
+        track=track,
+        planned=[run for _, run in planned],
+        allow_mixed_privacy=allow_mixed_privacy,
+    )
     statuses = [record_privacy(run, record) for (_, run), record in zip(planned, report.records)]
-    verdict = check_privacy([s for s in statuses if s is not None], allow_mixed=allow_mixed_privacy,
-                            what=f"tuning '{spec.name}'")
+    verdict = check_privacy(
+        [s for s in statuses if s is not None],
+        allow_mixed=allow_mixed_privacy,
+        what=f"tuning '{spec.name}'",
+    )
     points: dict[str, list[PointScore]] = {}
     index: dict[tuple[str, tuple[Any, ...]], PointScore] = {}
     for (method, run), record, status in zip(planned, report.records, statuses):
@@ -269,7 +333,9 @@ def tune_planned(
     for method, scored in points.items():
         candidates = [p for p in scored if p.scores]
         if candidates:
-            best[method] = dict(max(candidates, key=lambda p: p.mean).values)  # max keeps the first of ties
+            best[method] = dict(
+                max(candidates, key=lambda p: p.mean).values
+            )  # max keeps the first of ties
     scope = tuning_note(spec.tune_on, [run.config for _, run in planned], what=_tuned_what(spec))
     return TuneResult(spec, points, best, report, verdict, scope)
 
@@ -287,24 +353,40 @@ def write_tuned(result: TuneResult, path: str | Path) -> Path:
         "selection": {
             "metric": SELECTION_METRIC,
             "rule": "max over grid points of the mean over seeds of the benign evaluation clients' mean final "
-                    "test accuracy; reported clients' test splits were withheld from every tuning run",
+            "test accuracy; reported clients' test splits were withheld from every tuning run",
             "tune_on": spec.tune_on,
             "federation": result.scope,
             "experiment": spec.name,
             "seeds": list(spec.seeds),
             "base": dict(spec.base),
-            **({"privacy": result.privacy.note()} if result.privacy is not None and result.privacy.runs else {}),
+            **(
+                {"privacy": result.privacy.note()}
+                if result.privacy is not None and result.privacy.runs
+                else {}
+            ),
         },
         "scores": {
-            method: [{**p.values, "mean": _round(p.mean), "std": _round(p.std), "n": len(p.scores),
-                      **({"failed": p.failed} if p.failed else {}), **({"privacy": p.privacy} if p.marks else {})}
-                     for p in scored]
+            method: [
+                {
+                    **p.values,
+                    "mean": _round(p.mean),
+                    "std": _round(p.std),
+                    "n": len(p.scores),
+                    **({"failed": p.failed} if p.failed else {}),
+                    **({"privacy": p.privacy} if p.marks else {}),
+                }
+                for p in scored
+            ]
             for method, scored in result.points.items()
         },
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = "# written by `p4bench tune`; include it in a sweep file with `include: " + path.name + "`\n"
+    header = (
+        "# written by `p4bench tune`; include it in a sweep file with `include: "
+        + path.name
+        + "`\n"
+    )
     path.write_text(header + yaml.safe_dump(document, sort_keys=False))
     return path
 

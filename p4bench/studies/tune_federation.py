@@ -28,8 +28,18 @@ from typing import Any
 from p4bench.config import RunConfig
 from p4bench.errors import UsageError
 
-__all__ = ["TUNE_ON", "DEFAULT_TUNE_ON", "check_tune_on", "evaluation_clients", "tuning_config", "tuning_tags",
-           "tuning_note", "tuning_privacy_line", "deltas_text", "check_tuning_federation"]
+__all__ = [
+    "TUNE_ON",
+    "DEFAULT_TUNE_ON",
+    "check_tune_on",
+    "evaluation_clients",
+    "tuning_config",
+    "tuning_tags",
+    "tuning_note",
+    "tuning_privacy_line",
+    "deltas_text",
+    "check_tuning_federation",
+]
 
 EVALUATION_CLIENTS = "evaluation-clients"
 FEDERATION = "federation"
@@ -62,12 +72,16 @@ def tuning_config(config: RunConfig, tune_on: str) -> RunConfig:
         return config  # already a run on evaluation clients
     count = evaluation_clients(config)
     if count < MIN_CLIENTS:
-        raise UsageError(f"tuning on the evaluation clients alone needs at least {MIN_CLIENTS} of them, but "
-                         f"eval_fraction={config.eval_fraction:g} of {config.clients} clients gives {count}; "
-                         f"raise eval_fraction or clients, or tune on the whole federation (--tune-on {FEDERATION})")
+        raise UsageError(
+            f"tuning on the evaluation clients alone needs at least {MIN_CLIENTS} of them, but "
+            f"eval_fraction={config.eval_fraction:g} of {config.clients} clients gives {count}; "
+            f"raise eval_fraction or clients, or tune on the whole federation (--tune-on {FEDERATION})"
+        )
     if config.attack is not None and count - int(round(config.malicious_fraction * count)) < 1:
-        raise UsageError(f"tuning on the {count} evaluation clients alone leaves no benign client to score with "
-                         f"malicious_fraction={config.malicious_fraction:g}; raise eval_fraction or clients")
+        raise UsageError(
+            f"tuning on the {count} evaluation clients alone leaves no benign client to score with "
+            f"malicious_fraction={config.malicious_fraction:g}; raise eval_fraction or clients"
+        )
     return config.replace(clients=count, federation_clients=config.clients)
 
 
@@ -87,17 +101,30 @@ def tuning_note(tune_on: str, configs: Iterable[RunConfig], what: str = "lr") ->
     configs = list(configs)
     if check_tune_on(tune_on) == EVALUATION_CLIENTS:
         sizes = sorted({(c.clients, c.federation_clients or c.clients) for c in configs})
-        counts = "; ".join(f"the {k} evaluation clients alone (disjoint from the {m - k} reported clients)"
-                           for k, m in sizes) or "the evaluation clients alone"
+        counts = (
+            "; ".join(
+                f"the {k} evaluation clients alone (disjoint from the {m - k} reported clients)"
+                for k, m in sizes
+            )
+            or "the evaluation clients alone"
+        )
         seeds = sorted({c.seed for c in configs})
-        seed = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}" if seeds else "its seed"
-        return (f"{what} tuned on {counts}: tuning spends none of the reported clients' privacy in runs with the "
-                f"tuning partition ({seed}; runs at other settings or seeds partition the data anew, and there the "
-                "tuning clients' records may belong to reported clients)")
+        seed = (
+            f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+            if seeds
+            else "its seed"
+        )
+        return (
+            f"{what} tuned on {counts}: tuning spends none of the reported clients' privacy in runs with the "
+            f"tuning partition ({seed}; runs at other settings or seeds partition the data anew, and there the "
+            "tuning clients' records may belong to reported clients)"
+        )
     whole = sorted({c.clients for c in configs})
     counts = ", ".join(map(str, whole)) or "all"
-    return (f"{what} tuned on the whole federation ({counts} clients; --tune-on {FEDERATION}): the reported "
-            f"clients' training records take part, so the tuned {what} is not covered by the privacy accounting")
+    return (
+        f"{what} tuned on the whole federation ({counts} clients; --tune-on {FEDERATION}): the reported "
+        f"clients' training records take part, so the tuned {what} is not covered by the privacy accounting"
+    )
 
 
 def deltas_text(runs: Iterable[Any]) -> str:
@@ -113,10 +140,10 @@ def tuning_privacy_line(privacy: Any) -> str | None:
     if privacy is None or not any(r.private for r in privacy.runs):
         return None
     delta = deltas_text(privacy.runs)
-    return f"tuning runs' own privacy (not reported): {privacy.note().removeprefix('privacy: ')}" + \
-        (f"; {delta}" if delta else "")
-
-
+    return (
+        f"tuning runs' own privacy (not reported): {privacy.note().removeprefix('privacy: ')}"
+        + (f"; {delta}" if delta else "")
+    )
 
 
 def check_tuning_federation(configs: Sequence[RunConfig], registry: Any = None) -> None:
@@ -125,7 +152,7 @@ def check_tuning_federation(configs: Sequence[RunConfig], registry: Any = None) 
     a topology its minimum, an explicit group size more clients): the run's plugins are
     set up once per distinct method and options, before any tuning run trains."""
     from p4bench.errors import ConfigError, IncompatibleError
-    from p4bench.plugin_manager import default_registry
+    from p4bench.host.manager import default_registry
     from p4bench.run.runner import prepare
 
     registry = registry or default_registry()
@@ -141,7 +168,8 @@ def check_tuning_federation(configs: Sequence[RunConfig], registry: Any = None) 
         try:
             prepare(probe, registry)
         except (ConfigError, IncompatibleError) as exc:
-            raise UsageError(f"tuning {config.method} on the {config.clients} evaluation clients alone (eval_fraction="
-                             f"{config.eval_fraction:g} of {config.federation_clients}) is not possible: {exc}; raise "
-                             f"eval_fraction or clients, or tune on the whole federation (--tune-on {FEDERATION})") \
-                from None
+            raise UsageError(
+                f"tuning {config.method} on the {config.clients} evaluation clients alone (eval_fraction="
+                f"{config.eval_fraction:g} of {config.federation_clients}) is not possible: {exc}; raise "
+                f"eval_fraction or clients, or tune on the whole federation (--tune-on {FEDERATION})"
+            ) from None

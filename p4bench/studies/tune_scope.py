@@ -30,9 +30,24 @@ from typing import Any
 from p4bench.errors import UsageError
 from p4bench.studies.sweep import PlannedRun, option_key
 
-__all__ = ["TUNE_SCOPES", "DEFAULT_TUNE_SCOPE", "check_tune_scope", "matches", "tuning_key", "tuning_keys", "partition_key",
-           "evaluation_clients_line", "tuning_lines",
-           "TuningGroup", "LrTuningPlan", "plan_lr_groups", "partition_shape", "scope_note", "lr_summary", "lr_table"]
+__all__ = [
+    "TUNE_SCOPES",
+    "DEFAULT_TUNE_SCOPE",
+    "check_tune_scope",
+    "matches",
+    "tuning_key",
+    "tuning_keys",
+    "partition_key",
+    "evaluation_clients_line",
+    "tuning_lines",
+    "TuningGroup",
+    "LrTuningPlan",
+    "plan_lr_groups",
+    "partition_shape",
+    "scope_note",
+    "lr_summary",
+    "lr_table",
+]
 
 PARTITION = "partition"
 PRESET = "preset"
@@ -40,8 +55,17 @@ TUNE_SCOPES = (PARTITION, PRESET)
 DEFAULT_TUNE_SCOPE = PARTITION
 # RunConfig fields that decide which client holds which record (`p4bench.run.runner.prepare`:
 # load_dataset, public_data, run_partitioner, build_federated_data); options apart
-_PARTITION_FIELDS = ("dataset", "partitioner", "similarity", "clients", "samples_per_client", "eval_fraction",
-                     "features", "seed", "federation_clients")
+_PARTITION_FIELDS = (
+    "dataset",
+    "partitioner",
+    "similarity",
+    "clients",
+    "samples_per_client",
+    "eval_fraction",
+    "features",
+    "seed",
+    "federation_clients",
+)
 
 
 def check_tune_scope(value: Any) -> str:
@@ -55,7 +79,11 @@ def matches(config: Any, key: str, values: Sequence[Any]) -> bool:
     """Whether the config's option `key` equals one of `values` (numbers compared as numbers,
     `none` matching an unset option)."""
     name = option_key(key)
-    value = config.options.get(name[len("options."):]) if name.startswith("options.") else getattr(config, name)
+    value = (
+        config.options.get(name[len("options.") :])
+        if name.startswith("options.")
+        else getattr(config, name)
+    )
     for wanted in values:
         if value is None and str(wanted).lower() in ("none", "null"):
             return True
@@ -82,8 +110,10 @@ def tuning_keys(runs: Sequence[PlannedRun]) -> list[str]:
 
 
 def _at(run: PlannedRun, where: Mapping[str, Any]) -> bool:
-    return all(run.tags.get("variant") == value if key == "variant" else matches(run.config, key, [value])
-               for key, value in where.items())
+    return all(
+        run.tags.get("variant") == value if key == "variant" else matches(run.config, key, [value])
+        for key, value in where.items()
+    )
 
 
 def partition_key(config: Any, registry: Any = None) -> str:
@@ -92,8 +122,8 @@ def partition_key(config: Any, registry: Any = None) -> str:
     kept unless only a non-data plugin (method, attack, defense, model, runtime, accountant)
     declares them; an unknown plugin keeps them all."""
     from p4bench.data.public import PUBLIC_DATA_OPTIONS
+    from p4bench.host.manager import default_registry
     from p4bench.options import declared_options, run_plugins
-    from p4bench.plugin_manager import default_registry
 
     registry = registry or default_registry()
     options = dict(config.options)
@@ -101,11 +131,16 @@ def partition_key(config: Any, registry: Any = None) -> str:
     try:
         used = run_plugins(config, registry)
         method = registry.get("method", config.method)
-        public = [bool(getattr(method, "needs_public_data", False)), bool(getattr(method, "needs_public_labels", False))]
+        public = [
+            bool(getattr(method, "needs_public_data", False)),
+            bool(getattr(method, "needs_public_labels", False)),
+        ]
         data_side = {o.name for o in PUBLIC_DATA_OPTIONS}
         others: set[str] = set()
         for kind, _, cls in used:
-            (data_side if kind in ("dataset", "partitioner") else others).update(o.name for o in declared_options(cls))
+            (data_side if kind in ("dataset", "partitioner") else others).update(
+                o.name for o in declared_options(cls)
+            )
         options = {k: v for k, v in options.items() if k in data_side or k not in others}
     except Exception:  # noqa: BLE001 - an unknown plugin: keep every option and the method itself
         public = [config.method]
@@ -131,14 +166,18 @@ class LrTuningPlan:
     scope: str
     tune_on: str
     groups: list[TuningGroup]
-    planned: list[tuple[str, PlannedRun]]  # (group name, tuning run), every lr of the grid per group
+    planned: list[
+        tuple[str, PlannedRun]
+    ]  # (group name, tuning run), every lr of the grid per group
     assignment: list[str]  # the group of every reported run, in the order given
     runs: list[PlannedRun] = field(default_factory=list)  # the reported runs
 
     def apply(self, lrs: Mapping[str, float]) -> list[PlannedRun]:
         """The reported runs, each with its group's lr (groups without one keep theirs)."""
-        return [PlannedRun(run.config.replace(lr=float(lrs[name])), run.tags) if name in lrs else run
-                for name, run in zip(self.assignment, self.runs)]
+        return [
+            PlannedRun(run.config.replace(lr=float(lrs[name])), run.tags) if name in lrs else run
+            for name, run in zip(self.assignment, self.runs)
+        ]
 
     def partitions(self) -> tuple[int, int, int]:
         """(partitions, settings, seeds) among the groups (partitions counted once whatever
@@ -155,9 +194,16 @@ def _label(runs: Sequence[PlannedRun]) -> str:
     return f"{' / '.join(variants)}, seed {seed}" if variants else f"seed {seed}"
 
 
-def plan_lr_groups(tune_at: Mapping[str, Any], runs: Sequence[PlannedRun], experiment: str, grid: Sequence[float],
-                   rounds: int | None = None, tune_on: str = "evaluation-clients", scope: str = DEFAULT_TUNE_SCOPE,
-                   registry: Any = None) -> LrTuningPlan:
+def plan_lr_groups(
+    tune_at: Mapping[str, Any],
+    runs: Sequence[PlannedRun],
+    experiment: str,
+    grid: Sequence[float],
+    rounds: int | None = None,
+    tune_on: str = "evaluation-clients",
+    scope: str = DEFAULT_TUNE_SCOPE,
+    registry: Any = None,
+) -> LrTuningPlan:
     """Group the reported `runs` (`scope`), choose each group's run to tune at (the first
     that matches `tune_at`, else its first) and plan its tuning runs: every lr of `grid`,
     `rounds` if given, into `experiment`, on the federation `tune_on` names
@@ -178,20 +224,30 @@ def plan_lr_groups(tune_at: Mapping[str, Any], runs: Sequence[PlannedRun], exper
         chosen = next((r for r in grouped if _at(r, tune_at)), grouped[0])
         label = base = _label(grouped) if scope == PARTITION else ""
         suffix = 2
-        while (f"{key} @ {label}" if label else key) in names:  # two partitions that look alike: told apart
+        while (
+            f"{key} @ {label}" if label else key
+        ) in names:  # two partitions that look alike: told apart
             label, suffix = f"{base} (#{suffix})", suffix + 1
         name = f"{key} @ {label}" if label else key
         names.add(name)
         if scope == PRESET:
             chosen = PlannedRun(chosen.config.replace(seed=seed), chosen.tags)
-        groups[(key, part)] = TuningGroup(name, key, label, part or partition_key(chosen.config, registry), chosen)
+        groups[(key, part)] = TuningGroup(
+            name, key, label, part or partition_key(chosen.config, registry), chosen
+        )
     planned = []
     for group in groups.values():
         for lr in grid:
-            config = group.run.config.replace(lr=float(lr), experiment=experiment, **({"rounds": rounds} if rounds else {}))
-            tags = {"sweep": experiment, "tune_method": group.key, "tune_point": f"lr={float(lr):g}",
-                    **({"tune_partition": group.partition} if group.partition else {}),
-                    **({"variant": group.run.tags["variant"]} if "variant" in group.run.tags else {})}
+            config = group.run.config.replace(
+                lr=float(lr), experiment=experiment, **({"rounds": rounds} if rounds else {})
+            )
+            tags = {
+                "sweep": experiment,
+                "tune_method": group.key,
+                "tune_point": f"lr={float(lr):g}",
+                **({"tune_partition": group.partition} if group.partition else {}),
+                **({"variant": group.run.tags["variant"]} if "variant" in group.run.tags else {}),
+            }
             planned.append((group.name, tuning_run(PlannedRun(config, tags), tune_on)))
     assignment = [groups[(key, part)].name for key, part in zip(keys, parts)]
     return LrTuningPlan(scope, tune_on, list(groups.values()), planned, assignment, list(runs))
@@ -204,7 +260,11 @@ def _plural(count: int, word: str) -> str:
 def partition_shape(plan: LrTuningPlan) -> str:
     """How many partitions the groups tune, e.g. "6 partitions: 3 settings x 2 seeds"."""
     count, settings, seeds = plan.partitions()
-    shape = f": {_plural(settings, 'setting')} x {_plural(seeds, 'seed')}" if settings * seeds == count else ""
+    shape = (
+        f": {_plural(settings, 'setting')} x {_plural(seeds, 'seed')}"
+        if settings * seeds == count
+        else ""
+    )
     return _plural(count, "partition") + shape
 
 
@@ -216,15 +276,24 @@ def scope_note(plan: LrTuningPlan, what: str = "lr") -> str | None:
 
     if plan.scope != PARTITION or plan.tune_on != EVALUATION_CLIENTS:
         return None
-    sizes = sorted({(c.clients, (c.federation_clients or c.clients) - c.clients)
-                    for c in (run.config for _, run in plan.planned)})
+    sizes = sorted(
+        {
+            (c.clients, (c.federation_clients or c.clients) - c.clients)
+            for c in (run.config for _, run in plan.planned)
+        }
+    )
     if len(sizes) == 1:
         whom = f"each partition's {sizes[0][0]} evaluation clients alone, disjoint from its {sizes[0][1]} reported clients"
     else:
-        whom = ("each partition's evaluation clients alone, disjoint from its reported clients ("
-                + ", ".join(f"{k} evaluation and {m} reported" for k, m in sizes) + ")")
-    return (f"{what} tuned per partition ({partition_shape(plan)}) on {whom}: no reported "
-            f"client's record enters the tuning of its run's {what} (--tune-scope {PARTITION})")
+        whom = (
+            "each partition's evaluation clients alone, disjoint from its reported clients ("
+            + ", ".join(f"{k} evaluation and {m} reported" for k, m in sizes)
+            + ")"
+        )
+    return (
+        f"{what} tuned per partition ({partition_shape(plan)}) on {whom}: no reported "
+        f"client's record enters the tuning of its run's {what} (--tune-scope {PARTITION})"
+    )
 
 
 def lr_summary(plan: LrTuningPlan, lrs: Mapping[str, float]) -> str:
@@ -235,16 +304,25 @@ def lr_summary(plan: LrTuningPlan, lrs: Mapping[str, float]) -> str:
             counts = chosen.setdefault(group.key, {})
             counts[lrs[group.name]] = counts.get(lrs[group.name], 0) + 1
     if plan.scope != PARTITION:
-        return ", ".join(f"{key} {' / '.join(f'{lr:g}' for lr in counts)}" for key, counts in chosen.items())
+        return ", ".join(
+            f"{key} {' / '.join(f'{lr:g}' for lr in counts)}" for key, counts in chosen.items()
+        )
     parts = []
     for key, counts in chosen.items():
         values = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-        parts.append(f"{key} " + ", ".join(f"{lr:g} ({n} partition{'s' if n != 1 else ''})" if i == 0 else f"{lr:g} ({n})"
-                                           for i, (lr, n) in enumerate(values)))
+        parts.append(
+            f"{key} "
+            + ", ".join(
+                f"{lr:g} ({n} partition{'s' if n != 1 else ''})" if i == 0 else f"{lr:g} ({n})"
+                for i, (lr, n) in enumerate(values)
+            )
+        )
     return "; ".join(parts)
 
 
-def lr_table(plan: LrTuningPlan, lrs: Mapping[str, float]) -> tuple[list[str], list[list[str]]] | None:
+def lr_table(
+    plan: LrTuningPlan, lrs: Mapping[str, float]
+) -> tuple[list[str], list[list[str]]] | None:
     """(header, rows): the lr every partition's runs used, a row per partition, a column per
     tuning key ("-": not tuned there); None where every key chose one lr everywhere."""
     by_key: dict[str, set[float]] = {}
@@ -256,8 +334,12 @@ def lr_table(plan: LrTuningPlan, lrs: Mapping[str, float]) -> tuple[list[str], l
     keys = list(dict.fromkeys(g.key for g in plan.groups))
     cells: dict[str, dict[str, str]] = {}
     for group in plan.groups:
-        cells.setdefault(group.partition, {})[group.key] = f"{lrs[group.name]:g}" if group.name in lrs else "-"
-    return ["partition", *keys], [[label, *(row.get(key, "") for key in keys)] for label, row in cells.items()]
+        cells.setdefault(group.partition, {})[group.key] = (
+            f"{lrs[group.name]:g}" if group.name in lrs else "-"
+        )
+    return ["partition", *keys], [
+        [label, *(row.get(key, "") for key in keys)] for label, row in cells.items()
+    ]
 
 
 def evaluation_clients_line(result: Any) -> str | None:
@@ -271,25 +353,46 @@ def evaluation_clients_line(result: Any) -> str | None:
 
     if result is None or getattr(result.spec, "tune_on", DEFAULT_TUNE_ON) != EVALUATION_CLIENTS:
         return None
-    done = [(planned, record) for planned, record in zip(result.report.planned, result.report.records)
-            if record.status in ("finished", "skipped")]
+    done = [
+        (planned, record)
+        for planned, record in zip(result.report.planned, result.report.records)
+        if record.status in ("finished", "skipped")
+    ]
     if not any(record.summary.get("private") for _, record in done):
         return None
     counts: dict[str, int] = {}
     for planned, _ in done:
         key = partition_key(planned.config)
         counts[key] = counts.get(key, 0) + 1
-    spent = [next((v for v in (record.summary.get("epsilon_evaluation_clients"), record.summary.get("epsilon"))
-                   if v is not None), None) for _, record in done if record.summary.get("private")]
+    spent = [
+        next(
+            (
+                v
+                for v in (
+                    record.summary.get("epsilon_evaluation_clients"),
+                    record.summary.get("epsilon"),
+                )
+                if v is not None
+            ),
+            None,
+        )
+        for _, record in done
+        if record.summary.get("private")
+    ]
     numbers = [float(v) for v in spent if isinstance(v, (int, float)) and v == v]
     fewest, most = min(counts.values()), max(counts.values())
     runs = f"{most}" if fewest == most else f"{fewest} to {most}"
     partitions = f"{len(counts)} partition{'s' if len(counts) != 1 else ''}"
-    epsilon = (f"; epsilon up to {max(numbers):.3g} in one tuning run" if numbers else
-               "; their epsilon in the tuning runs is not known here")
-    return (f"evaluation clients' own privacy: each partition's evaluation clients trained in {runs} tuning "
-            f"run{'s' if most != 1 else ''} ({partitions}){epsilon} (one run's figure, not composed over the runs), "
-            "and again in every reported run on their partition (its epsilon_evaluation_clients)")
+    epsilon = (
+        f"; epsilon up to {max(numbers):.3g} in one tuning run"
+        if numbers
+        else "; their epsilon in the tuning runs is not known here"
+    )
+    return (
+        f"evaluation clients' own privacy: each partition's evaluation clients trained in {runs} tuning "
+        f"run{'s' if most != 1 else ''} ({partitions}){epsilon} (one run's figure, not composed over the runs), "
+        "and again in every reported run on their partition (its epsilon_evaluation_clients)"
+    )
 
 
 def tuning_lines(result: Any) -> list[str]:

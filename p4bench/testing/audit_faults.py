@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from p4bench.baselines.common import send_along
-from p4bench.baselines.proxyfl import ProxyFL
 from p4bench.engine.messages import UPDATE_PREFIX
+from p4bench.engine.method_kit import send_along
 from p4bench.engine.state import flatten
 from p4bench.hookspecs import hookimpl
 from p4bench.privacy.mechanism import DPMechanism, DPSettings
+from p4bench_baselines.proxyfl import ProxyFL
 
 if TYPE_CHECKING:
     from p4bench.engine.messages import Messages
@@ -67,7 +67,13 @@ class _Oversampling(DPMechanism):
         return taken
 
     def sgd(
-        self, ctx: Any, params: Params, train: Any, steps: int, lr: float, sample_rate: float | None = None
+        self,
+        ctx: Any,
+        params: Params,
+        train: Any,
+        steps: int,
+        lr: float,
+        sample_rate: float | None = None,
     ) -> tuple[Params, torch.Tensor]:
         rate = ctx.config.data_rate if sample_rate is None else sample_rate
         return super().sgd(ctx, params, train, steps, lr, min(1.0, self.factor * rate))
@@ -85,7 +91,9 @@ def oversampled(factor: float = 5.0) -> Callable[[DPMechanism], DPMechanism]:
         raise ValueError(f"factor must be finite and >= 1, got {factor}")
 
     def wrap(mechanism: DPMechanism) -> DPMechanism:
-        faulty = _Oversampling(mechanism.settings, mechanism.noise, mechanism.report, mechanism.allowed)
+        faulty = _Oversampling(
+            mechanism.settings, mechanism.noise, mechanism.report, mechanism.allowed
+        )
         faulty.factor = factor
         return faulty
 
@@ -100,7 +108,9 @@ class LeakyProxyFL(ProxyFL):
     description = "test fault: ProxyFL sending its non-DP private model"
 
     def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
-        return send_along(ctx.rows, self.mixing(ctx.round) != 0, flatten(state["private"], UPDATE_PREFIX))
+        return send_along(
+            ctx.rows, self.mixing(ctx.round) != 0, flatten(state["private"], UPDATE_PREFIX)
+        )
 
 
 class _FaultyMethods:

@@ -34,7 +34,9 @@ class DistributionReport:
     distribution: str
     version: str
     problems: list[str] = field(default_factory=list)
-    checked: list[str] = field(default_factory=list)  # "<kind> '<name>': <n> checks passed" / "not checked"
+    checked: list[str] = field(
+        default_factory=list
+    )  # "<kind> '<name>': <n> checks passed" / "not checked"
 
     @property
     def passed(self) -> bool:
@@ -43,7 +45,7 @@ class DistributionReport:
 
 def _installed_distributions(registry: Any) -> dict[str, str]:
     """Distribution -> version of every installed (non-built-in) plugin source, broken ones too."""
-    from p4bench.plugin_manager import KINDS
+    from p4bench.host.manager import KINDS
 
     found = {p.distribution: p.version for p in registry.problems}
     for kind in KINDS:
@@ -58,7 +60,9 @@ def _topology_check(name: str, cls: type) -> list[str]:
     topology = cls(None)
     edges = np.asarray(topology.edges(8, 0, np.random.default_rng(0)))
     if edges.shape != (8, 8) or edges.dtype != bool:
-        return [f"build: edges(8, ...) must be an (8, 8) bool matrix, got shape {edges.shape} and dtype {edges.dtype}"]
+        return [
+            f"build: edges(8, ...) must be an (8, 8) bool matrix, got shape {edges.shape} and dtype {edges.dtype}"
+        ]
     if edges.diagonal().any():
         return ["build: a client sends to itself (the diagonal of edges() is set)"]
     return []
@@ -81,7 +85,9 @@ def _dataset_check(name: str, cls: type) -> tuple[list[str], str]:
         if len(x) != len(y) or not len(y):
             problems.append(f"load: {split} has {len(x)} feature rows and {len(y)} labels")
         elif x.dtype != np.float32 or y.dtype != np.int64:
-            problems.append(f"load: {split} features must be float32 and labels int64, got {x.dtype} and {y.dtype}")
+            problems.append(
+                f"load: {split} features must be float32 and labels int64, got {x.dtype} and {y.dtype}"
+            )
         elif y.min() < 0 or y.max() >= arrays.num_classes:
             problems.append(f"load: {split} labels outside [0, {arrays.num_classes}) (class_names)")
         elif not np.isfinite(x).all():
@@ -94,12 +100,23 @@ def _conformance(kind: str, name: str, plugin_manager: Any) -> tuple[list[str], 
     from p4bench.testing import check_attack, check_defense, check_method
 
     runs: dict[str, Callable[[], Any]] = {
-        "method": lambda: check_method(name, runtimes=QUICK_RUNTIMES, plugin_manager=plugin_manager,
-                                       raise_on_failure=False),
-        "attack": lambda: check_attack(name, methods=("fedavg",), runtimes=QUICK_RUNTIMES,
-                                       plugin_manager=plugin_manager, raise_on_failure=False),
-        "defense": lambda: check_defense(name, methods=("fedavg",), runtimes=QUICK_RUNTIMES,
-                                         plugin_manager=plugin_manager, raise_on_failure=False),
+        "method": lambda: check_method(
+            name, runtimes=QUICK_RUNTIMES, plugin_manager=plugin_manager, raise_on_failure=False
+        ),
+        "attack": lambda: check_attack(
+            name,
+            methods=("fedavg",),
+            runtimes=QUICK_RUNTIMES,
+            plugin_manager=plugin_manager,
+            raise_on_failure=False,
+        ),
+        "defense": lambda: check_defense(
+            name,
+            methods=("fedavg",),
+            runtimes=QUICK_RUNTIMES,
+            plugin_manager=plugin_manager,
+            raise_on_failure=False,
+        ),
     }
     report = runs[kind]()
     failures = [f"{r.name}: {' '.join(r.message.split())}" for r in report.failures]
@@ -108,8 +125,8 @@ def _conformance(kind: str, name: str, plugin_manager: Any) -> tuple[list[str], 
 
 def check_distribution(distribution: str, plugin_manager: Any = None) -> DistributionReport:
     """Check every plugin `distribution` registers; `UsageError` if it registers none."""
-    from p4bench.plugin_loading import import_deprecations
-    from p4bench.plugin_manager import KINDS, Registry, create_plugin_manager
+    from p4bench.host.loading import import_deprecations
+    from p4bench.host.manager import KINDS, Registry, create_plugin_manager
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PluginDeprecationWarning)
@@ -118,10 +135,14 @@ def check_distribution(distribution: str, plugin_manager: Any = None) -> Distrib
         installed = _installed_distributions(registry)
         if distribution not in installed:
             names = ", ".join(sorted(d for d in installed if d != "p4bench")) or "none"
-            raise UsageError(f"no installed distribution '{distribution}' registers p4bench plugins; "
-                             f"installed plugin distributions: {names}")
+            raise UsageError(
+                f"no installed distribution '{distribution}' registers p4bench plugins; "
+                f"installed plugin distributions: {names}"
+            )
         report = DistributionReport(distribution, installed[distribution])
-        report.problems += [p.line().split(": ", 1)[1] for p in registry.problems if p.distribution == distribution]
+        report.problems += [
+            p.line().split(": ", 1)[1] for p in registry.problems if p.distribution == distribution
+        ]
         for kind in KINDS:
             for entry in registry.entries(kind):
                 if entry.distribution != distribution:
@@ -138,15 +159,27 @@ def check_distribution(distribution: str, plugin_manager: Any = None) -> Distrib
                         report.checked.append(f"{label}: {loaded}")
                         continue
                     else:
-                        report.checked.append(f"{label}: registered (no conformance check for {kind}s)")
+                        report.checked.append(
+                            f"{label}: registered (no conformance check for {kind}s)"
+                        )
                         continue
                 except Exception as exc:  # noqa: BLE001 - a plugin that crashes the kit is a finding
-                    failures, passed = [f"build: {type(exc).__name__}: {' '.join(str(exc).split())}"], 0
+                    failures, passed = (
+                        [f"build: {type(exc).__name__}: {' '.join(str(exc).split())}"],
+                        0,
+                    )
                 report.problems += [f"{label}: {line}" for line in failures]
                 report.checked.append(f"{label}: {passed} check(s) passed, {len(failures)} failed")
     seen: set[str] = set()
-    met = [(w.filename, w.lineno, str(w.message)) for w in caught if issubclass(w.category, PluginDeprecationWarning)]
-    for filename, lineno, message in [*import_deprecations(distribution), *met]:  # imported before, or now
+    met = [
+        (w.filename, w.lineno, str(w.message))
+        for w in caught
+        if issubclass(w.category, PluginDeprecationWarning)
+    ]
+    for filename, lineno, message in [
+        *import_deprecations(distribution),
+        *met,
+    ]:  # imported before, or now
         line = f"deprecated API at {filename}:{lineno}: {message}"
         if line not in seen:
             seen.add(line)

@@ -36,10 +36,20 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-from p4bench.devices import register_emulated_type
+from p4bench.engine.devices import register_emulated_type
 
-__all__ = ["EMULATED", "EmulatedTensor", "EmulationUnavailable", "install", "emulation", "host_reads", "reset_host_reads",
-           "available", "accelerator_device", "accelerator_scope"]
+__all__ = [
+    "EMULATED",
+    "EmulatedTensor",
+    "EmulationUnavailable",
+    "install",
+    "emulation",
+    "host_reads",
+    "reset_host_reads",
+    "available",
+    "accelerator_device",
+    "accelerator_scope",
+]
 
 _lock = threading.Lock()
 _installed = False
@@ -72,8 +82,14 @@ class EmulatedTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, elem: torch.Tensor) -> EmulatedTensor:
         wrapper = torch.Tensor._make_wrapper_subclass(
-            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
-            layout=elem.layout, device=_DEVICE["emu"], requires_grad=elem.requires_grad,
+            cls,
+            elem.shape,
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            layout=elem.layout,
+            device=_DEVICE["emu"],
+            requires_grad=elem.requires_grad,
         )
         wrapper.elem = elem
         return wrapper
@@ -95,17 +111,32 @@ class EmulatedTensor(torch.Tensor):
             return value
 
         plain_args, plain_kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
-        generator = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Generator)), None)
+        generator = next(
+            (a for a in (*args, *kwargs.values()) if isinstance(a, torch.Generator)), None
+        )
         if emulated[0] and generator is not None and generator.device.type != "emu":
             # in-place sampling (`t.normal_(generator=g)`): CUDA refuses a CPU generator too
-            raise RuntimeError(f"Expected a 'emu' device type for generator but found '{generator.device.type}'")
-        name = func._schema.name + (f".{func._overloadname}" if func._overloadname != "default" else "")
+            raise RuntimeError(
+                f"Expected a 'emu' device type for generator but found '{generator.device.type}'"
+            )
+        name = func._schema.name + (
+            f".{func._overloadname}" if func._overloadname != "default" else ""
+        )
         indexing = name in _INDEX_OPS or func._schema.name in _INDEX_OPS
         copying = func._schema.name in _COPY_OPS
-        if emulated[0] and host[0] and not copying and not (indexing and isinstance(args[0], EmulatedTensor)):
-            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                               f"emu:0 and cpu! (in {func})")
-        if copying and not isinstance(args[0], EmulatedTensor):  # device to host into a CPU tensor: a read
+        if (
+            emulated[0]
+            and host[0]
+            and not copying
+            and not (indexing and isinstance(args[0], EmulatedTensor))
+        ):
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, "
+                f"emu:0 and cpu! (in {func})"
+            )
+        if copying and not isinstance(
+            args[0], EmulatedTensor
+        ):  # device to host into a CPU tensor: a read
             _reads["count"] += 1
             func(*plain_args, **plain_kwargs)
             return args[0]
@@ -134,12 +165,16 @@ class _EmulationMode(TorchFunctionMode):
         super().__init__()
         self.constructors = constructors
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
         kwargs = dict(kwargs or {})
         if func in self.constructors and _is_emulated(kwargs.get("device")):
             generator = kwargs.get("generator")
             if generator is not None and generator.device.type != "emu":
-                raise RuntimeError(f"Expected a 'emu' device type for generator but found '{generator.device.type}'")
+                raise RuntimeError(
+                    f"Expected a 'emu' device type for generator but found '{generator.device.type}'"
+                )
             kwargs["device"] = _HOST
             return EmulatedTensor(func(*args, **kwargs))
         if func is torch.Tensor.to and _is_emulated(_target_device(args, kwargs)):
@@ -149,12 +184,18 @@ class _EmulationMode(TorchFunctionMode):
             kwargs.pop("non_blocking", None)
             if isinstance(source, EmulatedTensor):
                 return source.to(*rest, **kwargs) if rest or kwargs else source
-            return EmulatedTensor(source.to(*rest, **kwargs).clone() if not rest and not kwargs else source.to(*rest, **kwargs))
+            return EmulatedTensor(
+                source.to(*rest, **kwargs).clone()
+                if not rest and not kwargs
+                else source.to(*rest, **kwargs)
+            )
         if func is torch.Tensor.tolist and isinstance(args[0], EmulatedTensor):
             _reads["count"] += 1
             return args[0].elem.tolist()
         if func is torch.Tensor.numpy and isinstance(args[0], EmulatedTensor):
-            raise TypeError("can't convert emu:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first.")
+            raise TypeError(
+                "can't convert emu:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
+            )
         if func is torch.Tensor.pin_memory:  # no pinned memory without an accelerator runtime
             return args[0]
         if func is torch.Tensor.untyped_storage and isinstance(args[0], EmulatedTensor):
@@ -171,12 +212,24 @@ def _register_allocators() -> None:
     global _library
     _library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]  # torch leaves Library.__init__ unannotated
 
-    def empty(size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None,
-              memory_format: Any = None) -> torch.Tensor:
+    def empty(
+        size: Any,
+        dtype: Any = None,
+        layout: Any = None,
+        device: Any = None,
+        pin_memory: Any = None,
+        memory_format: Any = None,
+    ) -> torch.Tensor:
         return EmulatedTensor(torch.empty(size, dtype=dtype, device=_HOST))
 
-    def empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None, device: Any = None,
-                      pin_memory: Any = None) -> torch.Tensor:
+    def empty_strided(
+        size: Any,
+        stride: Any,
+        dtype: Any = None,
+        layout: Any = None,
+        device: Any = None,
+        pin_memory: Any = None,
+    ) -> torch.Tensor:
         return EmulatedTensor(torch.empty_strided(size, stride, dtype=dtype, device=_HOST))
 
     _library.impl("empty.memory_format", empty, "PrivateUse1")
@@ -202,7 +255,8 @@ def install() -> torch.device:
             if torch.cuda.is_available():
                 raise EmulationUnavailable(
                     "the emulated accelerator 'emu' is for machines without a GPU: registering it makes PyTorch's "
-                    "autograd fail on CUDA tensors in this process; here, run on the real GPU (pytest -m cuda)")
+                    "autograd fail on CUDA tensors in this process; here, run on the real GPU (pytest -m cuda)"
+                )
             from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
             if torch._C._get_privateuse1_backend_name() != "emu":

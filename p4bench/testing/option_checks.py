@@ -43,7 +43,11 @@ def valid_values(option: Any) -> list[Any]:
             base.append((option.low + option.high) / 2)
         if option.low is not None:
             base.append(option.low + 1)
-        pool = [option.type(v) if option.type is float else v for v in base if v is not None and math.isfinite(v)]
+        pool = [
+            option.type(v) if option.type is float else v
+            for v in base
+            if v is not None and math.isfinite(v)
+        ]
         if option.type is int:
             pool = [int(v) for v in pool if float(v).is_integer()]
     else:
@@ -79,7 +83,9 @@ def invalid_values(option: Any) -> list[Any]:
     return []
 
 
-def check_options(report: ConformanceReport, cls: type, config: Any, pm: Any, kind: str = "method") -> None:
+def check_options(
+    report: ConformanceReport, cls: type, config: Any, pm: Any, kind: str = "method"
+) -> None:
     """Add one ``options.<name>`` result per option `cls` declares (a skip when none).
     `config` is a run config that uses `cls` as its `kind` plugin."""
     try:
@@ -87,7 +93,7 @@ def check_options(report: ConformanceReport, cls: type, config: Any, pm: Any, ki
     except ImportError:  # a p4bench without declared options
         report.skip("options", "this p4bench has no p4bench.options")
         return
-    from p4bench.plugin_manager import Registry
+    from p4bench.host.manager import Registry
     from p4bench.run.runner import prepare
 
     declared = declared_options(cls)
@@ -115,7 +121,9 @@ def check_options(report: ConformanceReport, cls: type, config: Any, pm: Any, ki
         for value in valid_values(option):
             given = {**base_options, option.name: value}
             try:
-                resolved = validate_run_options(config.replace(options=given), registry).get(kind, {})
+                resolved = validate_run_options(config.replace(options=given), registry).get(
+                    kind, {}
+                )
                 if resolved.get(option.name) != value:
                     refusals.append(f"{value!r} resolved to {resolved.get(option.name)!r}")
                     continue
@@ -126,26 +134,38 @@ def check_options(report: ConformanceReport, cls: type, config: Any, pm: Any, ki
             accepted = value
             break
         if accepted is None and valid_values(option):
-            problems.append("no valid non-default value was accepted (" + "; ".join(refusals[:3]) + ")")
+            problems.append(
+                "no valid non-default value was accepted (" + "; ".join(refusals[:3]) + ")"
+            )
         for value in invalid_values(option):
             given = {**base_options, option.name: value}
             for where, call in (
                 ("resolve_options", lambda g=given: resolve_options(declared, g)),
-                ("the run", lambda g=given: validate_run_options(config.replace(options=g), registry)),
+                (
+                    "the run",
+                    lambda g=given: validate_run_options(config.replace(options=g), registry),
+                ),
             ):
                 try:
                     call()
                 except ConfigError as exc:
                     if getattr(exc, "field", label) != label:
-                        problems.append(f"{value!r} refused by {where} naming '{exc.field}', not '{label}'")
+                        problems.append(
+                            f"{value!r} refused by {where} naming '{exc.field}', not '{label}'"
+                        )
                     continue
                 except Exception as exc:  # noqa: BLE001 - reported as the failure it is
-                    problems.append(f"{value!r} makes {where} raise {type(exc).__name__}, not ConfigError")
+                    problems.append(
+                        f"{value!r} makes {where} raise {type(exc).__name__}, not ConfigError"
+                    )
                     continue
                 problems.append(f"invalid value {value!r} accepted by {where}")
         tried = [repr(v) for v in invalid_values(option)]
-        summary = (f"default {option.default!r}" + (f", {accepted!r} accepted" if accepted is not None else "")
-                   + (f", {', '.join(tried)} refused" if tried else ""))
+        summary = (
+            f"default {option.default!r}"
+            + (f", {accepted!r} accepted" if accepted is not None else "")
+            + (f", {', '.join(tried)} refused" if tried else "")
+        )
         report.add(label, not problems, "; ".join(problems[:3]) or summary)
 
 

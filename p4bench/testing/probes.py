@@ -52,8 +52,12 @@ class Recorder:
         self.aggregated_updates = 0
         # per phase, (M,) counts: noise events (one `normal_parts` call = one release per
         # row), standard normals drawn, and releases the mechanism reported
-        self.noise_events: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(num_clients, np.int64))
-        self.noise_numbers: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(num_clients, np.int64))
+        self.noise_events: dict[str, np.ndarray] = defaultdict(
+            lambda: np.zeros(num_clients, np.int64)
+        )
+        self.noise_numbers: dict[str, np.ndarray] = defaultdict(
+            lambda: np.zeros(num_clients, np.int64)
+        )
         self.batched_phases: set[str] = set()  # phases with several releases' noise drawn at once
         self.releases: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(num_clients, np.int64))
         self.release_rates: dict[str, set[float]] = defaultdict(set)
@@ -67,10 +71,14 @@ class Recorder:
             return
         for path, leaf in _leaves(state):
             if not isinstance(leaf, torch.Tensor):
-                self.layout_errors.append(f"{where}: state['{path}'] is a {type(leaf).__name__}, not a tensor")
+                self.layout_errors.append(
+                    f"{where}: state['{path}'] is a {type(leaf).__name__}, not a tensor"
+                )
             elif leaf.dim() == 0 or leaf.shape[0] != rows:
                 shape = tuple(leaf.shape)
-                self.layout_errors.append(f"{where}: state['{path}'] has shape {shape}, expected a leading axis of {rows} rows")
+                self.layout_errors.append(
+                    f"{where}: state['{path}'] has shape {shape}, expected a leading axis of {rows} rows"
+                )
 
     # -- messages -----------------------------------------------------------------------
     def sent(self, exchange: str, messages: Messages, rows: torch.Tensor, server: bool) -> None:
@@ -79,10 +87,16 @@ class Recorder:
         who = "server_outgoing" if server else "outgoing"
         if not bool(torch.isin(messages.src, rows).all()):
             bad = sorted(set(messages.src[~torch.isin(messages.src, rows)].tolist()))
-            self.message_errors.append(f"{who}('{exchange}') of rows {rows.tolist()} sends as nodes {bad}")
-        valid = ((messages.dst >= SERVER_ID) & (messages.dst < self.num_clients)) | messages.is_broadcast()
+            self.message_errors.append(
+                f"{who}('{exchange}') of rows {rows.tolist()} sends as nodes {bad}"
+            )
+        valid = (
+            (messages.dst >= SERVER_ID) & (messages.dst < self.num_clients)
+        ) | messages.is_broadcast()
         if not bool(valid.all()):
-            self.message_errors.append(f"{who}('{exchange}') addresses unknown nodes {sorted(set(messages.dst[~valid].tolist()))}")
+            self.message_errors.append(
+                f"{who}('{exchange}') addresses unknown nodes {sorted(set(messages.dst[~valid].tolist()))}"
+            )
 
     def received(self, exchange: str, inbox: Messages) -> None:
         if not len(inbox):
@@ -90,7 +104,9 @@ class Recorder:
         self.exchanges[exchange] += len(inbox)
         key = inbox.dst * (1 << 32) + inbox.src
         if len(key) > 1 and not bool((key[1:] >= key[:-1]).all()):
-            self.message_errors.append(f"receive('{exchange}') got an inbox not sorted by (dst, src)")
+            self.message_errors.append(
+                f"receive('{exchange}') got an inbox not sorted by (dst, src)"
+            )
         self.server_messages += int(((inbox.src == SERVER_ID) | (inbox.dst == SERVER_ID)).sum())
         self.self_messages += int((inbox.src == inbox.dst).sum())
         if any(k.startswith(UPDATE_PREFIX) for k in inbox.table):
@@ -111,7 +127,11 @@ class Recorder:
 
     def released(self, release: Any) -> None:
         phase = str(getattr(release, "phase", ""))
-        np.add.at(self.releases[phase], np.array(release.clients, dtype=np.int64), int(getattr(release, "steps", 1)))
+        np.add.at(
+            self.releases[phase],
+            np.array(release.clients, dtype=np.int64),
+            int(getattr(release, "steps", 1)),
+        )
         self.release_rates[phase].add(float(release.sample_rate))
 
 
@@ -139,13 +159,19 @@ def _spy_class(cls: type[Method], recorder: Recorder) -> type[Method]:
         recorder.check_layout("init_client_state", state, len(ctx.rows))
         return state
 
-    def local_update(self: Method, state: State, train: ClientTensors, ctx: StepContext) -> tuple[State, torch.Tensor]:
+    def local_update(
+        self: Method, state: State, train: ClientTensors, ctx: StepContext
+    ) -> tuple[State, torch.Tensor]:
         recorder.phase = ctx.phase
         state, losses = cls.local_update(self, state, train, ctx)
         recorder.check_layout(f"local_update ({ctx.phase})", state, len(ctx.rows))
         if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (len(ctx.rows),):
-            shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
-            recorder.layout_errors.append(f"local_update returns losses of shape {shape}, expected ({len(ctx.rows)},)")
+            shape = (
+                tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+            )
+            recorder.layout_errors.append(
+                f"local_update returns losses of shape {shape}, expected ({len(ctx.rows)},)"
+            )
         return state, losses
 
     def outgoing(self: Method, exchange: str, state: State, ctx: StepContext) -> Messages:
@@ -154,7 +180,9 @@ def _spy_class(cls: type[Method], recorder: Recorder) -> type[Method]:
         recorder.sent(exchange, messages, ctx.rows, server=False)
         return messages
 
-    def receive(self: Method, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
+    def receive(
+        self: Method, exchange: str, state: State, inbox: Messages, ctx: StepContext
+    ) -> State:
         recorder.phase = ctx.phase
         recorder.received(exchange, inbox)
         state = cls.receive(self, exchange, state, inbox, ctx)
@@ -167,14 +195,20 @@ def _spy_class(cls: type[Method], recorder: Recorder) -> type[Method]:
         recorder.sent(exchange, messages, torch.tensor([SERVER_ID]), server=True)
         return messages
 
-    def server_receive(self: Method, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
+    def server_receive(
+        self: Method, exchange: str, state: State, inbox: Messages, ctx: StepContext
+    ) -> State:
         recorder.phase = ctx.phase
         recorder.received(exchange, inbox)
         return cls.server_receive(self, exchange, state, inbox, ctx)
 
     hooks = (init_client_state, local_update, outgoing, receive, server_outgoing, server_receive)
     namespace = {hook.__name__: hook for hook in hooks}
-    spy = type(cls.__name__, (cls,), {**namespace, "__qualname__": cls.__qualname__, "__module__": cls.__module__})
+    spy = type(
+        cls.__name__,
+        (cls,),
+        {**namespace, "__qualname__": cls.__qualname__, "__module__": cls.__module__},
+    )
     return cast("type[Method]", spy)  # three-argument type() is typed as returning a plain `type`
 
 
@@ -199,7 +233,9 @@ class _CountingNoise:
         self.recorder.drew(list(self.inner.node_ids), sum(math.prod(s) for s in shapes), event=True)
         return self.inner.normal_parts(shapes)
 
-    def fill(self, parts: Sequence[torch.Tensor]) -> None:  # several releases' noise at once (fused paths)
+    def fill(
+        self, parts: Sequence[torch.Tensor]
+    ) -> None:  # several releases' noise at once (fused paths)
         per_row = sum(int(p[0].numel()) for p in parts if len(p))
         self.recorder.drew(list(self.inner.node_ids), per_row, event=False)
         self.inner.fill(parts)
@@ -241,21 +277,32 @@ class ProbeDefense(Defense):
         self.inner, self.recorder = inner, recorder
 
     def aggregate(
-        self, updates: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, **identities: torch.Tensor
+        self,
+        updates: torch.Tensor,
+        weights: torch.Tensor,
+        mask: torch.Tensor,
+        **identities: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self.recorder.aggregations += 1
         self.recorder.aggregated_updates += int(mask.sum())
         # annotated: Defense.aggregate is typed Any (the `screened` decorator)
         result: tuple[torch.Tensor, torch.Tensor] = (
-            self.inner.aggregate(updates, weights, mask, **identities) if self.inner is not None
-            else super().aggregate(updates, weights, mask))
+            self.inner.aggregate(updates, weights, mask, **identities)
+            if self.inner is not None
+            else super().aggregate(updates, weights, mask)
+        )
         return result
 
 
 def probe_defense(config: RunConfig, inner: Defense | None, recorder: Recorder) -> ProbeDefense:
     """A `ProbeDefense` around `inner` whose class flags are the inner defense's."""
-    flags = {"filters": bool(inner.filters), "uses_identities": bool(inner.uses_identities)} if inner is not None else {
-        "filters": False, "uses_identities": False}
+    flags = (
+        {"filters": bool(inner.filters), "uses_identities": bool(inner.uses_identities)}
+        if inner is not None
+        else {"filters": False, "uses_identities": False}
+    )
     cls = type("ConformanceProbe", (ProbeDefense,), flags)
-    probe: ProbeDefense = cls(config, inner, recorder)  # annotated: a class made by type() is typed `type`
+    probe: ProbeDefense = cls(
+        config, inner, recorder
+    )  # annotated: a class made by type() is typed `type`
     return probe

@@ -32,7 +32,9 @@ class ConformanceReport:
     kind: str  # "method" | "attack" | "defense"
     name: str
     results: list[CheckResult] = field(default_factory=list)
-    skipped: frozenset[str] = frozenset()  # check names (or prefixes, "ledger.noise") the caller skips
+    skipped: frozenset[str] = (
+        frozenset()
+    )  # check names (or prefixes, "ledger.noise") the caller skips
 
     def add(self, name: str, passed: bool | None, message: str = "") -> bool:
         """Record one result (a skip when the caller skips `name` or a parent of it);
@@ -69,7 +71,9 @@ class ConformanceReport:
 
     def __str__(self) -> str:
         verdict = "conforms" if self.passed else f"{len(self.failures)} check(s) failed"
-        return "\n".join([f"{self.kind} '{self.name}': {verdict}", *(r.line() for r in self.results)])
+        return "\n".join(
+            [f"{self.kind} '{self.name}': {verdict}", *(r.line() for r in self.results)]
+        )
 
     def raise_on_failure(self) -> ConformanceReport:
         """Raise `ConformanceError` listing every failed check; else return self."""
@@ -83,5 +87,8 @@ class ConformanceError(AssertionError):
 
     def __init__(self, report: ConformanceReport) -> None:
         lines = [r.line() for r in report.failures]
-        super().__init__(f"{report.kind} '{report.name}' failed {len(lines)} conformance check(s):\n" + "\n".join(lines))
+        super().__init__(
+            f"{report.kind} '{report.name}' failed {len(lines)} conformance check(s):\n"
+            + "\n".join(lines)
+        )
         self.report = report

@@ -15,14 +15,26 @@ from p4bench.hookspecs import hookimpl
 from p4bench.testing.probes import Recorder, count_mechanism, probe_defense, spy_on
 
 __all__ = [
-    "BASE_CONFIG", "Instrumented", "StopAfterStep", "compare_outcomes", "make_config", "resolve_plugin", "run_config",
+    "BASE_CONFIG",
+    "Instrumented",
+    "StopAfterStep",
+    "compare_outcomes",
+    "make_config",
+    "resolve_plugin",
+    "run_config",
 ]
 
 # Small enough that a check of every runtime takes seconds: 4 clients, 2 rounds of 2
 # steps on the bundled digits data; every client reported; the fast rdp accountant.
-BASE_CONFIG: dict[str, Any] = dict(clients=4, rounds=2, local_steps=2, eval_fraction=0.0, seed=0, accountant="rdp")
+BASE_CONFIG: dict[str, Any] = dict(
+    clients=4, rounds=2, local_steps=2, eval_fraction=0.0, seed=0, accountant="rdp"
+)
 
-_HOOKS = {"method": "register_methods", "attack": "register_attacks", "defense": "register_defenses"}
+_HOOKS = {
+    "method": "register_methods",
+    "attack": "register_attacks",
+    "defense": "register_defenses",
+}
 
 
 class _Provides:
@@ -47,10 +59,12 @@ class _Provides:
         return self._mine("defense")
 
 
-def resolve_plugin(kind: str, plugin: str | type, plugin_manager: Any = None) -> tuple[str, type, Any]:
+def resolve_plugin(
+    kind: str, plugin: str | type, plugin_manager: Any = None
+) -> tuple[str, type, Any]:
     """(name, class, plugin manager) for a registered name or a class; a class that is
     not registered yet is registered in a plugin manager of its own."""
-    from p4bench.plugin_manager import Registry, create_plugin_manager
+    from p4bench.host.manager import Registry, create_plugin_manager
 
     pm = plugin_manager or create_plugin_manager()
     registry = Registry(pm)
@@ -66,8 +80,10 @@ def resolve_plugin(kind: str, plugin: str | type, plugin_manager: Any = None) ->
     if existing is plugin:
         return name, plugin, pm
     if existing is not None:
-        raise UsageError(f"{kind} name '{name}' is registered by {existing.__module__}.{existing.__qualname__}; "
-                         "give the class under test a name of its own")
+        raise UsageError(
+            f"{kind} name '{name}' is registered by {existing.__module__}.{existing.__qualname__}; "
+            "give the class under test a name of its own"
+        )
     if plugin_manager is not None:
         pm.register(_Provides(kind, plugin))
     else:
@@ -131,44 +147,71 @@ def _chain(first: Any, second: Any) -> Any:
     return lambda mechanism: second(first(mechanism))
 
 
-def compare_outcomes(label: str, expected: Any, got: Any, atol: float, accuracy_atol: float) -> list[str]:
+def compare_outcomes(
+    label: str, expected: Any, got: Any, atol: float, accuracy_atol: float
+) -> list[str]:
     """Differences between two runs' outcomes (empty when they agree)."""
     a, b = expected.outcome, got.outcome
     problems: list[str] = []
     if sorted(a.final_params) != sorted(b.final_params):
-        return [f"{label}: deployed parameter names {sorted(b.final_params)} != {sorted(a.final_params)}"]
+        return [
+            f"{label}: deployed parameter names {sorted(b.final_params)} != {sorted(a.final_params)}"
+        ]
     for key in sorted(a.final_params):
-        x, y = a.final_params[key].cpu().double(), b.final_params[key].cpu().double()  # runs on different devices
+        x, y = (
+            a.final_params[key].cpu().double(),
+            b.final_params[key].cpu().double(),
+        )  # runs on different devices
         if x.shape != y.shape:
-            problems.append(f"{label}: deployed '{key}' has shape {tuple(y.shape)}, expected {tuple(x.shape)}")
+            problems.append(
+                f"{label}: deployed '{key}' has shape {tuple(y.shape)}, expected {tuple(x.shape)}"
+            )
             continue
         diff = (x - y).abs().nan_to_num(nan=float("inf")) * ~(x.isnan() & y.isnan())
         tolerance = atol + 1e-4 * x.abs().nan_to_num(0.0)
-        bad = (diff > tolerance).flatten(start_dim=1).any(dim=1) if x.dim() > 1 else diff > tolerance
+        bad = (
+            (diff > tolerance).flatten(start_dim=1).any(dim=1) if x.dim() > 1 else diff > tolerance
+        )
         if bool(bad.any()):
-            problems.append(f"{label}: deployed '{key}' differs by up to {float(diff.max()):.3g} "
-                            f"(clients {bad.nonzero().squeeze(1).tolist()})")
+            problems.append(
+                f"{label}: deployed '{key}' differs by up to {float(diff.max()):.3g} "
+                f"(clients {bad.nonzero().squeeze(1).tolist()})"
+            )
     problems += _compare_accuracy(label, "accuracy", a.accuracy, b.accuracy, accuracy_atol)
     if sorted(a.extra_accuracy) != sorted(b.extra_accuracy):
-        problems.append(f"{label}: extra models {sorted(b.extra_accuracy)} != {sorted(a.extra_accuracy)}")
+        problems.append(
+            f"{label}: extra models {sorted(b.extra_accuracy)} != {sorted(a.extra_accuracy)}"
+        )
     for name in sorted(set(a.extra_accuracy) & set(b.extra_accuracy)):
-        problems += _compare_accuracy(label, f"accuracy of '{name}'", a.extra_accuracy[name], b.extra_accuracy[name], accuracy_atol)
+        problems += _compare_accuracy(
+            label,
+            f"accuracy of '{name}'",
+            a.extra_accuracy[name],
+            b.extra_accuracy[name],
+            accuracy_atol,
+        )
     if int(a.bytes_sent) != int(b.bytes_sent):
-        problems.append(f"{label}: {int(b.bytes_sent)} bytes sent, expected {int(a.bytes_sent)} (the same frames)")
+        problems.append(
+            f"{label}: {int(b.bytes_sent)} bytes sent, expected {int(a.bytes_sent)} (the same frames)"
+        )
     if len(a.reports) != len(b.reports):
         problems.append(f"{label}: {len(b.reports)} rounds reported, expected {len(a.reports)}")
     return problems
 
 
-def _compare_accuracy(label: str, what: str, x: np.ndarray, y: np.ndarray, tolerance: float) -> list[str]:
+def _compare_accuracy(
+    label: str, what: str, x: np.ndarray, y: np.ndarray, tolerance: float
+) -> list[str]:
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape:
         return [f"{label}: {what} of {y.shape} clients, expected {x.shape}"]
     diff = np.abs(x - y)
     bad = np.flatnonzero(~(diff <= tolerance))
     if len(bad):
-        return [f"{label}: {what} differs by up to {float(np.nanmax(diff)) if np.isfinite(diff).any() else float('nan'):.3g} "
-                f"(clients {bad.tolist()})"]
+        return [
+            f"{label}: {what} differs by up to {float(np.nanmax(diff)) if np.isfinite(diff).any() else float('nan'):.3g} "
+            f"(clients {bad.tolist()})"
+        ]
     return []
 
 
@@ -180,11 +223,15 @@ def runtime_config(config: RunConfig, runtime: str) -> RunConfig:
     if runtime == "accelerator":
         from p4bench.testing.emulated_device import accelerator_device
 
-        return config.replace(runtime="simulation", device=accelerator_device(), noise_generator="philox")
+        return config.replace(
+            runtime="simulation", device=accelerator_device(), noise_generator="philox"
+        )
     if runtime != "device":
         return config.replace(runtime=runtime)
     options = {**dict(config.options), "device_local_peers": config.clients}
-    return config.replace(runtime="device", noise_source="seeded", device_simulation=True, options=options)
+    return config.replace(
+        runtime="device", noise_source="seeded", device_simulation=True, options=options
+    )
 
 
 def names(values: Sequence[str] | str) -> tuple[str, ...]:

@@ -78,7 +78,13 @@ def check_pdsl_assumption(weights: np.ndarray, atol: float = 1e-9) -> dict[str, 
             "disconnected, or periodic (a bipartite graph without self loops); use Metropolis-Hastings weights",
         )
     if not (report["symmetric"] and report["doubly_stochastic"]):
-        raise ConfigError("topology", "PDSL needs a symmetric, doubly stochastic mixing matrix W (e.g. Metropolis-Hastings)")
+        raise ConfigError(
+            "topology",
+            "PDSL needs a symmetric, doubly stochastic mixing matrix W (e.g. Metropolis-Hastings)",
+        )
     if not report["self_loops"]:
-        raise ConfigError("topology", "PDSL needs W_ii > 0 for every client (its own gradient is one of the candidates)")
+        raise ConfigError(
+            "topology",
+            "PDSL needs W_ii > 0 for every client (its own gradient is one of the candidates)",
+        )
     return report

@@ -15,10 +15,13 @@ if TYPE_CHECKING:
 __all__ = ["BUILTIN_TOPOLOGIES", "GroupsGraph", "register_topologies"]
 
 # the names this module used to import, for code that imports them from here
-__getattr__ = lazy_exports(globals(), {
-    "p4bench.topology.graphs": ("BUILTIN_TOPOLOGIES",),
-    "p4bench.topology.groups": ("GroupsGraph",),
-})
+__getattr__ = lazy_exports(
+    globals(),
+    {
+        "p4bench.topology.graphs": ("BUILTIN_TOPOLOGIES",),
+        "p4bench.topology.groups": ("GroupsGraph",),
+    },
+)
 
 
 @hookimpl

@@ -57,7 +57,9 @@ __all__ = [
 
 def _require_clients(num_clients: int, minimum: int, name: str) -> int:
     if isinstance(num_clients, bool) or int(num_clients) != num_clients or num_clients < minimum:
-        raise ConfigError("clients", f"the {name} topology needs at least {minimum} clients, got {num_clients}")
+        raise ConfigError(
+            "clients", f"the {name} topology needs at least {minimum} clients, got {num_clients}"
+        )
     return int(num_clients)
 
 
@@ -80,7 +82,9 @@ class Topology(ABC):
     options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        self.option_values = resolve_options(self.options, options or {}, strict=True, owner=f"topology '{self.name}'")
+        self.option_values = resolve_options(
+            self.options, options or {}, strict=True, owner=f"topology '{self.name}'"
+        )
 
     @abstractmethod
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
@@ -181,7 +185,10 @@ class TorusGraph(Topology):
         rows = rows if rows is not None else num_clients // cols
         cols = cols if cols is not None else num_clients // rows
         if rows * cols != num_clients:
-            raise ConfigError("options.rows", f"rows x cols must equal the {num_clients} clients, got {rows} x {cols}")
+            raise ConfigError(
+                "options.rows",
+                f"rows x cols must equal the {num_clients} clients, got {rows} x {cols}",
+            )
         return rows, cols
 
 
@@ -194,7 +201,9 @@ class ExponentialGraph(Topology):
     """
 
     name = "exponential"
-    description = "ProxyFL time-varying directed exponential graph: k sends to k + 2^(r mod log) mod M"
+    description = (
+        "ProxyFL time-varying directed exponential graph: k sends to k + 2^(r mod log) mod M"
+    )
     time_varying = True
     directed = True
 
@@ -224,7 +233,9 @@ class EdgeListGraph(Topology):
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         if not self.option_values["path"]:
-            raise ConfigError("options.path", "the edge-list topology needs the option 'path' (an edge-list file)")
+            raise ConfigError(
+                "options.path", "the edge-list topology needs the option 'path' (an edge-list file)"
+            )
         self.directed = self.option_values["directed"]  # instance-level override
         self._pairs: list[tuple[int, int]] | None = None
 
@@ -288,7 +299,9 @@ class RandomRegularGraph(_RandomGraph):
         if (m * k) % 2:
             raise ConfigError("options.k", f"a {k}-regular graph on {m} clients needs M*k even")
         if k == 1 and m > 2:
-            raise ConfigError("options.k", f"a 1-regular graph on {m} clients is never connected; use k >= 2")
+            raise ConfigError(
+                "options.k", f"a 1-regular graph on {m} clients is never connected; use k >= 2"
+            )
         if k == m - 1:
             return ~np.eye(m, dtype=bool)
         if k == 2:
@@ -299,7 +312,9 @@ class RandomRegularGraph(_RandomGraph):
             adjacency = self._swap_randomised(m, k, rng)
             if is_connected(adjacency):
                 return adjacency
-        raise ConfigError("options.k", f"no connected {k}-regular graph on {m} clients after {max_tries} draws")
+        raise ConfigError(
+            "options.k", f"no connected {k}-regular graph on {m} clients after {max_tries} draws"
+        )
 
     @staticmethod
     def _swap_randomised(m: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -326,12 +341,22 @@ class ErdosRenyiGraph(_RandomGraph):
     name = "erdos-renyi"
     description = "connected Erdos-Renyi graph G(M, p) (option p, default 2 ln(M)/M)"
     options = (
-        Option("p", float, None, "edge probability; default: min(1, 2 ln(M)/M)", low=0, high=1, low_open=True),
+        Option(
+            "p",
+            float,
+            None,
+            "edge probability; default: min(1, 2 ln(M)/M)",
+            low=0,
+            high=1,
+            low_open=True,
+        ),
     ) + _RandomGraph.SHARED
 
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
         m = _require_clients(num_clients, 1, self.name)
-        default_p = min(1.0, 2 * math.log(m) / m) if m > 1 else 1.0  # twice the connectivity threshold
+        default_p = (
+            min(1.0, 2 * math.log(m) / m) if m > 1 else 1.0
+        )  # twice the connectivity threshold
         p = self.option_values["p"] if self.option_values["p"] is not None else default_p
         max_tries = self.option_values["max_tries"]
         upper = np.triu(np.ones((m, m), dtype=bool), k=1)
@@ -341,7 +366,8 @@ class ErdosRenyiGraph(_RandomGraph):
             if is_connected(adjacency):
                 return adjacency
         raise ConfigError(
-            "options.p", f"no connected G({m}, {p:g}) in {max_tries} draws; raise p (ln(M)/M = {math.log(m) / m:.3g})"
+            "options.p",
+            f"no connected G({m}, {p:g}) in {max_tries} draws; raise p (ln(M)/M = {math.log(m) / m:.3g})",
         )
 
 

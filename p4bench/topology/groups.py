@@ -29,7 +29,9 @@ class GroupsGraph(Topology):
         super().__init__(options)
         path = self.option_values["path"]
         if not path:
-            raise ConfigError("options.path", "the groups topology needs the option 'path' (a P4 groups.json)")
+            raise ConfigError(
+                "options.path", "the groups topology needs the option 'path' (a P4 groups.json)"
+            )
         try:
             self.groups = [list(map(int, g)) for g in json.loads(open(path).read())["groups"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -38,7 +40,10 @@ class GroupsGraph(Topology):
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
         members = sorted(c for g in self.groups for c in g)
         if members != list(range(num_clients)):
-            raise ConfigError("options.path", f"the groups cover clients {members[:5]}..., not exactly 0..{num_clients - 1}")
+            raise ConfigError(
+                "options.path",
+                f"the groups cover clients {members[:5]}..., not exactly 0..{num_clients - 1}",
+            )
         adjacency = np.zeros((num_clients, num_clients), dtype=bool)
         for group in self.groups:
             adjacency[np.ix_(group, group)] = True

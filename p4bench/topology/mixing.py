@@ -79,7 +79,9 @@ def is_row_stochastic(weights: np.ndarray, atol: float = 1e-9) -> bool:
 def is_doubly_stochastic(weights: np.ndarray, atol: float = 1e-9) -> bool:
     """Non-negative entries and every row and every column sums to 1."""
     weights = np.asarray(weights, dtype=float)
-    return is_row_stochastic(weights, atol) and bool(np.allclose(weights.sum(axis=0), 1.0, atol=atol))
+    return is_row_stochastic(weights, atol) and bool(
+        np.allclose(weights.sum(axis=0), 1.0, atol=atol)
+    )
 
 
 def _adjacency(adjacency: np.ndarray) -> np.ndarray:

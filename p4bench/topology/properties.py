@@ -11,8 +11,14 @@ import numpy as np
 
 from p4bench.errors import ConfigError
 
-__all__ = ["degree_stats", "exponential_shift", "is_connected", "is_symmetric", "read_edge_list", "torus_shape"]
-
+__all__ = [
+    "degree_stats",
+    "exponential_shift",
+    "is_connected",
+    "is_symmetric",
+    "read_edge_list",
+    "torus_shape",
+]
 
 
 def is_symmetric(adjacency: np.ndarray) -> bool:
@@ -25,7 +31,9 @@ def is_connected(adjacency: np.ndarray) -> bool:
 
     A single client counts as connected.
     """
-    from scipy.sparse.csgraph import connected_components  # imported here: not needed to list the topologies
+    from scipy.sparse.csgraph import (
+        connected_components,
+    )  # imported here: not needed to list the topologies
 
     adjacency = np.asarray(adjacency, dtype=bool)
     if adjacency.shape[0] <= 1:
@@ -69,7 +77,9 @@ def read_edge_list(path: str | Path) -> list[tuple[int, int]]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError("options.path", f"cannot read edge list {str(path)!r}: {exc.strerror or exc}") from None
+        raise ConfigError(
+            "options.path", f"cannot read edge list {str(path)!r}: {exc.strerror or exc}"
+        ) from None
     edges = []
     for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split("#", 1)[0].split()
@@ -79,9 +89,12 @@ def read_edge_list(path: str | Path) -> list[tuple[int, int]]:
             i, j = (int(f) for f in fields)
         except ValueError:
             raise ConfigError(
-                "options.path", f"{path}:{number}: expected two integer client indices 'i j', got {line.strip()!r}"
+                "options.path",
+                f"{path}:{number}: expected two integer client indices 'i j', got {line.strip()!r}",
             ) from None
         if i < 0 or j < 0:
-            raise ConfigError("options.path", f"{path}:{number}: client indices must be >= 0, got {i} {j}")
+            raise ConfigError(
+                "options.path", f"{path}:{number}: client indices must be >= 0, got {i} {j}"
+            )
         edges.append((i, j))
     return edges

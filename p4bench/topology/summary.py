@@ -30,7 +30,9 @@ def summarize(topology: Topology, adjacency: np.ndarray, round_index: int) -> di
         "round": round_index,
         "time_varying": bool(topology.time_varying),
         "directed": directed,
-        "edges": int(adjacency.sum()) if directed else int(np.triu(adjacency | adjacency.T, k=1).sum()),
+        "edges": int(adjacency.sum())
+        if directed
+        else int(np.triu(adjacency | adjacency.T, k=1).sum()),
         "connected": is_connected(adjacency),
         **degree_stats(adjacency),
         "spectral_gap_mh": spectral_gap(metropolis_hastings(adjacency)) if symmetric else None,
@@ -58,7 +60,13 @@ def draw(adjacency: np.ndarray, path: Path, title: str, directed: bool | None = 
                 "",
                 xy=xy[j],
                 xytext=xy[i],
-                arrowprops={"arrowstyle": "-|>", "color": "0.4", "lw": 0.8, "shrinkA": 7, "shrinkB": 7},
+                arrowprops={
+                    "arrowstyle": "-|>",
+                    "color": "0.4",
+                    "lw": 0.8,
+                    "shrinkA": 7,
+                    "shrinkB": 7,
+                },
             )
         elif i < j:
             ax.plot(*xy[[i, j]].T, color="0.4", lw=0.8, zorder=1)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from p4bench import hookimpl
-from p4bench.baselines.fedavg import FedAvg
 from p4bench.engine.training import gather_batch
 from p4bench.options import Option, resolve_options
+from p4bench_baselines.fedavg import FedAvg
 
 __version__ = "0.1.0"
 
@@ -39,9 +39,14 @@ class FedProx(FedAvg):
         total = torch.zeros(len(ctx.rows), dtype=torch.float64)
         for _ in range(self.config.local_steps):
             index, mask = ctx.rng.subsets(train.n, batch, int(batch.max()))
-            loss, grads = ctx.loss_and_grad(params, gather_batch(train.x, index), gather_batch(train.y, index), mask.float())
+            loss, grads = ctx.loss_and_grad(
+                params, gather_batch(train.x, index), gather_batch(train.y, index), mask.float()
+            )
             # gradient of (mu/2)||w - w_global||^2 is mu * (w - w_global)
-            params = {k: params[k] - self.config.lr * (grads[k] + self.mu * (params[k] - anchor[k])) for k in params}
+            params = {
+                k: params[k] - self.config.lr * (grads[k] + self.mu * (params[k] - anchor[k]))
+                for k in params
+            }
             total += loss.detach().double()
         return {**state, "params": params}, total / self.config.local_steps
 

@@ -59,21 +59,40 @@ class Gossip(Method):
     # Honest flags: single clients' models reach their neighbours (shares_individual_updates),
     # they are combined through ctx.aggregator (has_aggregator: defenses apply), every
     # client deploys its own model (personalized), and there is no server.
-    capabilities = Capabilities(shares_individual_updates=True, has_aggregator=True, personalized=True)
+    capabilities = Capabilities(
+        shares_individual_updates=True, has_aggregator=True, personalized=True
+    )
     default_epsilon = DEFAULT_EPSILON  # a DP method: private by default, like the suite's others
     options = (
-        Option("mix", float, 0.5, "weight of the neighbours' mean model when a client mixes", low=0.0, high=1.0),
-        *topology_options("ring", choices=TOPOLOGIES),  # `p4bench run --topology`, `--topology-option`
+        Option(
+            "mix",
+            float,
+            0.5,
+            "weight of the neighbours' mean model when a client mixes",
+            low=0.0,
+            high=1.0,
+        ),
+        *topology_options(
+            "ring", choices=TOPOLOGIES
+        ),  # `p4bench run --topology`, `--topology-option`
     )
 
     def validate_options(self) -> None:
-        values = resolve_options(self.options, self.config.options)  # typed, defaults filled, ConfigError if bad
+        values = resolve_options(
+            self.options, self.config.options
+        )  # typed, defaults filled, ConfigError if bad
         self.mix = float(values["mix"])
-        self.topology = get_topology(values["topology"], values["topology_options"], registry=default_registry())
+        self.topology = get_topology(
+            values["topology"], values["topology_options"], registry=default_registry()
+        )
 
     def privacy_plan(self) -> list[PlannedRelease]:
         c = self.config  # every client takes K DP steps in every round (no client sampling)
-        return [PlannedRelease("train", c.data_rate, c.local_steps * c.rounds, c.local_steps, c.rounds, 1.0)]
+        return [
+            PlannedRelease(
+                "train", c.data_rate, c.local_steps * c.rounds, c.local_steps, c.rounds, 1.0
+            )
+        ]
 
     def round_steps(self, phase, round_index):
         return (LocalUpdate(), Exchange("gossip"))
@@ -83,16 +102,24 @@ class Gossip(Method):
         """(M, M) bool adjacency of the round: [i, j] when client i sends to client j."""
         key = round_index if self.topology.time_varying else 0
         rng = np.random.default_rng(np.random.SeedSequence([self.config.seed, _GRAPH_STREAM, key]))
-        edges = torch.from_numpy(np.asarray(self.topology.edges(self.num_clients, key, rng), dtype=bool))
+        edges = torch.from_numpy(
+            np.asarray(self.topology.edges(self.num_clients, key, rng), dtype=bool)
+        )
         return edges.to(torch.get_default_device())  # the run's device (a GPU run's default)
 
     # -- client state: one row per client ------------------------------------------------------
     def init_client_state(self, train, ctx):
         count = len(ctx.rows)
-        return {"params": {k: v.expand(count, *v.shape).clone() for k, v in self.initial_params().items()}}
+        return {
+            "params": {
+                k: v.expand(count, *v.shape).clone() for k, v in self.initial_params().items()
+            }
+        }
 
     def local_update(self, state, train, ctx):
-        params, loss = local_sgd(ctx, state["params"], train, self.config.local_steps, self.config.lr)
+        params, loss = local_sgd(
+            ctx, state["params"], train, self.config.local_steps, self.config.lr
+        )
         return {**state, "params": params}, loss
 
     def deployed_params(self, state):
@@ -100,7 +127,9 @@ class Gossip(Method):
 
     # -- messages ------------------------------------------------------------------------------
     def outgoing(self, exchange, state, ctx):
-        sender, receiver = self.graph(ctx.round)[ctx.rows].nonzero(as_tuple=True)  # sender: a row of this state
+        sender, receiver = self.graph(ctx.round)[ctx.rows].nonzero(
+            as_tuple=True
+        )  # sender: a row of this state
         # one table row per client, shared by all its messages (`rows`): a model sent to
         # several neighbours is stored once
         return Messages(ctx.rows[sender], receiver, flatten(state["params"], UPDATE), rows=sender)
@@ -109,7 +138,9 @@ class Gossip(Method):
         if not len(inbox):
             return state
         # inbox is sorted by (dst, src); every neighbour weighs the same
-        dst, mean = ctx.aggregator.aggregate_by_destination(inbox, torch.ones(len(inbox), dtype=torch.float64), ctx.round)
+        dst, mean = ctx.aggregator.aggregate_by_destination(
+            inbox, torch.ones(len(inbox), dtype=torch.float64), ctx.round
+        )
         own = vectorize(state["params"])  # (C, P) in sorted key order, the order of update_vectors
         mixed = own.clone()
         position = torch.searchsorted(ctx.rows, dst)

@@ -13,7 +13,9 @@ class BoostedUpdate(Attack):
 
     name = "boosted-update"
     description = "malicious clients send their honest update scaled by `boost` (explicit boosting, example plugin)"
-    options = Attack.options + (Option("boost", float, 10.0, "factor applied to the honest update", low=0.0),)
+    options = Attack.options + (
+        Option("boost", float, 10.0, "factor applied to the honest update", low=0.0),
+    )
 
     def __init__(self, config, num_classes):
         super().__init__(config, num_classes)
@@ -21,4 +23,6 @@ class BoostedUpdate(Attack):
 
     def tamper(self, exchange, messages, rng, reference=None):
         honest = update_vectors(messages.payload)
-        return Messages(messages.src, messages.dst, with_update_vectors(messages.payload, self.boost * honest))
+        return Messages(
+            messages.src, messages.dst, with_update_vectors(messages.payload, self.boost * honest)
+        )

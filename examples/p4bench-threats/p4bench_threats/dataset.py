@@ -26,5 +26,11 @@ class Blobs(Dataset):
         order = rng.permutation(len(labels))
         features, labels = features[order], labels[order].astype(np.int64)
         cut = len(labels) * 5 // 6
-        return ArrayDataset(self.name, features[:cut], labels[:cut], features[cut:], labels[cut:],
-                            tuple(f"blob {c}" for c in range(CLASSES)))
+        return ArrayDataset(
+            self.name,
+            features[:cut],
+            labels[:cut],
+            features[cut:],
+            labels[cut:],
+            tuple(f"blob {c}" for c in range(CLASSES)),
+        )

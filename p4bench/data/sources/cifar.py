@@ -23,7 +23,9 @@ def _images(data: object, path: Path) -> np.ndarray:
     """(N, 3072) uint8 rows (R, G, B planes of 32x32) -> (N, 3, 32, 32) uint8."""
     array = np.asarray(data)
     if array.ndim != 2 or array.shape[1] != 3 * 32 * 32 or array.dtype != np.uint8:
-        raise DataError(f"{path}: expected uint8 image rows of 3072 bytes, found {array.dtype} {array.shape}")
+        raise DataError(
+            f"{path}: expected uint8 image rows of 3072 bytes, found {array.dtype} {array.shape}"
+        )
     return array.reshape(-1, 3, 32, 32)
 
 
@@ -60,8 +62,13 @@ class _CifarBase(Dataset):
     archive: ClassVar[str]
     uses_run_config = True  # for option grayscale
     options = (
-        Option("grayscale", bool, False, "greyscale images 1x32x32: ITU-R BT.601 luma 0.299 R + 0.587 G + 0.114 B "
-               "(Karras et al. train on greyscale CIFAR-10)"),
+        Option(
+            "grayscale",
+            bool,
+            False,
+            "greyscale images 1x32x32: ITU-R BT.601 luma 0.299 R + 0.587 G + 0.114 B "
+            "(Karras et al. train on greyscale CIFAR-10)",
+        ),
     )
 
     @property
@@ -75,12 +82,18 @@ class _CifarBase(Dataset):
         return all((self.location(data_dir) / f).is_file() for f in self.files)
 
     def load(self, data_dir: Path, config: RunConfig | None = None) -> ArrayDataset:
-        gray = bool(resolve_options(self.options, config.options)["grayscale"]) if config is not None else False
+        gray = (
+            bool(resolve_options(self.options, config.options)["grayscale"])
+            if config is not None
+            else False
+        )
         scaled = _luma if gray else _scaled
         folder = self.location(data_dir)
         missing = [f for f in self.files if not (folder / f).is_file()]
         if missing:
-            raise missing_error(self.name, folder, missing, f"unpack {self.archive} into {Path(data_dir)}")
+            raise missing_error(
+                self.name, folder, missing, f"unpack {self.archive} into {Path(data_dir)}"
+            )
         meta_path = folder / self.meta_file
         class_names = decode(key(load_array_pickle(meta_path), self.names_key, meta_path))
         parts = []
@@ -88,7 +101,9 @@ class _CifarBase(Dataset):
             path = folder / file_name
             batch = load_array_pickle(path)
             x = _images(key(batch, "data", path), path)
-            parts.append((x, _labels(key(batch, self.label_key, path), len(x), len(class_names), path)))
+            parts.append(
+                (x, _labels(key(batch, self.label_key, path), len(x), len(class_names), path))
+            )
         train, (x_test, y_test) = parts[:-1], parts[-1]
         x_train = scaled(np.concatenate([x for x, _ in train]))
         y_train = np.concatenate([y for _, y in train])
@@ -117,7 +132,10 @@ class Cifar10Dataset(_CifarBase):
                 f"the public unlabeled data of cifar10 is CIFAR-100 (as in FedDF), not found in "
                 f"{source.location(data_dir)}: run `p4bench data download cifar100`, or use -o public_data=pool"
             )
-        return PublicSource("CIFAR-100 training images (50000 records, unlabeled)", lambda: source.load(data_dir, config).x_train)
+        return PublicSource(
+            "CIFAR-100 training images (50000 records, unlabeled)",
+            lambda: source.load(data_dir, config).x_train,
+        )
 
 
 class Cifar100Dataset(_CifarBase):

@@ -53,7 +53,9 @@ def read_idx(path: Path, ndim: int | None = None) -> np.ndarray:
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
     expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
     if len(raw) - header != expected:
-        raise DataError(f"{path}: IDX data has {len(raw) - header} bytes, the header {dims} needs {expected}")
+        raise DataError(
+            f"{path}: IDX data has {len(raw) - header} bytes, the header {dims} needs {expected}"
+        )
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
 
 
@@ -70,16 +72,25 @@ class _ArrayUnpickler(pickle.Unpickler):
         ("_codecs", "encode"),  # protocol-2 pickles written by Python 3 encode bytes this way
     }
     # Array reconstructors, wherever the writing numpy version kept them.
-    _NUMPY_INTERNAL = {("multiarray", "_reconstruct"), ("multiarray", "scalar"), ("numeric", "_frombuffer")}
+    _NUMPY_INTERNAL = {
+        ("multiarray", "_reconstruct"),
+        ("multiarray", "scalar"),
+        ("numeric", "_frombuffer"),
+    }
 
     def find_class(self, module: str, name: str) -> Any:
-        internal = module.startswith("numpy.") and (module.rsplit(".", 1)[-1], name) in self._NUMPY_INTERNAL
+        internal = (
+            module.startswith("numpy.")
+            and (module.rsplit(".", 1)[-1], name) in self._NUMPY_INTERNAL
+        )
         if not internal and (module, name) not in self._ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}: only numpy arrays are allowed")
+            raise pickle.UnpicklingError(
+                f"refusing to unpickle {module}.{name}: only numpy arrays are allowed"
+            )
         if module.startswith("numpy.core."):
             # numpy 2 renamed numpy.core to numpy._core; old pickles still name the former.
             try:
-                return super().find_class("numpy._core." + module[len("numpy.core."):], name)
+                return super().find_class("numpy._core." + module[len("numpy.core.") :], name)
             except (ImportError, AttributeError):
                 pass
         return super().find_class(module, name)
@@ -90,7 +101,15 @@ def load_array_pickle(path: Path) -> dict[bytes | str, Any]:
     try:
         with path.open("rb") as handle:
             data = _ArrayUnpickler(handle, encoding="bytes").load()
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, ImportError, AttributeError) as exc:
+    except (
+        OSError,
+        EOFError,
+        pickle.UnpicklingError,
+        ValueError,
+        TypeError,
+        ImportError,
+        AttributeError,
+    ) as exc:
         raise DataError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected a pickled dict, found {type(data).__name__}")

@@ -12,7 +12,9 @@ from p4bench.data.base import ArrayDataset, Dataset
 from p4bench.data.sources.common import missing_error
 from p4bench.errors import DataError
 
-LEAF_FEMNIST_CLASSES: tuple[str, ...] = tuple(string.digits + string.ascii_uppercase + string.ascii_lowercase)
+LEAF_FEMNIST_CLASSES: tuple[str, ...] = tuple(
+    string.digits + string.ascii_uppercase + string.ascii_lowercase
+)
 _PIXELS = 28 * 28
 
 
@@ -33,9 +35,13 @@ def _read_leaf_json(path: Path) -> list[tuple[str, np.ndarray, np.ndarray]]:
             x = np.asarray(record["x"], dtype=np.float32).reshape(-1, _PIXELS)
             y = np.asarray(record["y"], dtype=np.int64).reshape(-1)
         except (KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"{path}: bad record for user {user!r} ({type(exc).__name__}: {exc})") from None
+            raise DataError(
+                f"{path}: bad record for user {user!r} ({type(exc).__name__}: {exc})"
+            ) from None
         if len(x) != len(y) or len(y) != count:
-            raise DataError(f"{path}: user {user!r} has {len(x)} images, {len(y)} labels, num_samples {count}")
+            raise DataError(
+                f"{path}: user {user!r} has {len(x)} images, {len(y)} labels, num_samples {count}"
+            )
         out.append((str(user), x, y))
     return out
 
@@ -48,7 +54,9 @@ class LeafFemnistDataset(Dataset):
     """
 
     name = "leaf-femnist"
-    description = "LEAF FEMNIST (json in leaf-femnist/{train,test}/), 62 classes, 1x28x28, writer ids"
+    description = (
+        "LEAF FEMNIST (json in leaf-femnist/{train,test}/), 62 classes, 1x28x28, writer ids"
+    )
     folder = "leaf-femnist"
 
     def location(self, data_dir: Path) -> Path:
@@ -64,7 +72,9 @@ class LeafFemnistDataset(Dataset):
         folder = self.location(data_dir)
         if not self.is_present(data_dir):
             raise missing_error(
-                self.name, folder, ["train/*.json", "test/*.json"],
+                self.name,
+                folder,
+                ["train/*.json", "test/*.json"],
                 "LEAF's data/femnist/data/{train,test} from its preprocess.sh",
             )
         # One file at a time: LEAF json holds floats as text, so parsing all at once
@@ -78,13 +88,28 @@ class LeafFemnistDataset(Dataset):
                 for user, x, y in _read_leaf_json(path):
                     xs.append(x)
                     ys.append(y)
-                    ws.append(np.full(len(y), writer_ids.setdefault(user, len(writer_ids)), np.int64))
+                    ws.append(
+                        np.full(len(y), writer_ids.setdefault(user, len(writer_ids)), np.int64)
+                    )
             x = np.concatenate(xs) if xs else np.zeros((0, _PIXELS), np.float32)
             del xs
             y = np.concatenate(ys) if ys else np.zeros(0, np.int64)
             if len(y) and (y.min() < 0 or y.max() >= len(LEAF_FEMNIST_CLASSES)):
-                raise DataError(f"{folder / split}: labels outside 0..{len(LEAF_FEMNIST_CLASSES) - 1}")
+                raise DataError(
+                    f"{folder / split}: labels outside 0..{len(LEAF_FEMNIST_CLASSES) - 1}"
+                )
             np.subtract(np.float32(1.0), x, out=x)
-            arrays.append((x.reshape(-1, 1, 28, 28), y, np.concatenate(ws) if ws else np.zeros(0, np.int64)))
+            arrays.append(
+                (x.reshape(-1, 1, 28, 28), y, np.concatenate(ws) if ws else np.zeros(0, np.int64))
+            )
         (x_tr, y_tr, w_tr), (x_te, y_te, w_te) = arrays
-        return ArrayDataset(self.name, x_tr, y_tr, x_te, y_te, LEAF_FEMNIST_CLASSES, writers_train=w_tr, writers_test=w_te)
+        return ArrayDataset(
+            self.name,
+            x_tr,
+            y_tr,
+            x_te,
+            y_te,
+            LEAF_FEMNIST_CLASSES,
+            writers_train=w_tr,
+            writers_test=w_te,
+        )

@@ -14,26 +14,36 @@ from p4bench.errors import DataError
 
 # The 47 EMNIST-Balanced classes: digits, upper case, and the lower-case letters whose
 # shapes differ from their upper case (the rest are merged into the upper-case class).
-EMNIST_BALANCED_CLASSES: tuple[str, ...] = tuple(string.digits + string.ascii_uppercase + "abdefghnqrt")
+EMNIST_BALANCED_CLASSES: tuple[str, ...] = tuple(
+    string.digits + string.ascii_uppercase + "abdefghnqrt"
+)
 
 
 def _existing_idx(folder: Path, stem: str) -> Path:
     path = find_idx(folder, stem)
-    assert path is not None, f"{folder / stem}[.gz] is missing"  # the caller checked that the files exist
+    assert path is not None, (
+        f"{folder / stem}[.gz] is missing"
+    )  # the caller checked that the files exist
     return path
 
 
-def _load_idx_pair(folder: Path, images_stem: str, labels_stem: str) -> tuple[np.ndarray, np.ndarray]:
+def _load_idx_pair(
+    folder: Path, images_stem: str, labels_stem: str
+) -> tuple[np.ndarray, np.ndarray]:
     images = read_idx(_existing_idx(folder, images_stem), ndim=3)
     labels = read_idx(_existing_idx(folder, labels_stem), ndim=1).astype(np.int64)
     if len(images) != len(labels):
-        raise DataError(f"{folder}: {len(images)} images in {images_stem} but {len(labels)} labels in {labels_stem}")
+        raise DataError(
+            f"{folder}: {len(images)} images in {images_stem} but {len(labels)} labels in {labels_stem}"
+        )
     return images, labels
 
 
 class _IdxDataset(Dataset):
     folder: ClassVar[str]
-    stems: ClassVar[tuple[str, str, str, str]]  # train images, train labels, test images, test labels
+    stems: ClassVar[
+        tuple[str, str, str, str]
+    ]  # train images, train labels, test images, test labels
     source: ClassVar[str]
     transpose: ClassVar[bool] = False
 
@@ -76,7 +86,12 @@ class MnistDataset(_IdxDataset):
     name = "mnist"
     description = "MNIST (IDX files in mnist/), 10 classes, 1x28x28"
     folder = "mnist"
-    stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    stems = (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    )
     source = "the four MNIST IDX files, gzip-compressed or not"
 
     def class_names(self, folder: Path) -> tuple[str, ...]:
@@ -108,7 +123,11 @@ class EmnistBalancedDataset(_IdxDataset):
             return EMNIST_BALANCED_CLASSES
         # Each line: "<label> <ASCII code>"; prefer the file shipped with the data.
         try:
-            pairs = sorted(tuple(int(v) for v in line.split()) for line in mapping.read_text().splitlines() if line.strip())
+            pairs = sorted(
+                tuple(int(v) for v in line.split())
+                for line in mapping.read_text().splitlines()
+                if line.strip()
+            )
         except ValueError:
             raise DataError(f"{mapping}: expected lines of '<label> <ascii code>'") from None
         if [label for label, _ in pairs] != list(range(len(pairs))):

@@ -12,9 +12,9 @@ graph's mean out-degree.
 import numpy as np
 
 from p4bench import hookimpl
-from p4bench.baselines.fedavg import FedAvg
 from p4bench.options import Option, resolve_options
 from p4bench.topology import get_topology
+from p4bench_baselines.fedavg import FedAvg
 
 
 class NeighbourhoodFedAvg(FedAvg):
@@ -28,8 +28,12 @@ class NeighbourhoodFedAvg(FedAvg):
     def validate_options(self):
         super().validate_options()
         values = resolve_options(self.options, self.config.options)
-        graph = get_topology(values["topology"], values["topology_options"])  # the 0.1 call: no registry=
-        edges = np.asarray(graph.edges(self.num_clients, 0, np.random.default_rng(self.config.seed)))
+        graph = get_topology(
+            values["topology"], values["topology_options"]
+        )  # the 0.1 call: no registry=
+        edges = np.asarray(
+            graph.edges(self.num_clients, 0, np.random.default_rng(self.config.seed))
+        )
         self.mean_degree = float(edges.sum(axis=1).mean())
 
     def derived_metrics(self, metrics):

@@ -1,0 +1,229 @@
+"""P4's co-training steps for linear models, computed in the span of each client's data.
+
+After any number of SGD steps on a client's samples X (n, d), a linear model's weights
+are W_k = W_0 - A_k X + sum_{j<k} u_j N_j: one coefficient per class and sample (A_k,
+(L, n)) plus the DP noise added so far (N_j, scaled by u_j = -lr std / E). Every step's
+logits therefore follow from n x n numbers once the products with X are known:
+
+    W_k X^T = W_0 X^T - A_k G + sum_{j<k} u_j N_j X^T,   G = X X^T (once per dataset).
+
+So the K steps cost two passes over the data instead of 2K GEMMs and K batch gathers:
+1. one GEMM with the data: both models' initial logits and what the later steps see of
+   the noise;
+2. the K steps in n-space: logits, closed-form gradients, clipping and the coefficient
+   updates, for every client at once;
+3. one GEMM W_K = W_0 + (noise) - A_K X.
+It pays off when K s n d, the bucketed path's work, exceeds about (K + 3) n d
+(`span_is_cheaper`), e.g. K = 5 and s = 0.5 on CIFAR-shaped features.
+
+The noise (`span_noise` option: `basis` by default, or `streams`, the generic path's
+exact draws) and its algebra live in `p4bench.privacy.span.SpanNoise`; this module does
+the model math. Same batches from the same sampling stream, same clipping, same ledger
+entries as the generic path: the K releases are one `Releases` transaction, recorded
+before the computation (the ledger decides on no data), their noise drawn up front.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from p4bench.data import ClientTensors
+from p4bench.engine.devices import WORKSPACE_FRACTION, free_device_memory
+from p4bench.engine.training import sample_batches
+from p4bench.models import Params
+from p4bench.privacy.releases import Releases
+from p4bench.privacy.span import NOISE_MODES, SpanNoise
+from p4bench_p4.fused import LinearCotraining, mutual_distillation_gradients
+
+if TYPE_CHECKING:
+    from p4bench.engine.method import StepContext
+
+__all__ = ["NOISE_MODES", "SpanCotraining", "span_fits", "span_is_cheaper"]
+
+
+def span_is_cheaper(
+    samples: int,
+    dim: int,
+    classes: int,
+    steps: int,
+    data_rate: float,
+    private: bool,
+    noise: str = "basis",
+) -> bool:
+    """Whether the span path needs fewer FLOPs than the bucketed path for one round.
+
+    Bucketed: per step, forward and weight gradient of both models on s n samples,
+    8 s n d L. Span: the first GEMM over 2L rows plus the noise rows (L with `basis`,
+    (K-1) L with `streams`), the last over 2L, against m = min(n, d) basis rows (`basis`)
+    or the n samples, and per step the n-space products 4 L n^2. The Gram matrix or the
+    QR basis is computed once per dataset and amortised over the rounds.
+    """
+    buckets = 8 * data_rate * samples * dim * classes * steps
+    basis = private and noise == "basis"
+    noise_rows = (classes if basis else (steps - 1) * classes) if private else 0
+    rows = min(samples, dim) if basis else samples
+    span = 2 * rows * dim * (4 * classes + noise_rows) + steps * 4 * classes * samples**2
+    return span < buckets
+
+
+def span_fits(train: ClientTensors, basis: bool) -> bool:
+    """Whether the span path's per-dataset tables fit beside the data on an accelerator:
+    the orthonormal basis is as large as the samples and its QR needs as much again (the
+    Gram matrices are small). Checked once per dataset, before they are built; on the
+    CPU, host memory is the limit, as for the data."""
+    free = free_device_memory(train.x.device)
+    if free is None or not basis or train.has_orthonormal_basis():
+        return True
+    return 2 * train.x.numel() * train.x.element_size() < free[0] * (1 - WORKSPACE_FRACTION)
+
+
+class SpanCotraining(LinearCotraining):
+    """The span path: two GEMMs per round, the K steps in n-space (module docstring)."""
+
+    def __init__(
+        self, alpha: float, beta: float, lr: float, data_rate: float, noise: str = "basis"
+    ) -> None:
+        super().__init__(alpha, beta, lr, data_rate)
+        self.noise = noise
+
+    def run(
+        self, proxy: Params, private: Params, train: ClientTensors, ctx: StepContext, steps: int
+    ) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
+        if ctx.dp is None:
+            return self._round(
+                proxy, private, train, ctx, steps, None, torch.ones(steps, len(ctx.rows))
+            )
+        with Releases(ctx.dp, ctx, self.data_rate, steps) as releases:
+            releases.state_before(
+                proxy
+            )  # the K releases are forceable as a whole (record isolation is not checked here)
+            noise = SpanNoise(
+                releases,
+                self.noise,
+                self.lr,
+                self.data_rate * train.n.double(),
+                proxy["weight"].shape[1],
+                steps,
+            )
+            result = self._round(
+                proxy, private, train, ctx, steps, noise, releases.admitted.float()
+            )
+            releases.state_after(result[0])
+            return result
+
+    def _round(
+        self,
+        proxy: Params,
+        private: Params,
+        train: ClientTensors,
+        ctx: StepContext,
+        steps: int,
+        noise: SpanNoise | None,
+        done: torch.Tensor,
+    ) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
+        """The round with `noise` (None: not private); `done` (K, C): 1 where a step is taken."""
+        count, classes, dim = proxy["weight"].shape
+        proxy_lr = self.lr * done if noise is None else noise.step_sizes
+        basis = noise is not None and noise.basis
+        # the rows the GEMMs run against: an orthonormal basis of the data's span, or the data
+        data, coords = train.orthonormal_basis() if basis else (train.x.flatten(start_dim=2), None)
+        noise_rows = 0 if noise is None else noise.rows
+        # [proxy W; private W; noise] per client, so one GEMM reads the data once for all of them
+        stacked = self.workspace.get("span", (count, 2 * classes + noise_rows, dim))
+        stacked[:, :classes].copy_(proxy["weight"])
+        stacked[:, classes : 2 * classes].copy_(private["weight"])
+        bias = torch.cat([proxy["bias"], private["bias"]], dim=1)
+        if noise is not None:
+            noise.draw(stacked[:, 2 * classes :], data.shape[1])
+        read = stacked[:, : 2 * classes + (0 if noise is None else noise.projected)]
+        products = torch.bmm(read, data.transpose(1, 2))  # (C, rows, m or n)
+        if basis:
+            assert coords is not None  # the basis comes with its coordinates
+            initial = torch.bmm(products[:, : 2 * classes], coords)  # W_0 X^T = (W_0 Q) R
+            gram = torch.bmm(coords.transpose(1, 2), coords)  # X X^T = R^T R
+        else:
+            initial, gram = products[:, : 2 * classes], train.gram()
+        seen = None if noise is None else noise.seen(products[:, 2 * classes :], coords)
+        coefficients, total, taken = self._steps(
+            initial, gram, seen, bias, noise, proxy_lr, done, train, ctx, steps
+        )
+        if basis:
+            assert coords is not None
+            coefficients = torch.bmm(coefficients, coords.transpose(1, 2))  # A X = (A R^T) Q^T
+        if noise is not None:
+            noise.finish(
+                stacked[:, :classes],
+                coefficients[:, :classes],
+                products[:, 2 * classes :],
+                stacked[:, 2 * classes :],
+            )
+        # into a fresh contiguous tensor: faster than in place on the strided view, and the
+        # result must not live in the reused buffer anyway
+        weights = torch.baddbmm(
+            stacked[:, : 2 * classes],
+            coefficients,
+            data,
+            alpha=-1.0,
+            out=torch.empty(count, 2 * classes, dim),
+        )
+        return (
+            {"weight": weights[:, :classes], "bias": bias[:, :classes]},
+            {"weight": weights[:, classes:], "bias": bias[:, classes:]},
+            total,
+            taken,
+        )
+
+    def _steps(
+        self,
+        initial: torch.Tensor,
+        gram: torch.Tensor,
+        seen: torch.Tensor | None,
+        bias: torch.Tensor,
+        noise: SpanNoise | None,
+        proxy_lr: torch.Tensor,
+        done: torch.Tensor,
+        train: ClientTensors,
+        ctx: StepContext,
+        steps: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The K steps in n-space from the initial logits W_0 X^T (C, 2L, n), the Gram
+        matrices (C, n, n) and the noise's projections N_k X^T (C, (K-1) L, n). Updates
+        `bias` in place; returns (A_K (C, 2L, n), summed proxy loss (C,), steps taken (C,))."""
+        count, width = train.y.shape
+        classes = bias.shape[1] // 2
+        norms = train.squared_norms()
+        coefficients = torch.zeros(count, 2 * classes, width)
+        noise_logits = torch.zeros(count, classes, width)
+        total, taken = torch.zeros(count, dtype=torch.float64), torch.zeros(count)
+        for k in range(steps):
+            index, mask = sample_batches(ctx, train)
+            chosen = torch.zeros(count, width).scatter_add_(1, index, mask.float())
+            logits = torch.baddbmm(initial, coefficients, gram, alpha=-1.0)
+            logits[:, :classes] += noise_logits
+            logits += bias.unsqueeze(2)
+            grads, losses = mutual_distillation_gradients(
+                logits.view(count, 2, classes, width).permute(0, 3, 1, 2),
+                train.y,
+                self.alpha,
+                self.beta,
+            )
+            batch = chosen.sum(dim=1, keepdim=True).clamp_min(1.0)
+            scale = torch.empty(count, width, 2, 1)
+            if noise is not None:
+                scale[:, :, 0, 0] = noise.releases.clip_scale(
+                    grads[:, :, 0], norms, chosen
+                ) * proxy_lr[k].unsqueeze(1)
+            else:
+                scale[:, :, 0, 0] = chosen / batch * proxy_lr[k].unsqueeze(1)
+            scale[:, :, 1, 0] = chosen / batch * (self.lr * done[k]).unsqueeze(1)
+            step = grads.mul_(scale).reshape(count, width, 2 * classes)
+            coefficients += step.transpose(1, 2)
+            bias -= step.sum(dim=1)
+            if noise is not None:
+                assert seen is not None  # projected with the noise
+                noise.step(k, seen, noise_logits, bias[:, :classes])
+            total += (losses * chosen).sum(dim=1).double() / batch.squeeze(1).double() * done[k]
+            taken += done[k]
+        return coefficients, total, taken
