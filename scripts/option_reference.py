@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from p4bench.config import RunConfig
+from p4bench.host.manager import Registry, create_plugin_manager
 from p4bench.options import option_reference, with_option_reference
-from p4bench.plugin_manager import Registry, create_plugin_manager
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -41,8 +41,11 @@ def _run_option_rows() -> list[str]:
     for f in dataclasses.fields(RunConfig):
         meta = f.metadata
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        default_text = "-" if default is None or default == {} else ("true" if default is True else "false" if default is False
-                                                                     else str(default))
+        default_text = (
+            "-"
+            if default is None or default == {}
+            else ("true" if default is True else "false" if default is False else str(default))
+        )
         if meta.get("choices"):
             allowed = "one of " + ", ".join(meta["choices"])
         elif meta.get("low") is not None or meta.get("high") is not None:
@@ -57,7 +60,9 @@ def _run_option_rows() -> list[str]:
                 allowed = f"{'<' if meta.get('high_open') else '<='} {_num(high)}"
         else:
             allowed = ""
-        rows.append(f"| `{f.name}` | {_cell(default_text)} | {_cell(allowed)} | {_cell(meta.get('help', ''))} |")
+        rows.append(
+            f"| `{f.name}` | {_cell(default_text)} | {_cell(allowed)} | {_cell(meta.get('help', ''))} |"
+        )
     return rows
 
 
@@ -105,7 +110,11 @@ def main(argv: list[str]) -> int:
     registry = Registry(create_plugin_manager(autoload=False))
     targets = [
         (README, README.read_text(), with_option_reference(README.read_text(), registry)),
-        (OPTIONS_PAGE, OPTIONS_PAGE.read_text() if OPTIONS_PAGE.exists() else "", options_page(registry)),
+        (
+            OPTIONS_PAGE,
+            OPTIONS_PAGE.read_text() if OPTIONS_PAGE.exists() else "",
+            options_page(registry),
+        ),
     ]
     stale = [path for path, text, updated in targets if updated != text]
     if "--check" in argv:
