@@ -14,12 +14,7 @@ FAST = {
     "device_round_timeout_s": 120,
     "device_startup_timeout_s": 180,
 }
-METHODS = {
-    "p4": {"group_size": 2},
-    "fedavg": {},
-    "proxyfl": {},
-    "dp-dsgt": {"topology": "ring"},
-}
+METHODS = {"p4": {"group_size": 2}, "fedavg": {}, "proxyfl": {}, "dp-dsgt": {"topology": "ring"}}
 
 
 def _params(result) -> np.ndarray:

@@ -169,11 +169,7 @@ def cross_gradients(
 
 
 def _privatise(
-    ctx: Any,
-    grads: torch.Tensor,
-    present: torch.Tensor,
-    clip_mode: str,
-    expected: torch.Tensor,
+    ctx: Any, grads: torch.Tensor, present: torch.Tensor, clip_mode: str, expected: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One release per row: noise on all of the row's gradients at once (module docstring).
 

@@ -22,7 +22,7 @@ __getattr__ = lazy_exports(
             "ReferenceRuntime",
             "Runtime",
             "SimulationRuntime",
-        ),
+        )
     },
 )
 

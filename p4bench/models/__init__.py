@@ -35,6 +35,6 @@ __getattr__ = lazy_exports(
             "SmallCNN",
             "conv_init",
             "linear_init",
-        ),
+        )
     },
 )

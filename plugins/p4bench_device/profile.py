@@ -53,7 +53,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
         "Raspberry Pi 4 Model B, 4 GB: 4 x Cortex-A72 1.5 GHz",
         cpus=4,
         memory_bytes=4 * 2**30,
-    ),
+    )
 }
 
 

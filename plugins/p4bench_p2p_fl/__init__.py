@@ -19,10 +19,7 @@ if TYPE_CHECKING:
     from p4bench_p2p_fl.method import P2PFL
 
 PACKAGE = LazyPackage(
-    globals(),
-    {
-        "p4bench_p2p_fl.method": ("P2PFL",),
-    },
+    globals(), {"p4bench_p2p_fl.method": ("P2PFL",)}
 )  # the one list of this package's classes
 __all__ = PACKAGE.names
 __getattr__ = PACKAGE.getattr

@@ -18,10 +18,7 @@ if TYPE_CHECKING:
     from p4bench_pdsl.method import PDSL, PDSLLocalVal
 
 PACKAGE = LazyPackage(
-    globals(),
-    {
-        "p4bench_pdsl.method": ("PDSL", "PDSLLocalVal"),
-    },
+    globals(), {"p4bench_pdsl.method": ("PDSL", "PDSLLocalVal")}
 )  # the one list of this package's classes
 __all__ = PACKAGE.names
 __getattr__ = PACKAGE.getattr
