@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if baselines:
         print(
-            f"{' and '.join(baselines)}: {'private (DP at the same epsilon)' if args.private_baselines else 'non-private'}"
+            f"{' and '.join(baselines)}: "
+            f"{'private (DP at the same epsilon)' if args.private_baselines else 'non-private'}"
         )
     print(verdict.note())
     if verdict.warning:
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> dict:
     for row in table:
         print(
             f"| {row['method']} | {row['kind']} | {row['privacy']} | {row['lr']:g} | {row['accuracy_mean']:.4f} | "
-            f"{row['accuracy_std']:.4f} | {num(row['epsilon'], '.2f')} | {num(row['epsilon_rdp'], '.2f')} | {num(row['sigma'], '.3f')} | "
+            f"{row['accuracy_std']:.4f} | {num(row['epsilon'], '.2f')} | {num(row['epsilon_rdp'], '.2f')} | "
+            f"{num(row['sigma'], '.3f')} | "
             f"{row['bytes_per_client'] / 1e6:.2f} | {row['wall_s']:.1f} |"
         )
     order = [row["method"] for row in table]

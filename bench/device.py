@@ -237,7 +237,8 @@ def measure(args: argparse.Namespace, link: str | None) -> dict[str, Any]:
     samples = exchange_samples(steady)
     if not any(samples.values()):
         print(
-            "warning: no per-exchange round metrics (device.<peer>.exchange.<name>.comm_s): transfer times not measured",
+            "warning: no per-exchange round metrics (device.<peer>.exchange.<name>.comm_s): "
+            "transfer times not measured",
             file=sys.stderr,
         )
     return {
@@ -353,12 +354,14 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"phase 2 per pair: {out['phase2_pair_s']:.4f} s, of which compute {out['phase2_compute_s']:.4f} s, overhead "
         f"{out['overhead_fraction']:.2%} over the critical path's {out['phase2_critical_compute_s']:.4f} s "
-        f"({out['wait_and_overhead_fraction']:.2%} with waiting for the partner's compute) (paper, Pi: 5.27 s, training "
+        f"({out['wait_and_overhead_fraction']:.2%} with waiting for the partner's compute) "
+        f"(paper, Pi: 5.27 s, training "
         f"4.83 s); {out['phase2_total_bytes'] / 1e3:.2f} kB per round (paper: 1246.57 kB)"
     )
     if shaped is not None:
         print(
-            f"unshaped: phase 2 per pair {unshaped['phase2_pair_s']:.4f} s, overhead {unshaped['overhead_fraction']:.2%}"
+            f"unshaped: phase 2 per pair {unshaped['phase2_pair_s']:.4f} s, "
+            f"overhead {unshaped['overhead_fraction']:.2%}"
         )
     print(
         f"peak memory: {out['phase1_peak_rss_mb']:.0f} MB phase 1, {out['phase2_peak_rss_mb']:.0f} MB phase 2 "
@@ -368,8 +371,10 @@ def main(argv: list[str] | None = None) -> dict:
         if link is not None and t["batches"]:
             print(
                 f"link {link.name} ({link.rate_bits_per_s / 1e6:g} Mbit/s, {link.latency_s * 1e3:g} ms): {name} "
-                f"{t['bytes'] / 1e3:.2f} kB in {t['measured_s'] * 1e3:.2f} ms, of which the link {t['link_s'] * 1e3:.2f} ms "
-                f"(protocol {t['protocol_s'] * 1e3:.2f} ms unshaped); capacity predicts {t['predicted_s'] * 1e3:.2f} ms "
+                f"{t['bytes'] / 1e3:.2f} kB in {t['measured_s'] * 1e3:.2f} ms, "
+                f"of which the link {t['link_s'] * 1e3:.2f} ms "
+                f"(protocol {t['protocol_s'] * 1e3:.2f} ms unshaped); "
+                f"capacity predicts {t['predicted_s'] * 1e3:.2f} ms "
                 f"(ratio {t['ratio']:.3f}, {t['batches']} batches)"
             )
         elif t["batches"]:

@@ -587,7 +587,10 @@ def main(argv: list[str] | None = None) -> int:
             "client_rate": 1.0,
             "group_size": GROUP,
             "defense": None,
-            "grouping": "fixed groups of V consecutive clients; phase 1 (similarity grouping, cubic memory in M) not run",
+            "grouping": (
+                "fixed groups of V consecutive clients; "
+                "phase 1 (similarity grouping, cubic memory in M) not run"
+            ),
             "dp": {"noise_multiplier": SIGMA, "clip": CLIP, "neighbouring": "replace-one"},
             "fedavg": {
                 "clients": fedavg_clients,

@@ -56,7 +56,8 @@ def main() -> None:
     print("| setting | private acc (benign) | proxy acc (benign) |\n|---|---|---|")
     for label, row in rows.items():
         print(
-            f"| {label} | {row['private_mean']:.4f} ± {row['private_std']:.4f} | {row['proxy_mean']:.4f} ± {row['proxy_std']:.4f} |"
+            f"| {label} | {row['private_mean']:.4f} ± {row['private_std']:.4f} | "
+            f"{row['proxy_mean']:.4f} ± {row['proxy_std']:.4f} |"
         )
     print(
         json.dumps(

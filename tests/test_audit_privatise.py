@@ -101,7 +101,8 @@ def test_the_canary_norm_is_the_sensitivity_and_never_more_than_a_clipped_releas
     batch = privatised_norm(honest, noise_scale(honest, "batch", degree))
     assert torch.allclose(batch, per_model * degree.sqrt() * honest.clip)
     # clipping removed (noise for the claimed C): per-example clipping leaks (a record's clipped value is 1e12), batch
-    # clipping reads the clip into its noise (2 C sigma sqrt(k)), so its canaries stay at mu = 1 / sigma: nothing to show
+    # clipping reads the clip into its noise (2 C sigma sqrt(k)), so its canaries stay at mu = 1 / sigma:
+    # nothing to show
     faulty = unclipped(DPMechanism(honest, NoiseStreams(0, [0]), print, print)).settings
     leaky = privatised_norm(faulty, noise_scale(faulty, "per-example", degree))
     assert torch.allclose(leaky, torch.full((3,), NO_CLIP, dtype=torch.float64))

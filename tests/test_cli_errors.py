@@ -391,7 +391,8 @@ def test_flags_show_no_value_type_in_help(capsys):
 def test_version_is_printed_without_building_the_app():
     code = (
         "import sys\nfrom p4bench.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit as e:\n"
-        "    assert not e.code, e.code\nheavy = [m for m in ('torch', 'mlflow', 'p4bench.host.manager') if m in sys.modules]\n"
+        "    assert not e.code, e.code\n"
+        "heavy = [m for m in ('torch', 'mlflow', 'p4bench.host.manager') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -131,7 +131,10 @@ def test_another_process_elsewhere_gets_the_same_digest(tmp_path):
     """A cache key: the same in every process (another working directory, other modules imported)."""
     from p4bench_baselines.fedavg import FedAvg
 
-    script = "from p4bench_baselines.fedavg import FedAvg; from p4bench.privacy.code_digest import code_digest; print(code_digest(FedAvg))"
+    script = (
+        "from p4bench_baselines.fedavg import FedAvg; "
+        "from p4bench.privacy.code_digest import code_digest; print(code_digest(FedAvg))"
+    )
     before = code_digest(FedAvg)
     other = subprocess.run(
         [sys.executable, "-c", script], cwd=tmp_path, check=True, capture_output=True, text=True

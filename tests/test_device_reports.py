@@ -193,7 +193,8 @@ def test_settings_and_counts_other_than_the_launchers_are_mismatches():
         ),
         (
             "c",
-            "no DP release of client 2 reported in phase 'train', where the plan declares 4 step(s) for the rounds it ran",
+            "no DP release of client 2 reported in phase 'train', "
+            "where the plan declares 4 step(s) for the rounds it ran",
         ),
     ]
 

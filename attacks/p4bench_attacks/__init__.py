@@ -1,7 +1,8 @@
 """Attack plugins, registered through the same hook as third-party attacks.
 
 The P4 paper's threat model: label-flip (data poisoning) and byzantine-zero / -random /
--flip (model replacement); Karras et al.'s noisy clients: random-labels. From the robustness literature: gaussian, sign-flip, and the
+-flip (model replacement); Karras et al.'s noisy clients: random-labels. From the robustness
+literature: gaussian, sign-flip, and the
 omniscient alie, ipm and min-max. The P4L paper's attacks: label-flip-pair, label-flip-random-pair,
 label-shuffle (data poisoning) and kde-noise (its noisy peers, a message attack). Against cross-gradient
 methods (PDSL): model-probe, a malicious neighbour's crafted model (an active gradient-inversion probe).

@@ -53,7 +53,10 @@ class LabelFlipPair(Attack):
     """Swap the two classes of option `flip_pair` in every malicious client's labels."""
 
     name = "label-flip-pair"
-    description = "data poisoning: malicious clients swap the labels of one class pair (option flip_pair, default 0 <-> 5)"
+    description = (
+        "data poisoning: malicious clients swap the labels of one class pair "
+        "(option flip_pair, default 0 <-> 5)"
+    )
     options = Attack.options + (
         Option(
             "flip_pair",

@@ -63,7 +63,10 @@ class MinMax(Attack):
     """Send mean - gamma * direction, gamma maximal within the honest updates' spread."""
 
     name = "min-max"
-    description = "min-max (Shejwalkar & Houmansadr): mean - gamma*std with the largest gamma that stays within the honest spread"
+    description = (
+        "min-max (Shejwalkar & Houmansadr): mean - gamma*std with the largest gamma that stays "
+        "within the honest spread"
+    )
     options = Attack.options + (
         Option(
             "minmax_direction",

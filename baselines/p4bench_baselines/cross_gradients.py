@@ -3,7 +3,8 @@ neighbourhood on ONE batch of its own records, in one batched computation, and
 privatises them as one release.
 
 Agent i holds K slots (`present` (C, K) marks its neighbourhood M_i, itself included;
-PDSL and DP-CGA pass K = the largest degree, `NeighbourTable`) and computes g_ij = grad F_i(x_j; B) for every present j on the same batch B.
+PDSL and DP-CGA pass K = the largest degree, `NeighbourTable`) and computes
+g_ij = grad F_i(x_j; B) for every present j on the same batch B.
 The k_i = |M_i| gradients come from the same records, so they are one release of the
 concatenated vector, never k_i independent ones:
 

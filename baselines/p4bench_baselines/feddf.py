@@ -84,7 +84,10 @@ class FedDF(FedAvg):
     """FedAvg with server-side ensemble distillation on public unlabeled data."""
 
     name = "feddf"
-    description = "FedDF (Lin et al.): FedAvg's clients; the server distils the received models' ensemble on public data"
+    description = (
+        "FedDF (Lin et al.): FedAvg's clients; the server distils the received models' ensemble "
+        "on public data"
+    )
     capabilities = FedAvg.capabilities
     needs_public_data = True
     options: ClassVar[tuple[Option, ...]] = FedAvg.options + (

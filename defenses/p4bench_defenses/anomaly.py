@@ -58,7 +58,10 @@ class AnomalyDetection(Defense):
     """Drop updates far from a robust reference (mean + lambda * std rule)."""
 
     name = "anomaly-detection"
-    description = "drop updates whose distance to a Krum-seeded reference exceeds mean + lambda*std (paper: 3 sigma; option FedML's)"
+    description = (
+        "drop updates whose distance to a Krum-seeded reference exceeds mean + lambda*std "
+        "(paper: 3 sigma; option FedML's)"
+    )
     options = (
         Option(
             "anomaly_variant",

@@ -232,7 +232,8 @@ def _check_observed(
     if bank.bypassed or missing or not observed.any():
         how = f" (calls to {', '.join(bank.bypassed)})" if bank.bypassed else ""
         raise IncompatibleError(
-            f"method '{method}' made {missing} of {int(counted.sum())} ledger releases outside DPMechanism.release{how}, "
+            f"method '{method}' made {missing} of {int(counted.sum())} ledger releases "
+            f"outside DPMechanism.release{how}, "
             f"so the audit could not insert or observe its canaries there; no bound would be meaningful"
         )
     assert bank.scores is not None  # drawn at the first observed release

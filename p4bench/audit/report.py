@@ -143,7 +143,8 @@ def log_audit(audit: AuditResult) -> str | None:
             if audit.plot is not None and Path(audit.plot).exists():
                 client.log_artifact(run_id, str(audit.plot))
     except Exception as exc:  # tracking never loses the audit's result
-        message = f"MLflow audit logging failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        message = f"MLflow audit logging failed ({type(exc).__name__}: {first})"
         log.warning(message)
         return message
     return None

@@ -126,7 +126,10 @@ class AuditResult:
         if self.leaks:
             assert self.behaviour is not None
             findings = "; ".join(self.behaviour.get("findings") or [])
-            return f"LEAKS: the replay checks show records outside the ledger ({findings}): the privacy claim does not hold"
+            return (
+                f"LEAKS: the replay checks show records outside the ledger ({findings}): "
+                "the privacy claim does not hold"
+            )
         if self.inconclusive:
             needed = self.runs_needed()
             lift = (
@@ -153,8 +156,10 @@ class AuditResult:
         took += f", {self.cpu_seconds:.1f} CPU s" if self.cpu_seconds is not None else ""
         return (
             f"audit {self.config.method} on {self.config.dataset} ({self.scope}): {name} empirical epsilon >= "
-            f"{b.epsilon_lower:.2f} at {_percent(b.confidence)} confidence ({counts}; ceiling {b.ceiling:.2f}, the bound "
-            f"of a perfect separation{took}) vs {self.claim_label} epsilon {self.claimed_epsilon:.2f} ({self.accountant}, "
+            f"{b.epsilon_lower:.2f} at {_percent(b.confidence)} confidence "
+            f"({counts}; ceiling {b.ceiling:.2f}, the bound "
+            f"of a perfect separation{took}) vs {self.claim_label} epsilon "
+            f"{self.claimed_epsilon:.2f} ({self.accountant}, "
             f"{self.neighbouring}): {self.verdict_text()}"
         )
 

@@ -175,12 +175,14 @@ def run_command(
     ),
     noise_source: str | None = typer.Option(
         None,
-        help="DP noise and batches: auto (default: secure on devices, seeded in simulation) | seeded (reproducible, not secret) "
+        help="DP noise and batches: auto (default: secure on devices, seeded in simulation) "
+        "| seeded (reproducible, not secret) "
         "| secure (secret per client, keyed from the OS CSPRNG)",
     ),
     noise_generator: str | None = typer.Option(
         None,
-        help="seeded DP noise: auto (default: torch on cpu, philox on GPUs) | torch | philox (same numbers on CPU and GPU)",
+        help="seeded DP noise: auto (default: torch on cpu, philox on GPUs) | torch "
+        "| philox (same numbers on CPU and GPU)",
     ),
     device_simulation: bool = typer.Option(
         False,

@@ -216,7 +216,8 @@ def _privacy_text(summary: dict[str, Any]) -> str:
     ]  # an accountant used outside its proof (noble) makes the run uncertified
     return (
         f"{summary['epsilon']:.3f} max / {summary['epsilon_mean']:.3f} mean ({label}), "
-        f"{summary['epsilon_rdp']:.3f} max (rdp){pld}; delta {summary['delta']:.2g}, sigma {summary['noise_multiplier']:.3f}, "
+        f"{summary['epsilon_rdp']:.3f} max (rdp){pld}; delta {summary['delta']:.2g}, "
+        f"sigma {summary['noise_multiplier']:.3f}, "
         f"{summary['neighbouring']}; {summary['clients_stopped']} clients hit the budget"
     )
 

@@ -258,7 +258,8 @@ def scatter_dataset(dataset: ArrayDataset, **kwargs: Any) -> ArrayDataset:
     """
     if len(dataset.feature_shape) != 3:
         raise IncompatibleError(
-            f"ScatterNet features need images (C, H, W); dataset '{dataset.name}' has features of shape {dataset.feature_shape}"
+            f"ScatterNet features need images (C, H, W); dataset '{dataset.name}' "
+            f"has features of shape {dataset.feature_shape}"
         )
     x, _ = dataset.pooled()
     features = scatter_features(x, label=kwargs.pop("label", dataset.name), **kwargs)

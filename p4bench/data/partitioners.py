@@ -178,7 +178,8 @@ class ShardsPartitioner(Partitioner):
             valid = num_classes // np.gcd(num_classes, per_client)
             raise DataError(
                 f"shards partitioner: M*N/L = {num_clients}*{per_client}/{num_classes} is not an integer, so the "
-                f"classes cannot be cut into equal numbers of shards; use a number of clients that is a multiple of {valid}"
+                f"classes cannot be cut into equal numbers of shards; "
+                f"use a number of clients that is a multiple of {valid}"
             )
         per_class = total_shards // num_classes
         given = values["shards_per_class"]
@@ -194,12 +195,14 @@ class ShardsPartitioner(Partitioner):
         else:
             if samples_per_client % per_client:
                 raise DataError(
-                    f"shards partitioner: {samples_per_client} samples per client cannot be split into {per_client} equal shards"
+                    f"shards partitioner: {samples_per_client} samples per client "
+                    f"cannot be split into {per_client} equal shards"
                 )
             shard = samples_per_client // per_client
         if shard < 1 or shard * per_class > smallest:
             raise DataError(
-                f"shards partitioner: {per_class} shards of {max(shard, 1)} samples per class need {per_class * max(shard, 1)} "
+                f"shards partitioner: {per_class} shards of {max(shard, 1)} samples per class "
+                f"need {per_class * max(shard, 1)} "
                 f"samples of every class, the smallest class has {smallest} "
                 f"(at most {smallest // per_class * per_client} samples per client)"
             )

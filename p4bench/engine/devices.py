@@ -158,7 +158,8 @@ def plan_memory(
     if state_bytes > usable:
         raise UsageError(
             f"the run does not fit on {device}: its client state needs {_gib(state_bytes)} ({state_bytes} bytes) plus "
-            f"{WORKSPACE_FRACTION:.0%} headroom, {_gib(free)} ({free} bytes) are free; use fewer clients or a smaller model"
+            f"{WORKSPACE_FRACTION:.0%} headroom, {_gib(free)} ({free} bytes) are free; "
+            "use fewer clients or a smaller model"
         )
     return MemoryPlan(
         device, data_bytes, state_bytes, free, stream_data=state_bytes + data_bytes > usable

@@ -5,7 +5,8 @@ Authenticated peers can still misbehave (a stolen key, a buggy plugin), so the r
 driver holds every inbox to what the receiver itself knows, in every runtime alike:
 
 - **count**: at most `Method.messages_per_pair` messages per sender and destination in
-  one exchange (a broadcast counts once for every destination) (`Method.server_messages_per_pair` from the server, e.g. a relay
+  one exchange (a broadcast counts once for every destination)
+  (`Method.server_messages_per_pair` from the server, e.g. a relay
   forwarding every client's model); the first ones delivered are kept, the extras rejected
   (``extra message from <id>``), so repeated copies cannot outvote honest senders;
 - **finite**: every floating payload entry finite (``non-finite from <id>``);

@@ -211,7 +211,10 @@ class Registry:
             return
         if name in owned:  # a built-in keeps its name; the installed class is ignored
             assert existing is not None  # an owned name is never removed from the entries
-            message = f"{kind} '{name}' ({entry.qualname}) is ignored: {existing.distribution} registers '{name}' itself"
+            message = (
+                f"{kind} '{name}' ({entry.qualname}) is ignored: "
+                f"{existing.distribution} registers '{name}' itself"
+            )
         elif existing is None and name not in self._unusable[kind]:
             self._entries[kind][name] = entry
             return

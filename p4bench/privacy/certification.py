@@ -103,7 +103,8 @@ class Certification:
             updated = self.with_reasons(
                 [
                     "not verified: the post-processing check was off (--verify off or P4BENCH_VERIFY=0), and an "
-                    "epsilon is certified only where the run's messages were checked to be post-processing of its releases"
+                    "epsilon is certified only where the run's messages were checked to be "
+                    "post-processing of its releases"
                 ]
             )
             return Certification(

@@ -58,7 +58,8 @@ class RunSession:
                 self.elapsed_before
             )  # the budget counts the rounds before the interruption too
         self.stopped_by_request = False
-        self.tracker = tracker  # its MLflow run id is read at the first checkpoint: the tracking worker may still be creating it
+        # its MLflow run id is read at the first checkpoint: the tracking worker may still be creating it
+        self.tracker = tracker
         mlflow_run_id = resume.meta.get("mlflow_run_id") if resume else None
         meta = {
             "config": requested.to_dict(),

@@ -524,13 +524,19 @@ def _tune_lr(
     scale = f"{rounds} rounds" if rounds else "the runs' rounds"
     alone = plan.tune_on == "evaluation-clients"
     if plan.scope == PARTITION:
-        where = f"each partition's {'evaluation clients alone' if alone else 'whole federation'} ({partition_shape(plan)}"
+        where = (
+            f"each partition's {'evaluation clients alone' if alone else 'whole federation'} "
+            f"({partition_shape(plan)}"
+        )
     else:
         at = (
             ", ".join(f"{k}={v}" for k, v in preset.tune_at.items())
             or "each method's first setting"
         )
-        where = f"the {'evaluation clients alone' if alone else 'whole federation'} ({at}, seed {plan.groups[0].run.config.seed}"
+        where = (
+            f"the {'evaluation clients alone' if alone else 'whole federation'} "
+            f"({at}, seed {plan.groups[0].run.config.seed}"
+        )
     notices.append(
         f"tuning lr over {', '.join(f'{v:g}' for v in grid)} for {', '.join(keys)} on {where}, {scale}; "
         f"{len(plan.planned)} tuning runs, experiment '{experiment}')"

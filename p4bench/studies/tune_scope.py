@@ -283,7 +283,10 @@ def scope_note(plan: LrTuningPlan, what: str = "lr") -> str | None:
         }
     )
     if len(sizes) == 1:
-        whom = f"each partition's {sizes[0][0]} evaluation clients alone, disjoint from its {sizes[0][1]} reported clients"
+        whom = (
+            f"each partition's {sizes[0][0]} evaluation clients alone, "
+            f"disjoint from its {sizes[0][1]} reported clients"
+        )
     else:
         whom = (
             "each partition's evaluation clients alone, disjoint from its reported clients ("

@@ -194,7 +194,8 @@ class _EmulationMode(TorchFunctionMode):
             return args[0].elem.tolist()
         if func is torch.Tensor.numpy and isinstance(args[0], EmulatedTensor):
             raise TypeError(
-                "can't convert emu:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
+                "can't convert emu:0 device type tensor to numpy. "
+                "Use Tensor.cpu() to copy the tensor to host memory first."
             )
         if func is torch.Tensor.pin_memory:  # no pinned memory without an accelerator runtime
             return args[0]

@@ -209,7 +209,8 @@ def _compare_accuracy(
     bad = np.flatnonzero(~(diff <= tolerance))
     if len(bad):
         return [
-            f"{label}: {what} differs by up to {float(np.nanmax(diff)) if np.isfinite(diff).any() else float('nan'):.3g} "
+            f"{label}: {what} differs by up to "
+            f"{float(np.nanmax(diff)) if np.isfinite(diff).any() else float('nan'):.3g} "
             f"(clients {bad.tolist()})"
         ]
     return []

@@ -22,7 +22,10 @@ class GroupsGraph(Topology):
     """Clients connected to every member of their group, from a groups.json file."""
 
     name = "groups"
-    description = "dynamic groups produced by a method (P4's groups.json): complete graph inside each group; option path"
+    description = (
+        "dynamic groups produced by a method (P4's groups.json): complete graph inside each group; "
+        "option path"
+    )
     options = (Option("path", str, None, "groups.json written by a P4 run (required)"),)
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:

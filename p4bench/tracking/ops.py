@@ -33,7 +33,8 @@ def failure_line(action: str, exc: BaseException) -> str:
 
 def open_failure_line(uri: str, exc: BaseException) -> str:
     """Opening a store can fail (MLflow refuses some stores when it opens them)."""
-    return f"MLflow store {uri} cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
+    first = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"MLflow store {uri} cannot be opened ({type(exc).__name__}: {first})"
 
 
 def import_mlflow() -> None:

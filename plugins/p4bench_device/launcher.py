@@ -61,7 +61,8 @@ from p4bench_device.report_schema import (
 
 log = logging.getLogger("p4bench.device")
 
-MAX_REJECTED = 100  # rejected reports kept with their reasons (a compromised peer must not grow the summary without bound)
+# rejected reports kept with their reasons (a compromised peer must not grow the summary without bound)
+MAX_REJECTED = 100
 
 __all__ = ["DeviceOutcome", "DeviceError", "LocalPeers", "Launcher"]
 

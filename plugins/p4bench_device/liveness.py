@@ -74,7 +74,10 @@ class SlowPeers:
             return "no end marker"
         rate = limits.slow_peer_rate_bytes_s
         if rate > 0 and arrival.seconds > limits.slow_peer_grace_s + arrival.wire_bytes / rate:
-            return f"{arrival.wire_bytes} bytes in {arrival.seconds:.1f} s (below {rate} B/s after {limits.slow_peer_grace_s:g} s)"
+            return (
+                f"{arrival.wire_bytes} bytes in {arrival.seconds:.1f} s "
+                f"(below {rate} B/s after {limits.slow_peer_grace_s:g} s)"
+            )
         return None
 
     def judge(

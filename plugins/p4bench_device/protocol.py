@@ -190,13 +190,17 @@ _LIMIT_HELP = {
     "startup_timeout_s": "launcher: peers reachable and ready (imports, data)",
     "max_ahead": "exchanges a sender may run ahead of a peer",
     "max_connections": "simultaneous authenticated inbound connections of a peer",
-    "max_connections_per_identity": "authenticated inbound connections of one peer or the launcher (its oldest closed beyond)",
+    "max_connections_per_identity": (
+        "authenticated inbound connections of one peer or the launcher (its oldest closed beyond)"
+    ),
     "max_handshakes": "inbound connections still in their TLS handshake (the oldest is evicted beyond)",
     "max_handshakes_per_source": "inbound TLS handshakes from one source address (its oldest is evicted beyond)",
     "handshake_timeout_s": "inbound TLS handshake",
     "idle_timeout_s": "close an inbound connection that delivers no frame for this long (the launcher pings)",
     "min_rate_bytes_s": "slowest accepted frame body, in bytes per second, after a grace of min(idle timeout, 10 s)",
-    "buffer_model_factor": "per-sender buffer during a run, in model sizes (all senders: 3x, or 1/4 per peer beyond 12)",
+    "buffer_model_factor": (
+        "per-sender buffer during a run, in model sizes (all senders: 3x, or 1/4 per peer beyond 12)"
+    ),
     "buffer_floor_bytes": "per-sender buffer during a run at least, in bytes",
     "slow_peer_exchanges": "drop a peer after this many consecutive slow exchanges: its end marker missing at the "
     "exchange timeout (or its connection cut for misbehaving), or its batch below "

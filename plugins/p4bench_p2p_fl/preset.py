@@ -7,7 +7,8 @@ on which the same CNN takes 8x8 images), all non-private as in the paper (it use
 
 - `table III`: FedAvg and centralized training, and P2P-FL (one run: the paper's "side
   processing" and "decentralized" rows differ in a protocol it does not describe, and the
-  suite's relay and mesh exchanges give identical models), CBDS alpha 1, E = 1 and 200 rounds (the paper stopped "after 3 steps
+  suite's relay and mesh exchanges give identical models), CBDS alpha 1, E = 1 and 200 rounds
+  (the paper stopped "after 3 steps
   without improvement", for which the suite has no rule: a fixed count instead).
 - `noisy clients`: FedAvg, FedDF and P2P-FL (acc-weighted) with random-label clients at
   N_K/K = 0, 1/4, 1/2, 3/4 (the paper's 0, 10, 20, 30 of 40), Table II otherwise.

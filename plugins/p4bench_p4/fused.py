@@ -184,7 +184,8 @@ class FusedCotraining(LinearCotraining):
         sorted_ctx = replace(ctx, rows=ctx.rows[order], dp=ctx.dp.take(order))
         with Releases(sorted_ctx.dp, sorted_ctx, self.data_rate) as releases:
             done = releases.admitted[0]
-            # per-row step sizes: the proxy's DP mean divides by the expected batch, the private mean by the realised one
+            # per-row step sizes: the proxy's DP mean divides by the expected batch,
+            # the private mean by the realised one
             proxy_lr = releases.mean_step(self.lr, expected[order])[0]
             releases.state_before(
                 {"weight": weight[:, :classes], "bias": bias[:, :classes]}

@@ -255,7 +255,8 @@ class CryptoBackend(ABC, Generic[C]):
     name: str
 
     def __init__(self, *, slots_per_ct: int | None = None, workers: int = 1) -> None:
-        """slots_per_ct: values per ciphertext (None: as many as the key allows); workers: threads for big-number work."""
+        """slots_per_ct: values per ciphertext (None: as many as the key allows);
+        workers: threads for big-number work."""
         if slots_per_ct is not None and slots_per_ct < 1:
             raise ValueError("slots_per_ct must be >= 1")
         self.slots_per_ct, self.workers = slots_per_ct, max(1, workers)

@@ -305,7 +305,10 @@ def factor_effects(table: Any) -> list[FactorEffect]:
 def he_claim(table: Any, points: float = HE_POINTS) -> ClaimCheck:
     """(a) R10: Paillier and plaintext runs of the same setting and seed end within
     `points` of accuracy of each other, on every such pair."""
-    claim = f"HE (Paillier) vs plaintext: |accuracy difference| <= {100 * points:g} point on every matched (setting, seed) pair (R10)"
+    claim = (
+        f"HE (Paillier) vs plaintext: |accuracy difference| <= {100 * points:g} point "
+        "on every matched (setting, seed) pair (R10)"
+    )
     if CRYPTO not in table.columns:
         return not_checked(claim, "no crypto column in the table")
     others = [c for c in GROUP_BY if c in table.columns and c != CRYPTO]

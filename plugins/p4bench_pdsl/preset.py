@@ -36,7 +36,8 @@ once after it, muffliato `MUFFLIATO_GOSSIP` = 5 times with Chebyshev acceleratio
 multi-step gossip; its paper ties the count to the graph's spectral gap, a choice made once
 here: `--set options.gossip_steps=K` changes it); accuracy on the global test set (the
 paper's test accuracy of a consensus model), each agent's own split beside; `ROUNDS` = 80
-(the paper: ~180-200), R = 10 Shapley permutations, PDSL's momentum 0.5 (MNIST's). lr is tuned per method at epsilon 3, complete, M = 10, on
+(the paper: ~180-200), R = 10 Shapley permutations, PDSL's momentum 0.5 (MNIST's). lr is
+tuned per method at epsilon 3, complete, M = 10, on
 `TUNE_GRID`, and used in every cell. PDSL runs with `normalize_pi=true` (weights = the
 Shapley shares, summing to 1): pi as written sums to |M_i| (spec 1.2, [FLAG]), so one lr
 gives a step |M_i| times lr, 20x on the complete graph at M = 20 and 3x on a ring, and the

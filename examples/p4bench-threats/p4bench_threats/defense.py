@@ -16,7 +16,10 @@ class MedianNormClip(Defense):
     """
 
     name = "median-norm-clip"
-    description = "clip every received update to the median norm of its receiver's updates, then average (example plugin)"
+    description = (
+        "clip every received update to the median norm of its receiver's updates, then average "
+        "(example plugin)"
+    )
     filters = False
 
     def aggregate(self, updates, weights, mask, **identities):
