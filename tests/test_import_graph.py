@@ -11,7 +11,7 @@ Rules:
   internal code imports from the defining module, so the facade stays on top;
 - the engine, the privacy package, ``records`` and ``hookspecs`` never import the run
   driver, trackers, studies or the command line, directly or through other modules;
-- typer is imported only by command modules: ``p4bench/cli/`` and ``plugins/*/cli.py``.
+- typer is imported only by command modules: ``p4bench/cli/`` and a plugin package's ``cli.py``.
 """
 
 from __future__ import annotations
@@ -39,18 +39,19 @@ class Import:
 
 
 def _modules() -> dict[str, Path]:
-    """Dotted name -> file, for every module shipped (pyproject's package-dir mapping)."""
-    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-dir"
-    ]
+    """Dotted name -> file, for every module shipped (pyproject's source roots: a path below
+    a root is its import name)."""
+    roots = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"][
+        "find"
+    ]["where"]
     modules: dict[str, Path] = {}
-    for package, folder in package_dir.items():
-        base = ROOT / folder
-        for path in sorted(base.rglob("*.py")):
+    for root in roots:
+        base = ROOT / root
+        for path in sorted(base.glob("p4bench*/**/*.py")):
             parts = list(path.relative_to(base).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
-            modules[".".join([package, *parts])] = path
+            modules[".".join(parts)] = path
     return modules
 
 
@@ -279,7 +280,7 @@ def test_typer_only_in_command_modules():
     for name, path in MODULES.items():
         parts = name.split(".")
         if _under(name, ("p4bench.cli",)) or (
-            parts[:2] == ["p4bench", "plugins"] and parts[-1] == "cli"
+            parts[0].startswith("p4bench_") and parts[-1] == "cli"
         ):
             continue
         collector = _Collector(name, path.name == "__init__.py")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,13 +15,8 @@ import pluggy
 import torch
 
 from p4bench.config import RunConfig
-from p4bench.data import FederatedData, build_federated_data
-from p4bench.data.base import load_dataset, run_partitioner
-from p4bench.data.features import normalize_federated, normalize_samples, scatter_dataset
-from p4bench.data.federated import evaluation_clients_only
-from p4bench.data.global_test import hold_out_global_test
-from p4bench.data.paths import _data_dir
-from p4bench.data.public import public_data
+from p4bench.data import FederatedData
+from p4bench.data.pipeline import build_run_data
 from p4bench.engine import Attack, Defense, Job, Method, RoundReport
 from p4bench.engine.chunking import dp_step_bytes, plan_work
 from p4bench.engine.devices import (
@@ -42,10 +35,14 @@ from p4bench.privacy.certification import certify
 from p4bench.privacy.ledger import PrivacyLedger
 from p4bench.privacy.plan_check import plan_reasons
 from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
-from p4bench.rng import SEED_MALICIOUS, SEED_PARTITION, harness_rng
+from p4bench.rng import SEED_MALICIOUS, harness_rng
 from p4bench.run import interrupts
 from p4bench.run.checkpoint import Checkpoint
 from p4bench.run.privacy import setup_privacy
+from p4bench.run.resolution import (  # re-exported: they were defined here
+    plugin_provenance,
+    resolve_run_config,
+)
 from p4bench.run.session import RunSession, mark_interrupted
 from p4bench.run.summary import early_stop_epsilon_note, summarize, summed_metrics, within_budget
 from p4bench.run.verify import RunVerification
@@ -69,74 +66,6 @@ class PreparedRun:
     device: torch.device = torch.device("cpu")
     memory: MemoryPlan | None = None
     stop_at_step: int | None = None  # a verification replay stops where the run it replays stopped
-
-
-def resolve_run_config(config: RunConfig, registry: Registry) -> RunConfig:
-    """The config with the choices left to the method and runtime made explicit:
-
-    - a DP method (`Method.default_epsilon`) runs private at its default epsilon unless
-      the config gives an epsilon or noise multiplier, or opts out with `no_dp`;
-    - `noise_source=auto` becomes `secure` where the runtime's clients are separate
-      parties (devices) and the run is private, else `seeded`: a non-private run draws
-      only batches and sampling, which protect nothing, so a device run then gives the
-      simulator's numbers.
-
-    Refuses (UsageError) `no_dp` together with an epsilon or noise multiplier, and seeded
-    randomness in a private run on separate parties unless `device_simulation` says the
-    run is a simulation.
-    """
-    method_cls: type[Method] = registry.get("method", config.method)
-    runtime_cls = registry.get("runtime", config.runtime)
-    changes: dict[str, Any] = {}
-    if config.no_dp and (config.epsilon is not None or config.noise_multiplier is not None):
-        raise UsageError("--no-dp cannot be combined with --epsilon or --noise-multiplier")
-    if (
-        not config.no_dp
-        and config.epsilon is None
-        and config.noise_multiplier is None
-        and method_cls.default_epsilon
-    ):
-        changes["epsilon"] = float(method_cls.default_epsilon)
-    separate = bool(getattr(runtime_cls, "separate_parties", False))
-    private = config.replace(**changes).private if changes else config.private
-    source = config.noise_source
-    if (
-        source == "auto"
-    ):  # without DP nothing secret depends on the draws: the simulator's seeded ones
-        source = changes["noise_source"] = "secure" if separate and private else "seeded"
-    if separate and private and source == "seeded" and not config.device_simulation:
-        raise UsageError(
-            f"runtime '{config.runtime}' runs clients as separate parties: seeded DP randomness would let every peer "
-            "recompute a neighbour's noise and batches; use --noise-source secure (the default), or pass "
-            "--device-simulation to run a simulation on devices (its epsilon is reported uncertified)"
-        )
-    return config.replace(**changes) if changes else config
-
-
-def plugin_provenance(
-    config: RunConfig, registry: Registry, defense: str | None
-) -> dict[str, dict[str, str]]:
-    """`{kind: {name, distribution, version}}` of the plugins a (resolved) run uses."""
-    used = {
-        "method": config.method,
-        "attack": config.attack,
-        "defense": defense,
-        "dataset": config.dataset,
-        "partitioner": config.partitioner,
-        "model": config.model,
-        "runtime": config.runtime,
-        "accountant": config.accountant if config.private else None,
-    }
-    provenance = {}
-    for kind, name in used.items():
-        if name not in (None, "none"):
-            entry = registry.entry(kind, name)
-            provenance[kind] = {
-                "name": name,
-                "distribution": entry.distribution,
-                "version": entry.version,
-            }
-    return provenance
 
 
 # Alters a run's client data (and public data) before the model and method are built
@@ -183,62 +112,15 @@ def prepare(
             f"runtime '{config.runtime}' trains on its peers' own processors; --device {config.device} "
             "applies to the simulation runtimes (simulation, reference, bytes)"
         )
-    # A tuning run on the evaluation clients alone (`federation_clients`) builds the data of
-    # the whole federation it is drawn from, exactly as that federation's runs do, then keeps
-    # the evaluation clients: same partition, same splits, no reported client's record.
-    whole = (
-        config.replace(clients=config.federation_clients, federation_clients=None)
-        if config.federation_clients is not None
-        else config
+    built = build_run_data(
+        config,
+        dataset_cls,
+        partitioner_cls,
+        needs_public_data=method_cls.needs_public_data,
+        needs_public_labels=method_cls.needs_public_labels,
+        feature_device=str(device) if device.type == "cuda" else "cpu",
     )
-    dataset = load_dataset(dataset_cls, Path(_data_dir()), whole)
-    records = len(
-        dataset.y_train
-    )  # the default delta's N (`default_delta`), before any public split
-    if (
-        config.features == "scatter"
-    ):  # the feature cache is shared by devices: computed where the run is
-        dataset = scatter_dataset(dataset, device=str(device) if device.type == "cuda" else "cpu")
-    global_test = None
-    if (
-        config.eval_set != "personal"
-    ):  # the papers' held-out test set: before any client gets a share
-        if config.features == "scatter" and config.feature_norm == "client":
-            raise UsageError(
-                "--eval global needs features that do not depend on a client's statistics: "
-                "--feature-norm client normalises each client by its own; use sample or none"
-            )
-        dataset, global_test = hold_out_global_test(dataset, config.seed)
-    public = None
-    if (
-        method_cls.needs_public_data
-    ):  # held-out records leave the dataset before any client gets a share
-        dataset, public = public_data(
-            dataset_cls, dataset, Path(_data_dir()), whole, labeled=method_cls.needs_public_labels
-        )  # PDSL's shared validation set Q
-    elif (
-        config.hold_out_public
-    ):  # the same records leave as in a run that reads them; this run reads none
-        dataset, _ = public_data(dataset_cls, dataset, Path(_data_dir()), whole)
-    rng = harness_rng(config.seed, SEED_PARTITION)
-    partitioner = partitioner_cls()
-    partition = run_partitioner(
-        partitioner, dataset, whole.clients, config.samples_per_client, rng, whole
-    )
-    data: FederatedData = build_federated_data(dataset, partition, config.eval_fraction, rng)
-    if global_test is not None:
-        data = dataclasses.replace(data, global_test=global_test)
-    if config.federation_clients is not None:
-        data = evaluation_clients_only(data)
-        if data.num_clients != config.clients:
-            raise UsageError(
-                f"federation_clients={config.federation_clients} with eval_fraction={config.eval_fraction} "
-                f"has {data.num_clients} evaluation clients, but the run has clients={config.clients}"
-            )
-    if config.features == "scatter" and config.feature_norm == "client":
-        data = normalize_federated(data)  # the paper's: each client's own statistics (uncertified)
-    elif config.features == "scatter" and config.feature_norm == "sample":
-        data = normalize_samples(data)  # a function of each record alone: no privacy cost
+    data, public, records, partitioner = built.data, built.public, built.records, built.partitioner
     if data_transform is not None:
         data, public = data_transform(data, public)
 
