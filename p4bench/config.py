@@ -175,9 +175,8 @@ class RunConfig:
         default="auto",
         metadata=_meta(
             "DP randomness (noise and Poisson batches): seeded (reproducible, not secret), secure (a secret "
-            "generator per client, keyed from the OS CSPRNG), "
-            "auto (secure where clients are separate parties, e.g. devices; "
-            "seeded in simulation)",
+            "generator per client, keyed from the OS CSPRNG), auto (secure where clients are "
+            "separate parties, e.g. devices; seeded in simulation)",
             choices=("auto", "seeded", "secure"),
         ),
     )
