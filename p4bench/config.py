@@ -123,7 +123,7 @@ class RunConfig:
     epsilon: float | None = field(
         default=None,
         metadata=_meta(
-            "target epsilon per client; sets the noise multiplier (none: non-private)",
+            "target epsilon per client: sigma is calibrated to it; default: 8 for DP methods, else none (non-private)",
             low=0,
             high=1e6,
             low_open=True,
