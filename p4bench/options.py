@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from p4bench.errors import ConfigError, UsageError
+from p4bench.host.legacy import option_help_options, pass_undeclared  # p4bench 0.1 plugins
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
@@ -232,8 +233,8 @@ def _suggest(key: str, valid: Sequence[str]) -> str:
 
 
 def declared_options(cls: Any) -> tuple[Option, ...]:
-    """A plugin class's declarations (plugins written before `options` existed: none)."""
-    return tuple(getattr(cls, "options", ()) or ())
+    """A plugin class's declarations (before `options`: none, or a topology's `option_help`)."""
+    return tuple(getattr(cls, "options", ()) or ()) or option_help_options(cls, Option)
 
 
 def run_plugins(config: RunConfig, registry: Any) -> list[tuple[str, str, type]]:
@@ -264,14 +265,13 @@ def validate_run_options(config: RunConfig, registry: Any) -> dict[str, dict[str
     for kind, name, cls in used:
         for option in declared_options(cls):
             owners.setdefault(option.name, []).append(f"{kind} {name}")
-    for key in config.options:
-        if key not in owners:
-            plugins = ", ".join(f"{kind} {name}" for kind, name, _ in used)
-            raise UnknownOptionError(
-                f"options.{key}",
-                f"unknown option for this run ({plugins}){_elsewhere(str(key), registry)}"
-                f"{_suggest(str(key), list(owners))}",
-            )
+    for key in pass_undeclared(config.options, owners, used, registry):  # 0.1 plugins: warned
+        plugins = ", ".join(f"{kind} {name}" for kind, name, _ in used)
+        raise UnknownOptionError(
+            f"options.{key}",
+            f"unknown option for this run ({plugins}){_elsewhere(str(key), registry)}"
+            f"{_suggest(str(key), list(owners))}",
+        )
     resolved = {
         kind: resolve_options(declared_options(cls), config.options) for kind, _, cls in used
     }

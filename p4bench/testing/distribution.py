@@ -6,7 +6,9 @@ reports them), then the conformance kit (methods: every check in the simulation 
 reference runtimes with DP on and off, the post-processing replay included; attacks and
 defenses: against FedAvg; topologies: built with their defaults and drawn for 8 clients;
 datasets: loaded from the data folder, when their files are there, and their arrays
-checked). Other kinds are listed as not checked. A deprecated plugin API call met on the way (a
+checked). Other kinds are listed as not checked. The package's source is read too
+(`p4bench.testing.plugin_source`): every import outside `p4bench.api` and every option a
+plugin reads without declaring it is a finding. A deprecated plugin API call met on the way (a
 `PluginDeprecationWarning`) is a finding too: the package works today and breaks when the
 deprecated call is removed.
 
@@ -127,6 +129,7 @@ def check_distribution(distribution: str, plugin_manager: Any = None) -> Distrib
     """Check every plugin `distribution` registers; `UsageError` if it registers none."""
     from p4bench.host.loading import import_deprecations
     from p4bench.host.manager import KINDS, Registry, create_plugin_manager
+    from p4bench.testing.plugin_source import source_findings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PluginDeprecationWarning)
@@ -143,6 +146,7 @@ def check_distribution(distribution: str, plugin_manager: Any = None) -> Distrib
         report.problems += [
             p.line().split(": ", 1)[1] for p in registry.problems if p.distribution == distribution
         ]
+        report.problems += source_findings(distribution, pm, registry)  # imports, options read
         for kind in KINDS:
             for entry in registry.entries(kind):
                 if entry.distribution != distribution:

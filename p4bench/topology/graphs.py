@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from p4bench.errors import ConfigError
+from p4bench.host.legacy import legacy_topology, read_option
 from p4bench.options import Option, resolve_options
 from p4bench.topology.properties import (  # re-exported: they were defined here
     degree_stats,
@@ -82,9 +83,17 @@ class Topology(ABC):
     options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        if legacy_topology(self, options):  # a 0.1 topology (`option_help`): deprecated
+            return
         self.option_values = resolve_options(
             self.options, options or {}, strict=True, owner=f"topology '{self.name}'"
         )
+
+    def _option(
+        self, key: str, default: Any, kind: type, check: Any = None, expect: str = ""
+    ) -> Any:
+        """0.1's reading of an `option_help` option (deprecated: declare `options`)."""
+        return read_option(self, key, default, kind, check, expect)
 
     @abstractmethod
     def edges(self, num_clients: int, round_index: int, rng: np.random.Generator) -> np.ndarray:
