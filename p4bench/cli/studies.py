@@ -126,8 +126,8 @@ def _check_study_paths(
     results_dir: str | None, tracking_uri: str | None, base: Mapping[str, Any] | None = None
 ) -> None:
     """Before any run: the results folder and the tracking store's folder (as the study will
-    derive them from the options, else the base's keys) can be created and written."""
-    from p4bench.run.preflight import check_paths
+    derive them from the options, else the base's keys) can be written; a named server answers."""
+    from p4bench.tracking.links import check_paths
 
     base = base or {}
     check_paths(

@@ -34,6 +34,10 @@ def _print_sweep_summary(report: SweepReport, console: Console = out) -> None:
         table.add_row("not runnable (incompatible)", str(report.count("incompatible")))
     table.add_row("MLflow", f"experiment '{report.name}' at {report.tracking_uri}")
     console.print(table)
+    from p4bench.tracking.links import where_to_look  # the runs table's link, compare beside it
+
+    for line in where_to_look(report.tracking_uri, experiment=report.name):
+        console.print(line, markup=False, highlight=False)
     for notice in report.notices:
         err.print(f"[yellow]notice:[/yellow] {notice}")
     for planned, record in zip(report.planned, report.records):

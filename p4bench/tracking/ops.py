@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from p4bench.tracking.links import RUNS_VIEW_TAG, runs_view_tag
+
 __all__ = ["DatasetSpec", "LocalBackend", "MlflowOps", "Reply", "failure_line", "open_failure_line"]
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -71,7 +73,8 @@ class MlflowOps:
         params: Mapping[str, str],
         dataset: DatasetSpec | None,
     ) -> str:
-        """Create the run (and its experiment, opening on the runs table); its MLflow run id."""
+        """Create the run (and its experiment, opening on the runs table, with the saved view of
+        `p4bench.tracking.links`); its MLflow run id."""
         from mlflow.entities import Dataset, DatasetInput, InputTag, Param
 
         client = self.client
@@ -85,11 +88,14 @@ class MlflowOps:
             experiment_id = client.create_experiment(experiment, artifact_location=location)
         else:
             experiment_id = found.experiment_id
-        if found is None or EXPERIMENT_KIND_TAG not in (found.tags or {}):
+        kept = (found.tags or {}) if found is not None else {}
+        if EXPERIMENT_KIND_TAG not in kept:
             # MLflow 3's UI opens an experiment without a kind on its GenAI overview: open on the runs table
             client.set_experiment_tag(
                 experiment_id, EXPERIMENT_KIND_TAG, "custom_model_development"
             )
+        if RUNS_VIEW_TAG not in kept:  # the runs table's columns, opened by the printed link
+            client.set_experiment_tag(experiment_id, *runs_view_tag())
         run_id: str = client.create_run(
             experiment_id, tags=dict(tags), run_name=run_name
         ).info.run_id
