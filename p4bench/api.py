@@ -28,6 +28,7 @@ from p4bench.version import __version__
 if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
     from p4bench.config import RunConfig
     from p4bench.data.base import ArrayDataset, Dataset, Partitioner
+    from p4bench.data.federated import ClientTensors
     from p4bench.engine.messages import BROADCAST, UPDATE_PREFIX, MessageFormatError, Messages
     from p4bench.engine.method import (
         DEFAULT_EPSILON,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
         PlannedRelease,
         StepContext,
     )
+    from p4bench.engine.method_kit import draw_batch, replicate
     from p4bench.engine.state import flatten, unflatten, unvectorize, vectorize
     from p4bench.engine.threats import (
         Aggregator,
@@ -47,18 +49,28 @@ if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
         update_vectors,
         with_update_vectors,
     )
-    from p4bench.engine.training import TrainingContext, local_sgd
+    from p4bench.engine.training import (
+        TrainingContext,
+        batch_gradient,
+        fixed_size_batches,
+        gather_batch,
+        local_sgd,
+        poisson_batches,
+        sample_batches,
+    )
     from p4bench.errors import ConfigError, DataError, PluginDeprecationWarning, UsageError
     from p4bench.host.manager import default_registry
     from p4bench.models import Model
     from p4bench.options import Option, resolve_options, topology_options
     from p4bench.privacy.accountants import Accountant, ReleaseSegment
     from p4bench.privacy.mechanism import DPMechanism
+    from p4bench.rng import ClientRng
     from p4bench.studies.claims import ClaimCheck, ClaimContext, means, not_checked, pct, verdict
-    from p4bench.studies.presets import Preset
+    from p4bench.studies.presets import NON_PRIVATE, Preset, alpha_variant, shard_variant
     from p4bench.testing import ConformanceReport, check_attack, check_defense, check_method
     from p4bench.topology import get_topology
     from p4bench.topology.graphs import Topology
+    from p4bench_baselines.fedavg import FedAvg
 
 API_VERSION = "1.0"
 
@@ -81,6 +93,18 @@ __all__ = [
     "UPDATE_PREFIX",
     "BROADCAST",
     "local_sgd",
+    # batches and gradients of a local step (DP through ctx.dp where the run is private)
+    "ClientTensors",
+    "ClientRng",
+    "sample_batches",
+    "fixed_size_batches",
+    "poisson_batches",
+    "gather_batch",
+    "draw_batch",
+    "batch_gradient",
+    "replicate",
+    # a base to extend: FedAvg's round, with your own local update (examples/p4bench-fedprox)
+    "FedAvg",
     "flatten",
     "unflatten",
     "vectorize",
@@ -109,6 +133,9 @@ __all__ = [
     "DPMechanism",
     # paper reproductions (`register_presets`): the record, claim checks and their helpers
     "Preset",
+    "NON_PRIVATE",
+    "alpha_variant",
+    "shard_variant",
     "ClaimCheck",
     "ClaimContext",
     "means",
@@ -140,6 +167,7 @@ __getattr__ = lazy_exports(
         ),
         "p4bench.config": ("RunConfig",),
         "p4bench.data.base": ("ArrayDataset", "Dataset", "Partitioner"),
+        "p4bench.data.federated": ("ClientTensors",),
         "p4bench.engine.messages": ("BROADCAST", "UPDATE_PREFIX", "MessageFormatError", "Messages"),
         "p4bench.engine.method": (
             "DEFAULT_EPSILON",
@@ -151,6 +179,7 @@ __getattr__ = lazy_exports(
             "PlannedRelease",
             "StepContext",
         ),
+        "p4bench.engine.method_kit": ("draw_batch", "replicate"),
         "p4bench.engine.state": ("flatten", "unflatten", "unvectorize", "vectorize"),
         "p4bench.engine.threats": (
             "Aggregator",
@@ -159,16 +188,26 @@ __getattr__ = lazy_exports(
             "update_vectors",
             "with_update_vectors",
         ),
-        "p4bench.engine.training": ("TrainingContext", "local_sgd"),
+        "p4bench.engine.training": (
+            "TrainingContext",
+            "batch_gradient",
+            "fixed_size_batches",
+            "gather_batch",
+            "local_sgd",
+            "poisson_batches",
+            "sample_batches",
+        ),
         "p4bench.errors": ("ConfigError", "DataError", "PluginDeprecationWarning", "UsageError"),
         "p4bench.models": ("Model",),
         "p4bench.options": ("Option", "resolve_options", "topology_options"),
         "p4bench.host.manager": ("default_registry",),
-        "p4bench.studies.presets": ("Preset",),
+        "p4bench.studies.presets": ("NON_PRIVATE", "Preset", "alpha_variant", "shard_variant"),
         "p4bench.privacy.accountants": ("Accountant", "ReleaseSegment"),
         "p4bench.privacy.mechanism": ("DPMechanism",),
+        "p4bench.rng": ("ClientRng",),
         "p4bench.testing": ("ConformanceReport", "check_attack", "check_defense", "check_method"),
         "p4bench.topology": ("get_topology",),
         "p4bench.topology.graphs": ("Topology",),
+        "p4bench_baselines.fedavg": ("FedAvg",),
     },
 )

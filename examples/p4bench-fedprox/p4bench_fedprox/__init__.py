@@ -3,17 +3,18 @@
 FedProx is FedAvg whose clients add a proximal term (mu / 2) * ||w - w_global||^2 to
 their local objective, which keeps heterogeneous clients from drifting. Everything
 else (sampling, upload, weighted averaging, broadcast) is inherited from p4bench's
-FedAvg, so the plugin only overrides the local update.
+FedAvg, so the plugin only overrides the local update. Its batches and gradients are
+p4bench's (`draw_batch`, `batch_gradient`): where the run is private, every step goes
+through the DP mechanism and is counted in the client's ledger.
+
+It imports only `p4bench.api`, whose names keep their meaning within an API version.
 """
 
 from __future__ import annotations
 
 import torch
 
-from p4bench import hookimpl
-from p4bench.engine.training import gather_batch
-from p4bench.options import Option, resolve_options
-from p4bench_baselines.fedavg import FedAvg
+from p4bench.api import FedAvg, Option, batch_gradient, draw_batch, hookimpl, resolve_options
 
 __version__ = "0.1.0"
 
@@ -35,19 +36,16 @@ class FedProx(FedAvg):
     def local_update(self, state, train, ctx):
         anchor = state["global"]
         params = dict(anchor)
-        batch = torch.round(self.config.data_rate * train.n.double()).clamp_min(1).long()
         total = torch.zeros(len(ctx.rows), dtype=torch.float64)
         for _ in range(self.config.local_steps):
-            index, mask = ctx.rng.subsets(train.n, batch, int(batch.max()))
-            loss, grads = ctx.loss_and_grad(
-                params, gather_batch(train.x, index), gather_batch(train.y, index), mask.float()
-            )
+            x, y, mask = draw_batch(ctx, train)  # each client's own stream (ctx.rng)
+            grads, loss, _ = batch_gradient(ctx, params, x, y, mask, train)  # DP where private
             # gradient of (mu/2)||w - w_global||^2 is mu * (w - w_global)
             params = {
                 k: params[k] - self.config.lr * (grads[k] + self.mu * (params[k] - anchor[k]))
                 for k in params
             }
-            total += loss.detach().double()
+            total += loss
         return {**state, "params": params}, total / self.config.local_steps
 
 
