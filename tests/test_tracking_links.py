@@ -112,7 +112,10 @@ def test_a_run_ends_with_the_runs_table_link_and_the_compare_command(capsys, mon
         for line in lines
     )
     assert any(
-        line.endswith(f"as a table: p4bench compare --experiment links --tracking-uri {uri}")
+        line.endswith(
+            "as a table: p4bench compare --experiment links "
+            f"--group-by method,attack,defense,epsilon --tracking-uri {uri}"
+        )
         for line in lines
     )
     # the view the link opens, and every one of its columns this private run logged
@@ -133,18 +136,33 @@ def test_a_run_ends_with_the_runs_table_link_and_the_compare_command(capsys, mon
     assert data.metrics["epsilon"] > 0 and 0 <= data.metrics["final_accuracy_mean"] <= 1
 
 
+def test_the_view_is_written_once_and_a_changed_one_kept(tmp_path):
+    from p4bench.tracking.ops import MlflowOps
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    ops = MlflowOps(uri)
+    ops.start_run("kept", {}, "first", {}, None)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("kept")
+    assert decode_view(experiment.tags[RUNS_VIEW_TAG])["selectedColumns"]
+    client.set_experiment_tag(experiment.experiment_id, RUNS_VIEW_TAG, "changed in the UI")
+    ops.start_run("kept", {}, "second", {}, None)
+    assert client.get_experiment_by_name("kept").tags[RUNS_VIEW_TAG] == "changed in the UI"
+
+
 def test_compare_needs_no_store_option_for_the_default_store(monkeypatch, tmp_path):
     from p4bench.studies.results import tracking_uri_for
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     default = tracking_uri_for(None, "p4bench-runs")
-    assert compare_command("grid", default) == "p4bench compare --experiment grid"
+    keys = "--group-by method,attack,defense,epsilon"
+    assert compare_command("grid", default) == f"p4bench compare --experiment grid {keys}"
     assert compare_command("my grid", "http://h:5000") == (
-        "p4bench compare --experiment 'my grid' --tracking-uri http://h:5000"
+        f"p4bench compare --experiment 'my grid' {keys} --tracking-uri http://h:5000"
     )
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://h:5000")
-    assert compare_command("grid", "http://h:5000") == "p4bench compare --experiment grid"
+    assert compare_command("grid", "http://h:5000") == f"p4bench compare --experiment grid {keys}"
 
 
 def test_nothing_is_printed_for_what_the_store_does_not_hold(tmp_path):
@@ -192,7 +210,7 @@ def test_a_sweep_whose_named_server_does_not_answer_exits_2(capsys, tmp_path):
         ["sweep", str(spec), "--tracking-uri", uri, "--results-dir", str(results)], capsys
     )
     line = one_error_line(err)
-    assert code == 2 and uri in line and "nothing was run" in line
+    assert code == 2 and uri in line and "nothing was run" in line and not results.exists()
 
 
 # -- a tracking server: what the runs page reads -------------------------------------------------

@@ -7,7 +7,8 @@ opens it). Its columns are the run's method, attack and defense (params), its fi
 accuracy and epsilon (metrics) and whether that epsilon is certified (a tag). MLflow's URL
 itself selects no columns (its search parameters are filters and sorting only); opened
 without the view, the runs page shows the columns chosen in that browser. `p4bench compare
---experiment NAME` prints the same figures as a table, printed beside the link.
+--experiment NAME --group-by method,attack,defense,epsilon`, printed beside the link, gives
+the same figures as a table (the accuracy's mean over seeds).
 
 A run's and a sweep's last lines (`where_to_look`) name the link, for a local SQLite store
 the `mlflow ui` command that serves it, and the compare command. The experiment's id is
@@ -62,6 +63,7 @@ RUNS_VIEW_COLUMNS: tuple[tuple[str, str], ...] = (  # (params | metrics | tags, 
 )
 SAVED_VIEWS_SINCE = (3, 15)  # the MLflow release whose runs page opens saved views
 UI_ADDRESS = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+COMPARE_KEYS = "method,attack,defense,epsilon"  # compare's columns beside the accuracy
 _TIMEOUT = 5.0
 
 
@@ -110,29 +112,31 @@ def check_run_server(config: RunConfig) -> None:
 
 
 def check_paths(results_dir: str | Path | None, tracking_uri: str | None) -> None:
-    """`p4bench.run.preflight.check_paths`, then `check_server` (the studies' check)."""
+    """`check_server`, then `p4bench.run.preflight.check_paths` (the studies' check)."""
     from p4bench.config import RunConfig
     from p4bench.run.preflight import check_paths as check_local
     from p4bench.tracking.tracker import TRACKING_URI_ENV
 
-    check_local(results_dir, tracking_uri)
     uri = tracking_uri or os.environ.get(TRACKING_URI_ENV)
-    if uri:
+    if uri:  # first: a refused study leaves no folder behind
         named_by = "--tracking-uri" if tracking_uri else TRACKING_URI_ENV
         check_server(uri, named_by, _local_store(str(results_dir or RunConfig.results_dir)))
+    check_local(results_dir, tracking_uri)
 
 
 def _local_store(results_dir: str) -> str:
     return "sqlite:///" + str((Path(results_dir) / "mlflow.db").resolve())
 
 
-def _shown(uri: str) -> str:
-    """The URI without a password."""
+def _shown(uri: str, user: bool = True) -> str:
+    """The URI without its password (`user`), or without user and password."""
     parts = urllib.parse.urlsplit(uri)
-    if parts.password is None:
+    if parts.username is None and parts.password is None:
         return uri
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    host = f"{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    who = f"{parts.username}:***@" if user and parts.password is not None else ""
+    who = who or (f"{parts.username}@" if user and parts.username else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=who + host))
 
 
 # -- the links ----------------------------------------------------------------------------
@@ -167,12 +171,13 @@ def where_to_look(uri: str, experiment: str | None = None, run_id: str | None = 
 
 
 def compare_command(experiment: str, uri: str) -> str:
-    """`p4bench compare --experiment NAME`, with `--tracking-uri` where compare would not
+    """`p4bench compare --experiment NAME --group-by method,attack,defense,epsilon` (the
+    accuracy's mean, std and n beside them), with `--tracking-uri` where compare would not
     find the store by itself (run from the same folder)."""
     from p4bench.config import RunConfig
     from p4bench.studies.results import tracking_uri_for
 
-    command = f"p4bench compare --experiment {shlex.quote(experiment)}"
+    command = f"p4bench compare --experiment {shlex.quote(experiment)} --group-by {COMPARE_KEYS}"
     if uri != tracking_uri_for(None, RunConfig.results_dir):
         command += f" --tracking-uri {shlex.quote(uri)}"
     return command
@@ -181,7 +186,7 @@ def compare_command(experiment: str, uri: str) -> str:
 def _ui_base(uri: str) -> str | None:
     scheme = urllib.parse.urlsplit(uri).scheme
     if scheme in ("http", "https"):
-        return _shown(uri).rstrip("/")
+        return _shown(uri, user=False).rstrip("/")
     return UI_ADDRESS if scheme == "sqlite" else None
 
 
@@ -254,7 +259,10 @@ def _sqlite_experiment(
         )
         wanted: Sequence[str] = (run_id,)
     elif experiment is not None:
-        query = "SELECT experiment_id, name FROM experiments WHERE name = ? AND lifecycle_stage = 'active'"
+        query = (
+            "SELECT experiment_id, name FROM experiments "
+            "WHERE name = ? AND lifecycle_stage = 'active'"
+        )
         wanted = (experiment,)
     else:
         return None
@@ -285,7 +293,7 @@ def _http(uri: str, path: str, query: dict[str, str], raw: bool = False) -> Any:
         basic = base64.b64encode(f"{user}:{password}".encode()).decode()
         request.add_header("Authorization", f"Basic {basic}")
     try:
-        with urllib.request.urlopen(request, timeout=_TIMEOUT) as answer:  # noqa: S310 - the user's server
+        with urllib.request.urlopen(request, timeout=_TIMEOUT) as answer:  # the user's server
             text = answer.read().decode()
     except (OSError, ValueError):
         return None
