@@ -214,7 +214,7 @@ def plan_preset(
     spec = SweepSpec(
         experiment,
         base,
-        {"seed": scale["seeds"]},
+        {"seed": base.pop("seeds", scale["seeds"])},  # the preset's own (settings), if any
         tuple(preset.variants(chosen, quick)),
         per_method,
     )
