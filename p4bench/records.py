@@ -9,7 +9,9 @@ method's phases, the method itself) are typed here by what records read of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -105,7 +107,7 @@ class RunResult:
     info: RunInfo
     outcome: Outcome
     wall_time_s: float
-    summary: dict[str, Any]
+    summary: RunSummary
     method: ArtifactWriter | None = None
 
     def write_method_artifacts(self, folder: Path) -> list[Path]:
@@ -176,3 +178,204 @@ class Outcome:
     budget_overran_at: int | None = (
         None  # the step of the first round that ended past the time budget
     )
+
+
+@dataclass(frozen=True)
+class PrivacyFigures:
+    """A private run's ledger figures (`PrivacyLedger.summary`): epsilon (max and mean over
+    the reported clients) under each accountant, the evaluation clients' own, the settings
+    and the budget stops; `epsilon_scope`, the rounds a time-budget-stopped run's covers."""
+
+    epsilon: float
+    epsilon_mean: float
+    epsilon_rdp: float
+    epsilon_rdp_mean: float
+    epsilon_pld: float | None
+    epsilon_pld_mean: float | None
+    epsilon_evaluation_clients: float | None
+    evaluation_clients: int | None  # None: the ledger was never told who they are
+    epsilon_budget: float | None
+    accountant: str
+    delta: float
+    noise_multiplier: float
+    clip: float
+    neighbouring: str
+    clients_stopped: int
+    budget_stops: list[dict[str, Any]]
+    epsilon_scope: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The summary's keys, in the ledger's order (absent where None: pld, counts, scope)."""
+        figures: dict[str, Any] = {
+            "epsilon": self.epsilon,
+            "epsilon_mean": self.epsilon_mean,
+            "epsilon_rdp": self.epsilon_rdp,
+            "epsilon_rdp_mean": self.epsilon_rdp_mean,
+        }
+        if self.epsilon_pld is not None:
+            figures.update(epsilon_pld=self.epsilon_pld, epsilon_pld_mean=self.epsilon_pld_mean)
+        figures["epsilon_evaluation_clients"] = self.epsilon_evaluation_clients
+        if self.evaluation_clients is not None:
+            figures["evaluation_clients"] = self.evaluation_clients
+        return figures | {
+            "epsilon_budget": self.epsilon_budget,
+            "accountant": self.accountant,
+            "delta": self.delta,
+            "noise_multiplier": self.noise_multiplier,
+            "clip": self.clip,
+            "neighbouring": self.neighbouring,
+            "clients_stopped": self.clients_stopped,
+            "budget_stops": self.budget_stops,
+        }
+
+
+@dataclass(frozen=True)
+class RunSummary(Mapping[str, Any]):
+    """A finished run's headline figures, one field per figure, each written once: the
+    runner builds it (`p4bench.run.summary.build_summary`) from the run's sections; a
+    `run_finished` hook that adds to it replaces a field (`dataclasses.replace`), the
+    tracker's fields come last. `as_dict` is summary.json (and the `--json` line), in its
+    key order; MLflow's metrics and tags are rendered from it (`p4bench.run.artifacts`). It
+    reads as that mapping too (`summary["epsilon"]`), for code that reads summary.json."""
+
+    run_id: str
+    method: str
+    attack: str | None
+    defense: str | None
+    dataset: str
+    partitioner: str
+    seed: int
+    rounds: int  # of the method's last phase
+    rounds_completed: int
+    phases: dict[str, dict[str, int]]  # {phase: {rounds, completed}}
+    time_budget_min: float | None
+    stopped_by_time_budget: bool
+    stopped_by_method: bool  # its own stopping rule (`Method.finished`) ended the run
+    rounds_past_budget: int | None  # with a time budget that cut the run short
+    rounds_within_budget: int | None
+    clients: int
+    reported_clients: int
+    evaluation_clients: int  # reserved for tuning; they train too
+    accuracy_mean: float  # over the reported clients' own test splits
+    accuracy_min: float
+    accuracy_max: float
+    accuracy_per_client: dict[str, float]
+    extra_accuracy: dict[str, float]  # accuracy_<name>_mean of the method's other figures
+    eval_set: str
+    accuracy: float  # the headline: personal or global (`eval_set`)
+    accuracy_global_min: float | None
+    accuracy_global_max: float | None
+    bytes_sent: int
+    bytes_per_phase: dict[str, int]
+    seconds_per_phase: dict[str, float]
+    client_bytes_sent: dict[str, float]  # mean and max over clients
+    client_bytes_received: dict[str, float]
+    wall_time_s: float
+    config_hash: str
+    plugins: dict[str, dict[str, str]]
+    public_data: str | None
+    partition_stats: dict[str, Any] | None
+    method_figures: dict[str, float]  # `Method.derived_metrics` and a client gate's gate.*
+    rejections: dict[str, int]
+    rejected_messages: int
+    privacy: PrivacyFigures | None  # None: not private (epsilon null, never 0.0)
+    privacy_context: dict[str, Any]  # who observes the releases (`Method.privacy_context`)
+    certification: Certification | None
+    verification: dict[str, Any]  # `p4bench.run.verify.RunVerification.summary`
+    compute_device: str
+    memory: dict[str, object]  # a GPU run's data placement (`DataPlacement.summary`)
+    resumed_from_step: int | None
+    device: dict[str, Any] | None = None  # the device runtime's measurements (its hook)
+    tracking: dict[str, Any] = field(default_factory=dict)  # the trackers' (`RunInfo.tracking`)
+
+    @property
+    def epsilon(self) -> float | None:
+        return self.privacy.epsilon if self.privacy is not None else None
+
+    @property
+    def delta(self) -> float | None:
+        return self.privacy.delta if self.privacy is not None else None
+
+    @property
+    def private(self) -> bool:
+        if self.certification is not None:
+            return self.certification.private
+        return self.privacy is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """summary.json's keys and values, in its order."""
+        return dict(self._rendered)
+
+    @functools.cached_property
+    def _rendered(self) -> dict[str, Any]:
+        flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {k: flat[k] for k in _HEAD}
+        if self.rounds_past_budget is not None:
+            out.update(
+                rounds_past_budget=self.rounds_past_budget,
+                rounds_within_budget=self.rounds_within_budget,
+            )
+        out |= {k: flat[k] for k in _CLIENTS} | self.extra_accuracy
+        out.update(eval_set=self.eval_set, accuracy=self.accuracy)
+        if self.accuracy_global_min is not None:
+            out.update(
+                accuracy_global_min=self.accuracy_global_min,
+                accuracy_global_max=self.accuracy_global_max,
+            )
+        out.update(epsilon=None, epsilon_evaluation_clients=None)  # a private run's: below
+        out |= {k: flat[k] for k in _COSTS}
+        if self.partition_stats is not None:
+            out["partition_stats"] = self.partition_stats
+        out |= self.method_figures
+        out.update(rejections=self.rejections, rejected_messages=self.rejected_messages)
+        if self.privacy is not None:
+            out |= self.privacy.fields()
+        out |= self.privacy_context
+        if self.privacy is not None and self.privacy.epsilon_scope:
+            out["epsilon_scope"] = self.privacy.epsilon_scope
+        if self.certification is not None:
+            out |= self.certification.summary_fields() | self.verification
+        out["compute_device"] = self.compute_device
+        out |= self.memory
+        if self.resumed_from_step is not None:
+            out["resumed_from_step"] = self.resumed_from_step
+        if self.device is not None:
+            out["device"] = self.device
+        return out | self.tracking
+
+    def __getitem__(self, key: str) -> Any:
+        return self._rendered[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rendered)
+
+    def __len__(self) -> int:
+        return len(self._rendered)
+
+    def without_reported_accuracy(self) -> RunSummary:
+        """The summary of a tuning run, whose reported clients were not evaluated: their
+        accuracy_* figures NaN (not 0), no per-client figures; the evaluation clients' stay
+        (and `accuracy`, which the summary.json of such runs has always kept)."""
+        nan = float("nan")
+        return dataclasses.replace(
+            self,
+            accuracy_mean=nan,
+            accuracy_min=nan,
+            accuracy_max=nan,
+            accuracy_global_min=None if self.accuracy_global_min is None else nan,
+            accuracy_global_max=None if self.accuracy_global_max is None else nan,
+            accuracy_per_client={},
+            extra_accuracy={
+                k: (v if k == "accuracy_evaluation_mean" else nan)
+                for k, v in self.extra_accuracy.items()
+            },
+        )
+
+
+# summary.json's flat keys, in its order (the sections between them: `RunSummary._rendered`)
+_HEAD = """run_id method attack defense dataset partitioner seed rounds rounds_completed phases
+time_budget_min stopped_by_time_budget stopped_by_method""".split()
+_CLIENTS = """clients reported_clients evaluation_clients accuracy_mean accuracy_min accuracy_max
+accuracy_per_client""".split()
+_COSTS = """bytes_sent bytes_per_phase seconds_per_phase client_bytes_sent client_bytes_received
+wall_time_s config_hash plugins public_data""".split()

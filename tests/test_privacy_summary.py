@@ -195,7 +195,7 @@ def test_runs_report_the_evaluation_clients_and_null_epsilon(runs):
     assert 0 < private["epsilon_evaluation_clients"] <= 8.0 + 1e-6
     assert "evaluation clients' epsilon" in _printed(private)
     assert plain["private"] is False and plain["evaluation_clients"] == 2
-    line = json.loads(json.dumps(plain, default=json_default))  # the `--json` line
+    line = json.loads(json.dumps(plain.as_dict(), default=json_default))  # the `--json` line
     assert line["epsilon"] is None and line["epsilon_evaluation_clients"] is None
     assert _row(_printed(plain), "epsilon") == "epsilon none (no DP)"
     assert (

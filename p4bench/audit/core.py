@@ -137,12 +137,12 @@ def run_audit(
         chosen = (bank.releases.numpy() > 0) & (epsilons <= claimed * (1 + 1e-9) + 1e-12)
         scores.append(bank.scores.numpy()[chosen].reshape(-1))
         included.append(bank.included.numpy()[chosen].reshape(-1))
-        summaries.append(result.summary)
+        summaries.append(result.summary.as_dict())
         claims.append(claimed)
         deltas.append(float(result.summary["delta"]))
         sizes.append(bank.per_client)
         if on_run is not None:
-            on_run(index, result.summary)
+            on_run(index, result.summary.as_dict())
 
     all_scores, all_included = np.concatenate(scores), np.concatenate(included)
     figures = audit_bound(

@@ -196,11 +196,11 @@ def run_method_audit(
         chosen = ledger.epsilons() <= claimed * (1 + 1e-9) + 1e-12
         scores.append(trial_scores[chosen].reshape(-1))
         included.append(canaries.included[chosen].reshape(-1))
-        summaries.append(result.summary)
+        summaries.append(result.summary.as_dict())
         claims.append(claimed)
         deltas.append(float(result.summary["delta"]))
         if on_run is not None:
-            on_run(index, result.summary)
+            on_run(index, result.summary.as_dict())
 
     # what the trials may be too few to show: anything outside the releases, or inside one
     # beyond the record's own term (run on a small federation, without a planted fault)

@@ -29,7 +29,7 @@ from p4bench.moved import forward_moved
 from p4bench.run.interrupts import RunInterrupted, graceful_interrupts
 
 if TYPE_CHECKING:
-    from p4bench.records import RoundReport, RunInfo, RunResult
+    from p4bench.records import RoundReport, RunInfo, RunResult, RunSummary
 
 # the summary table's helpers were defined here before 0.2
 __getattr__ = forward_moved(
@@ -211,10 +211,10 @@ def check_topology_flags(method: str) -> None:
         )
 
 
-def _report(summary: dict[str, Any], as_json: bool) -> None:
+def _report(summary: RunSummary, as_json: bool) -> None:
     print_summary(Console(stderr=as_json), summary)
     if as_json:
-        typer.echo(json.dumps(summary, default=json_default))
+        typer.echo(json.dumps(summary.as_dict(), default=json_default))
 
 
 def _resume(o: RunOptions, display: ProgressDisplay) -> None:

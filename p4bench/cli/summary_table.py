@@ -6,6 +6,7 @@ Besides accuracy and epsilon: the accuracies of a method's other models (P4's pr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -15,7 +16,7 @@ from rich.table import Table
 __all__ = ["print_summary", "rejections_line"]
 
 
-def _accuracy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _accuracy_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The accuracy rows, the headline (`--eval`) first: each client's own test split
     (personal) and, where measured, the global test set."""
     personal = [
@@ -34,7 +35,7 @@ def _accuracy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return held + personal if summary.get("eval_set") == "global" else personal + held
 
 
-def print_summary(console: Console, summary: dict[str, Any]) -> None:
+def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
     table = Table(
         title=f"{summary['method']} on {summary['dataset']} (seed {summary['seed']})",
         show_header=False,
@@ -110,7 +111,7 @@ def rejections_line(rejections: dict[str, int]) -> str:
     )
 
 
-def _rounds_text(summary: dict[str, Any]) -> str:
+def _rounds_text(summary: Mapping[str, Any]) -> str:
     phases = summary.get("phases") or {}
     before = [
         f"{name} ({p['completed']} round{'s' if p['completed'] != 1 else ''})"
@@ -129,14 +130,14 @@ def _rounds_text(summary: dict[str, Any]) -> str:
 NO_DP = "none (no DP)"  # the epsilon of a non-private run: never a number (0.000 would read as perfect privacy)
 
 
-def is_private(summary: dict[str, Any]) -> bool:
+def is_private(summary: Mapping[str, Any]) -> bool:
     """Whether the run trained through the DP mechanism: its `private` key (the
     certification), else whether it carries an epsilon."""
     private = summary.get("private")
     return bool(private) if private is not None else summary.get("epsilon") is not None
 
 
-def _claim_text(summary: dict[str, Any]) -> str:
+def _claim_text(summary: Mapping[str, Any]) -> str:
     """The epsilon row: a certified figure plainly; an uncertified one in red, never as a
     plain number; a non-private run `none (no DP)`, never a number nor a certificate."""
     if not is_private(summary):
@@ -169,7 +170,7 @@ def _claim_text(summary: dict[str, Any]) -> str:
     return f"[green]certified[/green] {text}; {checked}{where}{reused}"
 
 
-def _evaluation_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _evaluation_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     """A private run's evaluation clients' own epsilon (they are reserved for tuning and
     are not among the reported clients, yet they train in the run); no row where the run is
     non-private or has no evaluation clients."""
@@ -196,14 +197,14 @@ def _evaluation_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _randomness_text(summary: dict[str, Any]) -> str:
+def _randomness_text(summary: Mapping[str, Any]) -> str:
     from p4bench.privacy.certification import RANDOMNESS_LABELS
 
     source = "secure" if summary.get("dp_randomness") == "secret" else "seeded"
     return RANDOMNESS_LABELS[source] if summary.get("private") else "n/a"
 
 
-def _privacy_text(summary: dict[str, Any]) -> str:
+def _privacy_text(summary: Mapping[str, Any]) -> str:
     if summary.get("epsilon") is None:
         return "non-private"
     pld = (
@@ -235,7 +236,7 @@ _SHOWN = {
 }
 
 
-def _other_accuracy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _other_accuracy_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     """A row per accuracy of a method's other models (`accuracy_<name>_mean`, e.g. P4's
     proxy), over the same reported clients."""
     rows = []
@@ -262,7 +263,7 @@ def _bytes(count: float) -> str:
     return f"{int(count)} B"
 
 
-def _communication_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _communication_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Bytes sent (all, per phase, per client) and time per phase, where the run has them."""
     rows = []
     if isinstance(summary.get("bytes_sent"), (int, float)):

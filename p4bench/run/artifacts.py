@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from p4bench.records import RunInfo, display_round
+from p4bench.records import RunInfo, RunSummary, display_round
 
 __all__ = [
     "GLOBAL_FIGURES",
@@ -57,26 +57,21 @@ def final_metrics(result: Any) -> dict[str, float]:
     return final
 
 
-def final_tags(summary: Mapping[str, Any]) -> dict[str, str]:
+def final_tags(summary: RunSummary) -> dict[str, str]:
     """Tags known at the end: the time budget's stop, the certificate after the checks that
     run after training, and the resolved privacy setting (the config may have left it to
     the method or the calibration)."""
-    tags = {"stopped_by_time_budget": str(bool(summary.get("stopped_by_time_budget"))).lower()}
-    if summary.get("epsilon_certified") is not None:
-        tags["dp.certified"] = str(bool(summary["epsilon_certified"])).lower()
-        if summary.get("uncertified_reason"):
-            tags["dp.uncertified_reason"] = str(summary["uncertified_reason"])
-    if summary.get("epsilon") is not None:
-        tags.update(
-            {
-                f"dp.{key}": str(summary[key])
-                for key in ("neighbouring", "noise_multiplier", "delta", "accountant", "clip")
-            }
-        )
-        if summary.get(
-            "epsilon_scope"
-        ):  # stopped by the time budget: the rounds the epsilon covers
-            tags["dp.epsilon_scope"] = str(summary["epsilon_scope"])
+    tags = {"stopped_by_time_budget": str(summary.stopped_by_time_budget).lower()}
+    certification, privacy = summary.certification, summary.privacy
+    if certification is not None:
+        tags["dp.certified"] = str(certification.certified).lower()
+        if certification.reason:
+            tags["dp.uncertified_reason"] = certification.reason
+    if privacy is not None:
+        for key in ("neighbouring", "noise_multiplier", "delta", "accountant", "clip"):
+            tags[f"dp.{key}"] = str(getattr(privacy, key))
+        if privacy.epsilon_scope:  # stopped by the time budget: the rounds the epsilon covers
+            tags["dp.epsilon_scope"] = privacy.epsilon_scope
     return tags
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import uuid
@@ -44,7 +45,7 @@ from p4bench.run.resolution import (  # re-exported: they were defined here
     resolve_run_config,
 )
 from p4bench.run.session import RunSession, mark_interrupted
-from p4bench.run.summary import early_stop_epsilon_note, summarize, summed_metrics, within_budget
+from p4bench.run.summary import budget_fields, summarize, summed_metrics, within_budget
 from p4bench.run.verify import RunVerification
 
 # the summary's helpers were defined here before 0.2
@@ -295,43 +296,32 @@ def run(
             outcome.budget_overran_at = session.budget.overran_at
         outcome = within_budget(outcome)
         wall = trained - started + session.elapsed_before
-        result = RunResult(info, outcome, wall, summarize(info, outcome, wall), prepared.job.method)
         method = prepared.job.method
         totals = summed_metrics(outcome.reports)
-        result.summary.update(method.derived_metrics(totals))  # over the whole run
-        result.summary.update(
-            {k: v for k, v in totals.items() if k.startswith("gate.")}
-        )  # a client gate's decisions
-        rejected = rejection_counts(
-            totals
-        )  # the receive gate's (and methods') rejections, by reason and sender
-        result.summary.update(rejections=rejected, rejected_messages=sum(rejected.values()))
-        if prepared.ledger is None:
-            result.summary.update(
-                method.privacy_context()
-            )  # e.g. P4L's secure aggregation without DP
-        else:
-            result.summary.update(prepared.ledger.summary(info.reported))
-            result.summary.update(method.privacy_context())  # who observes the releases
-            if result.summary["stopped_by_time_budget"]:
-                result.summary["epsilon_scope"] = early_stop_epsilon_note(result.summary)
-        if info.certification is not None:
-            if (
-                prepared.ledger is not None and info.certification.private
-            ):  # the declaration against the ledger
-                extra = plan_reasons(
-                    prepared.ledger, method.privacy_plan(), result.summary.get("phases")
-                )
+        if info.certification is not None and prepared.ledger is not None:
+            if info.certification.private:  # the declaration against the ledger
+                phases = budget_fields(info, outcome)["phases"]
+                extra = plan_reasons(prepared.ledger, method.privacy_plan(), phases)
                 info.certification = info.certification.with_reasons(extra)
-            result.summary.update(info.certification.summary_fields())
-            result.summary.update(verification.summary)
-        result.summary["compute_device"] = describe_device(prepared.device)
-        if prepared.memory is not None and prepared.device.type != "cpu":
-            result.summary.update(prepared.memory.summary())
-        if resume is not None:
-            result.summary["resumed_from_step"] = int(resume.meta.get("step", 0))
+        summary = summarize(
+            info,
+            outcome,
+            wall,
+            method_figures=method.derived_metrics(totals)  # over the whole run
+            | {k: v for k, v in totals.items() if k.startswith("gate.")},  # a client gate's
+            rejections=rejection_counts(totals),  # the receive gate's (and methods'), by reason
+            privacy=prepared.ledger.summary(info.reported) if prepared.ledger else None,
+            privacy_context=method.privacy_context(),  # who observes the releases
+            verification=verification.summary if info.certification is not None else {},
+            compute_device=describe_device(prepared.device),
+            memory=prepared.memory.summary()
+            if prepared.memory is not None and prepared.device.type != "cpu"
+            else {},
+            resumed_from_step=int(resume.meta.get("step", 0)) if resume is not None else None,
+        )
+        result = RunResult(info, outcome, wall, summary, method)
         pm.hook.run_finished(run=info, result=result)
-        result.summary.update(info.tracking)
+        result.summary = dataclasses.replace(result.summary, tracking=dict(info.tracking))
         session.finished()
         return result
     except interrupts.RunInterrupted:

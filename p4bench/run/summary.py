@@ -8,17 +8,26 @@ before it (P4's grouping, SCAFFOLD's warm-up) is reported on its own in `phases`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from p4bench.records import GLOBAL_ACCURACY, Outcome, RoundReport, RunInfo, extra_metric_name
+from p4bench.records import (
+    GLOBAL_ACCURACY,
+    Outcome,
+    PrivacyFigures,
+    RoundReport,
+    RunInfo,
+    RunSummary,
+    extra_metric_name,
+)
 
 __all__ = [
     "DetectionScore",
     "reported_mean",
     "summarize",
+    "privacy_figures",
     "budget_fields",
     "within_budget",
     "summed_metrics",
@@ -79,55 +88,114 @@ def _ratio(part: int, whole: int) -> float:
     return part / whole if whole else float("nan")
 
 
-def summarize(info: RunInfo, outcome: Outcome, wall_time_s: float) -> dict[str, Any]:
-    """The run's headline figures; the JSON line of `p4bench run --json`."""
+def summarize(
+    info: RunInfo,
+    outcome: Outcome,
+    wall_time_s: float,
+    *,
+    method_figures: dict[str, float] | None = None,
+    rejections: dict[str, int] | None = None,
+    privacy: Mapping[str, Any] | None = None,
+    privacy_context: dict[str, Any] | None = None,
+    verification: dict[str, Any] | None = None,
+    compute_device: str = "cpu",
+    memory: dict[str, object] | None = None,
+    resumed_from_step: int | None = None,
+) -> RunSummary:
+    """The run's headline figures (summary.json, the JSON line of `p4bench run --json`), each
+    field written here once: the accuracy, rounds and costs from the run's info and outcome,
+    the sections from their owners (`privacy`: the ledger's `summary`, None when the run is
+    not private; the certification: `info.certification`)."""
     config, reported = info.config, info.reported
     accuracy = outcome.accuracy
     chosen = accuracy[reported] if reported.any() else np.array([float("nan")])
-    return {
-        "run_id": info.run_id,
-        "method": config.method,
-        "attack": config.attack,
-        "defense": info.defense,
-        "dataset": config.dataset,
-        "partitioner": config.partitioner,
-        "seed": config.seed,
-        **budget_fields(info, outcome),
-        "clients": config.clients,
-        "reported_clients": int(reported.sum()),
-        "evaluation_clients": int(
-            np.asarray(info.evaluation).sum()
-        ),  # reserved for tuning; they train here too
-        "accuracy_mean": float(chosen.mean()),
-        "accuracy_min": float(chosen.min()),
-        "accuracy_max": float(chosen.max()),
-        "accuracy_per_client": {str(i): float(accuracy[i]) for i in np.flatnonzero(reported)},
-        **{
+    budget = budget_fields(info, outcome)
+    global_accuracy = outcome.extra_accuracy.get(GLOBAL_ACCURACY)
+    evaluation = eval_fields(config.eval_set, chosen, global_accuracy, reported)
+    rejected = rejections or {}
+    return RunSummary(
+        run_id=info.run_id,
+        method=config.method,
+        attack=config.attack,
+        defense=info.defense,
+        dataset=config.dataset,
+        partitioner=config.partitioner,
+        seed=config.seed,
+        rounds=budget["rounds"],
+        rounds_completed=budget["rounds_completed"],
+        phases=budget["phases"],
+        time_budget_min=budget["time_budget_min"],
+        stopped_by_time_budget=budget["stopped_by_time_budget"],
+        stopped_by_method=budget["stopped_by_method"],
+        rounds_past_budget=budget.get("rounds_past_budget"),
+        rounds_within_budget=budget.get("rounds_within_budget"),
+        clients=config.clients,
+        reported_clients=int(reported.sum()),
+        evaluation_clients=int(np.asarray(info.evaluation).sum()),
+        accuracy_mean=float(chosen.mean()),
+        accuracy_min=float(chosen.min()),
+        accuracy_max=float(chosen.max()),
+        accuracy_per_client={str(i): float(accuracy[i]) for i in np.flatnonzero(reported)},
+        extra_accuracy={
             extra_metric_name(name): reported_mean(values, reported)
             for name, values in outcome.extra_accuracy.items()
         },
-        **eval_fields(
-            config.eval_set, chosen, outcome.extra_accuracy.get(GLOBAL_ACCURACY), reported
-        ),
-        "epsilon": None,  # stays None (JSON null) in a non-private run: no DP, no epsilon, never 0.0
-        "epsilon_evaluation_clients": None,  # a private run's ledger sets it: their own epsilon in this run
-        "bytes_sent": int(outcome.bytes_sent),
-        "bytes_per_phase": _per_phase(outcome.reports, lambda r: r.bytes_sent),
-        "seconds_per_phase": {
+        eval_set=evaluation["eval_set"],
+        accuracy=evaluation["accuracy"],
+        accuracy_global_min=evaluation.get("accuracy_global_min"),
+        accuracy_global_max=evaluation.get("accuracy_global_max"),
+        bytes_sent=int(outcome.bytes_sent),
+        bytes_per_phase=_per_phase(outcome.reports, lambda r: r.bytes_sent),
+        seconds_per_phase={
             k: round(v, 4) for k, v in _per_phase(outcome.reports, lambda r: r.seconds).items()
         },
-        "client_bytes_sent": _client_total(outcome.reports, "client_bytes_sent"),
-        "client_bytes_received": _client_total(outcome.reports, "client_bytes_received"),
-        "wall_time_s": round(wall_time_s, 4),
-        "config_hash": info.config_hash or config.config_hash(),
-        "plugins": info.plugins,
-        "public_data": info.public_data,  # unlabeled public data the method read (threat model), or None
-        **(
-            {"partition_stats": dict(info.partition_report.stats)}
-            if info.partition_report.stats
-            else {}
-        ),
-    }
+        client_bytes_sent=_client_total(outcome.reports, "client_bytes_sent"),
+        client_bytes_received=_client_total(outcome.reports, "client_bytes_received"),
+        wall_time_s=round(wall_time_s, 4),
+        config_hash=info.config_hash or config.config_hash(),
+        plugins=info.plugins,
+        public_data=info.public_data,  # unlabeled public data the method read (threat model)
+        partition_stats=dict(info.partition_report.stats) or None,
+        method_figures=method_figures or {},
+        rejections=rejected,
+        rejected_messages=sum(rejected.values()),
+        privacy=None if privacy is None else privacy_figures(privacy, budget),
+        privacy_context=privacy_context or {},
+        certification=info.certification,
+        verification=verification or {},
+        compute_device=compute_device,
+        memory=memory or {},
+        resumed_from_step=resumed_from_step,
+    )
+
+
+def privacy_figures(ledger: Mapping[str, Any], budget: Mapping[str, Any]) -> PrivacyFigures:
+    """The ledger's figures (`PrivacyLedger.summary`) as the summary's privacy section; with
+    `epsilon_scope` where the time budget stopped the run (`budget`: `budget_fields`)."""
+    scope = (
+        early_stop_epsilon_note({**budget, "epsilon_budget": ledger["epsilon_budget"]})
+        if budget["stopped_by_time_budget"]
+        else None
+    )
+    return PrivacyFigures(
+        epsilon=ledger["epsilon"],
+        epsilon_mean=ledger["epsilon_mean"],
+        epsilon_rdp=ledger["epsilon_rdp"],
+        epsilon_rdp_mean=ledger["epsilon_rdp_mean"],
+        epsilon_pld=ledger.get("epsilon_pld"),
+        epsilon_pld_mean=ledger.get("epsilon_pld_mean"),
+        epsilon_evaluation_clients=ledger["epsilon_evaluation_clients"],
+        evaluation_clients=ledger.get("evaluation_clients"),
+        epsilon_budget=ledger["epsilon_budget"],
+        accountant=ledger["accountant"],
+        delta=ledger["delta"],
+        noise_multiplier=ledger["noise_multiplier"],
+        clip=ledger["clip"],
+        neighbouring=ledger["neighbouring"],
+        clients_stopped=ledger["clients_stopped"],
+        budget_stops=ledger["budget_stops"],
+        epsilon_scope=scope,
+    )
 
 
 def eval_fields(
@@ -216,7 +284,7 @@ def summed_metrics(reports: list[RoundReport]) -> dict[str, float]:
     return totals
 
 
-def early_stop_epsilon_note(summary: dict[str, Any]) -> str:
+def early_stop_epsilon_note(summary: Mapping[str, Any]) -> str:
     """What the epsilon of a run stopped by its time budget covers: the ledger counts the
     releases actually taken, those of the rounds past the budget too (they ran), so it is
     not the planned one (sigma was calibrated for every round, so it is at most the target)."""

@@ -172,9 +172,7 @@ class WithheldTests:
         for name, values in result.outcome.extra_accuracy.items():
             if not name.startswith(COUNT_PREFIX):
                 values[self.withheld] = math.nan
-        for key in [k for k in result.summary if self._over_reported(k)]:
-            result.summary[key] = math.nan
-        result.summary["accuracy_per_client"] = {}
+        result.summary = result.summary.without_reported_accuracy()
 
 
 @lru_cache(maxsize=2)

@@ -141,7 +141,7 @@ def _check_state(report: ConformanceReport, probe: Instrumented) -> None:
         "; ".join(rec.message_errors[:3])
         or f"{rec.exchanges.total()} messages delivered, {rec.self_messages} to the sender itself",
     )
-    rejected = probe.result.summary.get("rejections") or {}
+    rejected = probe.result.summary.rejections
     report.add(
         "state.receive-gate",
         not rejected,

@@ -9,6 +9,7 @@ The runtime is imported when the hook is called, or on first use of a name below
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from p4bench.hookspecs import hookimpl
@@ -54,10 +55,11 @@ def run_finished(run: RunInfo, result: RunResult) -> None:
     )  # a DeviceOutcome's (not imported: torch)
     if device is None:
         return
-    result.summary["device"] = device
     certification = run.certification
     if certification is not None and certification.private:
         from p4bench_device.report_check import mismatch_reasons
 
         run.certification = certification.with_reasons(mismatch_reasons(device.get("releases")))
-        result.summary.update(run.certification.summary_fields())
+    result.summary = dataclasses.replace(
+        result.summary, device=device, certification=run.certification
+    )
