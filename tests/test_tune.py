@@ -11,6 +11,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import p4bench.engine.driver
+import p4bench.data.pipeline
 import p4bench.run.runner
 from p4bench.cli import main
 from p4bench.errors import UsageError
@@ -26,7 +27,7 @@ def _corrupting(which: str):
     """A build_federated_data that overwrites the test split of the `which` clients
     ("reported": every non-evaluation client, "evaluation": the others) with a sentinel
     and shifted labels."""
-    original = p4bench.run.runner.build_federated_data
+    original = p4bench.data.pipeline.build_federated_data
 
     def build(dataset, partition, eval_fraction, rng):
         data = original(dataset, partition, eval_fraction, rng)
@@ -41,7 +42,7 @@ def _corrupting(which: str):
 def test_tuning_runs_never_evaluate_on_reported_clients_test_data(small_config, monkeypatch):
     """The reported clients' test samples are replaced by a sentinel; in a tuning run no
     evaluation ever sees it (their splits are withheld), in an ordinary run it does."""
-    monkeypatch.setattr(p4bench.run.runner, "build_federated_data", _corrupting("reported"))
+    monkeypatch.setattr(p4bench.data.pipeline, "build_federated_data", _corrupting("reported"))
     seen: list[torch.Tensor] = []
     original = p4bench.engine.driver.accuracy
 
@@ -79,9 +80,9 @@ def test_selection_depends_on_evaluation_clients_only(monkeypatch, tmp_path):
     assert all(0 <= s <= 1 for s in clean) and best == {
         "lr": [0.05, 0.5, 2.0][int(np.argmax(clean))]
     }
-    monkeypatch.setattr(p4bench.run.runner, "build_federated_data", _corrupting("reported"))
+    monkeypatch.setattr(p4bench.data.pipeline, "build_federated_data", _corrupting("reported"))
     assert scores() == (clean, best)  # reported clients' test data cannot move the selection
-    monkeypatch.setattr(p4bench.run.runner, "build_federated_data", _corrupting("evaluation"))
+    monkeypatch.setattr(p4bench.data.pipeline, "build_federated_data", _corrupting("evaluation"))
     assert scores()[0] != clean  # while the evaluation clients' test data does
 
 

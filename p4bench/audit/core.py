@@ -90,7 +90,8 @@ def run_audit(
     defaults to the last run's results folder when tracked, else no plot.
     """
     from p4bench.host.manager import Registry, create_plugin_manager
-    from p4bench.run.runner import resolve_run_config, run
+    from p4bench.run.resolution import resolve_run_config
+    from p4bench.run.runner import run
 
     started, cpu = time.perf_counter(), time.process_time()
     check_audit_inputs(runs, canaries_per_client, confidence, bound)

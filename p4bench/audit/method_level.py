@@ -106,7 +106,8 @@ def run_method_audit(
     """
     from p4bench.host.manager import Registry, create_plugin_manager
     from p4bench.models import LinearSoftmax
-    from p4bench.run.runner import resolve_run_config, run
+    from p4bench.run.resolution import resolve_run_config
+    from p4bench.run.runner import run
 
     started, cpu = time.perf_counter(), time.process_time()
     plugin_manager = plugin_manager or create_plugin_manager()
