@@ -17,7 +17,6 @@ from p4bench.options import (
     option_params,
     resolve_options,
     validate_run_options,
-    with_option_reference,
 )
 
 README = Path(__file__).resolve().parents[1] / "README.md"
