@@ -33,10 +33,10 @@ def invoke(args, capsys):
 @pytest.fixture
 def no_data(monkeypatch):
     """Fail the test if a run gets as far as loading its dataset."""
-    import p4bench.run.runner
+    import p4bench.data.pipeline
 
     monkeypatch.setattr(
-        p4bench.run.runner,
+        p4bench.data.pipeline,
         "load_dataset",
         lambda *a, **k: pytest.fail("options must fail before data"),
     )
