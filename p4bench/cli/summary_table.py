@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["print_summary", "rejections_line"]
+__all__ = ["print_links", "print_summary", "rejections_line"]
 
 
 def _accuracy_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -92,6 +92,7 @@ def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
+    print_links(console, summary)
     if summary.get(
         "rejected_messages"
     ):  # what peers sent that the receive gate refused: the last line
@@ -100,6 +101,16 @@ def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
             highlight=False,
             soft_wrap=True,
         )
+
+
+def print_links(console: Console, summary: Mapping[str, Any]) -> None:
+    """A tracked run's MLflow runs table, its own page and the compare command, one a line
+    (`p4bench.tracking.links`); nothing for a run MLflow does not hold."""
+    from p4bench.tracking.links import where_to_look
+
+    if summary.get("tracked") and summary.get("tracking_uri") and summary.get("run_id"):
+        for line in where_to_look(str(summary["tracking_uri"]), run_id=str(summary["run_id"])):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def rejections_line(rejections: dict[str, int]) -> str:
