@@ -54,8 +54,10 @@ def _deprecations(err: str) -> list[str]:
 
 
 def test_the_01_plugin_runs_with_its_own_option_and_topology_one_line_each(
-    installed_ditto, capsys, results_dir, monkeypatch
+    installed_ditto, verify_full, capsys, results_dir, monkeypatch
 ):
+    """Verified as a user's run is: its replay validates the options again, and the line
+    still shows once."""
     import p4bench_ditto
 
     seen = []

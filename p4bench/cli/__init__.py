@@ -168,8 +168,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def show_plugin_deprecations() -> None:
-    """Show each deprecated plugin API call once per place, as one line naming the place
-    (Python hides DeprecationWarnings raised in plugin code, and prints two lines)."""
+    """Show each deprecated plugin API call once per place and command, as one line naming
+    the place (Python hides DeprecationWarnings raised in plugin code, and prints two lines;
+    its own once-per-place registry forgets what it showed whenever a warnings filter
+    changes, e.g. in a run's verification replay)."""
     import warnings
 
     from rich.markup import escape
@@ -178,7 +180,9 @@ def show_plugin_deprecations() -> None:
 
     shown = warnings.showwarning
     if getattr(shown, "p4bench", False):
+        shown.seen.clear()  # type: ignore[attr-defined]  # a new command shows them again
         return
+    seen: set[tuple[str, str, int]] = set()
 
     def show(
         message: Warning | str,
@@ -191,6 +195,9 @@ def show_plugin_deprecations() -> None:
         if not issubclass(category, PluginDeprecationWarning):
             shown(message, category, filename, lineno, file, line)
             return
+        if (str(message), filename, lineno) in seen:
+            return
+        seen.add((str(message), filename, lineno))
         err_console.print(
             f"[yellow]warning:[/yellow] {escape(str(message))} ({escape(filename)}:{lineno})",
             highlight=False,
@@ -198,6 +205,7 @@ def show_plugin_deprecations() -> None:
         )
 
     show.p4bench = True  # type: ignore[attr-defined]
+    show.seen = seen  # type: ignore[attr-defined]
     warnings.showwarning = show
     warnings.filterwarnings("default", category=PluginDeprecationWarning)
 
