@@ -78,46 +78,46 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from p4bench.errors import UnknownNameError, UsageError
+from p4bench.errors import UsageError
 from p4bench.studies.claims import ClaimCheck, ClaimContext
 from p4bench.studies.equal_privacy import UnequalPrivacyError
+from p4bench.studies.preset_plan import PresetPlan, plan_preset
+from p4bench.studies.preset_tuning import (
+    QUICK_TUNE_GRID,
+    TUNE_GRID,
+    apply_tuned_lr,
+    plan_lr_tuning,
+    tune_preset_lr,
+)
 from p4bench.studies.presets import (  # the presets are part of this command's API (re-exported)
     DATASETS,
-    FULL,
     PRESETS,
-    QUICK,
     Preset,
-    data_settings,
     shard_variant,
 )
-from p4bench.studies.sweep import (
-    PlannedRun,
-    SweepReport,
-    SweepSpec,
-    expand,
-    option_key,
-    run_sweep,
-    unknown_names,
-)
-from p4bench.studies.tune_scope import DEFAULT_TUNE_SCOPE, matches, plan_lr_groups, tuning_keys
+from p4bench.studies.sweep import PlannedRun, SweepReport, SweepSpec, option_key, run_sweep
+from p4bench.studies.tune_scope import DEFAULT_TUNE_SCOPE, plan_lr_groups
 
-__all__ = [
+__all__ = [  # planning and lr tuning are re-exported: `p4bench.studies.preset_plan`, `.preset_tuning`
     "DATASETS",
     "PRESETS",
+    "QUICK_TUNE_GRID",
+    "TUNE_GRID",
     "Preset",
     "PresetPlan",
     "ClaimCheck",
+    "ClaimContext",
     "ReproduceReport",
+    "apply_tuned_lr",
+    "plan_lr_tuning",
     "plan_preset",
+    "quick_claims",
     "reproduce",
     "shard_variant",
 ]
 
-TUNE_GRID = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # lr candidates, on the evaluation clients
-QUICK_TUNE_GRID = (0.1, 1.0)
 
-
-# -- planning and running ---------------------------------------------------------------
+# -- running and reporting ---------------------------------------------------------------
 
 
 @dataclass
@@ -146,146 +146,6 @@ class ReproduceReport:
     beside: Any = (
         None  # the same runs on the other accuracy (`Preset.beside_metric`), printed beside
     )
-
-
-def _dataset_choice(
-    preset: Preset, requested: str | None, registry: Any, notices: list[str], check: bool
-) -> str:
-    from p4bench.data.paths import data_dir
-
-    dataset = requested or preset.datasets[0]
-    cls = registry.get("dataset", dataset)  # unknown names fail with the registered list
-    root = data_dir()
-    if check and not cls().is_present(root):
-        notices.append(
-            f"dataset '{dataset}' is not present in {root} (fetch it with `p4bench data download {dataset}`); "
-            "falling back to digits"
-        )
-        return "digits"
-    if requested and requested not in preset.datasets:
-        notices.append(
-            f"the paper ran '{preset.name}' on {', '.join(preset.datasets)}; running it on '{dataset}'"
-        )
-    return dataset
-
-
-def plan_preset(
-    name: str,
-    dataset: str | None = None,
-    quick: bool = False,
-    *,
-    strict: bool = False,
-    registry: Any = None,
-    overrides: Mapping[str, Any] | None = None,
-    only: Mapping[str, Sequence[Any]] | None = None,
-    check_data: bool = True,
-) -> PresetPlan:
-    """The runs of a preset: its sweep, the runs to do, notices, the dataset used and the
-    plugins skipped because nobody registered them. `only` keeps the runs whose option
-    takes one of the listed values (e.g. {"method": ["local", "p4"]})."""
-    from p4bench.host.manager import default_registry
-
-    if name not in PRESETS:
-        raise UsageError(f"unknown preset '{name}'; presets: {', '.join(PRESETS)}")
-    registry = registry or default_registry()
-    preset = PRESETS[name]
-    notices: list[str] = []
-    chosen = _dataset_choice(preset, dataset, registry, notices, check_data)
-    settings = data_settings(chosen, quick)
-    scale = QUICK if quick else FULL
-    base = {
-        "dataset": chosen,
-        "clients": settings["clients"],
-        "samples_per_client": settings["samples_per_client"],
-        "rounds": scale["rounds"],
-        "neighbouring": preset.neighbouring,
-        # a paper scored on a global test set: measure both, its metric the table's (`Preset.metric`)
-        **({"eval_set": "both"} if preset.eval_set == "global" else {}),
-        **preset.base,
-    }
-    if (
-        preset.settings is not None
-    ):  # the preset's own data settings and scale (karras: K = 40, Table II)
-        base.update(preset.settings(chosen, quick))
-    experiment = f"reproduce-{name}-{chosen}{'-quick' if quick else ''}"
-    per_method = (
-        preset.per_method_for(quick) if preset.per_method_for is not None else preset.per_method
-    )
-    spec = SweepSpec(
-        experiment,
-        base,
-        {"seed": base.pop("seeds", scale["seeds"])},  # the preset's own (settings), if any
-        tuple(preset.variants(chosen, quick)),
-        per_method,
-    )
-    spec = spec.with_base(**dict(overrides or {}))
-    runs, skipped = [], []
-    planned = expand(spec)
-    kept = [
-        run
-        for run in planned
-        if all(matches(run.config, key, values) for key, values in (only or {}).items())
-    ]
-    if only:
-        wanted = "; ".join(f"{k} in {{{', '.join(map(str, v))}}}" for k, v in only.items())
-        notices.append(
-            f"restricted to {wanted}: {len(planned) - len(kept)} of {len(planned)} runs left out"
-        )
-    for run in kept:
-        missing = unknown_names(run.config, registry)
-        if missing and strict:
-            kind, missing_name = missing[0]
-            raise UnknownNameError(kind, missing_name, registry.names(kind))
-        for kind, missing_name in missing:
-            label = f"{kind} '{missing_name}'"
-            if label not in skipped:
-                skipped.append(label)
-        if not missing:
-            runs.append(_undefended_without_attack(run))
-    if skipped:
-        notices.append(
-            f"not registered yet, their runs are skipped: {', '.join(skipped)} (use --strict to fail instead)"
-        )
-    return PresetPlan(spec, runs, notices, chosen, skipped)
-
-
-def _undefended_without_attack(run: PlannedRun) -> PlannedRun:
-    """No attack, no defense: a method's default defense (P4's secure aggregation) would
-    only discard honest updates."""
-    if run.config.attack is None and run.config.defense is None:
-        return PlannedRun(run.config.replace(defense="none"), run.tags)
-    return run
-
-
-@dataclass
-class PresetPlan:
-    spec: SweepSpec
-    runs: list[PlannedRun]
-    notices: list[str]
-    dataset: str
-    skipped: list[str]
-
-
-def plan_lr_tuning(
-    preset: Preset,
-    runs: Sequence[PlannedRun],
-    experiment: str,
-    grid: Sequence[float],
-    rounds: int | None = None,
-    tune_on: str = "evaluation-clients",
-    scope: str = DEFAULT_TUNE_SCOPE,
-) -> list[tuple[str, PlannedRun]]:
-    """(group, tuning run) for every lr of `grid` and every tuning group (`scope`,
-    `p4bench.studies.tune_scope.plan_lr_groups`) of the runs, at the preset's `tune_at`."""
-    return plan_lr_groups(preset.tune_at, runs, experiment, grid, rounds, tune_on, scope).planned
-
-
-def apply_tuned_lr(runs: Sequence[PlannedRun], lrs: Mapping[str, float]) -> list[PlannedRun]:
-    """The runs with each tuning key's lr (keys without one keep theirs)."""
-    return [
-        PlannedRun(run.config.replace(lr=float(lrs[key])), run.tags) if key in lrs else run
-        for key, run in zip(tuning_keys(runs), runs)
-    ]
 
 
 def quick_claims(checks: Sequence[ClaimCheck]) -> list[ClaimCheck]:
@@ -406,7 +266,7 @@ def reproduce(
         tuning_plan = plan_lr_groups(
             preset.tune_at, located, f"{spec.name}-tune", grid, tune_rounds, tune_on, tune_scope
         )
-        tuning, tuned_lr = _tune_lr(
+        tuning, tuned_lr = tune_preset_lr(
             preset,
             spec,
             tuning_plan,
@@ -498,81 +358,6 @@ def reproduce(
         tuning_plan,
         beside,
     )
-
-
-def _tune_lr(
-    preset: Preset,
-    spec: SweepSpec,
-    plan: Any,
-    grid: Sequence[float],
-    backend: Any,
-    base_dir: str,
-    uri: str,
-    rounds: int | None,
-    progress: Any,
-    allow_mixed: bool,
-    say: Callable[[str], None],
-    notices: list[str],
-) -> tuple[Any, dict[str, float]]:
-    """Run the tuning runs of `plan` (a `p4bench.studies.tune_scope.LrTuningPlan`, p4bench.studies.tune);
-    (TuneResult, tuning group -> chosen lr)."""
-    from p4bench.studies.tune import TuneSpec, tune_planned
-    from p4bench.studies.tune_scope import PARTITION, partition_shape, scope_note
-
-    experiment = f"{spec.name}-tune"
-    keys = list(dict.fromkeys(group.key for group in plan.groups))
-    scale = f"{rounds} rounds" if rounds else "the runs' rounds"
-    alone = plan.tune_on == "evaluation-clients"
-    if plan.scope == PARTITION:
-        where = (
-            f"each partition's {'evaluation clients alone' if alone else 'whole federation'} "
-            f"({partition_shape(plan)}"
-        )
-    else:
-        at = (
-            ", ".join(f"{k}={v}" for k, v in preset.tune_at.items())
-            or "each method's first setting"
-        )
-        where = (
-            f"the {'evaluation clients alone' if alone else 'whole federation'} "
-            f"({at}, seed {plan.groups[0].run.config.seed}"
-        )
-    notices.append(
-        f"tuning lr over {', '.join(f'{v:g}' for v in grid)} for {', '.join(keys)} on {where}, {scale}; "
-        f"{len(plan.planned)} tuning runs, experiment '{experiment}')"
-    )
-    say(notices[-1])
-    seeds_used = tuple(sorted({group.run.config.seed for group in plan.groups}))
-    tune_spec = TuneSpec(
-        experiment,
-        dict(spec.base),
-        {group.name: {"lr": tuple(grid)} for group in plan.groups},
-        seeds_used,
-        tune_on=plan.tune_on,
-    )
-    result = tune_planned(
-        tune_spec,
-        plan.planned,
-        backend,
-        results_dir=base_dir,
-        tracking_uri=uri,
-        progress=progress,
-        allow_mixed_privacy=allow_mixed,
-    )
-    if plan.scope == PARTITION:
-        result.scope = scope_note(plan) or result.scope
-    elif alone:
-        result.scope += (
-            f"; --tune-scope {PARTITION} tunes every partition on its own evaluation clients"
-        )
-    lrs = {name: float(values["lr"]) for name, values in result.best.items()}
-    for group in plan.groups:
-        if group.name not in lrs:
-            notices.append(
-                f"no tuning run of {group.name} finished: its runs keep lr={group.run.config.lr:g}"
-            )
-            say(notices[-1])
-    return result, lrs
 
 
 def _privacy_lines(
