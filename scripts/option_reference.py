@@ -1,9 +1,9 @@
-"""Write the option reference from the declarations: the README's plugin option tables and
-the docs site's page `docs/options.md` (run options from `RunConfig`, plugin options from
-each plugin's declared `options`).
+"""Write the option reference from the declarations: the docs site's page `docs/options.md`
+(run options from `RunConfig`, plugin options from each plugin's declared `options`). The
+README links to it instead of holding a copy of the plugin option tables.
 
-    python scripts/option_reference.py          # rewrite README.md and docs/options.md
-    python scripts/option_reference.py --check  # exit 1 when either is stale
+    python scripts/option_reference.py          # rewrite docs/options.md
+    python scripts/option_reference.py --check  # exit 1 when it is stale
 
 Only the built-in plugins are listed (installed third-party plugins are not loaded).
 """
@@ -18,10 +18,9 @@ from typing import Any
 
 from p4bench.config import RunConfig
 from p4bench.host.manager import Registry, create_plugin_manager
-from p4bench.options import option_reference, with_option_reference
+from p4bench.options import option_reference
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
 OPTIONS_PAGE = ROOT / "docs" / "options.md"
 
 _TITLE = re.compile(r"^\*\*(?P<kind>[A-Za-z ]+)\.\*\*(?P<rest>.*)$")
@@ -109,7 +108,6 @@ def options_page(registry: Any) -> str:
 def main(argv: list[str]) -> int:
     registry = Registry(create_plugin_manager(autoload=False))
     targets = [
-        (README, README.read_text(), with_option_reference(README.read_text(), registry)),
         (
             OPTIONS_PAGE,
             OPTIONS_PAGE.read_text() if OPTIONS_PAGE.exists() else "",

@@ -1,5 +1,7 @@
-"""Every `p4bench` command of the README's command blocks runs as written, so no example
-can rot; and the README's table of expected accuracies on digits holds.
+"""Every `p4bench` command of the README's command blocks, and of the manual pages that took
+over the README's command blocks (`RUN_PAGES`), runs as written, so no example can rot; the
+README's first recipe ends in its comparison table; and the table of expected accuracies on
+digits (docs/quickstart.md) holds.
 
 - `test_readme_command`: each command of a fenced ```bash block, in process
   (`p4bench.cli.main`), in a scratch folder per block (so `compare` sees the block's
@@ -7,11 +9,17 @@ can rot; and the README's table of expected accuracies on digits holds.
   `small_sizes` are appended (click keeps an option's last value), nothing else changes.
   Only the commands of `CANNOT_RUN_HERE` are skipped, each with its reason; they are
   still parsed (`test_skipped_commands_parse`).
+- `test_the_first_recipe_ends_in_a_comparison_table`: the README's block between
+  `<!-- recipe:begin -->` and `<!-- recipe:end -->` (a sweep, then `compare`), as written
+  plus the sweep's `small_sizes` flags (the one change: smaller runs), must print the
+  comparison table with the rows of the README's printed table (`<!-- recipe-table:... -->`);
+  `P4BENCH_README_RECIPE_FULL=1` runs it at full size and checks the means too. Those
+  commands are covered there, so `test_readme_command` leaves them out.
 - `test_expected_accuracy`: the table between `<!-- expected:begin -->` and
   `<!-- expected:end -->`; each row marked *tested* runs exactly as written (plus
   `--json`) and its accuracy must be within `TOLERANCE`. Those commands are covered
   there at full size, so `test_readme_command` leaves them out.
-- `test_doc_page_commands_parse`: the `p4bench` commands of the docs pages parse
+- `test_doc_page_commands_parse`: the `p4bench` commands of the other docs pages parse
   (subcommands, option names and types) without running.
 
 The data folder is an empty scratch folder, so a preset that falls back to digits does so
@@ -36,6 +44,21 @@ from p4bench.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+# The pages whose commands run: the README, and the manual pages that hold what was the
+# README's manual (its command blocks moved there with it). The other pages' are parsed.
+RUN_PAGES = (README,) + tuple(
+    DOCS / name
+    for name in (
+        "running.md",
+        "data.md",
+        "results.md",
+        "papers.md",
+        "studies.md",
+        "privacy-practice.md",
+        "benchmarks.md",
+    )
+)
+EXPECTED_PAGE = DOCS / "quickstart.md"  # the table of expected accuracies on digits
 TOLERANCE = 0.03
 
 # Commands that cannot run on a test machine: a prefix of the arguments after `p4bench`,
@@ -262,20 +285,29 @@ def expected_rows(text: str) -> list[Expected]:
     return rows
 
 
+def _between(path: Path, name: str) -> tuple[int, int]:
+    """The 1-based lines of `<!-- name:begin -->` and `<!-- name:end -->` in a page."""
+    lines = path.read_text().splitlines()
+    return lines.index(f"<!-- {name}:begin -->") + 1, lines.index(f"<!-- {name}:end -->") + 1
+
+
 README_COMMANDS = fenced_commands(README)
-EXPECTED = expected_rows(README.read_text())
+RUN_COMMANDS = [c for page in RUN_PAGES for c in fenced_commands(page)]
+EXPECTED = expected_rows(EXPECTED_PAGE.read_text())
 TESTED = {row.command for row in EXPECTED if row.tested}
+_RECIPE_LINES = _between(README, "recipe")
+RECIPE = [c for c in README_COMMANDS if _RECIPE_LINES[0] < c.line < _RECIPE_LINES[1]]
 
 
 # -- the tests ------------------------------------------------------------------------------
 
 
 def test_the_readme_has_commands_and_no_placeholders():
-    assert len(README_COMMANDS) >= 30
-    for command in README_COMMANDS:
+    assert len(RUN_COMMANDS) >= 30 and len(RECIPE) == 2
+    for command in RUN_COMMANDS:
         odd = [token for token in command.argv if _PLACEHOLDER.search(token)]
         assert not odd, (
-            f"README line {command.line}: {command.text!r} is not runnable as written ({odd})"
+            f"{command.source} line {command.line}: {command.text!r} is not runnable as written ({odd})"
         )
 
 
@@ -288,23 +320,25 @@ def test_every_readme_command_resolves_in_the_activated_environment():
     repository, or a shell builtin: nothing a newcomer's shell would call "command not found"."""
     environment = ROOT / ".venv" / "bin"
     unresolved = []
-    for _, line, _, words in fenced_segments(README):
-        name = words[0]
-        if name in SHELL_BUILTINS or (ROOT / name).is_file():
-            continue
-        if Path(name).parent == Path(".venv/bin") or "/" not in name:
-            if (environment / Path(name).name).exists():
+    for page in RUN_PAGES:
+        for _, line, _, words in fenced_segments(page):
+            name = words[0]
+            if name in SHELL_BUILTINS or (ROOT / name).is_file():
                 continue
-        unresolved.append(f"README line {line}: {name}")
+            if Path(name).parent == Path(".venv/bin") or "/" not in name:
+                if (environment / Path(name).name).exists():
+                    continue
+            unresolved.append(f"{page.name} line {line}: {name}")
     assert not unresolved, unresolved
     assert "source .venv/bin/activate" in README.read_text()  # the set-up line the blocks rely on
 
 
 def test_the_table_lists_readme_commands():
-    texts = {command.text for command in README_COMMANDS}
+    texts = {command.text for command in RUN_COMMANDS}
     for row in EXPECTED:
         assert row.command in texts, (
-            f"the expected-accuracy table lists {row.command!r}, which no README command block has"
+            f"the expected-accuracy table lists {row.command!r}, which no command block of"
+            f" {', '.join(page.name for page in RUN_PAGES)} has"
         )
     assert "p4bench run" in TESTED
 
@@ -318,7 +352,7 @@ def blocks(tmp_path_factory):
 def _run_small(command: Command, blocks) -> Outcome:
     done = blocks["done"]
     if command not in done:
-        root = workspace(blocks["root"] / f"block-{command.block}")
+        root = workspace(blocks["root"] / f"{command.source}-block-{command.block}")
         done[command] = invoke(
             [*command.argv, *small_sizes(command.argv)], root, _environment_of(command, root)
         )
@@ -326,15 +360,18 @@ def _run_small(command: Command, blocks) -> Outcome:
 
 
 @pytest.mark.parametrize(
-    "command", [c for c in README_COMMANDS if c.text not in TESTED], ids=lambda c: c.id
+    "command",
+    [c for c in RUN_COMMANDS if c.text not in TESTED and c not in RECIPE],
+    ids=lambda c: c.id,
 )
 def test_readme_command(verify_full, command, blocks):
     reason = cannot_run_here(command)
     if reason:
         pytest.skip(reason)
-    for earlier in README_COMMANDS:  # a block is a sequence: `compare` reads what `sweep` wrote
+    for earlier in RUN_COMMANDS:  # a block is a sequence: `compare` reads what `sweep` wrote
         if (
-            earlier.block == command.block
+            earlier.source == command.source
+            and earlier.block == command.block
             and earlier.line < command.line
             and not cannot_run_here(earlier)
         ):
@@ -349,7 +386,7 @@ def test_readme_command(verify_full, command, blocks):
     "row", [row for row in EXPECTED if row.tested], ids=lambda row: row.command
 )
 def test_expected_accuracy(row, tmp_path_factory):
-    command = next(c for c in README_COMMANDS if c.text == row.command)
+    command = next(c for c in RUN_COMMANDS if c.text == row.command)
     root = workspace(tmp_path_factory.getbasetemp() / "expected")
     outcome = invoke([*command.argv, "--json"], root, _environment_of(command, root))
     assert outcome.code == 0, outcome.err[-3000:]
@@ -387,17 +424,82 @@ def parse_only(argv: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "command", [c for c in README_COMMANDS if cannot_run_here(c)], ids=lambda c: c.id
+    "command", [c for c in RUN_COMMANDS if cannot_run_here(c)], ids=lambda c: c.id
 )
 def test_skipped_commands_parse(command, tmp_path):
     with _environment(workspace(tmp_path), {"HOME": str(tmp_path)}):
         parse_only(list(command.argv))
 
 
-DOC_COMMANDS = [c for page in sorted(DOCS.glob("*.md")) for c in fenced_commands(page)]
+DOC_COMMANDS = [
+    c for page in sorted(DOCS.glob("*.md")) if page not in RUN_PAGES for c in fenced_commands(page)
+]
 
 
 @pytest.mark.parametrize("command", DOC_COMMANDS, ids=lambda c: c.id)
 def test_doc_page_commands_parse(command, tmp_path):
     with _environment(workspace(tmp_path), {"HOME": str(tmp_path)}):
         parse_only(list(command.argv))
+
+
+# -- the README's first recipe --------------------------------------------------------------
+
+_ROW = re.compile(r"^[│|]\s*(?P<cells>.+?)\s*[│|]\s*$")
+
+
+def comparison_rows(text: str) -> dict[tuple[str, ...], tuple[float, ...]]:
+    """The rows of a printed `p4bench compare` table: (method, attack, defense, epsilon) ->
+    (mean, std, n); the header must name those columns."""
+    lines = text.splitlines()
+    header = next(line for line in lines if "method" in line and "mean" in line)
+    names = [cell.strip() for cell in re.split(r"[┃|]", header) if cell.strip()]
+    assert names == ["method", "attack", "defense", "epsilon", "mean", "std", "n"], header
+    rows = {}
+    for line in lines:
+        match = _ROW.match(line.strip())
+        if match:
+            cells = [cell.strip() for cell in re.split(r"[│|]", match["cells"])]
+            numbers = tuple(float(x) if x != "-" else float("nan") for x in cells[4:])
+            rows[tuple(cells[:4])] = numbers
+    return rows
+
+
+def test_the_recipe_config_is_the_example_file():
+    import yaml
+
+    first, last = _between(README, "recipe-config")
+    block = README.read_text().splitlines()[first : last - 1]
+    assert block[0] == "```yaml" and block[-1] == "```"
+    shown = yaml.safe_load("\n".join(block[1:-1]))
+    assert shown == yaml.safe_load((ROOT / "examples" / "first-comparison.yaml").read_text())
+    assert "examples/first-comparison.yaml" in RECIPE[0].argv
+
+
+def test_the_first_recipe_ends_in_a_comparison_table(verify_full, tmp_path):
+    """The README's recipe as written; smaller runs unless P4BENCH_README_RECIPE_FULL=1."""
+    full = os.environ.get("P4BENCH_README_RECIPE_FULL") == "1"
+    root = workspace(tmp_path)
+    outcomes = []
+    for command in RECIPE:
+        smaller = [] if full else small_sizes(command.argv)  # the one change: smaller runs
+        outcome = invoke([*command.argv, *smaller], root, _environment_of(command, root))
+        assert outcome.code == 0, f"{command.text} exited {outcome.code}:\n{outcome.err[-3000:]}"
+        outcomes.append(outcome)
+    assert [c.argv[0] for c in RECIPE] == ["sweep", "compare"]
+    printed = comparison_rows(outcomes[-1].out)
+    first, last = _between(README, "recipe-table")
+    shown = comparison_rows("\n".join(README.read_text().splitlines()[first : last - 1]))
+    assert len(shown) == 6 and set(printed) == set(shown)
+    assert all(row[-1] == 2 for row in printed.values())  # two seeds per row
+    assert (root / "first-comparison.png").is_file()
+    if full:  # CPU runs are reproducible from the seed: the README's figures
+        for key, (mean, _std, _n) in shown.items():
+            assert printed[key][0] == pytest.approx(mean, abs=TOLERANCE), key
+
+
+def test_the_readme_links_resolve():
+    """The front door's links into the manual (relative Markdown links) name existing files."""
+    links = re.findall(r"\]\(([^)#]+?)(?:#[^)]*)?\)", README.read_text())
+    local = [link for link in links if "://" not in link]
+    assert len(local) >= 15
+    assert not [link for link in local if not (ROOT / link).exists()], local
