@@ -10,8 +10,8 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-import p4bench.engine.driver
 import p4bench.data.pipeline
+import p4bench.engine.held_clients
 import p4bench.run.runner
 from p4bench.cli import main
 from p4bench.errors import UsageError
@@ -44,13 +44,13 @@ def test_tuning_runs_never_evaluate_on_reported_clients_test_data(small_config, 
     evaluation ever sees it (their splits are withheld), in an ordinary run it does."""
     monkeypatch.setattr(p4bench.data.pipeline, "build_federated_data", _corrupting("reported"))
     seen: list[torch.Tensor] = []
-    original = p4bench.engine.driver.accuracy
+    original = p4bench.engine.held_clients.accuracy
 
     def spy(model, params, x, y, n):
         seen.append(x[torch.arange(x.shape[1]) < n.unsqueeze(1)])  # the samples it may read
         return original(model, params, x, y, n)
 
-    monkeypatch.setattr(p4bench.engine.driver, "accuracy", spy)
+    monkeypatch.setattr(p4bench.engine.held_clients, "accuracy", spy)
     config = small_config(method="p4", rounds=2)
     tuning = execute_task(RunTask(config.to_dict(), tuning=True, track=False))
     assert tuning.status == "finished" and seen

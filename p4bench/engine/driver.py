@@ -7,27 +7,30 @@ or only the server on a device peer). Local updates, outgoing messages, the run'
 attack, delivery, defenses (inside `receive`), the DP mechanism of each group, the
 communication ledger and evaluation are all driven here, so "the same protocol in
 every runtime" holds by construction.
+
+The clients it holds, their step contexts and their evaluation are `HeldClients`
+(`p4bench.engine.held_clients`), the base of `RoundDriver`; a block's communication ledger
+is a `TrafficLedger` (`p4bench.engine.traffic`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from p4bench.engine.attacking import attacker_knowledge, carries_updates, poison, tamper
+from p4bench.engine.attacking import attacker_knowledge, carries_updates, tamper
 from p4bench.engine.chunking import memory_budget
-from p4bench.engine.evaluation import gate_received, test_metrics
+from p4bench.engine.evaluation import gate_received
+from p4bench.engine.held_clients import STREAM_ATTACK, STREAM_TRAINING, ClientGroup, HeldClients
 from p4bench.engine.memory import keep_freed_memory
-from p4bench.engine.messages import Messages, broadcast_receipts
-from p4bench.engine.method import Exchange, LocalUpdate, Phase, StepContext
+from p4bench.engine.messages import Messages
+from p4bench.engine.method import Exchange, LocalUpdate, Phase
 from p4bench.engine.network import Network
-from p4bench.engine.receive_gate import ReceiveGate, Rejections
+from p4bench.engine.receive_gate import ReceiveGate
 from p4bench.engine.schedule import (  # Block ... TimeBudget: defined here before
     Block,
     StopAfter,
@@ -36,22 +39,14 @@ from p4bench.engine.schedule import (  # Block ... TimeBudget: defined here befo
     schedule,
     stop_reason,
 )
-from p4bench.engine.state import State, cat_rows, put_rows, take_rows
-from p4bench.engine.threats import Aggregator
-from p4bench.engine.training import (
-    accuracy,
-    batched_loss_and_grad,
-    reference_loss_and_grad,
-    shared_accuracy,
-)
+from p4bench.engine.state import State, put_rows, take_rows
+from p4bench.engine.traffic import TrafficLedger
 from p4bench.models import Params
-from p4bench.records import GLOBAL_ACCURACY, Outcome, RoundReport
-from p4bench.rng import SERVER_ID, ClientRng, client_rng, node_keys, secret_draws
+from p4bench.records import Outcome, RoundReport
+from p4bench.rng import SERVER_ID
 
 if TYPE_CHECKING:
-    from p4bench.data import ClientTensors
     from p4bench.engine.job import Job
-    from p4bench.privacy.mechanism import DPMechanism
 
 __all__ = [
     "Block",
@@ -64,24 +59,8 @@ __all__ = [
     "STREAM_ATTACK",
 ]
 
-# Independent stream families derived from one run seed.
-STREAM_TRAINING, STREAM_ATTACK = 0, 2
 
-
-@dataclass
-class ClientGroup:
-    """Clients one batched call handles: their rows, state, data and random streams."""
-
-    rows: torch.Tensor
-    state: State
-    train: ClientTensors
-    test: ClientTensors
-    rng: ClientRng
-    attack_rng: ClientRng
-    dp: DPMechanism | None = None
-
-
-class RoundDriver:
+class RoundDriver(HeldClients):
     """Executes one run's schedule for the clients (and server) this process holds."""
 
     def __init__(
@@ -94,42 +73,23 @@ class RoundDriver:
         batched_gradients: bool = True,
         separate_parties: bool = False,
     ) -> None:
-        self.job, self.network = job, network
-        self.method, self.config = job.method, job.config
-        self.aggregator = Aggregator(job.defense)
-        self.separate_parties = separate_parties
-        self.holds_server = holds_server and job.method.capabilities.uses_server
-        gradient = batched_loss_and_grad if batched_gradients else reference_loss_and_grad
-        self._loss_and_grad = partial(gradient, job.model)
-        count = job.data.num_clients
-        self._malicious = (
-            job.malicious if job.malicious is not None else torch.zeros(count, dtype=torch.bool)
-        )
+        self.network = network
         self.receive_errors = 0
         # broadcasts stay one message where the network delivers them so (in process)
-        self._broadcasts = network.carry_broadcasts(count)
+        self._broadcasts = network.carry_broadcasts(job.data.num_clients)
         self._gates = job.defense is not None and job.defense.gates_clients
-        # what every inbox is held to before `receive` (counts, finite values, ranges);
-        # rejections are counted per block and reported in its metrics
-        self.rejections = Rejections()
-        self.receive_gate = ReceiveGate(job.method, job.public_records, self.rejections)
-        # what the method writes to `ctx.metrics` in a block (e.g. FedDF's server distillation
-        # steps and seconds): reported with the block's RoundReport.metrics
-        self._metrics: dict[str, float] = {}
-        self.groups = [self._make_group(rows) for rows in group_rows]
-        self._holds_everyone = (
-            sum(len(rows) for rows in group_rows) == count
-        )  # the method's stop rule needs all
-        server_rows = torch.tensor([SERVER_ID])
-        secret = secret_draws(
-            self.config.noise_source, separate_parties
-        )  # a server peer is a party too
-        self.server_rng = client_rng(self.config.seed, server_rows, STREAM_TRAINING, secret)
-        self.server_state: State = (
-            self.method.init_server_state(self._context(server_rows, self.server_rng, "init", -1))
-            if self.holds_server
-            else {}
+        super().__init__(
+            job,
+            group_rows,
+            holds_server=holds_server,
+            batched_gradients=batched_gradients,
+            separate_parties=separate_parties,
         )
+        # what every inbox is held to before `receive` (counts, finite values, ranges)
+        self.receive_gate = ReceiveGate(job.method, job.public_records, self.rejections)
+        self._holds_everyone = (
+            sum(len(rows) for rows in group_rows) == job.data.num_clients
+        )  # the method's stop rule needs all
         # Progress through the schedule, written back by a checkpoint (p4bench.run.checkpoint) to resume
         self.position = 0  # blocks of `schedule(method)` completed
         self.reports: list[RoundReport] = []  # every round's report so far
@@ -221,17 +181,8 @@ class RoundDriver:
         return self.position >= self.blocks()
 
     def _run_block(self, block: Block, step: int) -> RoundReport:
-        count = self.job.data.num_clients
         self._losses: list[torch.Tensor] = []
-        # the communication ledger stays where the messages are; read once, in the report
-        self._sent, self._received = (
-            torch.zeros(count, dtype=torch.int64),
-            torch.zeros(count, dtype=torch.int64),
-        )
-        self._bytes_sent, self._bytes_received = (
-            torch.zeros((), dtype=torch.int64),
-            torch.zeros((), dtype=torch.int64),
-        )
+        self._traffic = TrafficLedger(self.job.data.num_clients)
         self._metrics = {}
         self.rejections.clear()
         self.network.begin_round(block.phase.name, block.round)
@@ -256,79 +207,14 @@ class RoundDriver:
             accuracy=accuracy_now,
             train_loss=float(losses.mean()) if len(losses) else float("nan"),
             seconds=seconds,
-            bytes_sent=int(self._bytes_sent),
-            bytes_received=int(self._bytes_received),
-            client_bytes_sent=self._sent.cpu().numpy(),
-            client_bytes_received=self._received.cpu().numpy(),
+            bytes_sent=int(self._traffic.bytes_sent),
+            bytes_received=int(self._traffic.bytes_received),
+            client_bytes_sent=self._traffic.sent.cpu().numpy(),
+            client_bytes_received=self._traffic.received.cpu().numpy(),
             extra_accuracy=extra,
             losses=losses.cpu().numpy(),
             metrics={**self._metrics, **self.rejections.metrics()},
         )
-
-    # -- groups and contexts -----------------------------------------------------------
-    def _make_group(self, rows: torch.Tensor) -> ClientGroup:
-        job, config = self.job, self.config
-        train, test = job.data.train.rows(rows), job.data.test.rows(rows)
-        attack_rng = ClientRng(node_keys(config.seed, rows, STREAM_ATTACK))
-        if job.attack is not None:
-            bad = self._malicious[rows].nonzero().squeeze(1)
-            if len(bad):
-                train = replace(train, y=poison(job.attack, train.y, bad, attack_rng))
-        # Each client's private draws (batches, sampled peers, DP noise): secret where the
-        # run says so, else reproducible from the seed. The attack stream is the harness's.
-        secret = secret_draws(config.noise_source, self.separate_parties)
-        rng = client_rng(config.seed, rows, STREAM_TRAINING, secret)
-        group = ClientGroup(rows, {}, train, test, rng, attack_rng)
-        if job.dp_factory is not None:
-            group.dp = job.dp_factory(rows, secret)
-        group.state = self.method.init_client_state(
-            train, self._context(rows, rng, "init", -1, group.dp, train)
-        )
-        return group
-
-    def _context(
-        self,
-        rows: torch.Tensor,
-        rng: ClientRng,
-        phase: str,
-        round_index: int,
-        dp: DPMechanism | None = None,
-        train: ClientTensors | None = None,
-    ) -> StepContext:
-        job = self.job
-        return StepContext(
-            config=job.config,
-            model=job.model,
-            phase=phase,
-            round=round_index,
-            rows=rows,
-            rng=rng,
-            loss_and_grad=self._loss_and_grad,
-            aggregator=self.aggregator,
-            num_clients=job.data.num_clients,
-            dp=dp,
-            metrics=self._metrics,
-            train=train,
-            rejections=self.rejections,
-            dp_settings=job.dp,
-        )
-
-    def _group_context(self, group: ClientGroup, phase: str, round_index: int) -> StepContext:
-        return self._context(group.rows, group.rng, phase, round_index, group.dp, group.train)
-
-    def _server_context(self, phase: Phase, round_index: int) -> StepContext:
-        return self._context(torch.tensor([SERVER_ID]), self.server_rng, phase.name, round_index)
-
-    def _final_state(self) -> State:
-        """Every held client's state in client order (no copy when one group holds them in order)."""
-        if len(self.groups) == 1 and torch.equal(
-            self.groups[0].rows, torch.arange(len(self.groups[0].rows))
-        ):
-            return self.groups[0].state
-        return take_rows(cat_rows([g.state for g in self.groups]), self._order())
-
-    def _order(self) -> torch.Tensor:
-        return torch.argsort(torch.cat([g.rows for g in self.groups]))
 
     # -- steps -------------------------------------------------------------------------
     def _local_update(self, group: ClientGroup, phase: Phase, round_index: int) -> None:
@@ -376,7 +262,7 @@ class RoundDriver:
             ):  # defenses see one update per receiver
                 outgoing, broadcasts = outgoing.expand_broadcasts(self.job.data.num_clients), False
         delivery = self.network.exchange(exchange, phase.name, round_index, outgoing)
-        self._account(
+        self._traffic.account(
             outgoing,
             delivery.sent_sizes,
             delivery.inbox,
@@ -413,37 +299,6 @@ class RoundDriver:
                 if state is not None:
                     self.server_state = state
         self.network.finish_exchange(exchange)
-
-    def _account(
-        self,
-        outgoing: Messages,
-        sent_sizes: torch.Tensor,
-        inbox: Messages,
-        inbox_sizes: torch.Tensor,
-        exchange: str,
-        round_index: int,
-        broadcasts: bool,
-    ) -> None:
-        """Communication ledger: bytes each client sent and received over the network (a
-        node does not send to itself over the network; the server, id -1, has no row)."""
-        for messages, sizes, total, per_client, node in (
-            (outgoing, sent_sizes, self._bytes_sent, self._sent, outgoing.src),
-            (inbox, inbox_sizes, self._bytes_received, self._received, inbox.dst),
-        ):
-            if not len(messages):
-                continue
-            sizes = sizes.to(total.device)
-            wire = (messages.src != messages.dst).to(total.device)
-            total += (sizes * wire).sum()  # no host read: masks, not boolean indexing
-            if (
-                broadcasts and per_client is self._received
-            ):  # every client but the sender got a copy
-                per_client += broadcast_receipts(
-                    exchange, round_index, messages, len(per_client)
-                ).to(total.device)
-                wire &= ~messages.is_broadcast().to(total.device)
-            client = wire & (node.to(total.device) >= 0)
-            per_client.index_add_(0, node.to(total.device).clamp_min(0), sizes * client)
 
     def _receive(
         self, receive: Callable[[Messages], State], inbox: Messages, foreign: bool, exchange: str
@@ -529,62 +384,3 @@ class RoundDriver:
             observed,
             colluding,
         )
-
-    # -- evaluation --------------------------------------------------------------------
-    def evaluate(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Each held client's deployed model (and the method's extra models) on its own
-        test split, in client order; with a global test set (`--eval global|both`), the
-        deployed model on it too (extra `global`)."""
-        if not self.groups:
-            return np.zeros(0), {}
-        model, method, order = self.job.model, self.method, self._order()
-
-        def on_every_client(params_of: Callable[[State], Params]) -> np.ndarray:
-            parts = [
-                accuracy(model, params_of(g.state), g.test.x, g.test.y, g.test.n)
-                for g in self.groups
-            ]
-            return torch.cat(parts)[order].cpu().numpy()
-
-        names = method.extra_models(self.groups[0].state).keys()
-
-        def extra_model(name: str) -> Callable[[State], Params]:
-            return lambda s: method.extra_models(s)[name]
-
-        extra = {name: on_every_client(extra_model(name)) for name in names}
-        for name in method.client_accuracies(self.groups[0].state):  # measured by the method itself
-            extra[name] = (
-                torch.cat([method.client_accuracies(g.state)[name] for g in self.groups])[order]
-                .cpu()
-                .numpy()
-            )
-        if method.test_metrics:
-            parts = [
-                test_metrics(
-                    model,
-                    method.deployed_params(g.state),
-                    g.test.x,
-                    g.test.y,
-                    g.test.n,
-                    method.test_metrics,
-                )
-                for g in self.groups
-            ]
-            for name in parts[0]:
-                extra[name] = torch.cat([p[name] for p in parts])[order].cpu().numpy()
-        held = self.job.data.global_test
-        if (
-            held is not None
-        ):  # `--eval global|both`: every client's deployed model on the one held-out set
-            scores = [
-                shared_accuracy(model, method.deployed_params(g.state), held) for g in self.groups
-            ]
-            extra[GLOBAL_ACCURACY] = torch.cat(scores)[order].cpu().numpy()
-        return on_every_client(method.deployed_params), extra
-
-    def deployed_params(self) -> Params:
-        if not self.groups:
-            return {}
-        stacked = cat_rows([self.method.deployed_params(g.state) for g in self.groups])
-        order = self._order()
-        return {k: v[order] for k, v in stacked.items()}
