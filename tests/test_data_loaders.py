@@ -358,8 +358,7 @@ def test_array_dataset_writer_validation():
 
 
 def test_data_dir_env(monkeypatch, tmp_path):
-    from p4bench.data.paths import cache_dir, data_dir
-    from p4bench.data.paths import _data_dir
+    from p4bench.data.paths import _data_dir, cache_dir, data_dir
 
     monkeypatch.setenv("P4BENCH_DATA_DIR", str(tmp_path))
     monkeypatch.delenv("P4BENCH_CACHE_DIR", raising=False)

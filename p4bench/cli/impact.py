@@ -24,9 +24,7 @@ def impact_command(
     allow_mixed_privacy: bool = False,
 ) -> None:
     """Adapter behind `p4bench impact`."""
-    from p4bench.tracking.tracker import (
-        default_tracking_uri,
-    )  # imports torch: not when the CLI is built
+    from p4bench.tracking.stores import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(results_dir)
     paired, table = compute_impact(experiment, uri, metric, allow_mixed_privacy)

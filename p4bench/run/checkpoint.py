@@ -312,7 +312,7 @@ def find_run_folder(
     if not tracking_uri or not reference.isalnum():
         return None
     try:
-        from p4bench.studies.results import store_client
+        from p4bench.tracking.stores import store_client
 
         tags = store_client(tracking_uri).get_run(reference).data.tags
     except Exception:  # noqa: BLE001 - not a run of that store (or no store): not found

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from p4bench.errors import UsageError
+from p4bench.tracking.stores import sqlite_path  # re-exported: it was defined here
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
@@ -64,19 +65,11 @@ def check_paths(results_dir: str | Path | None, tracking_uri: str | None) -> Non
     folder of the tracking store: `tracking_uri`, else `$MLFLOW_TRACKING_URI`, else the
     SQLite store inside `results_dir` (as the tracker derives it)."""
     from p4bench.config import RunConfig
-    from p4bench.tracking.tracker import default_tracking_uri
+    from p4bench.tracking.stores import default_tracking_uri
 
     folder = str(results_dir or RunConfig.results_dir)
     check_writable_dir(folder, "results folder")
     check_tracking_uri(tracking_uri or default_tracking_uri(folder))
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of an `sqlite:///...` URI; None for other URIs and in-memory stores."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = unquote(uri[len("sqlite:///") :].split("?", 1)[0])
-    return None if path in ("", ":memory:") else Path(path)
 
 
 # The tracking store schemes MLflow accepts (its tracking store registry, and its database

@@ -198,7 +198,8 @@ def execute_task(task: RunTask, plugin_manager: Any = None) -> RunRecord:
         run_row,
         settle_attempts,
     )
-    from p4bench.tracking.tracker import Tracker, default_tracking_uri
+    from p4bench.tracking.stores import default_tracking_uri
+    from p4bench.tracking.tracker import Tracker
 
     started = time.perf_counter()
     tags = {**task.tags, TUNING_TAG: "true" if task.tuning else "false"}

@@ -7,13 +7,15 @@ as plain columns, parameters as `params.<name>` and the latest value of every me
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from p4bench.errors import UsageError
+from p4bench.tracking.stores import (  # re-exported: they were defined here
+    ensure_experiment,
+    store_client,
+    tracking_uri_for,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,41 +31,6 @@ __all__ = [
 
 TUNING_TAG = "tuning"  # "true" on tuning runs (reported clients' test splits withheld)
 _PAGE = 1000
-
-
-def tracking_uri_for(tracking_uri: str | None, results_dir: str) -> str:
-    """The URI runs are logged to: the explicit one, else $MLFLOW_TRACKING_URI, else the
-    SQLite store in `results_dir` (as the tracker does), with the folder made absolute so
-    that worker processes and Ray workers write to the same store."""
-    from p4bench.tracking.tracker import default_tracking_uri
-
-    return tracking_uri or default_tracking_uri(str(Path(results_dir).resolve()))
-
-
-def store_client(uri: str) -> Any:
-    """An MlflowClient for `uri` (creating a SQLite store's folder first)."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    for noisy in ("alembic", "mlflow.store.db.utils"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
-def ensure_experiment(uri: str, name: str) -> str:
-    """Create the experiment (and the store's schema) once, before workers log into it
-    concurrently; returns its id."""
-    client = store_client(uri)
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return str(experiment.experiment_id)
-    location = None
-    if uri.startswith("sqlite:///"):
-        location = (Path(uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
-    return str(client.create_experiment(name, artifact_location=location))
 
 
 def _runs(client: Any, experiment_id: str, filter_string: str) -> Iterable[Any]:

@@ -1,9 +1,10 @@
 """Where a run's results go: the MLflow tracker and its local copy (`tracker`), the worker that
-logs to MLflow off the training thread (`worker`), the store's operations (`ops`, `store`) and
-P4L's participation curves (`participation`).
+logs to MLflow off the training thread (`worker`), the store's operations (`ops`, `store`), where
+runs are logged (`stores`), the links a run prints (`links`) and P4L's participation curves
+(`participation`).
 
 `p4bench.tracking` was one module until 0.2; its names still resolve here, with a deprecation
-warning naming `p4bench.tracking.tracker`, for one minor version.
+warning naming their module now, for one minor version.
 """
 
 from __future__ import annotations
@@ -14,16 +15,9 @@ __getattr__ = forward_moved(
     __name__,
     {
         **dict.fromkeys(
-            (
-                "TRACKING_URI_ENV",
-                "Tracker",
-                "dataset_input",
-                "default_tracking_uri",
-                "flat_params",
-                "run_name",
-            ),
-            "p4bench.tracking.tracker",
+            ("Tracker", "dataset_input", "flat_params", "run_name"), "p4bench.tracking.tracker"
         ),
+        **dict.fromkeys(("TRACKING_URI_ENV", "default_tracking_uri"), "p4bench.tracking.stores"),
         "EXPERIMENT_KIND_TAG": "p4bench.tracking.ops",
     },
 )

@@ -41,7 +41,7 @@ __all__ = [
     "RUNS_VIEW_KEY",
     "RUNS_VIEW_TAG",
     "UI_ADDRESS",
-    "check_paths",
+    "check_study_server",
     "check_run_server",
     "check_server",
     "compare_command",
@@ -89,7 +89,7 @@ def runs_view_tag(now_ms: int | None = None) -> tuple[str, str]:
 def check_server(uri: str, named_by: str, local_store: str | None = None) -> None:
     """A UsageError (one line, exit 2) where `uri` is an http(s) server that does not accept
     a connection; other stores are checked by `p4bench.run.preflight`."""
-    from p4bench.tracking.tracker import TRACKING_URI_ENV, _server_reachable
+    from p4bench.tracking.stores import TRACKING_URI_ENV, _server_reachable
 
     if urllib.parse.urlsplit(uri).scheme not in ("http", "https") or _server_reachable(uri):
         return
@@ -103,7 +103,7 @@ def check_server(uri: str, named_by: str, local_store: str | None = None) -> Non
 
 def check_run_server(config: RunConfig) -> None:
     """`check_server` for `p4bench run` (the URI as the tracker derives it)."""
-    from p4bench.tracking.tracker import TRACKING_URI_ENV
+    from p4bench.tracking.stores import TRACKING_URI_ENV
 
     uri = config.tracking_uri or os.environ.get(TRACKING_URI_ENV)
     if uri:
@@ -111,17 +111,15 @@ def check_run_server(config: RunConfig) -> None:
         check_server(uri, named_by, _local_store(config.results_dir))
 
 
-def check_paths(results_dir: str | Path | None, tracking_uri: str | None) -> None:
-    """`check_server`, then `p4bench.run.preflight.check_paths` (the studies' check)."""
+def check_study_server(results_dir: str | Path | None, tracking_uri: str | None) -> None:
+    """`check_server` for a study (sweep, tune, reproduce): the URI it will log to."""
     from p4bench.config import RunConfig
-    from p4bench.run.preflight import check_paths as check_local
-    from p4bench.tracking.tracker import TRACKING_URI_ENV
+    from p4bench.tracking.stores import TRACKING_URI_ENV
 
     uri = tracking_uri or os.environ.get(TRACKING_URI_ENV)
-    if uri:  # first: a refused study leaves no folder behind
+    if uri:
         named_by = "--tracking-uri" if tracking_uri else TRACKING_URI_ENV
         check_server(uri, named_by, _local_store(str(results_dir or RunConfig.results_dir)))
-    check_local(results_dir, tracking_uri)
 
 
 def _local_store(results_dir: str) -> str:
@@ -175,7 +173,7 @@ def compare_command(experiment: str, uri: str) -> str:
     accuracy's mean, std and n beside them), with `--tracking-uri` where compare would not
     find the store by itself (run from the same folder)."""
     from p4bench.config import RunConfig
-    from p4bench.studies.results import tracking_uri_for
+    from p4bench.tracking.stores import tracking_uri_for
 
     command = f"p4bench compare --experiment {shlex.quote(experiment)} --group-by {COMPARE_KEYS}"
     if uri != tracking_uri_for(None, RunConfig.results_dir):
@@ -247,7 +245,7 @@ def _sqlite_experiment(
     import contextlib
     import sqlite3
 
-    from p4bench.run.preflight import sqlite_path
+    from p4bench.tracking.stores import sqlite_path
 
     path = sqlite_path(uri)
     if path is None or not path.is_file():

@@ -12,13 +12,11 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import numpy as np
 import yaml
@@ -29,29 +27,12 @@ from p4bench.records import RoundReport, RunInfo, RunResult, display_round
 from p4bench.run.artifacts import final_metrics, final_tags, plot_accuracy, write_partition_summary
 from p4bench.tracking.ops import dataset_spec
 from p4bench.tracking.participation import participation_curve, write_participation_curve
+from p4bench.tracking.stores import (  # defined there, used here
+    _server_reachable,
+    default_tracking_uri,
+)
 
 log = logging.getLogger(__name__)
-
-TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
-
-
-def default_tracking_uri(results_dir: str) -> str:
-    """`$MLFLOW_TRACKING_URI`, else a SQLite store `<results_dir>/mlflow.db`."""
-    if os.environ.get(TRACKING_URI_ENV):
-        return os.environ[TRACKING_URI_ENV]
-    return "sqlite:///" + str((Path(results_dir) / "mlflow.db").resolve())
-
-
-def _server_reachable(uri: str, timeout: float = 3.0) -> bool:
-    parsed = urlparse(uri)
-    if parsed.scheme not in ("http", "https"):
-        return True
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parsed.hostname or "localhost", port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def _git_commit() -> str | None:
