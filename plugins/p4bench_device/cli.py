@@ -16,7 +16,7 @@ from p4bench.errors import P4BenchError
 
 app = typer.Typer(
     name="device",
-    help="Run a method on real devices (Raspberry Pis): certificates, peers, launch. See the README.",
+    help="Run a method on real devices (Raspberry Pis): certificates, peers, launch. See docs/device.md.",
     no_args_is_help=True,
 )
 
