@@ -19,7 +19,6 @@ PAPER_WORDS = ("karras", "p4l", "pdsl", "proxyfl", "muffliato")
 LIMIT = 400
 OVER_LIMIT = {  # module: its lines when this list was written; split them, never grow them
     # ruff format at 100 columns (0.2) wrapped these past the limit: the next to split
-    "plugins/p4bench_p4/method.py": 561,
     "p4bench/cli/studies.py": 548,
     "plugins/p4bench_p4l/method.py": 546,
     "plugins/p4bench_device/launcher.py": 534,

@@ -26,7 +26,7 @@ no accountant's epsilon is valid. So by default the proxy reads no non-DP teache
 - `none` (default): alpha = 0 for the proxy, plain DP-SGD on CE. Chosen because it is
   the paper's proxy step minus the leaking term, runs on every fused path, and on
   digits at epsilon 8 (3 seeds) its private models reach 0.866 against 0.868 with
-  `last-proxy` and 0.873 with the paper's uncertified teacher (README, Privacy);
+  `last-proxy` and 0.873 with the paper's uncertified teacher (docs/privacy-practice.md, Teachers);
 - `last-proxy`: KL from the proxy as released at the start of the round (the group's
   last proxy), a DP output: post-processing, certified. Generic (autograd) path only;
 - `private`: the paper's, kept for reproduction; the run's epsilon is reported
@@ -60,32 +60,28 @@ from p4bench.engine import (
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, PayloadLayout, params_layout
 from p4bench.engine.method import PlannedRelease, Step, StepContext
 from p4bench.engine.state import State
-from p4bench.engine.training import (
-    batch_gradient,
-    gather_batch,
-    logits_of,
-    noble_local_lr,
-    sample_batches,
-)
+from p4bench.engine.training import noble_local_lr
 from p4bench.errors import ConfigError
-from p4bench.models import LinearSoftmax, Params
-from p4bench.options import Option, resolve_options
-from p4bench.privacy.mechanism import input_statistics
+from p4bench.models import Params
+from p4bench.options import resolve_options
 from p4bench_p4.cotraining_exchange import CotrainingExchanges
-from p4bench_p4.fused import FusedCotraining, LinearCotraining
+from p4bench_p4.fused import FusedCotraining
 from p4bench_p4.grouping import collaboration_matrix, symmetric
 from p4bench_p4.grouping_exchange import UNKNOWN, GroupingExchanges
-from p4bench_p4.losses import distillation_loss
-from p4bench_p4.span import NOISE_MODES, SpanCotraining, span_fits, span_is_cheaper
+from p4bench_p4.local_training import LocalCotraining
+from p4bench_p4.options import (  # noqa: F401 - FUSED_MODES, TEACHERS re-exported
+    FUSED_MODES,
+    GROUP_SIZE_DEFAULTS,
+    OPTIONS,
+    TEACHERS,
+)
+from p4bench_p4.span import SpanCotraining
 
 if TYPE_CHECKING:
     from p4bench.data import ClientTensors
 
 GROUPING, COTRAINING = "grouping", "cotraining"
 UPDATE, MODEL = UPDATE_PREFIX, MODEL_PREFIX
-GROUP_SIZE_DEFAULTS = {"cifar10": 8, "femnist": 8, "leaf-femnist": 8, "cifar100": 4}
-FUSED_MODES = ("auto", "span", "buckets", "off")
-TEACHERS = ("none", "last-proxy", "private")
 # The grouping's M x M working set beyond the state, per pair of clients: the shared matrix
 # (float32), its symmetric copy and the matching's (float32 each), masks; allocator slack included
 GROUPING_BYTES_PER_PAIR = 24
@@ -120,7 +116,7 @@ class GroupsRecord(TypedDict):
     collaboration_matrix: NotRequired[list[list[int]]]  # up to ARTIFACT_MATRIX_CLIENTS clients
 
 
-class P4(GroupingExchanges, CotrainingExchanges, Method):
+class P4(GroupingExchanges, CotrainingExchanges, LocalCotraining, Method):
     """P4 with its options (``-o key=value``): group_size V, samples H, teacher
     (none | last-proxy | private) and alpha (its weight), beta, grouping (similarity |
     random), proxy (true | false: one shared DP model)."""
@@ -133,68 +129,7 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
     default_neighbouring = "replace-one"  # the paper's eq. 13: noise std 2 C sigma
     default_defense = "p4-secure"
     default_epsilon = DEFAULT_EPSILON
-    options = (
-        Option(
-            "group_size",
-            int,
-            None,
-            "V, clients per group; default: 8 for cifar10/femnist/leaf-femnist, 4 for "
-            "others (at most M)",
-            low=1,
-        ),
-        Option(
-            "samples",
-            int,
-            None,
-            "H, peers each client probes in phase 1; default: min(35, M-1)",
-            low=1,
-            paper="35 probes, section VI",
-        ),
-        Option(
-            "teacher",
-            str,
-            "none",
-            "what the DP proxy distils from: none (CE alone), last-proxy (the group's last "
-            "released proxy) or private (the paper's non-DP model: epsilon uncertified)",
-            choices=TEACHERS,
-        ),
-        Option(
-            "alpha",
-            float,
-            None,
-            "the proxy's distillation weight; default: 0.5 with a teacher, 0 without (a "
-            "positive alpha needs a teacher)",
-            low=0,
-            high=1,
-        ),
-        Option("beta", float, 0.5, "the private model's distillation weight", low=0, high=1),
-        Option(
-            "grouping",
-            str,
-            "similarity",
-            "phase 1: similarity grouping, or random groups (ablation)",
-            choices=("similarity", "random"),
-        ),
-        Option(
-            "proxy", bool, True, "false: one shared DP model instead of proxy + private (ablation)"
-        ),
-        Option(
-            "fused",
-            str,
-            "auto",
-            "linear models: auto picks by FLOPs between the span and the bucketed fused "
-            "step; off runs the generic autograd step (true = auto, false = off)",
-            choices=FUSED_MODES + ("true", "false"),
-        ),
-        Option(
-            "span_noise",
-            str,
-            "basis",
-            "span path DP noise: basis (through an orthonormal basis of the client's "
-            "data, same distribution) or streams (the generic path's numbers)",
-            choices=NOISE_MODES,
-        ),
-    )
+    options = OPTIONS
 
     def validate_options(self) -> None:
         values, config = resolve_options(self.options, self.config.options), self.config
@@ -314,154 +249,6 @@ class P4(GroupingExchanges, CotrainingExchanges, Method):
         if ctx.phase == GROUPING:
             return self._proxy_epoch(state, train, ctx)
         return self._cotrain(state, train, ctx)
-
-    def _proxy_epoch(
-        self, state: State, train: ClientTensors, ctx: StepContext
-    ) -> tuple[State, torch.Tensor]:
-        """Phase 1: one local epoch of (DP) training of the proxy alone."""
-        proxy: Params = state["proxy"]
-        total, taken = torch.zeros(len(ctx.rows), dtype=torch.float64), torch.zeros(len(ctx.rows))
-        for _ in range(self.epoch_steps):
-            grads, loss, done = self._proxy_gradient(proxy, train, ctx, teacher_params=None)
-            proxy = {k: proxy[k] - self.local_lr * grads[k] for k in proxy}
-            total, taken = total + loss * done, taken + done
-        return {**state, "proxy": proxy, "group_proxy": proxy}, total / taken.clamp_min(1)
-
-    def _cotrain(
-        self, state: State, train: ClientTensors, ctx: StepContext
-    ) -> tuple[State, torch.Tensor]:
-        proxy: Params = state["proxy"]
-        private: Params = state["private"]
-        total, taken = torch.zeros(len(ctx.rows), dtype=torch.float64), torch.zeros(len(ctx.rows))
-        stopped = state["stopped"].clone()
-        if (
-            self.fused != "off"
-            and self.use_proxy
-            and self.teacher != "last-proxy"
-            and type(ctx.model) is LinearSoftmax
-        ):
-            proxy, private, total, taken = self._fused_step(train, ctx).run(
-                proxy, private, train, ctx, self.config.local_steps
-            )
-            stopped |= taken < self.config.local_steps  # the ledger refused a step: budget spent
-            return self._cotrained(state, proxy, private, stopped, total, taken)
-        stats = (
-            input_statistics(ctx.model, train) if ctx.dp is not None else None
-        )  # per dataset, cached
-        for _ in range(self.config.local_steps):
-            index, mask = sample_batches(ctx, train)
-            x, y = gather_batch(train.x, index), gather_batch(train.y, index)
-            teacher = self._teacher(state, private)
-            grads, loss, done = self._proxy_step(
-                proxy,
-                x,
-                y,
-                mask,
-                train,
-                ctx,
-                teacher,
-                None if stats is None else gather_batch(stats, index),
-            )
-            if self.use_proxy:
-                # the private model learns on the same batch, without DP, from the proxy's pre-step outputs
-                proxy_logits = logits_of(ctx.model, proxy, x)
-                _, private_grads = ctx.loss_and_grad(
-                    private, x, y, mask.float(), loss=distillation_loss(self.beta), aux=proxy_logits
-                )
-                private = {
-                    k: private[k]
-                    - self.local_lr
-                    * private_grads[k]
-                    * done.view(-1, *([1] * (private[k].dim() - 1)))
-                    for k in private
-                }
-            proxy = {k: proxy[k] - self.local_lr * grads[k] for k in proxy}
-            stopped |= ~done.bool()
-            total, taken = total + loss * done, taken + done
-        return self._cotrained(state, proxy, private, stopped, total, taken)
-
-    def _teacher(self, state: State, private: Params) -> Params | None:
-        """The parameters whose outputs the proxy distils from (None: CE only)."""
-        if not self.use_proxy or self.alpha == 0:
-            return None
-        return state["group_proxy"] if self.teacher == "last-proxy" else private
-
-    def _fused_step(self, train: ClientTensors, ctx: StepContext) -> LinearCotraining:
-        """The span path when forced or when it needs fewer FLOPs, else the bucketed one.
-        Samples streamed from host memory (`ClientTensors.to(stream=True)`) take the
-        bucketed path: the span path reads every sample each round (or a basis as large)."""
-        if train.x.device != train.y.device:
-            return self._buckets
-        if self.fused == "auto":
-            samples, dim, c = train.x.shape[1], math.prod(train.x.shape[2:]), self.config
-            cheaper = span_is_cheaper(
-                samples,
-                dim,
-                ctx.model.num_classes,
-                c.local_steps,
-                c.data_rate,
-                ctx.dp is not None,
-                self.span_noise,
-            )
-            return (
-                self._span
-                if cheaper and span_fits(train, ctx.dp is not None and self.span_noise == "basis")
-                else self._buckets
-            )
-        return self._span if self.fused == "span" else self._buckets
-
-    @staticmethod
-    def _cotrained(
-        state: State,
-        proxy: Params,
-        private: Params,
-        stopped: torch.Tensor,
-        total: torch.Tensor,
-        taken: torch.Tensor,
-    ) -> tuple[State, torch.Tensor]:
-        trained = taken > 0
-        return {
-            **state,
-            "proxy": proxy,
-            "private": private,
-            "trained": trained,
-            "stopped": stopped,
-        }, total / taken.clamp_min(1)
-
-    def _proxy_gradient(
-        self, proxy: Params, train: ClientTensors, ctx: StepContext, teacher_params: Params | None
-    ) -> tuple[Params, torch.Tensor, torch.Tensor]:
-        index, mask = sample_batches(ctx, train)
-        x, y = gather_batch(train.x, index), gather_batch(train.y, index)
-        stats = input_statistics(ctx.model, train) if ctx.dp is not None else None
-        return self._proxy_step(
-            proxy,
-            x,
-            y,
-            mask,
-            train,
-            ctx,
-            teacher_params,
-            None if stats is None else gather_batch(stats, index),
-        )
-
-    def _proxy_step(
-        self,
-        proxy: Params,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        mask: torch.Tensor,
-        train: ClientTensors,
-        ctx: StepContext,
-        teacher_params: Params | None,
-        stats: torch.Tensor | None = None,
-    ) -> tuple[Params, torch.Tensor, torch.Tensor]:
-        """Gradient of the proxy's loss: DP when the run is private. Returns
-        (grads, loss (C,), done (C,) float: 1 where the step was taken). `stats`: the
-        batch's `input_statistics` (precomputed per dataset)."""
-        loss_fn = distillation_loss(self.alpha if teacher_params is not None else 0.0)
-        teacher = logits_of(ctx.model, teacher_params, x) if teacher_params is not None else None
-        return batch_gradient(ctx, proxy, x, y, mask, train, loss_fn, teacher, input_stats=stats)
 
     # -- messages: phase 1 in GroupingExchanges, phase 2 in CotrainingExchanges ----------------
     def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
