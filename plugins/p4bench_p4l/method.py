@@ -34,10 +34,8 @@ others. Individual updates are never visible, so defenses that inspect them are 
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +51,15 @@ from p4bench.engine.state import State, vectorize
 from p4bench.engine.training import local_sgd
 from p4bench.errors import ConfigError
 from p4bench.models import Params
-from p4bench.options import Option, resolve_options
+from p4bench.options import resolve_options
 from p4bench_p2p_fl.policies import exact_scores, validation_split
-from p4bench_p4l.chain_crypto import BACKEND_NAMES, KEY_BITS, ChainCrypto
-from p4bench_p4l.merge import MERGES, merge_candidates
+from p4bench_p4l.chain_crypto import ChainCrypto
+from p4bench_p4l.host_messages import host_rows, on_host, pack
+from p4bench_p4l.merge import merge_candidates
 from p4bench_p4l.metrics import derived_metrics, flush_stats
+from p4bench_p4l.options import OPTIONS
 from p4bench_p4l.peer import Peer
-from p4bench_p4l.plan import LAWS, SIZE_LAWS, PlanSettings, round_plan
+from p4bench_p4l.plan import PlanSettings, round_plan
 
 PARTICIPATIONS = "count_synergies"  # per-client value: completed synergies taken part in
 
@@ -75,155 +75,7 @@ class P4L(Method):
     # no aggregator a defense could plug into: sums are formed under encryption (accept-if-better gates clients)
     capabilities = Capabilities(personalized=True, hides_individual_updates=True)
     test_metrics = ("loss", "auc")
-    options = (
-        Option(
-            "crypto",
-            str,
-            "paillier",
-            "paillier (python-paillier with gmpy2, packed 64-bit slots, fixed point "
-            "1e10) or plaintext (the same protocol with exact sums, for fast sweeps)",
-            choices=BACKEND_NAMES,
-        ),
-        Option(
-            "key_bits",
-            int,
-            2048,
-            "Paillier modulus bits (below 2048 only for tests)",
-            choices=KEY_BITS,
-        ),
-        Option(
-            "size",
-            int,
-            5,
-            "synergy size with size_dist=fixed (members, the initiator included)",
-            low=3,
-            high=10,
-        ),
-        Option(
-            "size_min",
-            int,
-            3,
-            "smallest synergy with size_dist=powerlaw",
-            low=3,
-            high=10,
-            paper="Table I, 3-10",
-        ),
-        Option(
-            "size_max",
-            int,
-            10,
-            "largest synergy with size_dist=powerlaw",
-            low=3,
-            high=10,
-            paper="Table I, 3-10",
-        ),
-        Option(
-            "size_dist",
-            str,
-            "fixed",
-            "synergy sizes: fixed (option size) or powerlaw (a=2) over [size_min, size_max]",
-            choices=SIZE_LAWS,
-        ),
-        Option(
-            "sampling",
-            str,
-            "uniform",
-            "initiator and successor choice: uniform or powerlaw (a=2)",
-            choices=LAWS,
-            paper="Table I, P_i = 1/N",
-        ),
-        Option(
-            "synergies",
-            int,
-            None,
-            "synergies started per round (distinct initiators); default: clients // 5",
-            low=1,
-        ),
-        Option(
-            "epochs",
-            int,
-            None,
-            "local epochs per round, each ceil(1/data_rate) steps; default: local_steps",
-            low=1,
-        ),
-        Option(
-            "val_fraction",
-            float,
-            0.2,
-            "share of each peer's records held out to score models for "
-            "accept-if-better (0: score on the training records, the paper's 'own data')",
-            low=0,
-            high=1,
-            high_open=True,
-        ),
-        Option(
-            "accept_gate",
-            bool,
-            True,
-            "accept-if-better: keep an average only if it scores at least as well as the own model",
-            paper="section III",
-        ),
-        Option(
-            "merge",
-            str,
-            "best",
-            "several averages in one round: best (the best accepted one) or mean (the "
-            "mean of the accepted ones)",
-            choices=MERGES,
-        ),
-        Option(
-            "mrt",
-            int,
-            50,
-            "stop once mrr of the peers took part in mrt completed synergies",
-            low=1,
-            paper="Table I",
-        ),
-        Option(
-            "mrr",
-            float,
-            0.5,
-            "the share of peers that must reach mrt",
-            low=0,
-            high=1,
-            low_open=True,
-            paper="Table I",
-        ),
-        Option(
-            "retries", int, 2, "R: retries with another peer after a missing beacon", low=0, high=20
-        ),
-        Option(
-            "drop_prob",
-            float,
-            0.0,
-            "churn: probability that a peer is out of reach when a token arrives",
-            low=0,
-            high=1,
-            high_open=True,
-        ),
-        Option(
-            "crash_prob",
-            float,
-            0.0,
-            "probability that an initiator crashes right after sending its token "
-            "(its synergy aborts)",
-            low=0,
-            high=1,
-        ),
-        Option(
-            "global_timeout",
-            int,
-            None,
-            "ticks (t_p) after which an initiator gives up; default: size + retries",
-            low=1,
-        ),
-        Option(
-            "proximity",
-            str,
-            "complete",
-            "who a peer can reach: a topology plugin (default: everyone)",
-        ),
-    )
+    options = OPTIONS
 
     def validate_options(self) -> None:
         values, config = resolve_options(self.options, self.config.options), self.config
@@ -325,7 +177,7 @@ class P4L(Method):
     # -- clients -------------------------------------------------------------------------
     def init_client_state(self, train: ClientTensors, ctx: StepContext) -> State:
         count = len(ctx.rows)
-        with _host():
+        with on_host():
             for node in ctx.rows.tolist():
                 self.peers[node] = Peer(node, self.crypto, self.settings, self.settings.largest)
         params = replicate(self.initial_params(), count)
@@ -370,30 +222,30 @@ class P4L(Method):
             )
         if exchange.startswith("hop"):
             tick = int(exchange[3:])
-            with _host():
+            with on_host():
                 tokens = [
                     (n, dst, token)
                     for n in rows.tolist()
                     for dst, token in self.peers[n].hop_outgoing(tick, self.reachable[n])
                 ]
-            return _pack(tokens, rows.device)
+            return pack(tokens, rows.device)
         if exchange.startswith("ack"):
-            with _host():
+            with on_host():
                 beacons = [
                     (n, dst, {"synergy": torch.tensor(s), "hop": torch.tensor(h)})
                     for n in rows.tolist()
                     for dst, s, h in self.peers[n].ack_outgoing()
                 ]
-            return _pack(beacons, rows.device)
+            return pack(beacons, rows.device)
         if exchange == "aggregate":
-            with _host():
+            with on_host():
                 aggregates = [
                     (n, member, payload)
                     for n in rows.tolist()
                     for members, payload in self.peers[n].aggregates()
                     for member in members
                 ]
-            return _pack(aggregates, rows.device, share=True)
+            return pack(aggregates, rows.device, share=True)
         return Messages.empty()
 
     def receive(self, exchange: str, state: State, inbox: Messages, ctx: StepContext) -> State:
@@ -408,9 +260,9 @@ class P4L(Method):
             return self._contribute(state, inbox, ctx)
         if exchange.startswith("hop"):
             tick = int(exchange[3:])
-            with _host():
+            with on_host():
                 for src, dst, token in zip(
-                    inbox.src.tolist(), inbox.dst.tolist(), _host_rows(inbox)
+                    inbox.src.tolist(), inbox.dst.tolist(), host_rows(inbox)
                 ):
                     self.peers[dst].hop_receive(tick, src, token)
             return state
@@ -444,7 +296,7 @@ class P4L(Method):
             contribution[position] = sent
         plans = round_plan(self.settings, ctx.round)
         host = contribution.cpu()  # the chains' cryptography works on the host
-        with _host():
+        with on_host():
             for i, node in enumerate(ctx.rows.tolist()):
                 self.peers[node].new_round(plans, host[i])
         return {**state, "contribution": contribution}
@@ -454,8 +306,8 @@ class P4L(Method):
         averages: list[list[torch.Tensor]] = [[] for _ in rows]
         completed: list[set[int]] = [set() for _ in rows]
         position = {node: i for i, node in enumerate(rows)}
-        with _host():
-            for src, dst, payload in zip(inbox.src.tolist(), inbox.dst.tolist(), _host_rows(inbox)):
+        with on_host():
+            for src, dst, payload in zip(inbox.src.tolist(), inbox.dst.tolist(), host_rows(inbox)):
                 average = self.peers[dst].open_aggregate(src, payload)
                 if average is not None:
                     averages[position[dst]].append(
@@ -503,44 +355,3 @@ class P4L(Method):
             writer.writeheader()
             writer.writerows(log)
         return [path]
-
-
-@contextlib.contextmanager
-def _host() -> Iterator[None]:
-    """The peers' protocol and cryptography (Python ints, bytes, signatures) run on the
-    host: inside, factory calls make CPU tensors even in a run on an accelerator."""
-    if torch.get_default_device().type == "cpu":
-        yield
-        return
-    with torch.device("cpu"):
-        yield
-
-
-def _host_rows(inbox: Messages) -> list[dict[str, torch.Tensor]]:
-    """Every message's payload as a flat dict of host tensors (no leading axis); the
-    table is copied to the host once."""
-    if not len(inbox):
-        return []
-    table = {k: v.cpu() for k, v in inbox.table.items()}
-    return [{k: v[row] for k, v in table.items()} for row in inbox.table_rows().tolist()]
-
-
-def _pack(
-    items: list[tuple[int, int, dict[str, torch.Tensor]]], device: torch.device, share: bool = False
-) -> Messages:
-    """Messages (src, dst, payload) on `device` (the run's) from the peers' host tensors;
-    with `share`, consecutive messages with the same payload object share one table row
-    (an aggregate sent to all members is stored once)."""
-    if not items:
-        return Messages.empty()
-    keys = sorted(items[0][2])
-    rows: list[int] = []
-    payloads: list[dict[str, torch.Tensor]] = []
-    for _, _, payload in items:
-        if not (share and payloads and payloads[-1] is payload):
-            payloads.append(payload)
-        rows.append(len(payloads) - 1)
-    table = {k: torch.stack([p[k] for p in payloads]).to(device) for k in keys}
-    src = torch.tensor([s for s, _, _ in items], device=device)
-    dst = torch.tensor([d for _, d, _ in items], device=device)
-    return Messages(src, dst, table, rows=torch.tensor(rows, device=device))
