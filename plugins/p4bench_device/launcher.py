@@ -15,13 +15,14 @@ CA in a temporary folder.
 A peer whose connection closes before its final report is dropped: the run goes on
 with the others, its last reported accuracy stands, and the drop is recorded in the
 summary (``device.dropped``) and in the round metrics (``device.peers_alive``).
+
+What arrives from the peers, and how a round's reports are gathered and booked, is the
+launcher's base `PeerReports` (`launcher_reports`).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,40 +35,27 @@ from p4bench.engine.method import Phase
 from p4bench.engine.runtime import Job, RoundReport
 from p4bench.engine.schedule import TimeBudget, budget_rule, schedule, stop_reason
 from p4bench.engine.state import State, unflatten
-from p4bench_device.launcher_link import EVENT_RECONNECTED, LauncherLink
-from p4bench_device.liveness import announced, drop_metrics
+from p4bench_device.launcher_link import LauncherLink
+from p4bench_device.launcher_reports import PeerReports
 from p4bench_device.local import LocalPeers, free_ports  # noqa: F401  (re-exported)
 from p4bench_device.outcome import DeviceError, DeviceOutcome  # re-exported: defined here before
 from p4bench_device.peers import PeersFile
-from p4bench_device.protocol import KIND_STATE, Limits
+from p4bench_device.protocol import Limits
 from p4bench_device.report_check import SELF_REPORTED, ReleaseCheck
 from p4bench_device.report_fields import (  # noqa: F401 - critical_compute_s re-exported
-    add_measure,
     critical_compute_s,
     deployed_from_states,
     finish_summary,
     round_metrics,
 )
-from p4bench_device.report_schema import (
-    BlockReport,
-    Failure,
-    FinalReport,
-    PeerReport,
-    Ready,
-    ReportContext,
-    ReportError,
-    parse_report,
-)
+from p4bench_device.report_schema import ReportContext
 
 log = logging.getLogger("p4bench.device")
-
-# rejected reports kept with their reasons (a compromised peer must not grow the summary without bound)
-MAX_REJECTED = 100
 
 __all__ = ["DeviceOutcome", "DeviceError", "LocalPeers", "Launcher"]
 
 
-class Launcher:
+class Launcher(PeerReports):
     """Starts a run on the peers of `peers` and collects their reports."""
 
     def __init__(
@@ -81,13 +69,8 @@ class Launcher:
         link: str | None = None,
         profile: str | None = None,
     ) -> None:
-        self.peers, self.tls_dir, self.limits, self.check, self.local = (
-            peers,
-            tls_dir,
-            limits,
-            check,
-            local,
-        )
+        super().__init__(peers, limits)
+        self.tls_dir, self.check, self.local = tls_dir, check, local
         self.on_connected = (
             on_connected  # every peer listens (has loaded its keys) and the launcher is connected
         )
@@ -95,147 +78,15 @@ class Launcher:
             link,
             profile,
         )  # the link every peer shapes its traffic to; the local peers' profile
-        self.reports: dict[
-            tuple[str, str, int], dict[str, BlockReport]
-        ] = {}  # (kind, phase, round) -> peer -> report
-        self.finals: dict[str, tuple[FinalReport, bytes | None]] = {}
-        self.rejected_reports: list[
-            dict[str, str]
-        ] = []  # {"peer", "reason"}, the first MAX_REJECTED
-        self.pending_state: dict[str, bytes] = {}
-        self.ready: set[str] = set()
-        self.errors: dict[str, str] = {}
-        self.closed: set[str] = set()
-        self.dropped: list[dict[str, Any]] = []
-        self.absences: list[dict[str, Any]] = []
-        self.where = ("start", -1)
-        self.finishing = False
         self.finish: dict[
             str, Any
         ] = {}  # the time budget's stop: when it was decided, after which step
-        self.start_message: dict[str, Any] | None = (
-            None  # sent again to a peer reconnected during start-up
-        )
-        self.slow_dropped: list[
-            dict[str, Any]
-        ] = []  # peers that other peers dropped as slow (`liveness`)
 
     def link_profile(self) -> dict[str, Any] | None:
         """The shaped link's capacity, recorded next to the measured transfer times."""
         from p4bench_device.link import parse_link
 
         return parse_link(self.link_spec).to_dict() if self.link_spec else None
-
-    @property
-    def active(self) -> set[str]:
-        return {p.id for p in self.peers.peers} - self.closed - set(self.errors)
-
-    # -- events -------------------------------------------------------------------------
-    def _pump(self, timeout: float) -> bool:
-        try:
-            peer, kind, body = self.link.events.get(timeout=max(timeout, 0.0))
-        except queue.Empty:
-            return False
-        if kind is None:
-            self._on_closed(peer)
-        elif kind == EVENT_RECONNECTED:
-            self._on_reconnected(peer)
-        elif kind == KIND_STATE:
-            self.pending_state[peer] = body
-        else:
-            try:
-                report = parse_report(body, peer, self.context)
-            except ReportError as exc:
-                self._on_rejected(exc)
-                return True
-            self._on_report(report)
-        return True
-
-    def _on_rejected(self, error: ReportError) -> None:
-        """A report that failed its check on arrival: counted, kept (with its reason) for the
-        summary, and a mismatch of the release check (`report_check`)."""
-        self.link.rejects.reject("malformed report", error.peer, error.what)
-        if len(self.rejected_reports) < MAX_REJECTED:
-            self.rejected_reports.append({"peer": error.peer, "reason": error.what})
-        self.figures.rejected(error.peer, error.what)
-
-    def _on_report(self, report: PeerReport) -> None:
-        peer = report.peer
-        if isinstance(report, Ready):
-            self.ready.add(peer)
-        elif isinstance(report, Failure):
-            self.errors[peer] = report.message
-            log.error("peer %s failed: %s", peer, report.message)
-            if self.ready and peer in self.ready:
-                self._drop(peer, f"error: {report.message}")
-        elif isinstance(report, BlockReport):
-            self.reports.setdefault((report.kind, report.phase, report.round), {})[peer] = report
-            self._on_slow_drops(report)
-        else:
-            self.finals[peer] = (report, self.pending_state.pop(peer, None))
-
-    def _on_slow_drops(self, report: BlockReport) -> None:
-        """Record and announce the peers the reporter dropped as slow (`liveness`)."""
-        nodes = {p.id: p.node for p in self.peers.peers}
-        for entry in announced(report.peer, report.slow_dropped, nodes)[
-            : 1000 - len(self.slow_dropped)
-        ]:
-            self.slow_dropped.append(entry)
-            log.warning("%s", entry["message"])
-
-    def _announcing(self, on_round: Callable[[RoundReport], None]) -> Callable[[RoundReport], None]:
-        """`on_round` with the slow-peer drops so far in the round's metrics (`liveness.drop_metrics`)."""
-
-        def announce(report: RoundReport) -> None:
-            report.metrics.update(drop_metrics(self.slow_dropped))
-            on_round(report)
-
-        return announce
-
-    def _on_reconnected(self, peer: str) -> None:
-        """Start-up: the peer's connection closed and was opened again. What it may have
-        missed is the start message (a peer that has it already answers ready again)."""
-        log.info("reconnected to peer %s during start-up", peer)
-        if self.start_message is not None and peer not in self.ready:
-            self.link.send(peer, self.start_message)
-
-    def _on_closed(self, peer: str) -> None:
-        self.closed.add(peer)
-        if peer not in self.finals and not self.finishing and peer not in self.errors:
-            self._drop(peer, "connection closed")
-
-    def _drop(self, peer: str, reason: str) -> None:
-        phase, round_index = self.where
-        spec = self.peers.by_id[peer]
-        self.dropped.append(
-            {
-                "peer": peer,
-                "node": spec.node,
-                "phase": phase,
-                "round": round_index,
-                "reason": reason,
-            }
-        )
-        log.warning(
-            "peer %s (node %d) dropped during %s round %d: %s",
-            peer,
-            spec.node,
-            phase,
-            round_index,
-            reason,
-        )
-        for other in sorted(
-            self.active - {peer}
-        ):  # a dropped peer's key must not keep feeding the others
-            self.link.send(other, {"type": "drop", "peer": peer})
-
-    def _wait(self, done: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not done():
-            if time.monotonic() >= deadline:
-                return False
-            self._pump(min(0.5, deadline - time.monotonic()))
-        return True
 
     # -- the run ------------------------------------------------------------------------
     def run(self, job: Job, on_round: Callable[[RoundReport], None]) -> DeviceOutcome:
@@ -398,44 +249,6 @@ class Launcher:
                 if peer in self.totals:
                     self._account(peer, phase, report)
         self.reports.clear()
-
-    def _gather(self, kind: str, phase: Phase, round_index: int) -> dict[str, BlockReport]:
-        """Every active peer's report of this round (waiting for them), bookkept."""
-        self.where = (phase.name, round_index)
-        key = (kind, phase.name, round_index)
-        done = self._wait(
-            lambda: self.active <= set(self.reports.get(key, {})), self.limits.round_timeout_s
-        )
-        got = self.reports.pop(key, {})
-        if not done:
-            late = sorted(self.active - set(got))
-            log.warning(
-                "%s round %d: no report from %s within %.0f s",
-                phase.name,
-                round_index,
-                ", ".join(late),
-                self.limits.round_timeout_s,
-            )
-        for peer, report in sorted(got.items()):
-            self._account(peer, phase.name, report)
-        return got
-
-    def _account(self, peer: str, phase: str, report: BlockReport) -> None:
-        """Check a report's DP releases (never charged: `report_check`) and add its measurements to the phase totals."""
-        self.figures.check(peer, report.kind, phase, report.releases)
-        for absence in report.absent[: max(1000 - len(self.absences), 0)]:
-            self.absences.append(
-                {
-                    "reporter": peer,
-                    "phase": phase,
-                    "round": report.round,
-                    "exchange": absence.exchange,
-                    "peers": list(absence.peers),
-                }
-            )
-        totals = self.totals[peer].setdefault(phase, {"rounds": 0, "exchanges": {}})
-        totals["rounds"] += int(report.kind == "round")
-        add_measure(totals, report.measure)
 
     def _store_extra(self, node: int, extra: Mapping[str, float | None]) -> None:
         """A peer's extra accuracies into the run's per-client arrays (None: not finite on the peer)."""
