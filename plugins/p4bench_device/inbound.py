@@ -7,7 +7,8 @@ data frames carry the exchange `seq` on the wire, with the run's epoch in its to
 complete when its end marker arrives; what is buffered is capped per sender and in total
 (`Limits.buffer_caps`), bodies being read counting as buffered. A sender whose connection
 this side cut for misbehaving is not waited for until it reconnects; one the launcher
-dropped, or that this peer dropped as slow, is refused (`refuse`).
+dropped, or that this peer dropped as slow, is refused (`refuse`). The batches and who an
+exchange still waits for are its base `InboundBatches` (`inbound_batches`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ import socket
 import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from p4bench.engine.messages import MessageFormatError, Messages, decode
 from p4bench_device.admission import NETWORK_ERRORS, FrameConnection, Gate, RejectLog, Shaper
-from p4bench_device.liveness import Arrival
+from p4bench_device.inbound_batches import (  # re-exported: defined here before
+    EPOCH_SHIFT,
+    MARKER_FIELDS,
+    Batch,
+    InboundBatches,
+    Received,
+)
 from p4bench_device.peers import PeersFile, PeerSpec
 from p4bench_device.protocol import (
     HEADER_BYTES,
@@ -49,26 +54,8 @@ log = logging.getLogger("p4bench.device")
 
 __all__ = ["Inbound", "Batch", "Received", "EPOCH_SHIFT", "MARKER_FIELDS"]
 
-MARKER_FIELDS = {"exchange": str, "round": int, "phase": str, "count": int}
-EPOCH_SHIFT = 40  # wire seq = run epoch (24 bits) << 40 | exchange number
 
-Received = tuple[str, int, Messages, int]  # exchange, round, message, frame bytes
-
-
-@dataclass
-class Batch:
-    """What one sender sent for one exchange, on one connection."""
-
-    connection: int
-    messages: list[Received] = field(default_factory=list)
-    marker: dict[str, Any] | None = None
-    nbytes: int = 0
-    started: float = 0.0  # loop time its first frame's header was read
-    done_at: float = 0.0  # ... its end marker was accepted
-    wire: int = 0  # frame headers and bodies
-
-
-class Inbound:
+class Inbound(InboundBatches):
     """What reaches one peer (see the module docstring). `limits` and `shaper` are read at
     every use (a run's replace the defaults); `control` receives the launcher's control
     messages other than ping and drop; `on_refuse(peer)` is called when a peer is refused
@@ -88,16 +75,7 @@ class Inbound:
     ) -> None:
         self.me, self.peers, self._limits, self._shaper = me, peers, limits, shaper
         self.rejects, self.stats, self.control, self._on_refuse = rejects, stats, control, on_refuse
-        self.batches: dict[int, dict[str, Batch]] = {}
-        self.buffered: Counter[str] = Counter()  # message bytes buffered per sender
-        self.reading: Counter[str] = Counter()  # message bytes being read per sender (reserved)
-        self.cut: set[str] = (
-            set()
-        )  # peers whose last connection this side ended (idle, too slow, ...): not gone
-        self.misbehaved: dict[
-            str, str
-        ] = {}  # ... ended for misbehaving (why), not reconnected since: not waited for
-        self.seen: set[str] = set()
+        super().__init__()
         self.launcher: FrameConnection | None = None
         self.gate = Gate(
             server_context,
@@ -107,11 +85,6 @@ class Inbound:
             len(peers.peers),
         )
         self.run_active = False
-        self.model_bytes = 0
-        self.current_seq = 0
-        self.closed_seq = 0
-        self.epoch = 0  # high bits of every wire seq: frames of another run never mix in
-        self.arrival = asyncio.Event()  # a batch completed, or a sender left: exchanges look again
 
     def reset(self, epoch: int) -> None:
         """A new run starts: forget every batch, connection history and refusal; accept data frames."""
@@ -125,26 +98,6 @@ class Inbound:
         self.current_seq = self.closed_seq = 0
         self.epoch = epoch
         self.run_active = True
-
-    def drop_buffers(self) -> None:
-        self.batches.clear()
-        self.buffered.clear()
-
-    def buffer_caps(self) -> tuple[int, int]:
-        """(per-sender, total) bytes of messages this peer buffers now."""
-        return self._limits().buffer_caps(self.model_bytes, len(self.peers.peers) - 1)
-
-    def take(self, seq: int) -> dict[str, Batch]:
-        """The batches of exchange `seq`, no longer buffered."""
-        batches = self.batches.pop(seq, {})
-        for source, batch in batches.items():
-            self.buffered[source] -= batch.nbytes
-        return batches
-
-    def drop_before(self, seq: int) -> None:
-        """Forget the batches of exchanges before `seq` (late frames of closed exchanges)."""
-        for old in [s for s in self.batches if s < seq]:
-            self.take(old)
 
     async def refuse(self, peer: str, why: str = "dropped by the launcher") -> None:
         """Refuse `peer` for the rest of this run: its connections closed, new ones refused,
@@ -160,56 +113,6 @@ class Inbound:
             if batch is not None:
                 self.buffered[peer] -= batch.nbytes
         self.arrival.set()
-
-    def gone(self, peer: str) -> bool:
-        """A peer the launcher dropped, or one that connected in this run and closed every
-        connection (not one whose last connection this side ended: it reconnects to send)."""
-        if (
-            peer in self.gate.refused or peer in self.misbehaved
-        ):  # dropped, or cut for misbehaving (`liveness`)
-            return True
-        return peer in self.seen and not self.gate.inbound.get(peer) and peer not in self.cut
-
-    def arrivals(self, expected: set[str], batches: dict[str, Batch]) -> dict[str, Arrival]:
-        """How each expected sender's batch arrived, for the slow-peer policy; not judged: a
-        sender that was dropped, or that left (closed every connection, not cut by this side)."""
-        arrivals: dict[str, Arrival] = {}
-        for peer in expected - self.gate.refused:
-            batch = batches.get(peer)
-            if batch is not None and batch.marker is not None:
-                arrivals[peer] = Arrival(True, batch.wire, batch.done_at - batch.started)
-            elif peer in self.misbehaved:
-                arrivals[peer] = Arrival(False, cut=self.misbehaved[peer])
-            elif not self.gone(peer):
-                arrivals[peer] = Arrival(False)
-        return arrivals
-
-    async def await_markers(self, seq: int, expected: set[str], deadline: float) -> None:
-        """Wait until every expected sender's batch of `seq` is complete or the sender is gone,
-        or until `deadline` (loop time)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            self.arrival.clear()
-            batches = self.batches.get(seq, {})
-            waiting = [
-                s
-                for s in expected
-                if not (s in batches and batches[s].marker is not None) and not self.gone(s)
-            ]
-            remaining = deadline - loop.time()
-            if not waiting or remaining <= 0:
-                if waiting:
-                    log.warning(
-                        "exchange %d: no end marker from %s within %.1f s",
-                        seq,
-                        ", ".join(sorted(waiting)),
-                        self._limits().exchange_timeout_s,
-                    )
-                return
-            try:
-                await asyncio.wait_for(self.arrival.wait(), remaining)
-            except TimeoutError:
-                pass
 
     # -- accepting connections --------------------------------------------------------
     async def accept(self, sock: socket.socket, address: Any) -> None:
@@ -257,21 +160,6 @@ class Inbound:
             return RejectedFrame("oversized JSON", f"{length} bytes > {MAX_JSON_BYTES}")
         if kind == KIND_MESSAGE:
             return self.buffer_full(source, length)
-        return None
-
-    def buffer_full(self, source: str, nbytes: int) -> RejectedFrame | None:
-        """Why `nbytes` more from `source` do not fit (bodies being read count as buffered)."""
-        per_sender, total = self.buffer_caps()
-        mine = self.buffered[source] + self.reading[source]
-        if mine + nbytes > per_sender:
-            return RejectedFrame(
-                "buffer full", f"{mine} bytes from {source} not consumed yet (cap {per_sender})"
-            )
-        everyone = sum(self.buffered.values()) + sum(self.reading.values())
-        if everyone + nbytes > total:
-            return RejectedFrame(
-                "buffer full", f"{everyone} bytes from all senders not consumed yet (cap {total})"
-            )
         return None
 
     async def _frames(
@@ -376,72 +264,6 @@ class Inbound:
                 cut and cut != "idle" and not others
             ):  # cut for misbehaving: not waited for until it reconnects
                 self.misbehaved[name] = cut
-            self.arrival.set()
-
-    def _accept_data(
-        self, connection: FrameConnection, node: int, kind: int, seq: int, body: bytes
-    ) -> None:
-        source, limits = connection.name, self._limits()
-        self.seen.add(source)
-        if seq >> EPOCH_SHIFT != self.epoch >> EPOCH_SHIFT:
-            raise RejectedFrame(
-                "another run",
-                f"exchange epoch {seq >> EPOCH_SHIFT}, this run's is {self.epoch >> EPOCH_SHIFT}",
-            )
-        seq &= (1 << EPOCH_SHIFT) - 1
-        if seq <= self.closed_seq:
-            self.stats["stale_frames"] += (
-                1  # a late sender's frame for an exchange already closed here
-            )
-            return
-        if seq > self.current_seq + limits.max_ahead:
-            raise RejectedFrame(
-                "too far ahead", f"exchange {seq}, this peer is at {self.current_seq}"
-            )
-        marker: dict[str, Any] | None = None
-        if kind == KIND_MESSAGE:
-            try:
-                exchange, round_index, message = decode(body, limits.max_message_bytes)
-            except MessageFormatError as exc:
-                raise RejectedFrame("malformed message", str(exc)) from None
-            if int(message.src[0]) != node:
-                raise RejectedFrame(
-                    "spoofed source",
-                    f"node {int(message.src[0])} on the connection of {source} (node {node})",
-                )
-            if int(message.dst[0]) != self.me.node:
-                raise RejectedFrame(
-                    "wrong destination", f"node {int(message.dst[0])}, this is node {self.me.node}"
-                )
-            if len(exchange) > 200:
-                raise RejectedFrame("malformed message", "exchange name too long")
-        else:
-            marker = load_json(body, MARKER_FIELDS)
-            if (
-                not 0 <= marker["count"] <= 10_000_000
-                or len(marker["exchange"]) > 200
-                or len(marker["phase"]) > 200
-            ):
-                raise RejectedFrame("malformed marker", "count or names out of range")
-        batches = self.batches.setdefault(seq, {})
-        batch = batches.get(source)
-        if batch is None or batch.connection != connection.id:
-            if batch is not None:  # the sender reconnected and resends the whole batch
-                self.buffered[source] -= batch.nbytes
-            batch = batches[source] = Batch(connection.id, started=connection.frame_at)
-        if batch.marker is not None:
-            raise RejectedFrame("frame after its end marker")
-        batch.wire += HEADER_BYTES + len(body)
-        if marker is None:
-            full = self.buffer_full(source, len(body))
-            if full is not None:
-                raise full
-            batch.messages.append((exchange, round_index, message, len(body)))
-            batch.nbytes += len(body)
-            self.buffered[source] += len(body)
-        else:
-            batch.marker = marker
-            batch.done_at = asyncio.get_running_loop().time()
             self.arrival.set()
 
     async def _serve_launcher(self, connection: FrameConnection) -> None:
