@@ -55,7 +55,7 @@ def test_the_site_builds_in_strict_mode(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,  # a hang guard, not a limit on the work
     )
     assert done.returncode == 0, done.stderr[-3000:]
     for page in _nav_pages():

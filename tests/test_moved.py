@@ -38,7 +38,7 @@ def test_the_warning_names_the_plugin_line_that_imported_the_old_path(tmp_path):
         "from p4bench import tune\n"
     )
     done = subprocess.run(
-        [sys.executable, str(plugin)], capture_output=True, text=True, cwd=tmp_path, timeout=120
+        [sys.executable, str(plugin)], capture_output=True, text=True, cwd=tmp_path, timeout=900
     )
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if "PluginDeprecationWarning" in line]

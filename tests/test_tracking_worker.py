@@ -176,7 +176,7 @@ def test_a_run_that_fails_before_it_starts_leaves_no_worker(tmp_path):
         "except SystemExit as exc:\n"
         "    code = exc.code\n"
         "workers = [c for c in children if 'p4bench.tracking.worker' in c.args]\n"
-        "print(code, len(workers), [w.wait(timeout=60) for w in workers])\n"
+        "print(code, len(workers), [w.wait(timeout=600) for w in workers])\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)],

@@ -127,14 +127,13 @@ def _check_study_paths(
 ) -> None:
     """Before any run: the results folder and the tracking store's folder (as the study will
     derive them from the options, else the base's keys) can be written; a named server answers."""
-    from p4bench.run.preflight import check_paths
-    from p4bench.tracking.links import check_study_server
+    from p4bench.run.preflight import check_study_paths
 
     base = base or {}
-    results_dir = results_dir or base.get("results_dir") or base.get("results-dir")
-    tracking_uri = tracking_uri or base.get("tracking_uri") or base.get("tracking-uri")
-    check_study_server(results_dir, tracking_uri)  # first: a refused study leaves no folder
-    check_paths(results_dir, tracking_uri)
+    check_study_paths(
+        results_dir or base.get("results_dir") or base.get("results-dir"),
+        tracking_uri or base.get("tracking_uri") or base.get("tracking-uri"),
+    )
 
 
 def _sets(pairs: list[str], device: str | None = None) -> dict[str, Any]:

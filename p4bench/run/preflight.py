@@ -28,6 +28,7 @@ __all__ = [
     "PLOT_SUFFIXES",
     "check_run_paths",
     "check_paths",
+    "check_study_paths",
     "check_tracking_uri",
     "check_writable_dir",
     "check_output_file",
@@ -58,6 +59,15 @@ PLOT_SUFFIXES = (
 def check_run_paths(config: RunConfig) -> None:
     """The run's results folder and its tracking store can be created and written."""
     check_paths(config.results_dir, config.tracking_uri)
+
+
+def check_study_paths(results_dir: str | None, tracking_uri: str | None) -> None:
+    """A study's check before any run: a named tracking server answers (first: a refused study
+    leaves no folder behind), then `check_paths`."""
+    from p4bench.tracking.links import check_study_server
+
+    check_study_server(results_dir, tracking_uri)
+    check_paths(results_dir, tracking_uri)
 
 
 def check_paths(results_dir: str | Path | None, tracking_uri: str | None) -> None:
