@@ -259,12 +259,17 @@ class RunSummary(Mapping[str, Any]):
     accuracy_mean: float  # over the reported clients' own test splits
     accuracy_min: float
     accuracy_max: float
+    accuracy_std: float  # population std (ddof 0) over the reported clients
+    accuracy_p10: float  # their bottom decile: the 10th percentile, numpy's linear method
     accuracy_per_client: dict[str, float]
     extra_accuracy: dict[str, float]  # accuracy_<name>_mean of the method's other figures
     eval_set: str
     accuracy: float  # the headline: personal or global (`eval_set`)
     accuracy_global_min: float | None
     accuracy_global_max: float | None
+    accuracy_global_std: float | None  # std and p10 of the global test set's, as above
+    accuracy_global_p10: float | None
+    unseen: dict[str, Any]  # `--unseen-fraction`: the unseen clients' figures (empty without)
     bytes_sent: int
     bytes_per_phase: dict[str, int]
     seconds_per_phase: dict[str, float]
@@ -321,7 +326,10 @@ class RunSummary(Mapping[str, Any]):
             out.update(
                 accuracy_global_min=self.accuracy_global_min,
                 accuracy_global_max=self.accuracy_global_max,
+                accuracy_global_std=self.accuracy_global_std,
+                accuracy_global_p10=self.accuracy_global_p10,
             )
+        out |= self.unseen
         out.update(epsilon=None, epsilon_evaluation_clients=None)  # a private run's: below
         out |= {k: flat[k] for k in _COSTS}
         if self.partition_stats is not None:
@@ -357,13 +365,18 @@ class RunSummary(Mapping[str, Any]):
         accuracy_* figures NaN (not 0), no per-client figures; the evaluation clients' stay
         (and `accuracy`, which the summary.json of such runs has always kept)."""
         nan = float("nan")
+        held = None if self.accuracy_global_min is None else nan
         return dataclasses.replace(
             self,
             accuracy_mean=nan,
             accuracy_min=nan,
             accuracy_max=nan,
-            accuracy_global_min=None if self.accuracy_global_min is None else nan,
-            accuracy_global_max=None if self.accuracy_global_max is None else nan,
+            accuracy_std=nan,
+            accuracy_p10=nan,
+            accuracy_global_min=held,
+            accuracy_global_max=held,
+            accuracy_global_std=held,
+            accuracy_global_p10=held,
             accuracy_per_client={},
             extra_accuracy={
                 k: (v if k == "accuracy_evaluation_mean" else nan)
@@ -376,6 +389,6 @@ class RunSummary(Mapping[str, Any]):
 _HEAD = """run_id method attack defense dataset partitioner seed rounds rounds_completed phases
 time_budget_min stopped_by_time_budget stopped_by_method""".split()
 _CLIENTS = """clients reported_clients evaluation_clients accuracy_mean accuracy_min accuracy_max
-accuracy_per_client""".split()
+accuracy_std accuracy_p10 accuracy_per_client""".split()
 _COSTS = """bytes_sent bytes_per_phase seconds_per_phase client_bytes_sent client_bytes_received
 wall_time_s config_hash plugins public_data""".split()

@@ -21,18 +21,61 @@ def _accuracy_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     (personal) and, where measured, the global test set."""
     personal = [
         ("test accuracy mean (own test splits)", f"{summary['accuracy_mean']:.4f}"),
-        ("  min / max", f"{summary['accuracy_min']:.4f} / {summary['accuracy_max']:.4f}"),
+        *_spread_rows(summary, "accuracy"),
     ]
     if "accuracy_global_mean" not in summary:
-        return [("test accuracy mean", personal[0][1]), ("test accuracy min / max", personal[1][1])]
+        return [("test accuracy mean", personal[0][1])] + [
+            (f"test accuracy {key.strip()}", value) for key, value in personal[1:]
+        ]
     held = [
         ("test accuracy mean (global test set)", f"{summary['accuracy_global_mean']:.4f}"),
-        (
-            "  min / max",
-            f"{summary['accuracy_global_min']:.4f} / {summary['accuracy_global_max']:.4f}",
-        ),
+        *_spread_rows(summary, "accuracy_global"),
     ]
     return held + personal if summary.get("eval_set") == "global" else personal + held
+
+
+def _spread_rows(summary: Mapping[str, Any], prefix: str) -> list[tuple[str, str]]:
+    """min / max, and std / p10 (the bottom decile) where the summary has them."""
+    rows = [("  min / max", f"{summary[f'{prefix}_min']:.4f} / {summary[f'{prefix}_max']:.4f}")]
+    if f"{prefix}_std" in summary:
+        rows.append(
+            (
+                "  std / p10 (bottom decile)",
+                f"{summary[f'{prefix}_std']:.4f} / {summary[f'{prefix}_p10']:.4f}",
+            )
+        )
+    return rows
+
+
+def _unseen_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """`--unseen-fraction`: the clients that joined after training, fine-tuned on their own
+    data, on their own test splits; their epsilon (the fine-tune's) apart from the others'."""
+    if "accuracy_unseen_mean" not in summary:
+        return []
+    setup = summary.get("unseen_fine_tune") or {}
+    rows = [
+        (
+            "unseen clients",
+            f"{summary['unseen_clients']} joined after training: from {setup.get('start', '?')}, "
+            f"{setup.get('steps', '?')} local DP steps on their own data",
+        ),
+        (
+            "  test accuracy mean",
+            f"{summary['accuracy_unseen_mean']:.4f} (std {summary['accuracy_unseen_std']:.4f}, "
+            f"p10 {summary['accuracy_unseen_p10']:.4f})",
+        ),
+    ]
+    if summary.get("epsilon_unseen") is not None:
+        rows.append(
+            (
+                "  unseen clients' epsilon",
+                f"{summary['epsilon_unseen']:.3f} max ({summary.get('accountant')}): their "
+                "fine-tune's; not in the epsilon below",
+            )
+        )
+    if setup.get("verification"):
+        rows.append(("  verification", f"[yellow]{setup['verification']}[/yellow]"))
+    return rows
 
 
 def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
@@ -51,6 +94,7 @@ def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
         ),
         *_accuracy_rows(summary),
         *_other_accuracy_rows(summary),
+        *_unseen_rows(summary),
         ("epsilon", _claim_text(summary)),
         *_evaluation_rows(summary),
         ("DP randomness", _randomness_text(summary)),
@@ -244,6 +288,7 @@ _SHOWN = {
     "accuracy_global_min",
     "accuracy_global_max",
     "accuracy_evaluation_mean",
+    "accuracy_unseen_mean",
 }
 
 

@@ -16,6 +16,7 @@ from p4bench.records import RunInfo, RunSummary, display_round
 __all__ = [
     "GLOBAL_FIGURES",
     "METHOD_FIGURE_PREFIXES",
+    "REPORT_CARD",
     "final_metrics",
     "final_tags",
     "method_figures",
@@ -23,18 +24,26 @@ __all__ = [
     "write_partition_summary",
 ]
 
-GLOBAL_FIGURES = ("accuracy_global_mean", "accuracy_global_min", "accuracy_global_max")
+GLOBAL_FIGURES = tuple(f"accuracy_global_{k}" for k in ("mean", "min", "max", "std", "p10"))
+# the report card beside the mean: spread over the reported clients, and the unseen clients'
+# (`--unseen-fraction`) accuracy; logged as final_<name> where the summary has them
+REPORT_CARD = (
+    "accuracy_std",
+    "accuracy_p10",
+    *(f"accuracy_unseen_{k}" for k in ("mean", "std", "p10")),
+)
 
 
 def final_metrics(result: Any) -> dict[str, float]:
-    """The run's final MLflow metrics: accuracy, time, bytes, rounds, method figures, epsilon
-    (the reported clients', and `epsilon_evaluation_clients`: the evaluation clients' own)."""
+    """The run's final MLflow metrics: accuracy (mean, std and p10; the unseen clients'),
+    time, bytes, rounds, method figures, epsilon (the reported clients', and
+    `epsilon_evaluation_clients` and `epsilon_unseen`: the evaluation and unseen clients' own)."""
     summary = result.summary
     final = {
         "final_accuracy_mean": float(summary["accuracy_mean"]),
         "wall_time_s": float(result.wall_time_s),
         # `--eval global|both`: the global test set's figures too (compare --metric final_accuracy_global_mean)
-        **{f"final_{k}": float(summary[k]) for k in GLOBAL_FIGURES if k in summary},
+        **{f"final_{k}": float(summary[k]) for k in REPORT_CARD + GLOBAL_FIGURES if k in summary},
         "bytes_sent_total": float(summary.get("bytes_sent", 0)),
         "rounds_completed": float(summary.get("rounds_completed", len(result.outcome.reports))),
     }
@@ -50,6 +59,7 @@ def final_metrics(result: Any) -> dict[str, float]:
                     "epsilon_rdp_mean",
                     "epsilon_pld",
                     "epsilon_evaluation_clients",
+                    "epsilon_unseen",
                 )
                 if summary.get(k) is not None
             }

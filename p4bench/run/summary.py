@@ -26,6 +26,7 @@ from p4bench.records import (
 __all__ = [
     "DetectionScore",
     "reported_mean",
+    "spread",
     "summarize",
     "privacy_figures",
     "budget_fields",
@@ -39,6 +40,15 @@ __all__ = [
 def reported_mean(accuracy: np.ndarray, reported: np.ndarray) -> float:
     """Mean of the reported clients' values (NaN when none is reported)."""
     return float(accuracy[reported].mean()) if reported.any() else float("nan")
+
+
+def spread(values: np.ndarray) -> tuple[float, float]:
+    """(std, p10) of clients' accuracies: the population standard deviation (ddof 0) and
+    the bottom decile, the 10th percentile by numpy's default `linear` method (the value at
+    rank 0.1 (n - 1) of the sorted values, interpolated); NaN for no value or a NaN one."""
+    if len(values) == 0 or np.isnan(values).any():
+        return float("nan"), float("nan")
+    return float(np.std(values)), float(np.percentile(values, 10, method="linear"))
 
 
 def phase_rounds(info: RunInfo) -> tuple[int, dict[str, int]]:
@@ -101,11 +111,13 @@ def summarize(
     compute_device: str = "cpu",
     memory: dict[str, object] | None = None,
     resumed_from_step: int | None = None,
+    unseen: dict[str, Any] | None = None,
 ) -> RunSummary:
     """The run's headline figures (summary.json, the JSON line of `p4bench run --json`), each
     field written here once: the accuracy, rounds and costs from the run's info and outcome,
     the sections from their owners (`privacy`: the ledger's `summary`, None when the run is
-    not private; the certification: `info.certification`)."""
+    not private; the certification: `info.certification`; `unseen`: the unseen clients'
+    figures, `p4bench.run.unseen.UnseenClients.summary`)."""
     config, reported = info.config, info.reported
     accuracy = outcome.accuracy
     chosen = accuracy[reported] if reported.any() else np.array([float("nan")])
@@ -113,6 +125,7 @@ def summarize(
     global_accuracy = outcome.extra_accuracy.get(GLOBAL_ACCURACY)
     evaluation = eval_fields(config.eval_set, chosen, global_accuracy, reported)
     rejected = rejections or {}
+    std, p10 = spread(chosen)
     return RunSummary(
         run_id=info.run_id,
         method=config.method,
@@ -135,6 +148,8 @@ def summarize(
         accuracy_mean=float(chosen.mean()),
         accuracy_min=float(chosen.min()),
         accuracy_max=float(chosen.max()),
+        accuracy_std=std,
+        accuracy_p10=p10,
         accuracy_per_client={str(i): float(accuracy[i]) for i in np.flatnonzero(reported)},
         extra_accuracy={
             extra_metric_name(name): reported_mean(values, reported)
@@ -144,6 +159,9 @@ def summarize(
         accuracy=evaluation["accuracy"],
         accuracy_global_min=evaluation.get("accuracy_global_min"),
         accuracy_global_max=evaluation.get("accuracy_global_max"),
+        accuracy_global_std=evaluation.get("accuracy_global_std"),
+        accuracy_global_p10=evaluation.get("accuracy_global_p10"),
+        unseen=unseen or {},
         bytes_sent=int(outcome.bytes_sent),
         bytes_per_phase=_per_phase(outcome.reports, lambda r: r.bytes_sent),
         seconds_per_phase={
@@ -203,12 +221,16 @@ def eval_fields(
 ) -> dict[str, Any]:
     """Where accuracy was measured (`--eval`), and the headline `accuracy`: the mean over the
     reported clients on the global test set (`eval_set` global) or on their own test
-    splits; with a global test set, its min and max over clients beside the mean."""
+    splits; with a global test set, its min, max, std and p10 over clients beside the mean."""
     fields: dict[str, Any] = {"eval_set": eval_set, "accuracy": float(personal.mean())}
     if global_accuracy is not None:
         chosen = global_accuracy[reported] if reported.any() else np.array([float("nan")])
+        std, p10 = spread(chosen)
         fields.update(
-            accuracy_global_min=float(chosen.min()), accuracy_global_max=float(chosen.max())
+            accuracy_global_min=float(chosen.min()),
+            accuracy_global_max=float(chosen.max()),
+            accuracy_global_std=std,
+            accuracy_global_p10=p10,
         )
         if eval_set == "global":
             fields["accuracy"] = float(chosen.mean())
