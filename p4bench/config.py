@@ -28,13 +28,9 @@ def _meta(
     choices: tuple[str, ...] | None = None,
     high_open: bool = False,
 ) -> dict[str, Any]:
-    return {
-        "help": help,
-        "low": low,
-        "high": high,
+    return dict(help=help, low=low, high=high, choices=choices) | {
         "low_open": low_open,
         "high_open": high_open,
-        "choices": choices,
     }
 
 
@@ -61,6 +57,15 @@ class RunConfig:
     eval_fraction: float = field(
         default=0.2,
         metadata=_meta("fraction of clients used only for tuning, never reported", low=0, high=0.9),
+    )
+    unseen_fraction: float = field(
+        default=0.0,
+        metadata=_meta(
+            "fraction of clients that join after training (never eval clients): each fine-tunes local_steps "
+            "DP steps on its own data from what a newcomer gets; reported apart (accuracy_unseen_*, epsilon_unseen)",
+            low=0,
+            high=0.9,
+        ),
     )
     eval_set: str = field(
         default="personal",
@@ -276,10 +281,8 @@ class RunConfig:
         # claim is checked are not results
         ignored = ("experiment", "tracking_uri", "results_dir", "memory_budget_gb", "verify")
         data = {k: v for k, v in self.to_dict().items() if k not in ignored}
-        for name in (
-            "time_budget_min",
-            "federation_clients",
-        ):  # added later: runs without them keep their hashes
+        # added later: runs without them keep their hashes
+        for name in ("time_budget_min", "federation_clients"):
             if data[name] is None:
                 del data[name]
         # added later: older runs keep their hashes
@@ -288,12 +291,12 @@ class RunConfig:
             ("noise_generator", "auto"),
             ("eval_set", "personal"),
             ("hold_out_public", False),
+            ("unseen_fraction", 0.0),
         ):
             if data[name] == default:
                 del data[name]
-        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[
-            :16
-        ]
+        encoded = json.dumps(data, sort_keys=True, default=str).encode()
+        return hashlib.sha256(encoded).hexdigest()[:16]
 
 
 FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
@@ -316,20 +319,13 @@ def _check(f: dataclasses.Field[Any], value: Any) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f.name, f"must be true or false, got {value!r}")
         return value
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if base == "int":
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or float(value) != int(value)
-        ):
+        if not number or float(value) != int(value):
             raise ConfigError(f.name, f"must be an integer{_range_text(meta)}, got {value!r}")
         value = int(value)
     elif base == "float":
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-        ):
+        if not number or not math.isfinite(value):
             raise ConfigError(f.name, f"must be a number{_range_text(meta)}, got {value!r}")
         value = float(value)
     elif base == "str":

@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from p4bench.cli import main
 from p4bench.errors import UsageError
+from p4bench.studies.claims import run_values
 from p4bench.studies.compare import (
     compare_experiment,
     default_group_by,
@@ -118,11 +119,17 @@ def test_markdown_csv_and_plot(store, tmp_path):
     comparison = compare_experiment(store, "known")
     markdown = format_table(comparison, "markdown").splitlines()
     assert (
-        markdown[0] == "| method | similarity | final_accuracy_mean mean | std | n |"
+        markdown[0] == "| method | similarity | final_accuracy_mean mean | 95% (t) | std | n |"
         and len(markdown) == 6
     )
+    # the interval beside each mean: t(0.975, 2) * 0.02 / sqrt(3) for p4 at 0.25; none for n = 1
+    assert "| p4 | 0.25 | 0.6200 | +-0.0497 | 0.0200 | 3 |" in markdown
+    assert "| local | 0.5 | 0.5500 | n=1: none | - | 1 |" in markdown
     rows = list(csv.DictReader(io.StringIO(format_table(comparison, "csv"))))
     assert [r["n"] for r in rows] == ["2", "1", "3", "2"]
+    assert rows[1]["ci95_half"] == "" and float(rows[2]["ci95_half"]) == pytest.approx(
+        0.04968, abs=1e-5
+    )
     out = plot_comparison(comparison, tmp_path / "plots" / "cmp.png")
     assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 10_000
 
@@ -153,7 +160,7 @@ def test_cli_table_and_plot(store, tmp_path, capsys):
         )
     out, err = capsys.readouterr()
     assert (info.value.code or 0) == 0, err
-    assert "| p4 | 0.25 | 0.6200 | 0.0200 | 3 |" in out
+    assert "| p4 | 0.25 | 0.6200 | +-0.0497 | 0.0200 | 3 |" in out
     assert (tmp_path / "c.png").exists() and "plot written" in err
     with pytest.raises(SystemExit) as info:
         main(["compare", "--experiment", "known", "--tracking-uri", store, "--format", "xml"])
@@ -292,7 +299,7 @@ def test_group_by_method_keeps_one_epsilon_per_row(tmp_path, capsys):
         )
     out, err = capsys.readouterr()
     assert (info.value.code or 0) == 0, err
-    assert "| method | epsilon | final_accuracy_mean mean | std | n |" in out
+    assert "| method | epsilon | final_accuracy_mean mean | 95% (t) | std | n |" in out
     assert "| fedavg | 1.0 | 0.2500 |" in out and "| fedavg | 8.0 | 0.8500 |" in out
     assert "rows also split by epsilon" in err
 
@@ -407,5 +414,102 @@ def test_the_privacy_presets_table_reads_its_epsilons(tmp_path):
         ("p4 (HC)", "15.0", 2),
         ("p4 (HC)", "3.0", 2),
     ]
-    checks = preset.claims(comparison.table, ClaimContext("digits", False, ()))
-    assert [c.status for c in checks] == ["yes", "yes"]
+    runs = run_values(comparison)
+    checks = preset.claims(comparison.table, ClaimContext("digits", False, (), runs))
+    # two seeds: at epsilon 3 P4 - local is +10 and +12 points, an interval of about +-12.7
+    # (t with 1 degree of freedom) that covers 0; one of two epsilons is not "most" of them
+    assert [c.status for c in checks] == ["inconclusive", "yes"]
+    assert "eps 15.0: p4 - local" in checks[0].detail and "about 3 seeds" in checks[0].detail
+    assert checks[0].seeds_needed == 3
+
+
+def _figures(monkeypatch):
+    """The figures `plot_comparison` saves, kept for their matplotlib objects."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    original = Figure.savefig
+    monkeypatch.setattr(
+        Figure, "savefig", lambda self, *a, **k: (figures.append(self), original(self, *a, **k))[1]
+    )
+    return figures
+
+
+def test_the_plot_draws_95_percent_error_bars_and_none_for_one_run(store, tmp_path, monkeypatch):
+    from matplotlib.collections import LineCollection
+
+    figures = _figures(monkeypatch)
+    comparison = compare_experiment(store, "known")  # n = 2, 1, 3, 2
+    plot_comparison(comparison, tmp_path / "cmp.png")
+    fig = figures[0]
+    curves, bars = fig.axes
+    (errorbar,) = bars.containers[1:]  # the bars, then one error bar set: n >= 2 only
+    segments = next(c for c in errorbar.lines[2] if isinstance(c, LineCollection)).get_segments()
+    assert len(segments) == 3  # local 0.5 ran once: no bar
+    p4_low = next(s for s in segments if s[0][0] == 2)  # p4 0.25: 0.62 +- 0.0497
+    assert sorted(p4_low[:, 1]) == pytest.approx([0.62 - 0.04968, 0.62 + 0.04968], abs=1e-4)
+    assert [t.get_text() for t in bars.texts] == ["n=1"]
+    assert "n=1, no error bar: 1 of 4 groups" in bars.get_title()
+    # titles name the attack and defense; the legend stands outside every panel
+    assert "attack none, defense none" in fig._suptitle.get_text()
+    assert curves.get_legend() is None and len(fig.legends) == 1
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    assert all(legend.x0 >= ax.get_window_extent().x1 for ax in fig.axes)
+
+
+def test_epsilons_that_differ_by_accounting_noise_get_a_sensible_axis(tmp_path, monkeypatch):
+    """#46: the accuracy-vs-epsilon axis spanned 7.9928-7.9942 (offset ticks) for one target."""
+    uri = _private_store(
+        tmp_path,
+        [
+            ("fedavg", 8.0, 0, 0.6, {"spent": 7.9928}, {}),
+            ("p4", 8.0, 0, 0.7, {"spent": 7.9942}, {}),
+        ],
+        name="noise",
+    )
+    figures = _figures(monkeypatch)
+    plot_comparison(compare_experiment(uri, "noise", ["method"]), tmp_path / "cmp.png")
+    tradeoff = figures[0].axes[3]
+    low, high = tradeoff.get_xlim()
+    assert low <= 7.2 and high >= 8.7  # +-10% around the one setting, not a 0.0014-wide window
+    assert "accounting noise" in tradeoff.get_xlabel()
+    figures[0].canvas.draw()
+    assert tradeoff.xaxis.get_offset_text().get_text() == ""  # no "+7.99e0" offset
+    ticks = [t for t in tradeoff.get_xticks() if low <= t <= high]
+    assert ticks and max(ticks) - min(ticks) >= 1.0
+
+
+def test_group_by_method_and_attack_keeps_the_defense_apart(tmp_path, capsys):
+    """#46: `--group-by method,attack` pooled the runs of every defense into one row."""
+    uri = f"sqlite:///{tmp_path / 'threats.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("threats")
+    for defense, final in (("none", 0.5), ("m-krum", 0.7)):
+        for seed in (0, 1):
+            tags = {
+                "method": "p4",
+                "attack": "label-flip",
+                "defense": defense,
+                "seed": str(seed),
+                "config_hash": f"{defense}-{seed}",
+            }
+            run_id = client.create_run(experiment, tags=tags).info.run_id
+            client.log_batch(
+                run_id,
+                params=[Param("method", "p4"), Param("seed", str(seed))],
+                metrics=[Metric("final_accuracy_mean", final + seed / 100, 0, 0)],
+            )
+            client.set_terminated(run_id, "FINISHED")
+    comparison = compare_experiment(uri, "threats", ["method", "attack"])
+    assert comparison.group_by == ["method", "attack", "defense"]
+    assert comparison.split_by == ["defense"]
+    assert sorted(zip(comparison.table["defense"], comparison.table["n"])) == [
+        ("m-krum", 2),
+        ("none", 2),
+    ]
+    with pytest.raises(SystemExit) as info:
+        main(["compare", "-e", "threats", "--tracking-uri", uri, "--group-by", "method,attack"])
+    out, err = capsys.readouterr()
+    assert (info.value.code or 0) == 0, err
+    assert "rows also split by defense" in err and "attacks or defenses" in err

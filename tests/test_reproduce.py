@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
@@ -37,6 +39,22 @@ def table(keys, rows):
     return pd.DataFrame(
         [{**dict(zip(keys, map(str, r[:-1]))), "mean": r[-1], "std": 0.0, "n": 1} for r in rows]
     )
+
+
+SEEDS = (-0.01, 0.0, 0.01)  # three seeds shifting every side alike: paired differences agree
+
+
+def checked(name, keys, rows, seeds=SEEDS, ctx=CTX):
+    """The preset's claims on rows of (keys..., mean), each run on `seeds` (offsets from the
+    mean, the same for every row: the seeds agree) or on {row index: offsets}."""
+    runs = pd.DataFrame(
+        [
+            {**dict(zip(keys, map(str, r[:-1]))), "seed": str(s), "value": r[-1] + offset}
+            for i, r in enumerate(rows)
+            for s, offset in enumerate(seeds.get(i, SEEDS) if isinstance(seeds, dict) else seeds)
+        ]
+    )
+    return PRESETS[name].claims(table(keys, rows), replace(ctx, runs=runs))
 
 
 # -- plans --------------------------------------------------------------------------------
@@ -100,7 +118,7 @@ def test_every_preset_plans_valid_runs_on_every_paper_dataset(name):
             assert {r.config.seed for r in plan.runs} == ({0} if quick else {0, 1, 2})
 
 
-@pytest.mark.parametrize("dataset", ["cifar10", "cifar100", "femnist", "digits"])
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar100", "femnist", "digits", "mnist"])
 def test_shard_settings_divide_evenly(dataset):
     from p4bench.studies.reproduce import DATASETS
 
@@ -115,23 +133,43 @@ def test_shard_settings_divide_evenly(dataset):
 
 
 def test_heterogeneity_claims_yes_and_no():
-    check = PRESETS["heterogeneity"].claims
     keys = ("variant", "method")
-    good = table(
-        keys,
-        [
-            (v, m, acc)
-            for v in ("alpha 25%", "shards N=2")
-            for m, acc in (("p4", 0.8), ("fedavg", 0.6), ("local", 0.7), ("centralized", 0.9))
-        ],
-    )
-    verdicts = {c.claim: c.status for c in check(good, CTX)}
+    good = [
+        (v, m, acc)
+        for v in ("alpha 25%", "shards N=2")
+        for m, acc in (("p4", 0.8), ("fedavg", 0.6), ("local", 0.7), ("centralized", 0.9))
+    ]
+    verdicts = {c.claim: c.status for c in checked("heterogeneity", keys, good)}
     assert list(verdicts.values())[:2] == ["yes", "yes"]  # centralized is not a rival
-    bad = good.copy()
-    bad.loc[(bad["variant"] == "shards N=2") & (bad["method"] == "local"), "mean"] = 0.85
-    best, local = check(bad, CTX)[:2]
-    assert best.status == "no" and "shards N=2: p4 80.0% vs local 85.0%" in best.detail
-    assert local.status == "no"
+    bad = [(v, m, 0.85 if (v, m) == ("shards N=2", "local") else acc) for v, m, acc in good]
+    best, local, headline = checked("heterogeneity", keys, bad)
+    assert best.status == "no" and "shards N=2: p4 - local -5.0 points [95% CI" in best.detail
+    assert local.status == "no" and best.interval.mean == pytest.approx(-0.05)
+    assert headline.status == "not tested" and "needs cifar10; ran digits" in headline.detail
+
+
+def test_a_claim_whose_seeds_disagree_is_inconclusive_and_one_seed_says_why():
+    keys = ("variant", "method")
+    rows = [("alpha 25%", "p4", 0.8), ("alpha 25%", "fedavg", 0.78), ("alpha 25%", "local", 0.6)]
+    # P4 - FedAvg over three seeds: +7, -3, +5 points: the interval covers 0
+    disagree = {0: (0.05, -0.05, 0.03), 1: (0.0, 0.0, 0.0), 2: (0.0, 0.0, 0.0)}
+    best, local = checked("heterogeneity", keys, rows, disagree)[:2]
+    assert best.status == "inconclusive" and local.status == "yes"
+    assert "alpha 25%: p4 - fedavg +3.0 points [95% CI" in best.detail
+    assert best.interval.n == 3 and best.interval.low < 0 < best.interval.high
+    assert best.seeds_needed is not None and best.seeds_needed > 3
+    assert f"about {best.seeds_needed} seeds" in best.detail
+    # reversed: FedAvg clearly ahead on every seed
+    reversed_rows = [("alpha 25%", "p4", 0.7), ("alpha 25%", "fedavg", 0.8)]
+    (best,) = checked("heterogeneity", keys, reversed_rows)[:1]
+    assert best.status == "no" and "the interval lies below 0" in best.detail
+    # one seed: no interval, whatever the difference
+    one = checked("heterogeneity", keys, rows, seeds=(0.0,))
+    assert [c.status for c in one[:2]] == ["inconclusive", "inconclusive"]
+    assert "n=1 seed: no interval (a verdict needs at least 2 seeds)" in one[0].detail
+    # a table without runs (a 0.1 caller): its means are one pseudo-seed, never a verdict
+    bare = PRESETS["heterogeneity"].claims(table(keys, rows), CTX)
+    assert bare[0].status == "inconclusive" and "n=1" in bare[0].detail
 
 
 def test_privacy_and_ablation_claims():
@@ -142,10 +180,15 @@ def test_privacy_and_ablation_claims():
         ("local", "none", 0.5),
         ("local (HC)", "none", 0.55),
     ]
-    verdicts = [c.status for c in PRESETS["privacy"].claims(table(keys, rows), CTX)]
-    assert verdicts == ["yes", "yes"]
-    rows[0] = ("p4 (HC)", 3.0, 0.52)
-    assert [c.status for c in PRESETS["privacy"].claims(table(keys, rows), CTX)] == ["no", "yes"]
+    first, trend = checked("privacy", keys, rows)
+    assert (first.status, trend.status) == ("yes", "yes")
+    assert "in most cases" in first.claim and "2 yes, 0 no, 0 inconclusive of 2" in first.detail
+    assert "sanity check, not a claim of the paper" in trend.claim
+    rows[0] = ("p4 (HC)", 3.0, 0.52)  # below local (HC) at epsilon 3: one of two is not most
+    assert [c.status for c in checked("privacy", keys, rows)] == ["no", "yes"]
+    rows.append(("p4 (HC)", 8.0, 0.65))  # beats both at two of three epsilons: most
+    first = checked("privacy", keys, rows)[0]
+    assert first.status == "yes" and "2 yes, 1 no, 0 inconclusive of 3" in first.detail
     rows = [
         ("p4", 3.0, 0.7),
         ("p4 -grouping", 3.0, 0.4),
@@ -153,8 +196,9 @@ def test_privacy_and_ablation_claims():
         ("p4 -proxy", 3.0, 0.6),
         ("local (HC)", "none", 0.5),
     ]
-    first, second = PRESETS["ablation"].claims(table(keys, rows), CTX)
-    assert first.status == "yes" and second.status == "yes" and "2 of 3" in second.detail
+    first, second = checked("ablation", keys, rows)
+    assert first.status == "yes" and second.status == "yes"
+    assert "2 yes, 1 no, 0 inconclusive of 3 (yes if more than half are yes)" in second.detail
 
 
 def test_defense_and_malicious_claims():
@@ -169,12 +213,17 @@ def test_defense_and_malicious_claims():
         }[attack]
         for defense in ("none", "m-krum", "anomaly-detection"):
             rows.append((attack, defense, 0.65 if defense == best else 0.5))
-        rows.append((attack, "p4-secure", 0.66))
-    checks = PRESETS["defense"].claims(table(keys, rows), CTX)
+        rows += [(attack, "p4-secure", 0.66), (attack, "ideal", 0.70)]
+    checks = checked("defense", keys, rows)
     assert [c.status for c in checks] == ["yes"] * 5
+    # the 10-point threshold is the paper's for the gap to the ideal defense, not attack impact
+    assert "ideal - p4-secure +4.0 points" in checks[0].detail
+    assert "attack impact of p4-secure, figures only" in checks[0].detail
     rows.append(("byzantine-zero", "krum", 0.69))
-    checks = PRESETS["defense"].claims(table(keys, rows), CTX)
-    assert checks[2].status == "no" and "best krum" in checks[2].detail
+    checks = checked("defense", keys, rows)
+    assert checks[2].status == "no" and "m-krum - krum -4.0 points" in checks[2].detail
+    gap = [(a, d, 0.55 if (a, d) == ("label-flip", "p4-secure") else v) for a, d, v in rows]
+    assert checked("defense", keys, gap)[0].status == "no"  # a 15-point gap
     keys = ("attack", "malicious_fraction", "defense")
     rows = [
         (a, f, d, 0.7 if d == "ideal" else 0.7 - (0.15 if f > 0.35 else 0.02))
@@ -182,16 +231,14 @@ def test_defense_and_malicious_claims():
         for f in (0.1, 0.3, 0.5)
         for d in ("p4-secure", "ideal")
     ]
-    checks = {
-        c.claim.split(" ")[1]: c.status for c in PRESETS["malicious"].claims(table(keys, rows), CTX)
-    }
+    checks = {c.claim.split(" ")[1]: c.status for c in checked("malicious", keys, rows)}
     assert checks["with"] == "yes"  # within 10 points up to 30%
     assert (
         checks["label-flip"] == "no" and checks["byzantine-zero"] == "yes"
     )  # the paper: label flip up to 50%
     only_ours = [r for r in rows if r[2] != "ideal"]
-    missing = PRESETS["malicious"].claims(
-        table(keys, only_ours), ClaimContext("digits", True, ("defense 'ideal'",))
+    missing = checked(
+        "malicious", keys, only_ours, ctx=ClaimContext("digits", True, ("defense 'ideal'",))
     )
     assert missing[0].status == "not checked" and "ideal" in missing[0].detail
 
@@ -244,4 +291,17 @@ def test_quick_heterogeneity_runs_end_to_end_on_digits(verify_full, no_data, tmp
     ):
         line = next(line for line in out.splitlines() if claim in line)
         assert ": not tested (quick smoke run" in line  # a smoke run is no verdict
-    assert "needs the full run on cifar10" in out
+    assert "needs cifar10; ran digits" in out
+
+
+def test_a_claim_check_written_against_0_1_keeps_working():
+    from p4bench.api import ClaimCheck
+
+    check = ClaimCheck("text", "yes")
+    assert (check.detail, check.training, check.interval, check.seeds_needed) == (
+        "",
+        True,
+        None,
+        None,
+    )
+    assert ClaimContext("digits", False, ()).runs is None

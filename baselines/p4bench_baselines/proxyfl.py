@@ -151,6 +151,13 @@ class ProxyFL(Method):
     def extra_models(self, state: State) -> dict[str, Params]:
         return {"proxy": state["proxy"]}
 
+    # a client that joins after training (--unseen-fraction): the private models never leave
+    # their clients and are trained without DP, so a newcomer starts from the proxies' mean
+    newcomer_start = "the mean of the trained clients' proxies"
+
+    def newcomer_params(self, state: State) -> Params:
+        return {k: v.mean(0) for k, v in state["proxy"].items()}
+
     # -- local computation ---------------------------------------------------------------
     def local_update(
         self, state: State, train: ClientTensors, ctx: StepContext

@@ -80,6 +80,7 @@ class RunOptions:
     device_simulation: Annotated[bool, _opt("device_simulation", "--device-simulation")] = False
     feature_norm: Annotated[str | None, _opt("feature_norm")] = None
     eval_fraction: Annotated[float | None, _opt("eval_fraction")] = None
+    unseen_fraction: Annotated[float | None, _opt("unseen_fraction")] = None
     eval_set: Annotated[str | None, _opt("eval_set", "--eval")] = None
     hold_out_public: Annotated[bool, _opt("hold_out_public", "--hold-out-public")] = False
     features: Annotated[str | None, _opt("features")] = None

@@ -345,7 +345,7 @@ _EVAL_WORDS = {
 
 
 def _print_comparison(comparison: Comparison, fmt: str, privacy_note: bool = True) -> None:
-    from p4bench.studies.compare import format_table, split_note
+    from p4bench.studies.compare import format_table, interval_cell, split_note
 
     verdict = comparison.privacy if privacy_note else None
     if verdict is not None and verdict.warning:
@@ -361,11 +361,11 @@ def _print_comparison(comparison: Comparison, fmt: str, privacy_note: bool = Tru
     table = Table(title=f"{comparison.experiment}: {comparison.metric} over seeds")
     for key in comparison.group_by:
         table.add_column(key)
-    for column in ("mean", "std", "n"):
+    for column in ("mean", "95% (t)", "std", "n"):  # the interval: none where n = 1
         table.add_column(column, justify="right")
     for row in comparison.table.itertuples(index=False):
         *keys, mean, std, n = row
-        table.add_row(*map(str, keys), _num(mean), _num(std), str(n))
+        table.add_row(*map(str, keys), _num(mean), interval_cell(std, n), _num(std), str(n))
     out.print(table)
 
 
@@ -459,6 +459,7 @@ def reproduce_command(
     from p4bench.run.preflight import check_plot_path
     from p4bench.studies.backends import make_backend
     from p4bench.studies.compare import plot_comparison
+    from p4bench.studies.intervals import seeds_note
     from p4bench.studies.reproduce import claim_note, reproduce, smoke_note
     from p4bench.studies.tune import parse_grid_options
 
@@ -524,8 +525,7 @@ def reproduce_command(
         out.print(line, highlight=False, markup=False)
     scale = "quick smoke run" if report.quick else "full run"
     out.print(f"\n[bold]claims of the paper on {report.dataset} ({scale}):[/bold]")
-    note = smoke_note(report)
-    if note is not None:
+    for note in filter(None, (smoke_note(report), seeds_note(report))):  # how verdicts are reached
         out.print(f"[bold yellow]{escape(note)}[/bold yellow]", highlight=False)
     colours = {"yes": "green", "no": "red", "not checked": "yellow", "not tested": "yellow"}
     for check in report.claims:

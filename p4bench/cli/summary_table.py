@@ -90,7 +90,8 @@ def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
         ("rounds", _rounds_text(summary)),
         (
             "reported clients",
-            f"{summary['reported_clients']} of {summary['clients']} (benign, non-evaluation)",
+            f"{summary['reported_clients']} of {summary['clients']} (benign, non-evaluation"
+            + (", trained)" if summary.get("unseen_clients") else ")"),
         ),
         *_accuracy_rows(summary),
         *_other_accuracy_rows(summary),

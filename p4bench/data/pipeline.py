@@ -16,6 +16,7 @@ from p4bench.data.federated import FederatedData, build_federated_data, evaluati
 from p4bench.data.global_test import hold_out_global_test
 from p4bench.data.paths import _data_dir
 from p4bench.data.public import PublicData, public_data
+from p4bench.data.unseen import split_unseen
 from p4bench.errors import UsageError
 from p4bench.rng import SEED_PARTITION, harness_rng
 
@@ -30,6 +31,8 @@ class RunData:
     public: PublicData | None  # records every client may read (a method that needs them)
     records: int  # the dataset's training records: the default delta's N, before any split
     partitioner: Partitioner  # its `report` describes the partition it made
+    # `--unseen-fraction`: the clients set aside from training (`data` is the others), or None
+    unseen: FederatedData | None = None
 
 
 def build_run_data(
@@ -85,8 +88,23 @@ def build_run_data(
                 f"eval_fraction={config.eval_fraction} has {data.num_clients} evaluation "
                 f"clients, but the run has clients={config.clients}"
             )
+    unseen = None
+    # they join after training (p4bench.data.unseen); never evaluation clients, so a tuning run
+    # on the evaluation clients alone (`federation_clients`) has the same clients without them
+    if config.unseen_fraction > 0 and config.federation_clients is None:
+        data, unseen = split_unseen(data, config)
+    return RunData(
+        _normalized(data, config),
+        public,
+        records,
+        partitioner,
+        unseen=None if unseen is None else _normalized(unseen, config),
+    )
+
+
+def _normalized(data: FederatedData, config: RunConfig) -> FederatedData:
     if config.features == "scatter" and config.feature_norm == "client":
-        data = normalize_federated(data)  # the paper's: each client's own statistics (uncertified)
-    elif config.features == "scatter" and config.feature_norm == "sample":
-        data = normalize_samples(data)  # a function of each record alone: no privacy cost
-    return RunData(data, public, records, partitioner)
+        return normalize_federated(data)  # the paper's: each client's own statistics (uncertified)
+    if config.features == "scatter" and config.feature_norm == "sample":
+        return normalize_samples(data)  # a function of each record alone: no privacy cost
+    return data

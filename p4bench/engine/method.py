@@ -268,6 +268,18 @@ class Method(ABC):
         """Other per-client models worth evaluating and logging (e.g. P4's proxy)."""
         return {}
 
+    # `newcomer_params` in words, for the summary (`unseen_fine_tune.start`)
+    newcomer_start: ClassVar[str] = "the mean of the trained clients' deployed models"
+
+    def newcomer_params(self, state: State) -> Params:
+        """The model a client that joins after training starts from (`--unseen-fraction`),
+        one set of parameters (no client axis), from the trained clients' final state. It
+        should be a function of the method's releases, so that their epsilon covers it: the
+        default, the mean of the deployed models, is one where those are trained by DP steps
+        and mixing only; a method that deploys a model trained without DP (P4's and
+        ProxyFL's private models) starts newcomers from its shared one (their proxies)."""
+        return {k: v.mean(0) for k, v in self.deployed_params(state).items()}
+
     def client_accuracies(self, state: State) -> dict[str, torch.Tensor]:
         """Accuracies the method measures itself, (C,) per name (e.g. p2p-fl's pre- and
         post-fit accuracy on each client's validation split): reported after every round

@@ -46,6 +46,7 @@ from p4bench.run.resolution import (  # re-exported: they were defined here
 )
 from p4bench.run.session import RunSession, mark_interrupted
 from p4bench.run.summary import budget_fields, summarize, summed_metrics, within_budget
+from p4bench.run.unseen import fine_tune_unseen
 from p4bench.run.verify import RunVerification
 
 # the summary's helpers were defined here before 0.2
@@ -67,6 +68,7 @@ class PreparedRun:
     device: torch.device = torch.device("cpu")
     memory: MemoryPlan | None = None
     stop_at_step: int | None = None  # a verification replay stops where the run it replays stopped
+    unseen: FederatedData | None = None  # `--unseen-fraction`: the clients that join after training
 
 
 # Alters a run's client data (and public data) before the model and method are built
@@ -113,6 +115,10 @@ def prepare(
             f"runtime '{config.runtime}' trains on its peers' own processors; --device {config.device} "
             "applies to the simulation runtimes (simulation, reference, bytes)"
         )
+    if config.unseen_fraction > 0 and getattr(runtime_cls, "separate_parties", False):
+        raise UsageError(
+            f"--unseen-fraction applies to the simulation runtimes, not '{config.runtime}'"
+        )
     built = build_run_data(
         config,
         dataset_cls,
@@ -124,6 +130,9 @@ def prepare(
     data, public, records, partitioner = built.data, built.public, built.records, built.partitioner
     if data_transform is not None:
         data, public = data_transform(data, public)
+    whole = config  # the run's; with unseen clients (p4bench.run.unseen) the others train
+    if built.unseen is not None:
+        config = config.replace(clients=data.num_clients)
 
     malicious = np.zeros(config.clients, dtype=bool)
     if attack_cls is not None:
@@ -182,7 +191,7 @@ def prepare(
         ledger = setup_privacy(config, registry, method, job, records) if config.private else None
     info = RunInfo(
         run_id=uuid.uuid4().hex[:12],
-        config=config,
+        config=whole,
         evaluation=host_data.evaluation.numpy(),
         malicious=malicious,
         phases=method.phases(),
@@ -197,7 +206,7 @@ def prepare(
         public_data=public.description if public is not None else None,
         partition_report=partitioner.report,
     )
-    return PreparedRun(config, job, runtime_cls(), info, ledger, device, memory)
+    return PreparedRun(whole, job, runtime_cls(), info, ledger, device, memory, unseen=built.unseen)
 
 
 # Per client: parameters, gradients, and method state (momentum, proxies, control
@@ -295,6 +304,7 @@ def run(
         ):  # devices: the launcher's budget set it
             outcome.budget_overran_at = session.budget.overran_at
         outcome = within_budget(outcome)
+        unseen = fine_tune_unseen(prepared, outcome)  # --unseen-fraction: they join now
         wall = trained - started + session.elapsed_before
         method = prepared.job.method
         totals = summed_metrics(outcome.reports)
@@ -318,6 +328,7 @@ def run(
             if prepared.memory is not None and prepared.device.type != "cpu"
             else {},
             resumed_from_step=int(resume.meta.get("step", 0)) if resume is not None else None,
+            unseen=unseen.summary() if unseen is not None else None,
         )
         result = RunResult(info, outcome, wall, summary, method)
         pm.hook.run_finished(run=info, result=result)

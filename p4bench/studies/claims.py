@@ -1,30 +1,58 @@
 """What a preset's claim checks share (`p4bench reproduce`): each check turns a preset's
-aggregated table (group keys, mean, std, n; key values as text) into yes / no / not checked
-lines with the figures behind them. The checks themselves live beside each paper's methods
-(`p4bench_p4.claims`, the karras, pdsl and p4l presets) and a third-party preset
-uses these helpers the same way.
+aggregated table (group keys, mean, std, n; key values as text) and its runs
+(`ClaimContext.runs`: group keys, seed, value) into yes / no / inconclusive / not checked /
+not tested lines with the figures behind them. The checks themselves live beside each
+paper's methods (`p4bench_p4.claims`, the karras, pdsl and p4l presets) and a third-party
+preset uses these helpers the same way.
+
+A verdict rests on paired differences over seeds (`p4bench.studies.intervals`): `per_seed`
+reads one side's value per seed, `cell` turns two sides into one paired comparison (95% t
+interval, three-way verdict against the claim's margin) and `from_cells` joins a claim's
+cells ("at every level": yes only if every cell says yes, no if one says no; "in most
+cases": yes if more than half say yes, no once half or more say no). `means` and `verdict`
+(strict comparisons of means, no interval) stay for presets written against 0.1.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from p4bench.moved import forward_moved
+from p4bench.studies.intervals import Interval, decide, equivalent, paired
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["ClaimCheck", "ClaimContext", "means", "not_checked", "pct", "verdict"]
+__all__ = [
+    "Cell",
+    "ClaimCheck",
+    "ClaimContext",
+    "cell",
+    "from_cells",
+    "means",
+    "not_checked",
+    "not_tested_on",
+    "pct",
+    "per_seed",
+    "run_values",
+    "seed_runs",
+    "verdict",
+]
 
 
 @dataclass(frozen=True)
 class ClaimCheck:
     claim: str
-    status: str  # yes | no | not checked | not tested (a quick smoke run: figures, no verdict)
+    # yes | no | inconclusive (the interval covers the margin, or too few seeds) | not checked
+    # | not tested (a quick smoke run, or the claim is about a dataset that did not run)
+    status: str
     detail: str = ""
     training: bool = True  # False: computed without training runs, so a quick run's verdict stands
+    interval: Interval | None = None  # the paired difference that decided the verdict
+    seeds_needed: int | None = None  # inconclusive: seeds a decisive verdict would need
 
 
 @dataclass(frozen=True)
@@ -32,6 +60,7 @@ class ClaimContext:
     dataset: str
     quick: bool
     skipped: tuple[str, ...]  # "kind 'name'" of unregistered plugins
+    runs: Any = None  # pandas DataFrame: the table's group keys (text), `seed`, `value`
 
 
 def means(table: pd.DataFrame, **where: Any) -> dict[tuple[Any, ...], float]:
@@ -58,6 +87,136 @@ def verdict(claim: str, failures: list[str], checked: int, passed_detail: str) -
         return not_checked(claim, "no results to compare")
     return ClaimCheck(
         claim, "no" if failures else "yes", "; ".join(failures) if failures else passed_detail
+    )
+
+
+# -- paired verdicts over seeds (`p4bench.studies.intervals`) ------------------------------
+
+
+def run_values(comparison: Any) -> pd.DataFrame:
+    """A `p4bench.studies.compare.Comparison`'s runs as `ClaimContext.runs`: its group keys
+    as text (as in its table), each run's `seed` and `value` (the compared metric)."""
+    import pandas as pd
+
+    from p4bench.studies.compare import column_for
+
+    runs, keys = comparison.runs, list(comparison.group_by)
+    frame = pd.DataFrame({k: runs[column_for(runs, k)].fillna("-").astype(str) for k in keys})
+    frame["seed"] = runs[column_for(runs, "seed")].fillna("-").astype(str)
+    frame["value"] = pd.to_numeric(runs[f"metrics.{comparison.metric}"], errors="coerce")
+    return frame.dropna(subset=["value"]).reset_index(drop=True)
+
+
+def seed_runs(table: pd.DataFrame, ctx: ClaimContext | None) -> pd.DataFrame:
+    """The runs a claim pairs: `ctx.runs`; without them (a table built by hand, a 0.1
+    caller) the table's rows, one run each where it has a `seed` key, else its means as one
+    pseudo-seed `-` (n = 1: every paired verdict is inconclusive)."""
+    if ctx is not None and ctx.runs is not None:
+        return ctx.runs
+    frame = table.drop(columns=[c for c in ("std", "n") if c in table.columns])
+    frame = frame.rename(columns={"mean": "value"})
+    return frame if "seed" in frame.columns else frame.assign(seed="-")
+
+
+def per_seed(runs: pd.DataFrame, **where: Any) -> dict[str, float]:
+    """{seed: value} of the runs matching `where` (values compared as text; the mean where
+    one seed has several runs, which a caller pinning the whole setting never sees)."""
+    rows = runs
+    for key, value in where.items():
+        rows = rows[rows[key].astype(str) == str(value)]
+    return {str(k): float(v) for k, v in rows.groupby("seed")["value"].mean().items()}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One paired comparison of a claim: its name (`alpha 25%: p4 - fedavg`), the interval
+    of the paired differences and its three-way verdict against `margin`."""
+
+    name: str
+    interval: Interval
+    status: str
+    reason: str
+    margin: float = 0.0
+
+    def text(self) -> str:
+        return f"{self.name} {self.interval.text()}: {self.status}"
+
+
+def cell(
+    name: str,
+    a: dict[str, float],
+    b: dict[str, float],
+    margin: float = 0.0,
+    claimed: str = "above",
+    within: bool = False,
+) -> Cell:
+    """a - b paired by seed; the claim: the difference lies `claimed` ("above" or
+    "below") `margin`, or with `within`, |a - b| <= margin."""
+    found = paired(a, b)
+    status, reason = equivalent(found, margin) if within else decide(found, margin, claimed)
+    return Cell(name, found, status, reason, margin)
+
+
+RULES = {"every": "yes only if every cell is yes", "most": "yes if more than half are yes"}
+
+
+def from_cells(
+    claim: str, cells: Sequence[Cell], rule: str = "every", note: str = "", limit: int = 6
+) -> ClaimCheck:
+    """A claim's verdict from its cells (`RULES`); the detail lists the cells (the ones not
+    yes first when there are more than `limit`), the count and the seeds a verdict needs."""
+    if not cells:
+        return not_checked(claim, "no results to compare")
+    count = {s: sum(c.status == s for c in cells) for s in ("yes", "no", "inconclusive")}
+    if rule == "every":
+        status = "no" if count["no"] else "yes" if count["yes"] == len(cells) else "inconclusive"
+    else:
+        status = (
+            "yes"
+            if 2 * count["yes"] > len(cells)
+            else "no"
+            if 2 * count["no"] >= len(cells)
+            else "inconclusive"
+        )
+    shown = list(cells)
+    if len(shown) > limit:
+        shown = sorted(shown, key=lambda c: c.status == "yes")[:limit]
+    parts = [c.text() for c in shown]
+    if len(shown) < len(cells):
+        parts.append(f"{len(cells) - len(shown)} more")
+    if len(cells) > 1:
+        parts.append(
+            f"{count['yes']} yes, {count['no']} no, {count['inconclusive']} inconclusive "
+            f"of {len(cells)} ({RULES[rule]})"
+        )
+    deciding = next(c for c in cells if c.status == status) if status in count else cells[0]
+    needs = [c.interval.seeds_needed(c.margin) for c in cells if c.status == "inconclusive"]
+    counts = [n for n in needs if n is not None]
+    need = (
+        max(counts) if status == "inconclusive" and counts and len(counts) == len(needs) else None
+    )
+    if len(cells) == 1:
+        parts.append(deciding.reason)  # it says the seeds a verdict needs
+    elif status == "inconclusive":
+        parts += list(dict.fromkeys(c.reason for c in cells if not c.interval.bounded))
+        if need is not None:
+            parts.append(f"a decisive verdict needs about {need} seeds at the observed spread")
+    return ClaimCheck(
+        claim,
+        status,
+        "; ".join(parts + ([note] if note else [])),
+        interval=deciding.interval,
+        seeds_needed=need,
+    )
+
+
+def not_tested_on(claim: str, needs: str, ran: str, figures: str = "") -> ClaimCheck:
+    """A claim the paper states for another dataset: not tested unless that dataset ran."""
+    return ClaimCheck(
+        claim,
+        "not tested",
+        f"needs {needs}; ran {ran}"
+        + (f"; figures on {ran}, no verdict: {figures}" if figures else ""),
     )
 
 

@@ -18,7 +18,13 @@ target, else the epsilon its ledger reported; `none` for a non-private run), `de
 them, it becomes a group key of its own (`Comparison.split_by` names those added, and the
 CLI says so). So `--group-by method` over fedavg at epsilon 1 and 8 gives one row per
 epsilon, never their mean. A group key `epsilon`, `delta` or `accountant` names these
-columns too (a non-private run's epsilon is `none`, not a blank).
+columns too (a non-private run's epsilon is `none`, not a blank). Nor does a row pool two
+attacks or defenses (`THREATS`): `--group-by method,attack` over runs with several defenses
+keeps `defense` as a key, and says so.
+
+Uncertainty: each row's 95% t interval of its mean (`p4bench.studies.intervals`; none
+where n = 1) is printed beside it; the plots (`p4bench.studies.compare_plot`) draw it as
+bands and error bars, and no error bar for a group of one run.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ __all__ = [
     "aggregate",
     "default_group_by",
     "format_table",
+    "interval_cell",
     "plot_comparison",
     "DEFAULT_METRIC",
     "SETTINGS",
@@ -61,6 +68,7 @@ SETTINGS = (
     "delta",
     "accountant",
 )  # privacy settings a row never pools (besides the `privacy` mark)
+THREATS = ("attack", "defense")  # nor two attacks or defenses (tags): `--group-by method,attack`
 NONE = "none"  # a non-private run's epsilon (never a number: 0 would read as perfect privacy)
 
 
@@ -215,11 +223,12 @@ def privacy_settings(runs: pd.DataFrame, verdict: PrivacyCheck) -> pd.DataFrame:
 
 
 def keep_settings_apart(runs: pd.DataFrame, keys: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(keys, added): `keys` and, after them, every privacy setting (`SETTINGS`) that takes
-    more than one value within one group of `keys`; so no row pools two settings."""
+    """(keys, added): `keys` and, after them, every privacy setting (`SETTINGS`) and threat
+    (`THREATS`: attack, defense) that takes more than one value within one group of `keys`;
+    so no row pools two settings, attacks or defenses."""
     keys = list(keys)
     added: list[str] = []
-    for name in SETTINGS:
+    for name in (*SETTINGS, *THREATS):
         if name in keys or name not in runs:
             continue
         columns = [column_for(runs, k) for k in keys]
@@ -241,9 +250,14 @@ def split_note(added: Sequence[str]) -> str | None:
     if not added:
         return None
     names = " and ".join(added)
+    what = " or ".join(
+        w
+        for w, group in (("privacy settings", SETTINGS), ("attacks or defenses", THREATS))
+        if set(added) & set(group)
+    )
     return (
-        f"rows also split by {names}: the runs of a group differ in it, and a row never pools runs at different "
-        "privacy settings"
+        f"rows also split by {names}: the runs of a group differ in it, and a row never pools "
+        f"runs at different {what}"
     )
 
 
@@ -280,123 +294,40 @@ def _cell(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def interval_cell(std: float, n: int) -> str:
+    """A row's 95% t half-width as a table cell: `+-0.0497`, or `n=1: none` (one run gives
+    no interval, `p4bench.studies.intervals`)."""
+    from p4bench.studies.intervals import half_width
+
+    half = half_width(float(std), int(n))
+    return f"n={int(n)}: none" if half != half else f"+-{half:.4f}"
+
+
 def format_table(comparison: Comparison, fmt: str = "markdown") -> str:
-    """The aggregated table as markdown or CSV text (the rich table is drawn by the CLI)."""
+    """The aggregated table as markdown or CSV text (the rich table is drawn by the CLI), with
+    each row's 95% t half-width (`ci95_half`, empty where n = 1) beside its mean."""
+    from p4bench.studies.intervals import half_width
+
     table = comparison.table
     if fmt == "csv":
-        return str(table.to_csv(index=False)).rstrip("\n")
+        halves = [half_width(float(s), int(n)) for s, n in zip(table["std"], table["n"])]
+        return str(table.assign(ci95_half=halves).to_csv(index=False)).rstrip("\n")
     if fmt != "markdown":
         raise UsageError(f"unknown format '{fmt}'; choose table, markdown or csv")
-    header = [*comparison.group_by, f"{comparison.metric} mean", "std", "n"]
+    header = [*comparison.group_by, f"{comparison.metric} mean", "95% (t)", "std", "n"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row in table.itertuples(index=False):
-        values = [_cell(v) for v in row]
-        lines.append("| " + " | ".join(values) + " |")
+        *keys, mean, std, n = (_cell(v) for v in row)
+        lines.append(
+            "| " + " | ".join([*keys, mean, interval_cell(row[-2], row[-1]), std, n]) + " |"
+        )
     return "\n".join(lines)
-
-
-def group_label(row: Any, keys: Sequence[str]) -> str:
-    return ", ".join(str(row[k]) if len(keys) > 2 else f"{k}={row[k]}" for k in keys)
-
-
-EPSILON_METRIC = "epsilon_max"  # logged every round by private runs: the largest reported client's epsilon so far
-
-
-def _band(axis: Any, frame: Any, name: str, colour: str) -> None:
-    """A group's per-round mean over its runs, with a +-std band."""
-    if frame.empty:
-        return
-    stats = frame.groupby("step")["value"].agg(["mean", "std"]).reset_index()
-    spread = stats["std"].fillna(0)
-    axis.plot(stats["step"], stats["mean"], marker="o", markersize=2, label=name, color=colour)
-    axis.fill_between(
-        stats["step"], stats["mean"] - spread, stats["mean"] + spread, alpha=0.15, color=colour
-    )
 
 
 def plot_comparison(
     comparison: Comparison, out: str | Path, curve_metric: str = CURVE_METRIC
 ) -> Path:
-    """Accuracy-per-round curves per group (mean with a +-std band over seeds) next to a
-    bar chart of the final metric (mean, std error bars); where the runs are private, also
-    epsilon over rounds and the final metric against the final epsilon. Saved as an image."""
-    import matplotlib
+    """Curves, bars and, for private runs, epsilon panels: `p4bench.studies.compare_plot`."""
+    from p4bench.studies.compare_plot import plot_comparison as plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-    import pandas as pd
-
-    from p4bench.studies.results import metric_history
-
-    runs, keys = comparison.runs, comparison.group_by
-    labels = runs.apply(
-        lambda r: group_label(
-            {
-                k: str(r[column_for(runs, k)]) if pd.notna(r[column_for(runs, k)]) else "-"
-                for k in keys
-            },
-            keys,
-        ),
-        axis=1,
-    )
-    history = metric_history(comparison.tracking_uri, runs["run_id"], curve_metric)
-    history = history.merge(pd.DataFrame({"run_id": runs["run_id"], "group": labels}), on="run_id")
-    table = comparison.table
-    names = [group_label(row, keys) for row in table.to_dict("records")]
-    colours = [f"C{i % 10}" for i in range(len(names))]  # one colour per group in both panels
-    epsilons = metric_history(comparison.tracking_uri, runs["run_id"], EPSILON_METRIC)
-    epsilons = epsilons.merge(
-        pd.DataFrame({"run_id": runs["run_id"], "group": labels}), on="run_id"
-    )
-    private = not epsilons.empty
-    if private:  # epsilon over rounds and accuracy against epsilon beside the accuracy
-        fig, grid = plt.subplots(2, 2, figsize=(12, 8.5), dpi=100)
-        (curves, bars), (spent, tradeoff) = grid
-    else:
-        fig, (curves, bars) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
-    for name, colour in zip(names, colours):
-        _band(curves, history[history["group"] == name], name, colour)
-        if private:
-            _band(spent, epsilons[epsilons["group"] == name], name, colour)
-    curves.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    curves.set_xlabel("round")
-    curves.set_ylabel(f"{curve_metric} (reported clients)")
-    curves.set_ylim(0, 1)
-    curves.grid(alpha=0.3)
-    curves.legend(fontsize=7)
-    bars.bar(
-        range(len(table)), table["mean"], yerr=table["std"].fillna(0), capsize=3, color=colours
-    )
-    bars.set_xticks(range(len(table)), names, rotation=45, ha="right", fontsize=7)
-    bars.set_ylabel(comparison.metric)
-    bars.grid(alpha=0.3, axis="y")
-    if private:
-        spent.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        spent.set_xlabel("round")
-        spent.set_ylabel("epsilon spent (largest client)")
-        spent.grid(alpha=0.3)
-        final = (
-            epsilons.sort_values("step").groupby("run_id").tail(1).groupby("group")["value"].mean()
-        )
-        for row, name, colour in zip(table.to_dict("records"), names, colours):
-            if name in final.index:
-                tradeoff.errorbar(
-                    final[name],
-                    row["mean"],
-                    yerr=row["std"] if row["std"] == row["std"] else 0,
-                    marker="o",
-                    capsize=3,
-                    color=colour,
-                    label=name,
-                )
-        tradeoff.set_xlabel("epsilon at the end (largest client)")
-        tradeoff.set_ylabel(comparison.metric)
-        tradeoff.grid(alpha=0.3)
-    fig.suptitle(f"{comparison.experiment}: mean over seeds, +- std")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return plot(comparison, out, curve_metric)

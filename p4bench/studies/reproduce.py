@@ -24,7 +24,8 @@ Presets (paper settings from `shared/reference/p4.md` section 8 and the extended
 
 Each preset is a sweep (one MLflow experiment `reproduce-<preset>-<dataset>[-quick]`, so it
 resumes like any sweep), followed by a table aggregated over seeds and one line per claim
-of the paper: yes, no, or not checked (with the reason).
+of the paper: yes, no or inconclusive (the paired difference over seeds with its 95% interval,
+`p4bench.studies.intervals`), not checked or not tested (with the reason).
 
 Plugins a preset names but nobody has registered yet (baselines or defenses still being
 written, say `proxyfl` or `ideal`) are *skipped with a visible notice*, and the claims that
@@ -62,9 +63,9 @@ Equal privacy and tuning (the paper's protocol):
   baseline is "the non-DP version of local training"; centralized is a pooled reference,
   not a rival in any claim), as in `bench/compare_digits.py`; the table's `privacy` column
   and the privacy line say so.
-- With `quick` no claim that rests on training runs is a verdict: yes/no become "not tested
-  (quick smoke run)"; a claim computed without training (`ClaimCheck.training` false, e.g.
-  karras's CBDS undersampling) keeps its verdict.
+- With `quick` no claim that rests on training runs is a verdict: yes / no / inconclusive
+  become "not tested (quick smoke run)"; a claim computed without training
+  (`ClaimCheck.training` false, e.g. karras's CBDS undersampling) keeps its verdict.
 
 Other choices the paper leaves open (visible in every run's parameters): all methods get the
 same input features (ScatterNet, "HC") in the heterogeneity comparison. Shard-based runs use the
@@ -75,11 +76,11 @@ to a multiple of N, as the shards partitioner needs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from p4bench.errors import UsageError
-from p4bench.studies.claims import ClaimCheck, ClaimContext
+from p4bench.studies.claims import ClaimCheck, ClaimContext, run_values
 from p4bench.studies.equal_privacy import UnequalPrivacyError
 from p4bench.studies.preset_plan import PresetPlan, plan_preset
 from p4bench.studies.preset_tuning import (
@@ -149,14 +150,15 @@ class ReproduceReport:
 
 
 def quick_claims(checks: Sequence[ClaimCheck]) -> list[ClaimCheck]:
-    """A smoke run tests no claim: its yes / no become "not tested", figures kept."""
+    """A smoke run tests no claim: its yes / no / inconclusive become "not tested", figures
+    kept."""
     return [
-        ClaimCheck(
-            c.claim,
-            "not tested",
-            "quick smoke run" + (f"; figures: {c.detail}" if c.detail else ""),
+        replace(
+            c,
+            status="not tested",
+            detail="quick smoke run" + (f"; figures: {c.detail}" if c.detail else ""),
         )
-        if c.status in ("yes", "no") and c.training
+        if c.status in ("yes", "no", "inconclusive") and c.training
         else c
         for c in checks
     ]
@@ -327,6 +329,8 @@ def reproduce(
     except UsageError as exc:
         notices.append(str(exc))
         comparison = beside = None
+    if comparison is not None:  # the runs behind the table: claims pair them by seed
+        context = replace(context, runs=run_values(comparison))
     checks = (
         preset.claims(comparison.table, context)
         if comparison is not None

@@ -1,21 +1,42 @@
 """The P4 paper's claims (extended version, sections V-B, V-C and appendices B-D), checked
-by its presets (`p4bench_p4.presets`). Where the paper hedges ("in most cases") the
-check says how it was read.
+by its presets (`p4bench_p4.presets`), each quoted as the paper states it, with the paper's
+dataset; the verdict comes from the run's own dataset (the output names it).
+
+Every verdict rests on paired differences over seeds (`p4bench.studies.claims.cell`: the
+runs of one seed are one pair, a 95% t interval on the differences, yes / no /
+inconclusive against the claim's margin). Where the paper says "at every level" every cell
+must say yes; where it hedges ("in general", "in most cases") more than half must, and the
+claim says so. A claim the paper states for one dataset only (the CIFAR-10 headline) is "not
+tested" unless that dataset ran.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from p4bench.studies.claims import ClaimCheck, ClaimContext, means, not_checked, pct, verdict
+from p4bench.studies.claims import (
+    Cell,
+    ClaimCheck,
+    ClaimContext,
+    cell,
+    from_cells,
+    means,
+    not_checked,
+    not_tested_on,
+    pct,
+    per_seed,
+    seed_runs,
+)
+from p4bench.studies.intervals import equivalent, interval
 
 __all__ = [
     "ATTACKS",
     "ABLATIONS",
+    "HEADLINE",
     "POINTS",
     "PAPER_TOLERANCE",
     "heterogeneity_claims",
+    "joined",
     "privacy_claims",
     "ablation_claims",
     "defense_claims",
@@ -23,37 +44,63 @@ __all__ = [
 ]
 
 ATTACKS = ("label-flip", "byzantine-zero", "byzantine-random", "byzantine-flip")
-POINTS = 0.10  # "an accuracy drop below 10% indicates good defense performance"
+# "an accuracy drop below 10% indicates good defense performance": the paper states it for the
+# gap between the ideal defense and P4's secure aggregation (RQ3), read as 10 points
+POINTS = 0.10
+HEADLINE = (
+    0.586,
+    0.622,
+    0.03,
+)  # CIFAR-10, alpha-based, linear, epsilon 15: 58.6%-62.2%, +-3 points
 # A check's `table` is a pandas DataFrame (group keys, mean, std, n); pandas ships no types.
 Table = Any
 
 
+def _texts(table: Table, column: str, **where: Any) -> list[str]:
+    """The values of `column` among the rows matching `where`, as text, in table order."""
+    rows = table
+    for key, value in where.items():
+        rows = rows[rows[key].astype(str) == str(value)]
+    return list(dict.fromkeys(rows[column].astype(str)))
+
+
+def joined(name: str, cells: list[Cell]) -> Cell:
+    """One cell of several that must all hold (a level against every rival): no if one is
+    no, yes if all are yes, else inconclusive; shown by the cell that decided it."""
+    statuses = [c.status for c in cells]
+    status = "no" if "no" in statuses else "yes" if set(statuses) == {"yes"} else "inconclusive"
+    worst = next(c for c in cells if c.status == status)
+    return Cell(f"{name}: {worst.name}", worst.interval, status, worst.reason, worst.margin)
+
+
 def heterogeneity_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
-    """Keys (variant, method): P4 is best at every level, beats local, and the CIFAR-10 headline."""
-    checks = []
-    levels = list(dict.fromkeys(table["variant"]))
-    best_claim = "P4 has the best accuracy at every heterogeneity level (centralized excluded)"
-    local_claim = "P4 beats local training at every heterogeneity level"
-    best_fail, local_fail, checked = [], [], 0
-    for level in levels:
-        scores = {k[0]: v for k, v in means(table, variant=level).items()}
-        if "p4" not in scores:
+    """Keys (variant, method): P4 beats every rival and local training at every level (P4
+    minus each rival, paired by seed), and the CIFAR-10 headline."""
+    runs = seed_runs(table, ctx)
+    best, local = [], []
+    for level in _texts(table, "variant"):
+        methods = _texts(table, "method", variant=level)
+        if "p4" not in methods:
             continue
-        others = {m: v for m, v in scores.items() if m not in ("p4", "centralized")}
-        if others:
-            checked += 1
-            rival = max(others, key=others.__getitem__)
-            if not scores["p4"] > others[rival]:
-                best_fail.append(f"{level}: p4 {pct(scores['p4'])} vs {rival} {pct(others[rival])}")
-        if "local" in scores and not scores["p4"] > scores["local"]:
-            local_fail.append(f"{level}: p4 {pct(scores['p4'])} vs local {pct(scores['local'])}")
-    compared = sorted({m for m in table["method"]} - {"p4", "centralized"})
-    checks.append(
-        verdict(best_claim, best_fail, checked, f"{checked} levels, against {', '.join(compared)}")
-    )
-    checks.append(
-        verdict(local_claim, local_fail, checked and "local" in compared, f"{checked} levels")
-    )
+        p4 = per_seed(runs, variant=level, method="p4")
+        for rival in (m for m in methods if m not in ("p4", "centralized")):
+            found = cell(f"{level}: p4 - {rival}", p4, per_seed(runs, variant=level, method=rival))
+            best.append(found)
+            if rival == "local":
+                local.append(found)
+    compared = sorted(set(table["method"].astype(str)) - {"p4", "centralized"})
+    checks = [
+        from_cells(
+            "P4 has the best accuracy at every heterogeneity level, centralized excluded (the paper: "
+            '"our approach consistently outperforms existing methods across different levels and types of '
+            'data heterogeneity"; CIFAR-10, CIFAR-100, FEMNIST)',
+            best,
+            note=f"against {', '.join(compared)}",
+        ),
+        from_cells(
+            "P4 beats local training at every heterogeneity level (the paper, same figures)", local
+        ),
+    ]
     if ctx.skipped:
         checks.append(
             not_checked(
@@ -61,56 +108,66 @@ def heterogeneity_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
                 "not registered: " + ", ".join(ctx.skipped),
             )
         )
-    headline = "P4 reaches 58.6%-62.2% on CIFAR-10, alpha-based (paper's headline, +-3 points)"
-    if ctx.dataset != "cifar10" or ctx.quick:
-        checks.append(not_checked(headline, "needs the full run on cifar10"))
-    else:
-        values = [
-            v
-            for (variant, method), v in means(table).items()
-            if method == "p4" and str(variant).startswith("alpha")
-        ]
-        ok = bool(values) and all(0.556 <= v <= 0.652 for v in values)
-        checks.append(
-            ClaimCheck(headline, "yes" if ok else "no", ", ".join(pct(v) for v in values))
-        )
+    low, high, slack = HEADLINE
+    headline = (
+        f'P4 "achieves {100 * low:.1f}% to {100 * high:.1f}% accuracy" on CIFAR-10, alpha-based, linear, '
+        f"epsilon 15 (the paper's headline; checked +-{100 * slack:g} points per level)"
+    )
+    levels = [v for v in _texts(table, "variant") if v.startswith("alpha")]
+    figures = ", ".join(
+        f"{v}: p4 {pct(next(iter(means(table, variant=v, method='p4').values()), float('nan')))}"
+        for v in levels
+    )
+    if ctx.dataset != "cifar10":
+        checks.append(not_tested_on(headline, "cifar10", ctx.dataset, figures))
+        return checks
+    centre, band = (low + high) / 2, (high - low) / 2 + slack
+    cells = []
+    for level in levels:
+        values = per_seed(runs, variant=level, method="p4")
+        spread = interval(v - centre for v in values.values())
+        status, reason = equivalent(spread, band)
+        cells.append(Cell(f"{level}: p4 - {100 * centre:.1f}%", spread, status, reason, band))
+    checks.append(from_cells(headline, cells, note=figures))
     return checks
 
 
 def privacy_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
-    """Keys (variant, epsilon): P4 (HC) beats both local baselines at every budget; more budget never hurts."""
-    p4 = {float(k[0]): v for k, v in means(table, variant="p4 (HC)").items()}
-    local = {
-        label: next(iter(means(table, variant=label).values()), math.nan)
+    """Keys (variant, epsilon): P4 (HC) beats both local baselines at a majority of the
+    epsilons (the paper's "in general"); a sanity check that more budget does not hurt."""
+    runs = seed_runs(table, ctx)
+    epsilons = sorted(_texts(table, "epsilon", variant="p4 (HC)"), key=float)
+    p4 = {e: per_seed(runs, variant="p4 (HC)", epsilon=e) for e in epsilons}
+    locals_ = {
+        label: per_seed(runs, variant=label)
         for label in ("local", "local (HC)")
+        if label in set(table["variant"].astype(str))
     }
-    claim = "P4 beats local training (raw and HC features) at every epsilon from 3 to 20"
-    failures = [
-        f"eps {e:g}: p4 {pct(v)} vs {label} {pct(acc)}"
-        for e, v in sorted(p4.items())
-        for label, acc in local.items()
-        if not math.isnan(acc) and not v > acc
+    claim = (
+        "P4 beats non-DP local training (raw and HC features) in most cases, epsilon 3-20: read as at "
+        'more than half of the epsilons, against both (the paper, V-B: "In general, P4 outperforms local '
+        'training in accuracy, even when the privacy budget exceeds 3"; App. B-2, FEMNIST in its text, '
+        "CIFAR-10 in Figure 7's caption)"
+    )
+    cells = [
+        joined(f"eps {e}", [cell(f"p4 - {label}", p4[e], side) for label, side in locals_.items()])
+        for e in epsilons
+        if locals_
     ]
     checks = [
-        verdict(
-            claim,
-            failures,
-            len(p4) and not all(math.isnan(a) for a in local.values()),
-            f"{len(p4)} budgets; local {pct(local['local'])}, local (HC) {pct(local['local (HC)'])}",
-        )
+        from_cells(claim, cells, rule="most")
+        if cells
+        else not_checked(claim, "needs P4 (HC) and local training runs")
     ]
-    trend = "P4's accuracy at the largest epsilon is at least that at the smallest"
-    if len(p4) < 2:
+    trend = (
+        "sanity check, not a claim of the paper: P4's accuracy at the largest epsilon is above that "
+        "at the smallest"
+    )
+    if len(epsilons) < 2:
         checks.append(not_checked(trend, "needs two budgets"))
     else:
-        low, high = min(p4), max(p4)
-        checks.append(
-            ClaimCheck(
-                trend,
-                "yes" if p4[high] >= p4[low] else "no",
-                f"eps {low:g}: {pct(p4[low])}, eps {high:g}: {pct(p4[high])}",
-            )
-        )
+        low, high = epsilons[0], epsilons[-1]
+        checks.append(from_cells(trend, [cell(f"p4 eps {high} - eps {low}", p4[high], p4[low])]))
     return checks
 
 
@@ -122,96 +179,111 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 
 
 def ablation_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
-    """Keys (variant, epsilon): full P4 beats each ablation; ablations fall below local (HC) in most cells
-    (read as: more than half of the variant/budget cells)."""
-    full = {k[0]: v for k, v in means(table, variant="p4").items()}
-    local = next(iter(means(table, variant="local (HC)").values()), math.nan)
-    worse, below, cells = [], 0, 0
-    for label in ABLATIONS:
-        for (eps,), value in means(table, variant=label).items():
-            cells += 1
-            if eps in full and not full[eps] > value:
-                worse.append(f"{label} eps {eps}: {pct(value)} vs full {pct(full[eps])}")
-            below += int(not math.isnan(local) and value < local)
+    """Keys (variant, epsilon): full P4 beats each ablation at every epsilon; the ablations
+    fall below local (HC) in most cells (more than half of the variant/budget cells)."""
+    runs = seed_runs(table, ctx)
+    variants = set(table["variant"].astype(str))
+    local = per_seed(runs, variant="local (HC)") if "local (HC)" in variants else {}
+    worse, below = [], []
+    for label in (a for a in ABLATIONS if a in variants):
+        for eps in _texts(table, "epsilon", variant=label):
+            ablated = per_seed(runs, variant=label, epsilon=eps)
+            if "p4" in variants:
+                full = per_seed(runs, variant="p4", epsilon=eps)
+                worse.append(cell(f"eps {eps}: p4 - ({label})", full, ablated))
+            if local:
+                below.append(cell(f"eps {eps}: local (HC) - ({label})", local, ablated))
     checks = [
-        verdict(
-            "Full P4 beats each variant with one component removed, at every epsilon",
+        from_cells(
+            "Full P4 beats each variant with one component removed, at every epsilon (the paper: "
+            '"we can achieve private personalized learning only when all design components of P4 are '
+            'enabled"; CIFAR-10, alpha 50%)',
             worse,
-            cells,
-            f"{cells} variant/budget cells",
         )
     ]
-    claim = "Removing any one component drops P4 below local training (HC) in most cases"
-    if not cells or math.isnan(local):
-        checks.append(not_checked(claim, "needs the ablated variants and local training"))
-    else:
-        checks.append(
-            ClaimCheck(
-                claim,
-                "yes" if below * 2 > cells else "no",
-                f"{below} of {cells} cells below local (HC) {pct(local)}",
-            )
-        )
+    claim = (
+        "Removing any one component drops P4 below local training (HC) in most cases: more than half "
+        'of the variant/epsilon cells (the paper: "removing even one of them results in accuracy lower '
+        'than the local training baseline in most cases"; CIFAR-10, alpha 50%)'
+    )
+    checks.append(
+        from_cells(claim, below, rule="most")
+        if below
+        else not_checked(claim, "needs the ablated variants and local training")
+    )
     return checks
 
 
 def defense_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
-    """Keys (attack, defense): attack impact of p4-secure under 10 points; RQ2's best defense per attack.
-
-    Attack impact here is a difference of group means (no-attack runs over all reported
-    clients, attacked runs over the benign ones); `p4bench impact` gives the paper's exact
-    figure, paired by seed over the same benign clients."""
-    baseline = means(table, attack="none", defense="none")
-    clean = next(iter(baseline.values()), math.nan)
+    """Keys (attack, defense): at 30% malicious, p4-secure within 10 points of the ideal
+    defense for every attack (the paper's threshold, stated for that gap); RQ2's best
+    defense per attack (each expected winner against every other existing defense)."""
+    runs = seed_runs(table, ctx)
     checks = []
-    claim = "With its secure aggregation (p4-secure), P4's attack impact stays under 10 points for every attack"
-    impacts = {a: clean - v for (a,), v in means(table, defense="p4-secure").items() if a != "none"}
-    if math.isnan(clean) or not impacts:
-        checks.append(not_checked(claim, "needs the no-attack baseline and p4-secure runs"))
-    else:
-        bad = [f"{a}: impact {100 * i:.1f} points" for a, i in impacts.items() if not i < POINTS]
-        checks.append(
-            verdict(
-                claim,
-                bad,
-                len(impacts),
-                ", ".join(f"{a} {100 * i:.1f}" for a, i in impacts.items()),
-            )
+    claim = (
+        "With its secure aggregation (p4-secure), P4 stays within 10 points of the ideal defense at 30% "
+        'malicious clients, every attack (the paper: "an accuracy drop below 10% indicates good defense '
+        'performance", stated for the gap to the ideal defense; CIFAR-100, FEMNIST)'
+    )
+    attacks = [a for a in _texts(table, "attack") if a != "none"]
+    gaps = [
+        cell(
+            f"{a}: ideal - p4-secure",
+            per_seed(runs, attack=a, defense="ideal"),
+            per_seed(runs, attack=a, defense="p4-secure"),
+            POINTS,
+            "below",
         )
+        for a in attacks
+        if {"ideal", "p4-secure"} <= set(_texts(table, "defense", attack=a))
+    ]
+    clean = means(table, attack="none", defense="none")
+    impact = ", ".join(
+        f"{a} {100 * (next(iter(clean.values())) - v):.1f}"
+        for (a,), v in means(table, defense="p4-secure").items()
+        if a != "none" and clean
+    )
+    note = f"attack impact of p4-secure, figures only (the paper sets no threshold on it): {impact} points"
+    checks.append(
+        from_cells(claim, gaps, note=note if impact else "")
+        if gaps
+        else not_checked(
+            claim,
+            "needs ideal and p4-secure runs under attack"
+            + (f" ({', '.join(ctx.skipped)} not registered)" if ctx.skipped else ""),
+        )
+    )
     # The paper's RQ2 compares existing defenses: P4's combination and the oracle are not candidates.
-
-    def best(attack: str) -> tuple[str | None, dict[str, float]]:
-        scores = {
-            d: v
-            for (d,), v in means(table, attack=attack).items()
-            if d not in ("p4-secure", "ideal")
-        }
-        return (max(scores, key=scores.__getitem__) if scores else None), scores
-
     for attack, expected, text in (
-        ("label-flip", "none", "No defense is best (within 1 point) under label flipping"),
-        ("byzantine-zero", "m-krum", "m-Krum is the best defense against byzantine-zero"),
-        ("byzantine-flip", "m-krum", "m-Krum is the best defense against byzantine-flip"),
+        (
+            "label-flip",
+            "none",
+            'No defense is best under label flipping (the paper: "no_defense performs best under label '
+            'flipping"; read as within 1 point of every other defense)',
+        ),
+        ("byzantine-zero", "m-krum", '"m-Krum performs best against byzantine-zero" (the paper)'),
+        ("byzantine-flip", "m-krum", '"m-Krum performs best against byzantine-flip" (the paper)'),
         (
             "byzantine-random",
             "anomaly-detection",
-            "anomaly-detection is the best defense against byzantine-random",
+            'For byzantine-random, "anomaly-detection achieves the best results" (the paper)',
         ),
     ):
-        winner, scores = best(attack)
-        if winner is None or expected not in scores:
-            checks.append(not_checked(text, f"needs {attack} runs with '{expected}'"))
+        rivals = [
+            d
+            for d in _texts(table, "defense", attack=attack)
+            if d not in ("p4-secure", "ideal", expected)
+        ]
+        if expected not in _texts(table, "defense", attack=attack) or not rivals:
+            checks.append(not_checked(text, f"needs {attack} runs with '{expected}' and another"))
             continue
+        ours = per_seed(runs, attack=attack, defense=expected)
         slack = 0.01 if expected == "none" else 0.0
-        ok = scores[expected] >= scores[winner] - slack
-        checks.append(
-            ClaimCheck(
-                text,
-                "yes" if ok else "no",
-                f"{expected} {pct(scores[expected])}, best {winner} {pct(scores[winner])} "
-                f"of {len(scores)} defenses",
-            )
-        )
+        cells = [
+            cell(f"{expected} - {d}", ours, per_seed(runs, attack=attack, defense=d), -slack)
+            for d in rivals
+        ]
+        checks.append(from_cells(text, cells, note=f"{len(rivals)} other defenses"))
     return checks
 
 
@@ -224,15 +296,28 @@ PAPER_TOLERANCE = {
 
 
 def malicious_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
-    """Keys (attack, malicious_fraction, defense): gap to the ideal defense under 10 points up to 30%, and
-    the tolerated fraction per attack that the paper reports."""
-    gaps: dict[str, dict[float, float]] = {}
+    """Keys (attack, malicious_fraction, defense): gap to the ideal defense under 10 points up
+    to 30%, and the tolerated fraction per attack that the paper reports (ideal minus
+    p4-secure, paired by seed)."""
+    runs = seed_runs(table, ctx)
+    gaps: dict[str, dict[float, Cell]] = {}
     for attack in ATTACKS:
-        ours = {float(k[0]): v for k, v in means(table, attack=attack, defense="p4-secure").items()}
-        ideal = {float(k[0]): v for k, v in means(table, attack=attack, defense="ideal").items()}
-        gaps[attack] = {f: ideal[f] - ours[f] for f in ours if f in ideal}
-    claim = "P4 with secure aggregation stays within 10 points of the ideal defense up to 30% malicious, every attack"
-    cells = {(a, f): g for a, by in gaps.items() for f, g in by.items() if f <= 0.3 + 1e-9}
+        for fraction in _texts(table, "malicious_fraction", attack=attack):
+            defenses = _texts(table, "defense", attack=attack, malicious_fraction=fraction)
+            if {"ideal", "p4-secure"} <= set(defenses):
+                where = {"attack": attack, "malicious_fraction": fraction}
+                gaps.setdefault(attack, {})[float(fraction)] = cell(
+                    f"{attack} {100 * float(fraction):g}%: ideal - p4-secure",
+                    per_seed(runs, **where, defense="ideal"),
+                    per_seed(runs, **where, defense="p4-secure"),
+                    POINTS,
+                    "below",
+                )
+    claim = (
+        "P4 with secure aggregation stays within 10 points of the ideal defense up to 30% malicious, every "
+        'attack (the paper: "tolerates up to 30% malicious clients"; CIFAR-100, FEMNIST)'
+    )
+    cells = [c for by in gaps.values() for f, c in sorted(by.items()) if f <= 0.3 + 1e-9]
     if not cells:
         return [
             not_checked(
@@ -241,28 +326,12 @@ def malicious_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:
                 + (f" ({', '.join(ctx.skipped)} not registered)" if ctx.skipped else ""),
             )
         ]
-    bad = [
-        f"{a} {int(100 * f)}%: gap {100 * g:.1f} points"
-        for (a, f), g in sorted(cells.items())
-        if not g < POINTS
-    ]
-    checks = [
-        verdict(
-            claim,
-            bad,
-            len(cells),
-            f"{len(cells)} attack/fraction cells, largest gap "
-            f"{100 * max(cells.values()):.1f} points",
-        )
-    ]
+    checks = [from_cells(claim, cells)]
     for attack, paper in PAPER_TOLERANCE.items():
-        text = f"Tolerates {attack} up to {int(100 * paper)}% malicious (gap under 10 points), as in the paper"
-        by = gaps.get(attack, {})
-        upto = [f for f in sorted(by) if f <= paper + 1e-9]
-        if not upto:
-            checks.append(not_checked(text, f"needs {attack} runs"))
-            continue
-        bad = [f"{int(100 * f)}%: {100 * by[f]:.1f}" for f in upto if not by[f] < POINTS]
-        gaps_text = ", ".join(f"{int(100 * f)}%: {100 * by[f]:.1f}" for f in upto)
-        checks.append(verdict(text, bad, len(upto), f"gaps {gaps_text}"))
+        text = (
+            f"Tolerates {attack} up to {int(100 * paper)}% malicious (gap to the ideal defense under 10 "
+            "points), as the paper reports for CIFAR-100 and FEMNIST"
+        )
+        upto = [c for f, c in sorted(gaps.get(attack, {}).items()) if f <= paper + 1e-9]
+        checks.append(from_cells(text, upto) if upto else not_checked(text, f"needs {attack} runs"))
     return checks

@@ -236,6 +236,13 @@ class P4(GroupingExchanges, CotrainingExchanges, LocalCotraining, Method):
     def extra_models(self, state: State) -> dict[str, Params]:
         return {"proxy": state["proxy"]} if self.use_proxy else {}
 
+    # a client that joins after training (--unseen-fraction): the private models never leave
+    # their clients and are trained without DP, so a newcomer starts from the proxies' mean
+    newcomer_start = "the mean of the trained clients' proxies"
+
+    def newcomer_params(self, state: State) -> Params:
+        return {k: v.mean(0) for k, v in state["proxy"].items()}
+
     def participants(self, state: State, ctx: StepContext) -> torch.Tensor:
         if ctx.phase == GROUPING:
             return torch.ones(len(ctx.rows), dtype=torch.bool)
