@@ -5,6 +5,7 @@ quick smoke run on digits that prints the table and the plot's path."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -53,6 +54,18 @@ def table(rows):
     return pd.DataFrame(
         [{**dict(zip(KEYS, map(str, r[:-1]))), "mean": r[-1], "std": 0.0, "n": 1} for r in rows]
     )
+
+
+def seeded(rows, offsets=(-0.01, 0.0, 0.01)):
+    """The claims' context with each row run on three seeds that shift every row alike."""
+    runs = pd.DataFrame(
+        [
+            {**dict(zip(KEYS, map(str, r[:-1]))), "seed": str(s), "value": r[-1] + o}
+            for r in rows
+            for s, o in enumerate(offsets)
+        ]
+    )
+    return replace(CTX, runs=runs)
 
 
 # -- plans --------------------------------------------------------------------------------
@@ -163,9 +176,17 @@ def test_robustness_and_imbalance_claims_yes_no_and_not_checked():
         ("cbds alpha 0.01", "fedavg", 0.0, 0.30),
         ("cbds alpha 0.01", "feddf", 0.0, 0.70),
     ]
-    checks = karras_claims(table(rows), CTX, cbds)
+    checks = karras_claims(table(rows), seeded(rows), cbds)
     assert [c.status for c in checks[1:]] == ["yes", "yes"]
     assert "drop 40.0 points" in checks[1].detail and "drop 13.0 points" in checks[1].detail
+    assert (
+        "drop of fedavg - drop of feddf +27.0 points [95% CI +27.0, +27.0], n=3" in checks[1].detail
+    )
+    assert "cbds alpha 0.01: feddf - fedavg +40.0 points" in checks[2].detail
+    assert [c.status for c in karras_claims(table(rows), seeded(rows, (0.0,)), cbds)[1:]] == [
+        "inconclusive",
+        "inconclusive",
+    ]  # one seed: no interval
     worse = [
         ("noisy clients", "fedavg", 0.0, 0.60),
         ("noisy clients", "fedavg", 0.75, 0.50),
@@ -174,12 +195,12 @@ def test_robustness_and_imbalance_claims_yes_no_and_not_checked():
         ("cbds alpha 0.01", "fedavg", 0.0, 0.30),
         ("cbds alpha 0.01", "feddf", 0.0, 0.29),
     ]
-    assert [c.status for c in karras_claims(table(worse), CTX, cbds)[1:]] == ["no", "no"]
+    assert [c.status for c in karras_claims(table(worse), seeded(worse), cbds)[1:]] == ["no", "no"]
     assert all(
         "P2P" not in c.claim and "personal" not in c.claim for c in checks
     )  # only the paper's claims
     only_fedavg = [r for r in rows if r[1] == "fedavg"]
-    assert [c.status for c in karras_claims(table(only_fedavg), CTX, cbds)[1:]] == [
+    assert [c.status for c in karras_claims(table(only_fedavg), seeded(only_fedavg), cbds)[1:]] == [
         "not checked",
         "not checked",
     ]

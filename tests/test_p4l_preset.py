@@ -25,11 +25,9 @@ from p4bench_p4l.preset import (
     GRID,
     GROUP_BY,
     HE,
-    byzantine_claim,
     factor_effects,
-    he_claim,
-    p4l_claims,
 )
+from p4bench_p4l.preset_claims import byzantine_claim, he_claim, p4l_claims
 from p4bench_p4l.preset_report import load_curves, loss_drop_claim, p4l_report
 
 CTX = ClaimContext("digits", False, ())
@@ -67,9 +65,19 @@ def row(
     return {**dict(zip(GROUP_BY, values)), "mean": mean, "std": float("nan"), "n": 1}
 
 
-def factors_table(byzantine_gap: float) -> pd.DataFrame:
+def factors_table(byzantine_gap: float, seeds=(0,)) -> pd.DataFrame:
     """Size spread 4 points, IID / non-IID 6, attack 8 (none vs the worst attack), and a
-    Byzantine % spread of `byzantine_gap` (10% -> 30%)."""
+    Byzantine % spread of `byzantine_gap` (10% -> 30%); each seed's runs shifted alike."""
+    return pd.concat(
+        [
+            _factors(byzantine_gap).assign(seed=str(s), mean=lambda t, s=s: t["mean"] + s / 100)
+            for s in seeds
+        ],
+        ignore_index=True,
+    )
+
+
+def _factors(byzantine_gap: float) -> pd.DataFrame:
     sizes = {("fixed", 3): 0.88, ("fixed", 5): 0.90, ("fixed", 10): 0.91, ("powerlaw", "-"): 0.92}
     rows = [
         row(GRID, p, dist, size, mean=m + (0.03 if p == "iid" else -0.03))
@@ -190,12 +198,15 @@ def test_he_claim_passes_fails_and_is_not_checked_without_pairs():
     ]
     check = he_claim(pd.DataFrame(pairs))
     assert check.status == "yes" and "6 pairs, largest |difference| 0.40 points" in check.detail
-    pairs[0]["mean"] += 0.02  # one pair 2.4 points apart
+    assert "IID fixed 5: paillier - plaintext +0.4 points [95% CI +0.4, +0.4], n=3" in check.detail
+    pairs[0]["mean"] += 0.02  # one pair 2.4 points apart: the seeds disagree
+    doubt = he_claim(pd.DataFrame(pairs))
+    assert doubt.status == "inconclusive" and "2.40 points (IID fixed 5 seed 0)" in doubt.detail
+    for r in pairs[2:6:2]:  # every IID pair 2.4 points apart
+        r["mean"] += 0.02
     failed = he_claim(pd.DataFrame(pairs))
     assert (
-        failed.status == "no"
-        and "IID fixed 5 seed 0: paillier" in failed.detail
-        and "2.40 points" in failed.detail
+        failed.status == "no" and "IID fixed 5: paillier - plaintext +2.4 points" in failed.detail
     )
     alone = he_claim(pd.DataFrame([r for r in pairs if '"plaintext"' in r[GROUP_BY[6]]]))
     assert alone.status == "not checked"
@@ -214,26 +225,33 @@ def test_factor_effects_are_explicit_and_the_byzantine_claim_can_fail():
     )
     spreads = {f: round(100 * e.spread, 2) for f, e in effects.items()}
     assert spreads == {"synergy size": 4.0, "IID / non-IID": 6.0, "attack": 8.0, "Byzantine %": 1.0}
-    held = byzantine_claim(effects.values())
-    assert held.status == "yes" and "Byzantine % 1.00 points" in held.detail
-    strong = byzantine_claim(
-        factor_effects(factors_table(byzantine_gap=0.10))
-    )  # 10 points from 10% to 30%
+    one = byzantine_claim(effects.values())  # one seed: no interval
+    assert one.status == "inconclusive" and "Byzantine % 1.00 points" in one.detail
+
+    def by_seed(table):
+        return {s: factor_effects(table[table["seed"] == s]) for s in set(table["seed"])}
+
+    seeded = factors_table(byzantine_gap=0.01, seeds=(0, 1, 2))
+    held = byzantine_claim(factor_effects(seeded), by_seed(seeded))
+    assert held.status == "yes" and "synergy size spread - Byzantine % spread +3.0" in held.detail
+    strong = factors_table(byzantine_gap=0.10, seeds=(0, 1, 2))  # 10 points from 10% to 30%
+    check = byzantine_claim(factor_effects(strong), by_seed(strong))
     assert (
-        strong.status == "no"
-        and "Byzantine % 10.00" in strong.detail
-        and "synergy size" in strong.detail
+        check.status == "no"
+        and "Byzantine % 10.00" in check.detail
+        and "synergy size spread - Byzantine % spread -6.0" in check.detail
     )
     no_attacks = factors_table(0.0)
     assert (
         byzantine_claim(factor_effects(no_attacks[no_attacks["variant"] == GRID])).status
         == "not checked"
     )
-    assert [c.status for c in p4l_claims(factors_table(0.01), CTX)] == [
-        "not checked",
-        "yes",
-        "not checked",
-    ]
+    # R13 is the paper's for Avito: not tested unless that dataset ran, its figures kept
+    checks = p4l_claims(seeded, CTX)
+    assert [c.status for c in checks] == ["not checked", "not tested", "not checked"]
+    assert checks[1].detail.startswith("needs avito; ran digits; figures on digits, no verdict: ")
+    avito = p4l_claims(seeded, ClaimContext("avito", False, ()))
+    assert avito[1].status == "yes"
 
 
 def _curve_run(
@@ -270,15 +288,21 @@ def test_r1_from_participation_curves_and_the_report(tmp_path):
     _curve_run(tmp_path, "d", [1.0] * 5, experiment="other")
     curves = load_curves(tmp_path, "x")
     assert len(curves) == 3
-    check = loss_drop_claim(curves)
+    check = loss_drop_claim(curves)  # two seeds, 25% and 20%: an interval of +-32 points
     assert (
-        check.status == "yes"
+        check.status == "inconclusive"
         and "seed 0: 25.0%" in check.detail
         and "seed 1: 20.0%" in check.detail
+        and "about 3 seeds at this spread would decide" in check.detail
     )
     assert loss_drop_claim(curves, quick=True).status == "not tested"
-    _curve_run(tmp_path, "e", [1.0, 1.1, 1.1, 1.2, 1.3], seed=2)
-    assert loss_drop_claim(load_curves(tmp_path, "x")).status == "no"
+    _curve_run(tmp_path, "e", [1.0, 0.9, 0.9, 0.8, 0.78], seed=2)
+    check = loss_drop_claim(load_curves(tmp_path, "x"))
+    assert check.status == "yes" and "mean +22.3% [95% CI +16.1, +28.6], n=3" in check.detail
+    config, curve = next((c, k) for c, k in curves if c["seed"] == 0 and c["attack"] is None)
+    rising = curve.assign(loss=curve["loss"][::-1].to_numpy())  # 1.4 -> 1.8: up 28.6%
+    check = loss_drop_claim([({**config, "seed": s}, rising) for s in (0, 1, 2)])
+    assert check.status == "no" and "the interval lies at or below 0" in check.detail
     assert (
         loss_drop_claim([(config, curve.head(3)) for config, curve in curves]).status
         == "not checked"
@@ -291,6 +315,11 @@ def test_r1_from_participation_curves_and_the_report(tmp_path):
         "P4L, IID" in line and "paper 47.0%" in line and "ours  95.0%" in line for line in lines
     )
     assert any("not comparable" in line for line in lines)
+    assert any("beside ours (digits, linear model)" in line for line in lines)
+    mnist = p4l_report(factors_table(0.01), ClaimContext("mnist", False, ()), tmp_path, "x")
+    assert any(
+        "beside ours (mnist, linear model)" in line for line in mnist
+    )  # the dataset that ran
     for name in ("factor-levels", "accuracy-vs-r"):
         assert (tmp_path / f"x-{name}.png").stat().st_size > 0
     empty = p4l_report(None, CTX, tmp_path / "none", "x")
@@ -336,7 +365,8 @@ def test_quick_p4l_runs_end_to_end(tmp_path, capsys):
 def test_the_fl_baseline_is_planned_as_the_paper_ran_it_and_r9_can_fail():
     import pandas as pd
 
-    from p4bench_p4l.preset import FL, GRID, fl_claim
+    from p4bench_p4l.preset import FL, GRID
+    from p4bench_p4l.preset_claims import fl_claim
 
     plan = plan_preset("p4l", quick=True)
     fl = [r.config for r in plan.runs if r.tags["variant"] == FL]
@@ -349,33 +379,40 @@ def test_the_fl_baseline_is_planned_as_the_paper_ran_it_and_r9_can_fail():
     )
 
     def table(p4l, fedavg):
-        rows = [
-            {
-                "variant": GRID,
-                "partitioner": "shards",
-                "options.size_dist": "powerlaw",
-                "options.size": None,
-                "attack": "none",
-                "malicious_fraction": 0.0,
-                "options.crypto": "plaintext",
-                "seed": 0,
-                "mean": p4l,
-            },
-            {
-                "variant": FL,
-                "partitioner": "shards",
-                "options.size_dist": None,
-                "options.size": None,
-                "attack": "none",
-                "malicious_fraction": 0.0,
-                "options.crypto": None,
-                "seed": 0,
-                "mean": fedavg,
-            },
-        ]
-        return pd.DataFrame(rows)
+        def rows(seed):
+            return [
+                {
+                    "variant": GRID,
+                    "partitioner": "shards",
+                    "options.size_dist": "powerlaw",
+                    "options.size": None,
+                    "attack": "none",
+                    "malicious_fraction": 0.0,
+                    "options.crypto": "plaintext",
+                    "seed": seed,
+                    "mean": p4l + seed / 100,
+                },
+                {
+                    "variant": FL,
+                    "partitioner": "shards",
+                    "options.size_dist": None,
+                    "options.size": None,
+                    "attack": "none",
+                    "malicious_fraction": 0.0,
+                    "options.crypto": None,
+                    "seed": seed,
+                    "mean": fedavg + seed / 100,
+                },
+            ]
+
+        return pd.DataFrame([r for seed in (0, 1, 2) for r in rows(seed)])
 
     assert (
         fl_claim(table(0.80, 0.83)).status == "yes" and fl_claim(table(0.70, 0.83)).status == "no"
     )
+    assert "P4L - FL -3.0 points [95% CI -3.0, -3.0], n=3" in fl_claim(table(0.80, 0.83)).detail
     assert fl_claim(table(0.80, 0.83).iloc[:1]).status == "not checked"
+    # R9 is the paper's for IMDB: not tested on another dataset, unless it ran
+    r9 = p4l_claims(table(0.80, 0.83), CTX)[2]
+    assert r9.status == "not tested" and r9.detail.startswith("needs imdb; ran digits")
+    assert p4l_claims(table(0.80, 0.83), ClaimContext("imdb", False, ()))[2].status == "yes"

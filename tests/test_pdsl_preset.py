@@ -6,6 +6,7 @@ verdicts ("not tested") and writes the plot."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +27,7 @@ from p4bench_pdsl.preset import (
     TABLE_I,
     TOPOLOGIES,
     cell_means,
+    cell_seeds,
     paper_epsilon,
     pdsl_claims,
     pdsl_first_claim,
@@ -76,6 +78,23 @@ def table(scores=GOOD, epsilons=EPSILONS, clients=CLIENTS, change=None):
                         }
                     )
     return pd.DataFrame(rows)
+
+
+def seeded(frame, quick=False, offsets=(-0.01, 0.0, 0.01)):
+    """The claims' context with each row of `frame` run on three seeds shifting every row
+    alike (the paired differences agree across seeds)."""
+    runs = pd.DataFrame(
+        [
+            {**{k: row[k] for k in GROUP_BY}, "seed": str(s), "value": row["mean"] + o}
+            for row in frame.to_dict("records")
+            for s, o in enumerate(offsets)
+        ]
+    )
+    return ClaimContext("digits", quick, (), runs)
+
+
+def seeds(frame):
+    return cell_seeds(frame, seeded(frame))
 
 
 # -- registration and plans ---------------------------------------------------------------------------
@@ -156,52 +175,61 @@ def test_table_i_reference_values():
 def test_pdsl_first_passes_and_fails_per_cell():
     cells = cell_means(table())
     assert len(cells) == 18 and cells[(3.0, "ring", 20)]["pdsl"] == 0.80
-    assert (
-        pdsl_first_claim(cells).status == "yes"
-        and "PDSL first in 18 of 18 cells" in pdsl_first_claim(cells).detail
+    check = pdsl_first_claim(seeds(table()))
+    assert check.status == "yes" and "18 yes, 0 no, 0 inconclusive of 18" in check.detail
+    lost = table(
+        change={(1.0, "ring", 20, "dp-cga"): 0.81, (8.0, "complete", 10, "muffliato"): 0.90}
     )
-    lost = cell_means(
-        table(change={(1.0, "ring", 20, "dp-cga"): 0.81, (8.0, "complete", 10, "muffliato"): 0.90})
+    check = pdsl_first_claim(seeds(lost))
+    assert check.status == "no" and "16 yes, 2 no, 0 inconclusive of 18" in check.detail
+    assert "eps 1 / ring / M=20: pdsl - dp-cga -1.0 points [95% CI -1.0, -1.0], n=3: no" in (
+        check.detail
     )
-    check = pdsl_first_claim(lost)
-    assert check.status == "no" and "PDSL first in 16 of 18 cells" in check.detail
-    assert "eps 1 / ring / M=20: dp-cga 81.0%, pdsl 80.0%" in check.detail
-    assert "eps 8 / complete / M=10: " in check.detail  # a tie is not first
-    alone = cell_means(table({"pdsl": GOOD["pdsl"]}))
-    assert pdsl_first_claim(alone).status == "not checked"
+    assert "eps 8 / complete / M=10: pdsl - muffliato +0.0 points" in check.detail  # a tie: no
+    assert pdsl_first_claim(seeds(table({"pdsl": GOOD["pdsl"]}))).status == "not checked"
+    # seeds that disagree: PDSL ahead of DP-CGA by +5 points on average, but not on every seed
+    noisy = seeded(table(), offsets=(0.0, 0.0, 0.0))
+    noisy.runs.loc[(noisy.runs["method"] == "pdsl") & (noisy.runs["seed"] == "1"), "value"] -= 0.2
+    check = pdsl_first_claim(cell_seeds(table(), noisy))
+    assert check.status == "inconclusive" and "a decisive verdict needs about" in check.detail
 
 
 def test_topology_order_passes_and_fails():
-    assert topology_claim(cell_means(table())).status == "yes"
-    tie = cell_means(
-        table(change={(3.0, "bipartite", 10, "pdsl"): 0.90})
-    )  # complete == bipartite: still in order
-    assert topology_claim(tie).status == "yes"
+    assert topology_claim(seeds(table())).status == "yes"
+    tie = table(change={(3.0, "bipartite", 10, "pdsl"): 0.90})  # complete == bipartite: in order
+    assert topology_claim(seeds(tie)).status == "yes"
     flat = table(change={(3.0, "ring", 10, "pdsl"): 0.88})  # bipartite == ring: not strictly above
-    check = topology_claim(cell_means(flat))
-    assert check.status == "no" and "5 of 6 (epsilon, M) in order" in check.detail
-    assert "eps 3 M=10: complete 90.0%, bipartite 88.0%, ring 88.0% (out of order)" in check.detail
-    swapped = cell_means(
-        table(change={(8.0, "complete", 20, "pdsl"): 0.85})
-    )  # bipartite above complete
-    assert topology_claim(swapped).status == "no"
+    check = topology_claim(seeds(flat))
+    assert check.status == "no" and "5 yes, 1 no, 0 inconclusive of 6" in check.detail
+    assert "eps 3 M=10: bipartite - ring +0.0 points [95% CI +0.0, +0.0], n=3: no" in check.detail
+    swapped = table(change={(8.0, "complete", 20, "pdsl"): 0.85})  # bipartite above complete
+    assert topology_claim(seeds(swapped)).status == "no"
     no_ring = table()
-    assert (
-        topology_claim(cell_means(no_ring[no_ring[GROUP_BY[1]] != '"ring"'])).status
-        == "not checked"
-    )
-    assert [c.status for c in pdsl_claims(flat, CTX)] == ["yes", "no"]
-    assert [c.status for c in quick_claims(pdsl_claims(flat, CTX))] == ["not tested", "not tested"]
+    no_ring = no_ring[no_ring[GROUP_BY[1]] != '"ring"']
+    assert topology_claim(seeds(no_ring)).status == "not checked"
+    assert [c.status for c in pdsl_claims(flat, seeded(flat))] == ["yes", "no"]
+    assert [c.status for c in quick_claims(pdsl_claims(flat, seeded(flat)))] == [
+        "not tested",
+        "not tested",
+    ]
+    # a table alone (no runs): one pseudo-seed, no interval, no verdict
+    assert [c.status for c in pdsl_claims(flat, CTX)] == ["inconclusive", "inconclusive"]
 
 
 def test_report_verdicts_reference_values_and_plot(tmp_path):
-    lines = pdsl_report(table(change={(1.0, "ring", 20, "dp-cga"): 0.81}), CTX, tmp_path, "x")
+    changed = table(change={(1.0, "ring", 20, "dp-cga"): 0.81})
+    lines = pdsl_report(changed, replace(seeded(changed), dataset="mnist"), tmp_path, "x")
     assert (
-        "  eps 1 / ring / M=20: no (dp-cga 81.0%, pdsl 80.0%, muffliato 75.0%, dp-dsgd 60.0%)"
-        in lines
-    )
-    assert "  eps 8 / M=20: yes (complete 90.0%, bipartite 88.0%, ring 80.0%)" in lines
+        "  eps 1 / ring / M=20: no (dp-cga 81.0%, pdsl 80.0%, muffliato 75.0%, dp-dsgd 60.0%; "
+        "pdsl - dp-cga -1.0 points [95% CI -1.0, -1.0], n=3)"
+    ) in lines
+    assert (
+        "  eps 8 / M=20: yes (complete 90.0%, bipartite 88.0%, ring 80.0%; complete - bipartite "
+        "+2.0 points [95% CI +2.0, +2.0], n=3)"
+    ) in lines
     assert any("REFERENCE ONLY, NOT COMPARABLE" in line for line in lines)
+    assert any("beside ours (mnist, linear model" in line for line in lines)  # the dataset that ran
+    assert not any("digits" in line for line in lines)
     assert "  ours eps 1 <-> paper eps 0.08/round" in lines
     pdsl_row = next(line for line in lines if line.strip().startswith("PDSL") and "93.8" in line)
     assert pdsl_row.split()[1:4] == ["90.0", "/", "93.8"]  # FC M10 at eps 1 vs the paper's 0.08
@@ -210,9 +238,9 @@ def test_report_verdicts_reference_values_and_plot(tmp_path):
     assert lines[-1] == f"plot of accuracy per cell: {plot}" and plot.stat().st_size > 0
     quick = pdsl_report(table(), ClaimContext("digits", True, ()), tmp_path, "y")
     assert (
-        "  eps 3 / complete / M=10: not tested (pdsl 90.0%, dp-cga 85.0%, muffliato 70.0%, dp-dsgd 60.0%)"
-        in quick
-    )
+        "  eps 3 / complete / M=10: not tested (pdsl 90.0%, dp-cga 85.0%, muffliato 70.0%, dp-dsgd 60.0%; "
+        "pdsl - dp-cga +5.0 points (n=1: no interval))"
+    ) in quick
     assert pdsl_report(None, CTX, tmp_path, "z")[-1] == "plot of accuracy per cell: no run finished"
 
 

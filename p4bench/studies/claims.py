@@ -32,6 +32,7 @@ __all__ = [
     "ClaimContext",
     "cell",
     "from_cells",
+    "joined",
     "means",
     "not_checked",
     "not_tested_on",
@@ -155,6 +156,15 @@ def cell(
     found = paired(a, b)
     status, reason = equivalent(found, margin) if within else decide(found, margin, claimed)
     return Cell(name, found, status, reason, margin)
+
+
+def joined(name: str, cells: Sequence[Cell]) -> Cell:
+    """One cell made of several that must all hold (a level against every rival): no if one
+    is no, yes if all are yes, else inconclusive; shown by the cell that decided it."""
+    statuses = [c.status for c in cells]
+    status = "no" if "no" in statuses else "yes" if set(statuses) == {"yes"} else "inconclusive"
+    worst = next(c for c in cells if c.status == status)
+    return Cell(f"{name}: {worst.name}", worst.interval, status, worst.reason, worst.margin)
 
 
 RULES = {"every": "yes only if every cell is yes", "most": "yes if more than half are yes"}

@@ -132,8 +132,10 @@ def paired(a: Mapping[Key, float], b: Mapping[Key, float]) -> Interval:
 def decide(
     found: Interval, margin: float = 0.0, claimed: str = "above", scale: float = 100.0
 ) -> tuple[str, str]:
-    """(status, reason): `yes` when the interval lies wholly on the `claimed` side
-    ("above" or "below") of `margin`, `no` when wholly on the other, else `inconclusive`."""
+    """(status, reason) of "the difference lies `claimed` `margin`": "above" (strictly),
+    "at-or-above" (a >= claim) or "below" (strictly). `yes` when the whole interval lies on
+    the claimed side, `no` when it lies wholly on the other (an interval exactly at the margin
+    refutes a strict claim), else `inconclusive`."""
     where = f"{scale * margin:+g} points" if margin else "0"
     if found.n == 0:
         return "inconclusive", "no seed ran on both sides"
@@ -142,10 +144,17 @@ def decide(
             "inconclusive",
             f"n={found.n} seed: no interval (a verdict needs at least {MIN_SEEDS} seeds)",
         )
-    above, below = found.low > margin, found.high < margin
-    if above or below:
-        status = "yes" if (above if claimed == "above" else below) else "no"
-        return status, f"the interval lies {'above' if above else 'below'} {where}"
+    low, high = found.low, found.high
+    sides = {  # claimed: (holds, fails, its words, the other side's)
+        "above": (low > margin, high <= margin, "above", "at or below"),
+        "at-or-above": (low >= margin, high < margin, "at or above", "below"),
+        "below": (high < margin, low >= margin, "below", "at or above"),
+    }
+    holds, fails, ours, theirs = sides[claimed]
+    if holds:
+        return "yes", f"the interval lies {ours} {where}"
+    if fails:
+        return "no", f"the interval lies {theirs} {where}"
     need = found.seeds_needed(margin)
     return "inconclusive", f"the interval covers {where}" + (
         f"; about {need} seeds at this spread would decide" if need else ""

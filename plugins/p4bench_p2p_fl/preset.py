@@ -38,7 +38,17 @@ from typing import Any
 
 import numpy as np
 
-from p4bench.studies.claims import ClaimCheck, ClaimContext, means, not_checked, pct, verdict
+from p4bench.studies.claims import (
+    ClaimCheck,
+    ClaimContext,
+    cell,
+    from_cells,
+    means,
+    not_checked,
+    pct,
+    per_seed,
+    seed_runs,
+)
 from p4bench.studies.presets import Preset
 
 __all__ = [
@@ -234,12 +244,25 @@ def _by_fraction(table: Any, method: str) -> dict[float, float]:
     return {float(k[0]): v for k, v in means(table, variant=NOISY, method=method).items()}
 
 
+def _drops(runs: Any, method: str, start: str, end: str) -> dict[str, float]:
+    """{seed: accuracy at N_K/K = `start` minus at `end`} of `method`'s noisy-client runs."""
+    first = per_seed(runs, variant=NOISY, method=method, malicious_fraction=start)
+    last = per_seed(runs, variant=NOISY, method=method, malicious_fraction=end)
+    return {s: first[s] - last[s] for s in first if s in last}
+
+
 def karras_claims(
     table: Any, ctx: ClaimContext, cbds: ClaimCheck | None = None
 ) -> list[ClaimCheck]:
-    """Keys (variant, method, malicious_fraction)."""
+    """Keys (variant, method, malicious_fraction): claims 2 and 3 paired by seed (FedAvg's
+    drop minus FedDF's; FedDF minus FedAvg per alpha = 0.01 split)."""
     checks = [cbds if cbds is not None else cbds_claim()]
-    robust = "FedDF loses less accuracy than FedAvg from N_K = 0 to the largest N_K (random-label clients)"
+    runs = seed_runs(table, ctx)
+    robust = (
+        "FedDF loses less accuracy than FedAvg from N_K = 0 to the largest N_K, random-label clients "
+        '(the paper, Fig. 7, greyscale CIFAR-10: "10 out of the 40 data partitions being noisy ruins the '
+        'performance of FedAvg thoroughly, while FedDF can perform reasonably even at 30 out of 40")'
+    )
     curves = {m: _by_fraction(table, m) for m in ("fedavg", "feddf")}
     common = sorted(set(curves["fedavg"]) & set(curves["feddf"]))
     if len(common) < 2 or common[0] != 0.0:
@@ -252,28 +275,32 @@ def karras_claims(
         )
     else:
         top = common[-1]
-        drops = {m: c[0.0] - c[top] for m, c in curves.items()}
-        detail = (
-            ", ".join(
-                f"{m}: {pct(c[0.0])} -> {pct(c[top])} (drop {100 * drops[m]:.1f} points)"
-                for m, c in curves.items()
-            )
-            + f"; N_K/K = 0 -> {top:g}"
+        text = {float(f): f for f in table["malicious_fraction"].astype(str)}
+        start, end = text[0.0], text[top]
+        means_text = ", ".join(
+            f"{m}: {pct(c[0.0])} -> {pct(c[top])} (drop {100 * (c[0.0] - c[top]):.1f} points)"
+            for m, c in curves.items()
         )
-        checks.append(
-            ClaimCheck(robust, "yes" if drops["feddf"] < drops["fedavg"] else "no", detail)
+        found = cell(
+            f"N_K/K 0 -> {top:g}: drop of fedavg - drop of feddf",
+            _drops(runs, "fedavg", start, end),
+            _drops(runs, "feddf", start, end),
         )
-    imbalance = "FedDF beats FedAvg at alpha = 0.01 (the paper's Figs. 6 and 10; global test set)"
-    failures, compared = [], []
-    for label in NON_IID:
-        scores = {k[0]: v for k, v in means(table, variant=label).items()}
-        if "feddf" in scores and "fedavg" in scores:
-            compared.append(
-                f"{label}: feddf {pct(scores['feddf'])}, fedavg {pct(scores['fedavg'])}"
-            )
-            if not scores["feddf"] > scores["fedavg"]:
-                failures.append(compared[-1])
-    checks.append(verdict(imbalance, failures, len(compared), "; ".join(compared)))
+        checks.append(from_cells(robust, [found], note=f"means {means_text}"))
+    imbalance = (
+        'FedDF beats FedAvg at alpha = 0.01 (the paper, Figs. 6 and 10, greyscale CIFAR-10: "FedDF trials '
+        'using the same hyperparameters perform better"; global test set)'
+    )
+    cells = [
+        cell(
+            f"{label}: feddf - fedavg",
+            per_seed(runs, variant=label, method="feddf"),
+            per_seed(runs, variant=label, method="fedavg"),
+        )
+        for label in NON_IID
+        if {"feddf", "fedavg"} <= {k[0] for k in means(table, variant=label)}
+    ]
+    checks.append(from_cells(imbalance, cells))
     return checks
 
 

@@ -20,6 +20,7 @@ from p4bench.studies.claims import (
     ClaimContext,
     cell,
     from_cells,
+    joined,
     means,
     not_checked,
     not_tested_on,
@@ -36,7 +37,6 @@ __all__ = [
     "POINTS",
     "PAPER_TOLERANCE",
     "heterogeneity_claims",
-    "joined",
     "privacy_claims",
     "ablation_claims",
     "defense_claims",
@@ -62,15 +62,6 @@ def _texts(table: Table, column: str, **where: Any) -> list[str]:
     for key, value in where.items():
         rows = rows[rows[key].astype(str) == str(value)]
     return list(dict.fromkeys(rows[column].astype(str)))
-
-
-def joined(name: str, cells: list[Cell]) -> Cell:
-    """One cell of several that must all hold (a level against every rival): no if one is
-    no, yes if all are yes, else inconclusive; shown by the cell that decided it."""
-    statuses = [c.status for c in cells]
-    status = "no" if "no" in statuses else "yes" if set(statuses) == {"yes"} else "inconclusive"
-    worst = next(c for c in cells if c.status == status)
-    return Cell(f"{name}: {worst.name}", worst.interval, status, worst.reason, worst.margin)
 
 
 def heterogeneity_claims(table: Table, ctx: ClaimContext) -> list[ClaimCheck]:

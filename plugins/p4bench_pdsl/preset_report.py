@@ -1,8 +1,9 @@
 """The `pdsl` preset's report (`p4bench_pdsl.preset`): the verdict of claims (1) and (2)
-per cell (a quick run prints "not tested" with the figures), Table I of the paper beside
-ours as reference values only (another dataset, model and privacy definition: the paper's
-epsilon is per round, ours certified over the run), and a plot of each method's accuracy
-per cell: one panel per epsilon x M, the three topologies on the x-axis.
+per cell with its paired difference and 95% interval (a quick run prints "not tested" with
+the figures), Table I of the paper beside ours as reference values only (another dataset,
+model and privacy definition: the paper's epsilon is per round, ours certified over the
+run), and a plot of each method's accuracy per cell: one panel per epsilon x M, the three
+topologies on the x-axis. Every line names the dataset that ran.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from p4bench.studies.claims import Cell as Paired
 from p4bench.studies.claims import ClaimContext, pct
 from p4bench.studies.presets import Preset
 from p4bench_pdsl.preset import (
@@ -25,7 +27,9 @@ from p4bench_pdsl.preset import (
     TUNE_AT,
     TUNE_GRID,
     Cell,
+    Seeds,
     cell_means,
+    cell_seeds,
     cell_verdicts,
     paper_epsilon,
     pdsl_claims,
@@ -40,20 +44,23 @@ __all__ = ["PDSL_PRESET", "pdsl_report", "plot_cells", "table_i_lines", "verdict
 SHORT = {"complete": "FC", "bipartite": "Bip", "ring": "Ring"}
 
 
-def _status(ok: bool, quick: bool) -> str:
-    return "not tested" if quick else ("yes" if ok else "no")
+def _status(found: Paired, quick: bool) -> str:
+    return "not tested" if quick else found.status
 
 
-def verdict_lines(cells: Mapping[Cell, Mapping[str, float]], quick: bool) -> list[str]:
-    """Claim (1) per cell and claim (2) per (epsilon, M), one line each."""
+def verdict_lines(cells: Seeds, quick: bool) -> list[str]:
+    """Claim (1) per cell and claim (2) per (epsilon, M), one line each: the verdict, the
+    figures and the deciding paired difference with its 95% interval."""
     lines = [
-        "claim (1) per cell, PDSL first (methods ranked by mean accuracy over seeds)"
+        "claim (1) per cell, PDSL first (methods ranked by mean accuracy over seeds; the verdict from "
+        "PDSL minus each rival, paired by seed, 95% t interval)"
         + (": quick smoke run, not tested" if quick else "")
     ]
     first = cell_verdicts(cells)
     lines += [
-        f"  eps {e:g} / {t} / M={m}: {_status(ok, quick)} ({ranking})"
-        for (e, t, m), (ok, ranking) in first.items()
+        f"  eps {e:g} / {t} / M={m}: {_status(found, quick)} ({ranking}; "
+        f"{found.name.split(': ', 1)[1]} {found.interval.text()})"
+        for (e, t, m), (found, ranking) in first.items()
     ]
     if not first:
         lines.append("  no cell with PDSL and another method")
@@ -63,19 +70,21 @@ def verdict_lines(cells: Mapping[Cell, Mapping[str, float]], quick: bool) -> lis
     )
     order = topology_verdicts(cells)
     lines += [
-        f"  eps {e:g} / M={m}: {_status(ok, quick)} ({figures})"
-        for (e, m), (ok, figures) in order.items()
+        f"  eps {e:g} / M={m}: {_status(found, quick)} ({figures}; "
+        f"{found.name.split(': ', 1)[1]} {found.interval.text()})"
+        for (e, m), (found, figures) in order.items()
     ]
     if not order:
         lines.append("  no (epsilon, M) with PDSL on all three topologies")
     return lines
 
 
-def table_i_lines(cells: Mapping[Cell, Mapping[str, float]]) -> list[str]:
-    """Table I's accuracies beside ours, per epsilon of ours paired with the paper's."""
+def table_i_lines(cells: Mapping[Cell, Mapping[str, float]], dataset: str = "digits") -> list[str]:
+    """Table I's accuracies beside ours (on `dataset`), per epsilon of ours paired with the
+    paper's."""
     lines = [
-        "Table I of the paper (MNIST, CNN, epsilon PER ROUND) beside ours (digits, linear model, epsilon certified "
-        "over the whole run): REFERENCE ONLY, NOT COMPARABLE, no verdict; each entry ours / paper"
+        f"Table I of the paper (MNIST, CNN, epsilon PER ROUND) beside ours ({dataset}, linear model, epsilon "
+        "certified over the whole run): REFERENCE ONLY, NOT COMPARABLE, no verdict; each entry ours / paper"
     ]
     header = "".join(f"{SHORT[t] + ' M' + str(m):>15}" for t in TOPOLOGIES for m in CLIENTS)
     for eps in sorted({c[0] for c in cells}):
@@ -189,11 +198,12 @@ def q_line(dataset: str) -> str:
 def pdsl_report(table: Any, ctx: ClaimContext, folder: Path, experiment: str) -> list[str]:
     """Lines printed after the table: per-cell verdicts, Table I beside ours, the plot."""
     cells = cell_means(table)
-    lines = verdict_lines(cells, ctx.quick) + table_i_lines(cells) + [q_line(ctx.dataset)]
+    lines = verdict_lines(cell_seeds(table, ctx), ctx.quick)
+    lines += table_i_lines(cells, ctx.dataset) + [q_line(ctx.dataset)]
     plot = plot_cells(
         cells,
         folder / f"{experiment}-accuracy-by-cell.png",
-        f"{experiment}: accuracy per method, topology, epsilon and M (digits, Dirichlet mu 0.25)",
+        f"{experiment}: accuracy per method, topology, epsilon and M ({ctx.dataset}, Dirichlet mu 0.25)",
     )
     lines.append(
         f"plot of accuracy per cell: {plot}"
