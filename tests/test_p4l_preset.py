@@ -104,7 +104,7 @@ def _factors(byzantine_gap: float) -> pd.DataFrame:
 def test_registered_and_listed():
     assert "p4l" in PRESETS and PRESETS["p4l"].report is not None
     name, datasets, summary = next(d for d in describe_presets() if d[0] == "p4l")
-    assert datasets == "digits" and "CIFAR-10/Avito/IMDB" in summary and "no DP" in summary
+    assert datasets == "digits, mnist" and "CIFAR-10/Avito/IMDB" in summary and "no DP" in summary
     with pytest.raises(UsageError, match="presets: .*p4l"):
         plan_preset("p4l-typo")
 

@@ -108,7 +108,7 @@ def test_registered_and_listed():
         and preset.neighbouring == "add-remove"
     )
     name, datasets, summary = next(d for d in describe_presets() if d[0] == "pdsl")
-    assert datasets == "digits" and "MNIST" in summary and "Dirichlet mu 0.25" in summary
+    assert datasets == "digits, mnist" and "MNIST" in summary and "Dirichlet mu 0.25" in summary
 
 
 @needs_plugins

