@@ -355,11 +355,12 @@ def test_quick_p4l_runs_end_to_end(tmp_path, capsys):
         plot = next(line for line in out.splitlines() if line.startswith(f"plot of {kind}: "))
         assert Path(plot.split(": ", 1)[1]).is_file()
     assert "claims of the paper on digits (quick smoke run)" in out
-    for claim in ("HE (Paillier) vs plaintext", "Byzantine % is the least influential factor"):
+    for claim, why in (
+        ("HE (Paillier) vs plaintext", ": not tested (quick smoke run; figures: "),
+        ("Byzantine % is the least influential factor", ": not tested (needs avito; ran digits; "),
+    ):
         line = next(line for line in out.splitlines() if claim in line)
-        assert (
-            ": not tested (quick smoke run; figures: " in line
-        )  # a smoke run is no verdict, figures kept
+        assert why in line  # a smoke run, or another dataset: no verdict, figures kept
 
 
 def test_the_fl_baseline_is_planned_as_the_paper_ran_it_and_r9_can_fail():

@@ -394,9 +394,9 @@ def compare_command(
     tracking_uri: str | None = _URI,
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
-    """Aggregate an experiment's runs over seeds (mean, std, n) per group, print and plot.
-    Private runs must share one neighbouring relation and be certified (else exit 2); a row
-    never pools two epsilons (or deltas, accountants): they split rows where a group has several."""
+    """Aggregate an experiment's runs over seeds (mean, 95% t interval, std, n) per group, print and
+    plot. Private runs must share one neighbouring relation and be certified (else exit 2); a row
+    never pools two epsilons (deltas, accountants, attacks, defenses): they split rows where a group has several."""
     from p4bench.config import RunConfig
     from p4bench.run.preflight import check_plot_path
     from p4bench.studies.compare import compare_experiment, plot_comparison

@@ -53,8 +53,9 @@ def epsilon_axis(values: Sequence[float]) -> tuple[float, float, str]:
     if high - low <= NOISE * max(abs(high), 1e-12):
         centre = (low + high) / 2
         pad = max(0.1 * abs(centre), 0.5)
+        digits = next(d for d in range(4, 12) if f"{low:.{d}g}" != f"{high:.{d}g}" or d == 11)
         note = (
-            f"; all within {low:.4g}-{high:.4g}: one setting, accounting noise"
+            f"; all within {low:.{digits}g}-{high:.{digits}g}: one setting, accounting noise"
             if len(values) > 1 and high > low
             else ""
         )
