@@ -149,7 +149,7 @@ def test_presets_take_mnist_offline(data_dir):
     assert data_settings("mnist", False) == {
         "classes": 10,
         "clients": 40,
-        "samples_per_client": 120,
+        "samples_per_client": 100,
     }
     assert data_settings("mnist", True)["clients"] == 10
     plan = plan_preset("heterogeneity", "mnist", quick=True)  # checks the data folder
