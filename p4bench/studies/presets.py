@@ -44,7 +44,7 @@ DATASETS: dict[str, dict[str, int]] = {
     "femnist": {"classes": 47, "clients": 200, "samples_per_client": 300},
     "cifar100": {"classes": 100, "clients": 60, "samples_per_client": 250},
     "digits": {"classes": 10, "clients": 20, "samples_per_client": 80},
-    "mnist": {"classes": 10, "clients": 40, "samples_per_client": 100},  # alpha 75% fits at most 119 of the 4,000
+    "mnist": {"classes": 10, "clients": 40, "samples_per_client": 100},  # alpha 75%: 119 at most
 }
 QUICK_DIGITS = {"clients": 10}
 FULL: dict[str, Any] = {"rounds": 100, "seeds": (0, 1, 2)}
