@@ -13,12 +13,8 @@ from mlflow.tracking import MlflowClient
 from p4bench.cli import main
 from p4bench.errors import UsageError
 from p4bench.studies.claims import run_values
-from p4bench.studies.compare import (
-    compare_experiment,
-    default_group_by,
-    format_table,
-    plot_comparison,
-)
+from p4bench.studies.compare import compare_experiment, default_group_by, format_table
+from p4bench.studies.compare_plot import plot_comparison
 
 # (method, similarity, seed, final accuracy); each run also logs a 3-round curve ending there
 RUNS = [

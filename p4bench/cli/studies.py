@@ -399,7 +399,8 @@ def compare_command(
     never pools two epsilons (deltas, accountants, attacks, defenses): they split rows where a group has several."""
     from p4bench.config import RunConfig
     from p4bench.run.preflight import check_plot_path
-    from p4bench.studies.compare import compare_experiment, plot_comparison
+    from p4bench.studies.compare import compare_experiment
+    from p4bench.studies.compare_plot import plot_comparison
     from p4bench.studies.results import tracking_uri_for
 
     if fmt not in ("table", "markdown", "csv"):
@@ -408,9 +409,8 @@ def compare_command(
         check_plot_path(plot)  # before the store is read
     uri = tracking_uri_for(tracking_uri, results_dir or RunConfig.results_dir)
     keys = [k.strip() for k in group_by.split(",") if k.strip()] if group_by else None
-    comparison = compare_experiment(
-        uri, experiment, keys, metric, allow_mixed_privacy=allow_mixed_privacy
-    )
+    mixed = allow_mixed_privacy
+    comparison = compare_experiment(uri, experiment, keys, metric, allow_mixed_privacy=mixed)
     _print_comparison(comparison, fmt)
     if plot is not None:
         err.print(f"plot written to {plot_comparison(comparison, plot)}")
@@ -458,7 +458,7 @@ def reproduce_command(
     from p4bench.cli.tuning_view import print_reproduce_tuning
     from p4bench.run.preflight import check_plot_path
     from p4bench.studies.backends import make_backend
-    from p4bench.studies.compare import plot_comparison
+    from p4bench.studies.compare_plot import plot_comparison
     from p4bench.studies.intervals import seeds_note
     from p4bench.studies.reproduce import claim_note, reproduce, smoke_note
     from p4bench.studies.tune import parse_grid_options

@@ -32,10 +32,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from p4bench.errors import UsageError
+from p4bench.moved import forward_moved
 from p4bench.studies.equal_privacy import COLUMN as PRIVACY_COLUMN
 from p4bench.studies.equal_privacy import PrivacyCheck
 
@@ -49,7 +49,6 @@ __all__ = [
     "default_group_by",
     "format_table",
     "interval_cell",
-    "plot_comparison",
     "DEFAULT_METRIC",
     "SETTINGS",
     "privacy_settings",
@@ -324,10 +323,5 @@ def format_table(comparison: Comparison, fmt: str = "markdown") -> str:
     return "\n".join(lines)
 
 
-def plot_comparison(
-    comparison: Comparison, out: str | Path, curve_metric: str = CURVE_METRIC
-) -> Path:
-    """Curves, bars and, for private runs, epsilon panels: `p4bench.studies.compare_plot`."""
-    from p4bench.studies.compare_plot import plot_comparison as plot
-
-    return plot(comparison, out, curve_metric)
+# the plots were drawn here until they got their own module
+__getattr__ = forward_moved(__name__, {"plot_comparison": "p4bench.studies.compare_plot"})

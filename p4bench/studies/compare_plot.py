@@ -1,4 +1,4 @@
-"""`p4bench compare --plot` (`p4bench.studies.compare.plot_comparison`): accuracy per round
+"""`p4bench compare --plot` (`plot_comparison`): accuracy per round
 per group, the final metric per group and, where the runs are private, epsilon over rounds
 and the final metric against the final epsilon.
 
