@@ -53,6 +53,7 @@ def test_budget_is_validated_and_kept_out_of_old_hashes(tmp_path):
             "memory_budget_gb",
             "eval_set",
             "hold_out_public",
+            "unseen_fraction",
             "verify",
         )
     }
