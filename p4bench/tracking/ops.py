@@ -111,10 +111,15 @@ class MlflowOps:
                 source=dataset["source"],
                 profile=dataset["profile"],
             )
-            client.log_inputs(
-                run_id,
-                datasets=[DatasetInput(given, tags=[InputTag("mlflow.data.context", "training")])],
-            )
+            inputs = [DatasetInput(given, tags=[InputTag("mlflow.data.context", "training")])]
+            try:
+                client.log_inputs(run_id, datasets=inputs)
+            except Exception as error:
+                # two runs of one experiment starting together both insert the dataset's row;
+                # the one that loses finds it on a second try
+                if "UNIQUE constraint" not in str(error):
+                    raise
+                client.log_inputs(run_id, datasets=inputs)
         return run_id
 
     def reopen_run(self, run_id: str, tags: Mapping[str, str]) -> str:
