@@ -57,6 +57,7 @@ class Centralized(Method):
     """(DP-)SGD on the pooled data of all clients; every client deploys the one model."""
 
     name = "centralized"
+    tuning_options = ("local_steps", "data_rate", "clip")  # no client sampling
     description = "centralized (DP-)SGD on the pooled training data of all clients (trusted server)"
     capabilities = Capabilities(uses_server=True, personalized=False)
 

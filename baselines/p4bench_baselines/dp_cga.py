@@ -168,6 +168,7 @@ class DPCGA(Method):
     """Cross-Gradient Aggregation with DP cross-gradients (module docstring)."""
 
     name = "dp-cga"
+    tuning_options = ("data_rate", "clip")  # no client sampling, no local steps
     description = (
         "DP-CGA (Esfandiari et al. with noisy cross-gradients): cross-gradients on one batch per round, "
         "QP projection so the update does not conflict with the neighbours' data, momentum, consensus"

@@ -116,6 +116,8 @@ def iteration_matrices(
 class _Consensus(Method):
     """Shared machinery of DP-DSGD and DP-DSGT (options in the module docstring)."""
 
+    tuning_options = ("local_steps", "data_rate", "clip")  # no client sampling
+
     capabilities = Capabilities(
         shares_individual_updates=True, has_aggregator=True, personalized=False
     )

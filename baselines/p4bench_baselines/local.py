@@ -24,6 +24,7 @@ class LocalTraining(Method):
     """Each client trains its own model for K steps per round; no messages."""
 
     name = "local"
+    tuning_options = ("local_steps", "data_rate", "clip")  # no client sampling
     description = "each client trains alone on its own data (no communication)"
     capabilities = Capabilities(personalized=True)
 

@@ -87,6 +87,7 @@ class Muffliato(Method):
     """Noisy local gradient step, then K (optionally Chebyshev-accelerated) gossip steps."""
 
     name = "muffliato"
+    tuning_options = ("local_steps", "data_rate", "clip")  # no client sampling
     description = (
         "Muffliato (Cyffers et al. 2022): DP-SGD step then K gossip steps with W; consensus model "
         "(local-DP accounting)"

@@ -75,6 +75,7 @@ class ProxyFL(Method):
     """ProxyFL with private/proxy mutual learning and proxy pushes over a graph."""
 
     name = "proxyfl"
+    tuning_options = ("local_steps", "data_rate", "clip")  # no client sampling
     description = "ProxyFL (Kalra et al.): private model + DP proxy, mutual distillation, exponential-graph pushes"
     capabilities = Capabilities(
         shares_individual_updates=True, has_aggregator=False, personalized=True

@@ -51,6 +51,10 @@ _TUNE_ON_HELP = (
     "record takes part) or federation (every client; reported clients' training records take part: the "
     "tuned values are not covered by the privacy accounting)"
 )
+_BUDGET_HELP = (
+    "most tuning runs per method and partition, lr's grid included; after lr the paper's other options "
+    "are tuned one at a time while it lasts (default: the preset's; lr alone with --quick)"
+)
 _TUNE_SCOPE_HELP = (
     "which runs one lr tuning serves: partition (lr tuned apart for every partition, level x seed, on "
     "its own evaluation clients: no reported client's record enters the tuning of its run's lr; tuning "
@@ -272,14 +276,8 @@ def tune_command(
     Candidates share one neighbouring relation and must be certified (else exit 2)."""
     from p4bench.run.preflight import check_output_file
     from p4bench.studies.backends import make_backend
-    from p4bench.studies.tune import (
-        TuneSpec,
-        load_tune,
-        parse_grid_options,
-        parse_tune,
-        run_tuning,
-        write_tuned,
-    )
+    from p4bench.studies.tune import TuneSpec, load_tune, parse_tune, run_tuning, write_tuned
+    from p4bench.studies.tune_axes import parse_grid_options
     from p4bench.studies.tune_federation import check_tune_on
 
     extra = parse_grid_options(grid)
@@ -450,6 +448,7 @@ def reproduce_command(
     ),
     tune_on: str = typer.Option("evaluation-clients", "--tune-on", help=_TUNE_ON_HELP),
     tune_scope: str = typer.Option("partition", "--tune-scope", help=_TUNE_SCOPE_HELP),
+    tune_budget: int | None = typer.Option(None, "--tune-budget", min=1, help=_BUDGET_HELP),
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
     """Rebuild one of the paper's experiments and state whether each of its claims holds.
@@ -461,7 +460,7 @@ def reproduce_command(
     from p4bench.studies.compare_plot import plot_comparison
     from p4bench.studies.intervals import seeds_note
     from p4bench.studies.reproduce import claim_note, reproduce, smoke_note
-    from p4bench.studies.tune import parse_grid_options
+    from p4bench.studies.tune_axes import parse_grid_options
 
     if fmt not in ("table", "markdown", "csv"):
         raise UsageError(f"unknown format '{fmt}'; choose table, markdown or csv")
@@ -494,6 +493,7 @@ def reproduce_command(
         allow_mixed_privacy=allow_mixed_privacy,
         tune_on=tune_on,
         tune_scope=tune_scope,
+        tune_budget=tune_budget,
     )
     print_reproduce_tuning(report)
     _print_sweep_summary(report.sweep, err)

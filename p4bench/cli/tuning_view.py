@@ -91,3 +91,8 @@ def print_reproduce_tuning(report: ReproduceReport) -> None:
             else ", ".join(f"{k} {v:g}" for k, v in report.tuned_lr.items())
         )
         out.print(f"lr per method (tuned{per}): {lrs}", highlight=False)
+    staged = getattr(report, "staged", None)
+    if staged is not None and staged.outcomes:
+        out.print("tuned one option at a time (evaluation clients' mean accuracy per value):")
+        for line in staged.lines():
+            out.print(f"  {line}", highlight=False, markup=False)

@@ -133,6 +133,10 @@ class Method(ABC):
     # epsilon or noise multiplier, or opts out with `no_dp` (None: non-private by default).
     default_epsilon: ClassVar[float | None] = None
     options: ClassVar[tuple[Option, ...]] = ()  # declared `config.options` keys (p4bench.options)
+    # The core run options its training reads that a paper's grid may vary ("local_steps",
+    # "data_rate", "client_rate", "clip"; None: all): `p4bench reproduce` tunes only these,
+    # so no tuning run is spent on an option the method ignores (p4bench.studies.tune_axes).
+    tuning_options: ClassVar[tuple[str, ...] | None] = None
     # A method that reads unlabeled public data (FedDF's server distillation) sets this and
     # declares p4bench.data.public.PUBLIC_DATA_OPTIONS; the runner then holds the data out of
     # the clients' records and sets `public_data` before training (None for other methods).

@@ -78,6 +78,10 @@ class Preset:
     )
     tune_grid: Sequence[float] = ()  # lr candidates; empty: reproduce.TUNE_GRID
     quick_tune_grid: Sequence[float] = ()  # empty: reproduce.QUICK_TUNE_GRID
+    # what the paper tunes besides lr (run option -> values), tuned after lr by coordinate
+    # search in full runs (`p4bench.studies.tune_axes`); empty: lr alone
+    tune_axes: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    tune_budget: int = 20  # the most tuning runs per tuning group, lr's grid included
     # (table or None, context, results folder, experiment) -> lines printed after the table
     report: Callable[[Any, ClaimContext, Path, str], list[str]] | None = None
     # the paper's metric: "global" (one held-out test set, the table's and the claims'), or

@@ -55,7 +55,10 @@ Equal privacy and tuning (the paper's protocol):
   uses that lr at every level and seed (cheaper; the report says that other partitions'
   reported clients may hold the tuning records). Tuning runs go to the experiment
   `<experiment>-tune` and resume like any sweep. `tune=False` (`--no-tune`), or an
-  explicit `lr` override, skips it.
+  explicit `lr` override, skips it. In full runs, lr's edges are then widened and the
+  paper's other axes (`Preset.tune_axes`, e.g. P4's K, s, C, l) tuned one at a time within
+  `tune_budget` runs per tuning group (`p4bench.studies.tune_axes`); options set with
+  `--set` are never tuned.
 - A run without an attack has no defense (P4's default secure aggregation would discard
   honest updates when nobody attacks): the heterogeneity, privacy and ablation comparisons
   and the defense preset's no-attack baseline run P4 with defense none.
@@ -88,7 +91,7 @@ from p4bench.studies.preset_tuning import (
     TUNE_GRID,
     apply_tuned_lr,
     plan_lr_tuning,
-    tune_preset_lr,
+    tune_preset,
 )
 from p4bench.studies.presets import (  # the presets are part of this command's API (re-exported)
     DATASETS,
@@ -97,7 +100,7 @@ from p4bench.studies.presets import (  # the presets are part of this command's 
     shard_variant,
 )
 from p4bench.studies.sweep import PlannedRun, SweepReport, SweepSpec, option_key, run_sweep
-from p4bench.studies.tune_scope import DEFAULT_TUNE_SCOPE, plan_lr_groups
+from p4bench.studies.tune_scope import DEFAULT_TUNE_SCOPE
 
 __all__ = [  # planning and lr tuning are re-exported: `p4bench.studies.preset_plan`, `.preset_tuning`
     "DATASETS",
@@ -147,6 +150,8 @@ class ReproduceReport:
     beside: Any = (
         None  # the same runs on the other accuracy (`Preset.beside_metric`), printed beside
     )
+    # p4bench.studies.tune_stages.StagedTuning: what tuning beyond lr chose (None: lr only)
+    staged: Any = None
 
 
 def quick_claims(checks: Sequence[ClaimCheck]) -> list[ClaimCheck]:
@@ -211,6 +216,7 @@ def reproduce(
     allow_mixed_privacy: bool = False,
     tune_on: str = "evaluation-clients",
     tune_scope: str = DEFAULT_TUNE_SCOPE,
+    tune_budget: int | None = None,
 ) -> ReproduceReport:
     """Tune lr per method on the evaluation clients (alone, or with `tune_on="federation"`
     in the whole federation), per partition (`tune_scope`, `p4bench.studies.tune_scope`), run a
@@ -252,37 +258,31 @@ def reproduce(
     tuning: Any = None
     tuning_plan: Any = None
     tuned_lr: dict[str, float] = {}
+    staged: Any = None
     fixed = any(option_key(k) == "lr" for k in (overrides or {}))
     if tune and fixed:
         notices.append("lr is set explicitly (--set lr=...): not tuned")
         say(notices[-1])
     elif tune and located:
-        grid = tuple(
-            tune_grid
-            or (
-                preset.quick_tune_grid or QUICK_TUNE_GRID
-                if quick
-                else preset.tune_grid or TUNE_GRID
-            )
-        )
-        tuning_plan = plan_lr_groups(
-            preset.tune_at, located, f"{spec.name}-tune", grid, tune_rounds, tune_on, tune_scope
-        )
-        tuning, tuned_lr = tune_preset_lr(
+        tuning, tuning_plan, tuned_lr, staged, located = tune_preset(
             preset,
             spec,
-            tuning_plan,
-            grid,
-            backend,
-            base_dir,
-            uri,
-            tune_rounds,
-            tune_progress,
-            allow_mixed_privacy,
-            say,
-            notices,
+            located,
+            quick=quick,
+            grid=tune_grid,
+            budget=tune_budget,
+            rounds=tune_rounds,
+            tune_on=tune_on,
+            scope=tune_scope,
+            fixed=[option_key(k) for k in (overrides or {})],
+            backend=backend,
+            base_dir=base_dir,
+            uri=uri,
+            progress=tune_progress,
+            allow_mixed=allow_mixed_privacy,
+            say=say,
+            notices=notices,
         )
-        located = tuning_plan.apply(tuned_lr)
     elif not tune:
         notices.append(
             f"lr not tuned (--no-tune): every method at lr={located[0].config.lr:g}"
@@ -361,6 +361,7 @@ def reproduce(
         extras,
         tuning_plan,
         beside,
+        staged,
     )
 
 

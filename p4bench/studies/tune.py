@@ -73,6 +73,7 @@ from p4bench.studies.sweep import (
     option_key,
     run_sweep,
 )
+from p4bench.studies.tune_axes import parse_grid_options  # noqa: F401 - importable from here too
 from p4bench.studies.tune_federation import (
     DEFAULT_TUNE_ON,
     check_tune_on,
@@ -103,9 +104,8 @@ class TuneSpec:
     base: Mapping[str, Any]
     grids: Mapping[str, Mapping[str, tuple[Any, ...]]]  # method -> option -> values
     seeds: tuple[int, ...] = (0,)
-    shared: Mapping[str, tuple[Any, ...]] = field(
-        default_factory=dict
-    )  # the file's `grid`, for other methods
+    # the file's `grid`, for other methods
+    shared: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     tune_on: str = (
         DEFAULT_TUNE_ON  # evaluation-clients | federation (p4bench.studies.tune_federation)
     )
@@ -116,9 +116,8 @@ class PointScore:
     values: dict[str, Any]
     scores: list[float] = field(default_factory=list)  # one per seed that finished
     failed: int = 0
-    marks: list[str] = field(
-        default_factory=list
-    )  # privacy marks of its runs (see p4bench.studies.equal_privacy)
+    # privacy marks of its runs (see p4bench.studies.equal_privacy)
+    marks: list[str] = field(default_factory=list)
 
     @property
     def privacy(self) -> str:
@@ -313,9 +312,22 @@ def tune_planned(
         allow_mixed=allow_mixed_privacy,
         what=f"tuning '{spec.name}'",
     )
+    points, best = score_points(spec, planned, report.records, statuses)
+    scope = tuning_note(spec.tune_on, [run.config for _, run in planned], what=_tuned_what(spec))
+    return TuneResult(spec, points, best, report, verdict, scope)
+
+
+def score_points(
+    spec: TuneSpec,
+    planned: Sequence[tuple[str, PlannedRun]],
+    records: Sequence[Any],
+    statuses: Sequence[Any],
+) -> tuple[dict[str, list[PointScore]], dict[str, dict[str, Any]]]:
+    """Every key's points (its `spec.grids` options' values) with their scores and privacy
+    marks, in plan order, and each key's best point."""
     points: dict[str, list[PointScore]] = {}
     index: dict[tuple[str, tuple[Any, ...]], PointScore] = {}
-    for (method, run), record, status in zip(planned, report.records, statuses):
+    for (method, run), record, status in zip(planned, records, statuses):
         grid = spec.grids[method]
         values = {key: _value(run.config, key) for key in grid}
         key = (method, tuple(repr(values[k]) for k in grid))
@@ -336,8 +348,7 @@ def tune_planned(
             best[method] = dict(
                 max(candidates, key=lambda p: p.mean).values
             )  # max keeps the first of ties
-    scope = tuning_note(spec.tune_on, [run.config for _, run in planned], what=_tuned_what(spec))
-    return TuneResult(spec, points, best, report, verdict, scope)
+    return points, best
 
 
 def _tuned_what(spec: TuneSpec) -> str:
@@ -393,15 +404,3 @@ def write_tuned(result: TuneResult, path: str | Path) -> Path:
 
 def _round(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 6)
-
-
-def parse_grid_options(pairs: Sequence[str]) -> dict[str, tuple[Any, ...]]:
-    """`KEY=V1,V2,...` pairs from the command line (values parsed as YAML scalars)."""
-    grid = {}
-    for pair in pairs:
-        key, sep, values = pair.partition("=")
-        if not sep or not key or not values:
-            raise UsageError(f"--grid expects KEY=V1,V2,..., got {pair!r}")
-        option_key(key)
-        grid[key] = tuple(yaml.safe_load(v) for v in values.split(","))
-    return grid

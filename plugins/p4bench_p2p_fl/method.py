@@ -95,7 +95,7 @@ ORIGIN = "origin"  # relay: the client whose model the coordinator forwards
 class P2PFL(Method):
     """Karras et al.'s P2P learning: validation-scored personal averages (module docstring)."""
 
-    name = "p2p-fl"
+    name, tuning_options = "p2p-fl", ("local_steps", "data_rate", "clip")  # no client sampling
     description = (
         "P2P FL (Karras et al. Alg. 2-3): every client scores all peers' models on its validation split, "
         "averages them by policy, trains E epochs; relay (coordinator) or mesh exchange"

@@ -68,6 +68,7 @@ class P4L(Method):
     """P4L's synergy chains with accept-if-better (module docstring)."""
 
     name = "p4l"
+    tuning_options = ("local_steps", "data_rate", "clip")  # no client sampling
     description = (
         "P4L (Arapakis et al.): Paillier-encrypted synergy chains (signed hops, beacons, retries, "
         "decryption proof), accept-if-better; secure aggregation without DP"

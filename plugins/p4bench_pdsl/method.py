@@ -68,7 +68,7 @@ SHAPLEY = ("mc", "exact")
 class PDSL(Method):
     """Shapley-weighted DP decentralized SGD with cross-gradients (module docstring)."""
 
-    name = "pdsl"
+    name, tuning_options = "pdsl", ("data_rate", "clip")  # no client sampling, no local steps
     description = (
         "PDSL (Wang et al.): cross-gradients on one batch per round, Monte-Carlo Shapley weights on a "
         "shared validation set, momentum and model gossip; DP per agent and round"
