@@ -588,7 +588,7 @@ def test_reproduce_plans_lr_tuning_on_the_tuning_setting(no_data):
         key
         for key, _ in plan_lr_tuning(PRESETS["privacy"], privacy.runs, "y", (0.1,), scope="preset")
     }
-    assert keys == {"p4", "local (raw)", "local (scatter)"}
+    assert keys == {"p4", "local (raw)", "local (scatter)", "centralized"}  # and the ceiling
     assert {
         run.config.epsilon
         for key, run in plan_lr_tuning(PRESETS["privacy"], privacy.runs, "y", (0.1,))
@@ -622,9 +622,9 @@ def test_reproduce_runs_every_method_at_its_tuned_lr(no_data, tmp_path):
     )
     tuning = [t for t in backend.tasks if t.tuning]
     runs = [t for t in backend.tasks if not t.tuning]
-    assert (
-        len(tuning) == 3 * 3 * 6 and len(runs) == 3 * 6
-    )  # every method tuned on each of the 6 partitions
+    # every method tuned on each of the 6 partitions; P4 as its paper runs it (teacher=private,
+    # a reference row at every level) runs at the certified P4's lr, tuned on its partition
+    assert len(tuning) == 3 * 3 * 6 and len(runs) == 3 * 6 + 6
     assert {name.split(" @ ")[0]: lr for name, lr in report.tuned_lr.items()} == best and len(
         report.tuned_lr
     ) == 18

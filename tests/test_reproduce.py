@@ -75,7 +75,10 @@ def test_missing_dataset_falls_back_to_digits_and_quick_shrinks(no_data):
     configs = [r.config for r in plan.runs]
     methods = {c.method for c in configs}
     assert {"p4", "fedavg", "local"} <= methods and not {"proxyfl", "dp-dsgt"} & methods
-    assert len(plan.runs) == 6 * len(methods)  # 3 alpha + 3 shard levels, one seed
+    # 3 alpha + 3 shard levels, one seed; and P4 as its paper runs it (teacher=private), a
+    # reference row at every level (proxyfl's is hidden with proxyfl)
+    assert len(plan.runs) == 6 * (len(methods) + 1)
+    assert sum(r.tags.get("reference", "").startswith("paper's variant") for r in plan.runs) == 6
     assert all(
         c.dataset == "digits" and c.rounds == 3 and c.seed == 0 and c.clients == 10 for c in configs
     )

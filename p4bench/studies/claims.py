@@ -11,6 +11,12 @@ interval, three-way verdict against the claim's margin) and `from_cells` joins a
 cells ("at every level": yes only if every cell says yes, no if one says no; "in most
 cases": yes if more than half say yes, no once half or more say no). `means` and `verdict`
 (strict comparisons of means, no interval) stay for presets written against 0.1.
+
+Declared reference rows (a `reference` key: a paper's uncertified variant, a non-private
+ceiling; `p4bench.studies.sweep_plan.REFERENCE`) are never a side of a claim:
+`without_references` drops them from the table `reproduce` hands a preset's claims, and
+`run_values` and `seed_runs` from the runs they pair, so a reference `p4` row can never be
+read as `p4`.
 """
 
 from __future__ import annotations
@@ -41,7 +47,10 @@ __all__ = [
     "run_values",
     "seed_runs",
     "verdict",
+    "without_references",
 ]
+
+REFERENCE = "reference"  # the key of a declared reference row (`sweep_plan.REFERENCE`)
 
 
 @dataclass(frozen=True)
@@ -105,17 +114,28 @@ def run_values(comparison: Any) -> pd.DataFrame:
     frame = pd.DataFrame({k: runs[column_for(runs, k)].fillna("-").astype(str) for k in keys})
     frame["seed"] = runs[column_for(runs, "seed")].fillna("-").astype(str)
     frame["value"] = pd.to_numeric(runs[f"metrics.{comparison.metric}"], errors="coerce")
-    return frame.dropna(subset=["value"]).reset_index(drop=True)
+    return without_references(frame.dropna(subset=["value"]).reset_index(drop=True))
+
+
+def without_references(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table's (or its runs') rows a claim may use: the declared reference rows (a
+    `reference` value other than `-`) dropped, and the `reference` column with them."""
+    if frame is None or REFERENCE not in frame.columns:
+        return frame
+    marked = frame[REFERENCE].fillna("-").astype(str).str.strip()
+    kept = frame[marked.isin(["-", "", "none", "nan"])]
+    return kept.drop(columns=[REFERENCE]).reset_index(drop=True)
 
 
 def seed_runs(table: pd.DataFrame, ctx: ClaimContext | None) -> pd.DataFrame:
     """The runs a claim pairs: `ctx.runs`; without them (a table built by hand, a 0.1
     caller) the table's rows, one run each where it has a `seed` key, else its means as one
-    pseudo-seed `-` (n = 1: every paired verdict is inconclusive)."""
+    pseudo-seed `-` (n = 1: every paired verdict is inconclusive); declared reference rows
+    never (`without_references`)."""
     if ctx is not None and ctx.runs is not None:
-        return ctx.runs
+        return without_references(ctx.runs)
     frame = table.drop(columns=[c for c in ("std", "n") if c in table.columns])
-    frame = frame.rename(columns={"mean": "value"})
+    frame = without_references(frame.rename(columns={"mean": "value"}))
     return frame if "seed" in frame.columns else frame.assign(seed="-")
 
 

@@ -20,7 +20,9 @@ CLI says so). So `--group-by method` over fedavg at epsilon 1 and 8 gives one ro
 epsilon, never their mean. A group key `epsilon`, `delta` or `accountant` names these
 columns too (a non-private run's epsilon is `none`, not a blank). Nor does a row pool two
 attacks or defenses (`THREATS`): `--group-by method,attack` over runs with several defenses
-keeps `defense` as a key, and says so.
+keeps `defense` as a key, and says so. Nor does a row pool a declared reference row (tag
+`reference`: a paper's uncertified variant, a non-private ceiling; `sweep_plan.REFERENCE`)
+with compared runs: where any run has one, `reference` is a group key (`-` for the others).
 
 Uncertainty: each row's 95% t interval of its mean (`p4bench.studies.intervals`; none
 where n = 1) is printed beside it; the plots (`p4bench.studies.compare_plot`) draw it as
@@ -60,7 +62,8 @@ DEFAULT_METRIC = (
     "final_accuracy_mean"  # mean test accuracy of the reported clients after the last round
 )
 CURVE_METRIC = "accuracy_mean"  # the same, per round
-_TAG_KEYS = ("method", "attack", "defense", "dataset", "variant")
+_TAG_KEYS = ("method", "attack", "defense", "dataset", "variant", "reference")
+REFERENCE = "reference"  # the tag of a declared reference row (`sweep_plan.REFERENCE`)
 _NOT_GROUPS = {"seed", "experiment", "tracking_uri", "results_dir"}
 SETTINGS = (
     "epsilon",
@@ -281,6 +284,8 @@ def compare_experiment(
         runs, keys, allow_mixed=allow_mixed_privacy, what=f"experiment '{experiment}'"
     )
     runs = privacy_settings(runs, verdict)
+    if REFERENCE in runs and runs[REFERENCE].notna().any() and REFERENCE not in keys:
+        keys = [*keys, REFERENCE]  # reference rows apart from the compared ones, and named
     keys, added = keep_settings_apart(runs, keys)
     return Comparison(
         experiment, uri, runs, aggregate(runs, keys, metric), keys, metric, verdict, added

@@ -9,7 +9,10 @@ at all. So, for the runs of one table:
 
 - every private run must use the same neighbouring relation, delta and accountant (where the
   runs record them: runs that have not run yet are checked when they have), and
-- no private run may be uncertified.
+- no private run may be uncertified, unless it is a declared reference row (the tag
+  `reference`, from a sweep variant's `reference` key, e.g. a paper's uncertified variant
+  shown beside the certified one): it keeps its `... UNCERTIFIED` mark, its own row, and no
+  claim uses it (`p4bench.studies.claims.without_references`).
 
 Non-private runs (`dp.private=false`: local training, a `--no-dp` reference) may appear; they
 are marked `non-private`. A table that breaks the rule is refused with a `UsageError` (exit 2)
@@ -79,6 +82,7 @@ class RunPrivacy:
     reason: str | None = None  # why not certified
     delta: float | None = None  # None: not known (yet)
     accountant: str | None = None
+    reference: str | None = None  # a declared reference row: why (may then be uncertified)
 
     @property
     def relation(self) -> str:
@@ -136,8 +140,9 @@ class PrivacyCheck:
         by_mark: dict[str, list[str]] = {}
         for run in self.runs:
             methods = by_mark.setdefault(run.mark, [])
-            if run.method not in methods:
-                methods.append(run.method)
+            name = f"{run.method} (reference)" if run.reference else run.method
+            if name not in methods:
+                methods.append(name)
         parts = []
         for mark, methods in by_mark.items():
             if mark == NON_PRIVATE:
@@ -198,7 +203,10 @@ def check_privacy(
                 f"{value}: {_named(members)}" for value, members in sorted(by_value.items())
             )
             verdict.problems.append(f"private runs under different {name} ({groups})")
-    uncertified = [r for r in private if not r.certified] if certification else []
+    # a declared reference row may be uncertified: it is marked, and never in a claim
+    uncertified = (
+        [r for r in private if not r.certified and not r.reference] if certification else []
+    )
     if uncertified:
         verdict.problems.append(f"uncertified epsilon: {_named(uncertified, detail=True)}")
     if verdict.problems and not allow_mixed:
@@ -237,6 +245,7 @@ def from_row(row: Mapping[str, Any], params: str = "params.") -> RunPrivacy:
     """A finished MLflow run read back as a row: tags as plain keys, parameters under `params`."""
     method = _text(row.get("method")) or _text(row.get(f"{params}method")) or "?"
     label = _label(method, row.get("seed"), row.get("run_id"), row.get("variant"))
+    reference = _text(row.get("reference"))  # the tag of a declared reference row
     private_tag = _text(row.get("dp.private"))
     if private_tag is not None:
         private = private_tag.lower() == "true"
@@ -246,7 +255,7 @@ def from_row(row: Mapping[str, Any], params: str = "params.") -> RunPrivacy:
             _text(row.get(f"{params}{k}")) for k in ("epsilon", "noise_multiplier")
         )
     if not private:
-        return RunPrivacy(label, method, False)
+        return RunPrivacy(label, method, False, reference=reference)
     neighbouring = (
         _text(row.get("dp.neighbouring"))
         or _text(row.get(f"{params}neighbouring"))
@@ -265,10 +274,13 @@ def from_row(row: Mapping[str, Any], params: str = "params.") -> RunPrivacy:
             "no dp.certified tag (logged before certification)",
             delta,
             accountant,
+            reference,
         )
     certified = certified_tag.lower() == "true"
     reason = None if certified else (_text(row.get("dp.uncertified_reason")) or "not certified")
-    return RunPrivacy(label, method, True, neighbouring, certified, reason, delta, accountant)
+    return RunPrivacy(
+        label, method, True, neighbouring, certified, reason, delta, accountant, reference
+    )
 
 
 def _number(text: str | None) -> float | None:
@@ -278,15 +290,19 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def from_summary(summary: Mapping[str, Any], label: str | None = None) -> RunPrivacy:
-    """A run summary (`runner.run(...).summary`, a sweep record's summary)."""
+def from_summary(
+    summary: Mapping[str, Any], label: str | None = None, reference: str | None = None
+) -> RunPrivacy:
+    """A run summary (`runner.run(...).summary`, a sweep record's summary); `reference`:
+    the run's `reference` tag, if it is a declared reference row."""
     method = str(summary.get("method") or "?")
     label = label or _label(method, summary.get("seed"), summary.get("run_id"))
+    reference = _text(reference)
     private = summary.get("private")
     if private is None:
         private = summary.get("epsilon") is not None
     if not private:
-        return RunPrivacy(label, method, False)
+        return RunPrivacy(label, method, False, reference=reference)
     certified = summary.get("epsilon_certified")
     delta, accountant = _number(_text(summary.get("delta"))), _text(summary.get("accountant"))
     if certified is None:
@@ -299,6 +315,7 @@ def from_summary(summary: Mapping[str, Any], label: str | None = None) -> RunPri
             "no certification recorded",
             delta,
             accountant,
+            reference,
         )
     reason = None if certified else (summary.get("uncertified_reason") or "not certified")
     return RunPrivacy(
@@ -310,6 +327,7 @@ def from_summary(summary: Mapping[str, Any], label: str | None = None) -> RunPri
         reason,
         delta,
         accountant,
+        reference,
     )
 
 

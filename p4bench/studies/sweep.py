@@ -20,7 +20,8 @@ all runs are checked before the first starts: give a method's own options in `pe
 (or a variant that names the method), not on an axis crossed with other methods.
 Precedence for each run: defaults < base < included tuned values < per_method < axes <
 variant. For `defense`, `none` means no defense and a null (`~`) the method's default.
-A variant's `label` becomes the run's `variant` tag (not part of its config).
+A variant's `label` becomes the run's `variant` tag; its `reference` (text: why) declares
+its runs reference rows, tag `reference` (`sweep_plan.REFERENCE`). Neither is run config.
 
 Equal privacy (`p4bench.studies.equal_privacy`): the study uses one neighbouring relation for all its
 private runs. A private run that names none gets the one the sweep names, or add-remove when
@@ -52,12 +53,13 @@ from p4bench.options import validate_planned
 from p4bench.run.interrupts import graceful_interrupts, say
 from p4bench.studies.backends import Backend, LocalBackend, RunRecord, RunTask
 from p4bench.studies.sweep_plan import (
-    LABEL,
+    VARIANT_TAGS,
     PlannedRun,
     SweepSpec,
     apply_option,
     describe_run,
     option_key,
+    split_variant,
 )  # re-exported
 from p4bench.studies.sweep_privacy import study_privacy, uncertified_notice
 
@@ -126,7 +128,7 @@ def parse_sweep(data: Any, source: str = "sweep", folder: Path | None = None) ->
         )
     for key in [
         *base,
-        *(k for v in variants for k in v if k != LABEL),
+        *(k for v in variants for k in v if k not in VARIANT_TAGS),
         *(k for v in per_method.values() for k in v),
     ]:
         option_key(key)
@@ -177,15 +179,11 @@ def expand(
 
     combos: list[tuple[RunConfig, dict[str, str]]] = []
     for variant in spec.variants or ({},):
-        label = variant.get(LABEL)
-        grid = {k: v for k, v in variant.items() if k != LABEL}
+        grid, variant_tags = split_variant(variant)
         for variant_combo in _combinations(grid):
             for axes_combo in _combinations(spec.axes):
                 config = _config(spec, axes_combo, variant_combo, overrides or {})
-                tags = {
-                    "sweep": spec.name,
-                    **({"variant": str(label)} if label is not None else {}),
-                }
+                tags = {"sweep": spec.name, **variant_tags}
                 combos.append((config, tags))
     configs, _, _ = settle_relation([c for c, _ in combos], registry)
     planned: list[PlannedRun] = []

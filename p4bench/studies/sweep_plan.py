@@ -13,10 +13,25 @@ from typing import Any
 from p4bench.config import FIELD_NAMES, RunConfig
 from p4bench.errors import ConfigError
 
-__all__ = ["LABEL", "SweepSpec", "PlannedRun", "option_key", "apply_option", "describe_run"]
+__all__ = [
+    "LABEL",
+    "REFERENCE",
+    "VARIANT_TAGS",
+    "SweepSpec",
+    "PlannedRun",
+    "option_key",
+    "apply_option",
+    "describe_run",
+    "split_variant",
+]
 
 _OPTIONAL = {f.name for f in fields(RunConfig) if "None" in str(f.type)} - {"attack", "defense"}
 LABEL = "label"  # a variant's label: the run's `variant` tag, not part of its config
+# a variant's `reference` (text: why): its runs are declared reference rows, tag `reference`
+# (a row of their own in a table, no claim uses them, and their epsilon may be uncertified:
+# `p4bench.studies.equal_privacy`), not part of their config either
+REFERENCE = "reference"
+VARIANT_TAGS = {LABEL: "variant", REFERENCE: REFERENCE}  # variant key -> the tag it becomes
 
 
 def option_key(key: str) -> str:
@@ -31,6 +46,15 @@ def option_key(key: str) -> str:
             "or options.<name> for a plugin option",
         )
     return name
+
+
+def split_variant(variant: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A sweep variant as (its run options, the tags its `VARIANT_TAGS` keys give its runs)."""
+    grid = {k: v for k, v in variant.items() if k not in VARIANT_TAGS}
+    tags = {
+        VARIANT_TAGS[k]: str(v) for k, v in variant.items() if k in VARIANT_TAGS and v is not None
+    }
+    return grid, tags
 
 
 def apply_option(values: dict[str, Any], key: str, value: Any) -> None:
@@ -91,6 +115,8 @@ def describe_run(planned: PlannedRun, keys: Sequence[str] = ()) -> str:
     for tag in ("variant", "tune_point"):
         if tag in planned.tags:
             parts.append(planned.tags[tag])
+    if REFERENCE in planned.tags:  # a declared reference row (`REFERENCE`)
+        parts.append("(reference)")
     for key in keys:
         name = option_key(key)
         value = (

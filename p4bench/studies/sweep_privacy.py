@@ -1,6 +1,6 @@
 """A sweep's privacy checks: one neighbouring relation for its private runs, settled
-before anything trains, and a notice naming finished runs whose epsilon is uncertified
-(the rules are `p4bench.studies.equal_privacy`'s)."""
+before anything trains, and a notice naming finished runs whose epsilon is uncertified,
+declared reference rows apart (the rules are `p4bench.studies.equal_privacy`'s)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from p4bench.studies.equal_privacy import RunPrivacy, check_privacy, from_config, from_summary
-from p4bench.studies.sweep_plan import PlannedRun, SweepSpec, describe_run
+from p4bench.studies.sweep_plan import REFERENCE, PlannedRun, SweepSpec, describe_run
 
 if TYPE_CHECKING:
     from p4bench.studies.backends import RunRecord
@@ -70,4 +70,8 @@ def record_privacy(planned: PlannedRun, record: RunRecord) -> RunPrivacy | None:
     """The privacy of a finished (or skipped) run from its record, None for other records."""
     if record.status not in ("finished", "skipped"):
         return None
-    return from_summary({"method": planned.config.method, **record.summary}, describe_run(planned))
+    return from_summary(
+        {"method": planned.config.method, **record.summary},
+        describe_run(planned),
+        planned.tags.get(REFERENCE),  # a declared reference row may be uncertified
+    )

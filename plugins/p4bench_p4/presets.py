@@ -1,6 +1,14 @@
 """The P4 paper's experiments as `p4bench reproduce` presets: heterogeneity, privacy,
 ablation, defense and malicious (extended version, sections V-B, V-C and appendices B-D;
 the claims in `p4bench_p4.claims`), registered by this plugin's `register_presets`.
+
+Reference rows (a variant's `reference`, `p4bench.studies.sweep_plan.REFERENCE`: a row of
+their own, never a side of a claim): the heterogeneity preset runs, beside the certified P4
+and ProxyFL, the papers' own variant (`-o teacher=private`: the DP proxy distils from the
+non-DP private model, so the epsilon is uncertified and marked so) at every level; and the
+heterogeneity, privacy and ablation presets a non-private centralized ceiling (the pooled
+records). The defense and malicious tables are keyed by attack and defense, which a method
+with no aggregator cannot take: their no-attack P4 row is their reference.
 """
 
 from __future__ import annotations
@@ -8,12 +16,23 @@ from __future__ import annotations
 from typing import Any
 
 from p4bench.studies.presets import NON_PRIVATE, Preset, alpha_variant, shard_variant
+from p4bench.studies.sweep_plan import REFERENCE
 from p4bench_p4 import claims
 from p4bench_p4.claims import ABLATIONS, ATTACKS
 
-__all__ = ["DEFENSES", "EPSILONS", "P4_PRESETS"]
+__all__ = ["CEILING", "DEFENSES", "EPSILONS", "P4_PRESETS", "PAPER_VARIANT"]
 
 EPSILONS = (3.0, 5.0, 8.0, 10.0, 15.0, 20.0)
+# What the paper grid-searches besides eta_0 (p4.md section 8: K in 1..10, s and l in 0.1..1,
+# C in 0.1..10), each method on the evaluation clients; tuned one axis at a time after lr.
+TUNE_AXES = {
+    "local_steps": (1, 5, 10),
+    "data_rate": (0.1, 0.2, 0.5),
+    "clip": (0.1, 1.0, 10.0),
+    "client_rate": (0.5, 1.0),
+}
+# the attack experiments fix l = 1 (every client in every round), as the paper's do
+ATTACK_TUNE_AXES = {k: v for k, v in TUNE_AXES.items() if k != "client_rate"}
 # The existing defenses of the paper's RQ2 (FedSecurity's), then P4's own and the oracle.
 DEFENSES = (
     "none",
@@ -32,6 +51,11 @@ DEFENSES = (
 )
 
 
+# the `reference` of the rows no claim uses (`p4bench.studies.sweep_plan.REFERENCE`)
+PAPER_VARIANT = "paper's variant: teacher=private, uncertified"
+CEILING = "non-private pooled ceiling"
+
+
 def _non_iid(dataset: str, quick: bool) -> dict[str, Any]:
     """The attack experiments' one setting: 50% similarity on CIFAR-10, N = 4 elsewhere."""
     if dataset in ("cifar100", "femnist"):
@@ -40,10 +64,21 @@ def _non_iid(dataset: str, quick: bool) -> dict[str, Any]:
 
 
 def _heterogeneity_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
-    methods = ["p4", "proxyfl", "dp-dsgt", "scaffold", "fedavg", "local", "centralized"]
-    alphas = [{**alpha_variant(s), "method": methods} for s in (0.25, 0.5, 0.75)]
-    shards = [{**shard_variant(dataset, quick, n), "method": methods} for n in (2, 4, 8)]
-    return alphas + shards
+    """Every method at every level; then, at every level, the centralized ceiling and P4 and
+    ProxyFL as their papers run them (`PAPER_VARIANT`), after the certified runs (which
+    lr tuning therefore picks for P4 and ProxyFL)."""
+    methods = ["p4", "proxyfl", "dp-dsgt", "scaffold", "fedavg", "local"]
+    levels = [alpha_variant(s) for s in (0.25, 0.5, 0.75)]
+    levels += [shard_variant(dataset, quick, n) for n in (2, 4, 8)]
+    paper = {"method": ["p4", "proxyfl"], "options.teacher": "private", REFERENCE: PAPER_VARIANT}
+    return [
+        *({**level, "method": methods} for level in levels),
+        *(
+            {**level, "method": "centralized", REFERENCE: CEILING, **NON_PRIVATE}
+            for level in levels
+        ),
+        *({**level, **paper} for level in levels),
+    ]
 
 
 def _privacy_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
@@ -58,7 +93,19 @@ def _privacy_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
         },
         {"label": "local", "method": "local", "features": "raw", **NON_PRIVATE},
         {"label": "local (HC)", "method": "local", "features": "scatter", **NON_PRIVATE},
+        _ceiling(),
     ]
+
+
+def _ceiling() -> dict[str, Any]:
+    """Centralized training on the pooled records, HC features, non-private: a reference."""
+    return {
+        "label": "centralized (HC)",
+        "method": "centralized",
+        "features": "scatter",
+        REFERENCE: CEILING,
+        **NON_PRIVATE,
+    }
 
 
 def _ablation_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
@@ -68,6 +115,7 @@ def _ablation_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
         {"label": "p4", **p4},
         *({"label": k, **p4, **v} for k, v in ABLATIONS.items()),
         {"label": "local (HC)", "method": "local", "features": "scatter", **NON_PRIVATE},
+        _ceiling(),
     ]
 
 
@@ -110,7 +158,10 @@ P4_PRESETS: tuple[Preset, ...] = (
         per_method={"local": NON_PRIVATE, "centralized": NON_PRIVATE},
         tune_at={"variant": "alpha 50%"},
         baselines="local and centralized training are non-private (local: nothing leaves a client, the paper's "
-        "non-DP local training; centralized: a pooled reference, not a rival in the claims)",
+        "non-DP local training; centralized: the non-private pooled ceiling, a reference row no claim uses); "
+        "p4 and proxyfl also run as their papers do (teacher=private: epsilon UNCERTIFIED), reference rows "
+        "beside the certified ones that no claim uses",
+        tune_axes=TUNE_AXES,
     ),
     Preset(
         "privacy",
@@ -121,7 +172,9 @@ P4_PRESETS: tuple[Preset, ...] = (
         ("variant", "epsilon"),
         claims.privacy_claims,
         tune_at={"epsilon": 15.0},
-        baselines='local training (raw and HC) is non-private, as the paper\'s "non-DP version of local training"',
+        baselines='local training (raw and HC) is non-private, as the paper\'s "non-DP version of local training"; '
+        "centralized (HC) is the non-private pooled ceiling, a reference row no claim uses",
+        tune_axes=TUNE_AXES,
     ),
     Preset(
         "ablation",
@@ -132,7 +185,9 @@ P4_PRESETS: tuple[Preset, ...] = (
         ("variant", "epsilon"),
         claims.ablation_claims,
         tune_at={"epsilon": 15.0},
-        baselines="local training (HC) is non-private",
+        baselines="local training (HC) is non-private; centralized (HC) is the non-private pooled ceiling, a "
+        "reference row no claim uses",
+        tune_axes=TUNE_AXES,
     ),
     Preset(
         "defense",
@@ -143,6 +198,9 @@ P4_PRESETS: tuple[Preset, ...] = (
         ("attack", "defense"),
         claims.defense_claims,
         tune_at={"variant": "no attack"},
+        baselines="no centralized ceiling: rows are keyed by attack and defense, which centralized training "
+        "(no aggregator, nothing exchanged) cannot take; the no-attack P4 row is the reference",
+        tune_axes=ATTACK_TUNE_AXES,
     ),
     Preset(
         "malicious",
@@ -152,5 +210,8 @@ P4_PRESETS: tuple[Preset, ...] = (
         _malicious_variants,
         ("attack", "malicious_fraction", "defense"),
         claims.malicious_claims,
+        baselines="no centralized ceiling: rows are keyed by attack, malicious fraction and defense, which "
+        "centralized training (no aggregator, nothing exchanged) cannot take",
+        tune_axes=ATTACK_TUNE_AXES,
     ),
 )

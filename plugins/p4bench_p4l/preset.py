@@ -21,7 +21,8 @@ linear model's one dense layer here), the paper's stop rule mrt = 50, mrr = 0.5
   the real default; 1024 in a quick run) against plaintext on the same seeds (R10). Every
   other run uses plaintext: the same protocol and sums (up to the 1e-10 fixed point),
   without the seconds of Paillier work a round; R10 is checked on this block alone.
-- `classical`: centralized training on the pooled records, beside R2's reference values.
+- `classical`: centralized training on the pooled records, beside R2's reference values:
+  the non-private pooled ceiling, a reference row (`CEILING`) that no claim uses.
 - `FL baseline`: the paper's FedAvg (power-law client sampling, `client_sampling=powerlaw`,
   a tenth of the peers a round as its 100 of 1,000, 5 local epochs, 50 rounds) on the IID
   and non-IID splits. Every run is scored on the global test set (the paper's held-out
@@ -49,10 +50,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from p4bench.studies.claims import pct
+from p4bench.studies.sweep_plan import REFERENCE
 
 __all__ = [
     "ATTACKS",
     "ATTACKED",
+    "CEILING",
     "CLASSICAL",
     "FACTORS",
     "FL",
@@ -77,6 +80,7 @@ GRID, ATTACKED, HE, CLASSICAL = (
     "HE vs plaintext",
     "classical",
 )
+CEILING = "non-private pooled ceiling"  # classical's `reference` (`sweep_plan.REFERENCE`)
 FL = "FL baseline"  # the paper's: FedAvg, 50 rounds, 100 of 1,000 clients a round drawn by power law, 5 local epochs
 FL_SETTING = {
     "method": "fedavg",
@@ -187,6 +191,7 @@ def p4l_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
         {
             "label": CLASSICAL,
             "method": "centralized",
+            REFERENCE: CEILING,
             "partitioner": "iid",
             "attack": "none",
             **({} if quick else {"rounds": 50}),

@@ -299,6 +299,7 @@ P4L_PRESET = Preset(
     },
     tune_grid=TUNE_GRID,
     report=p4l_report,
-    baselines="every run is non-private, as in the paper (P4L uses secure aggregation, no DP): no epsilon to equalise",
+    baselines="every run is non-private, as in the paper (P4L uses secure aggregation, no DP): no epsilon to "
+    "equalise; classical (centralized training) is the non-private pooled ceiling, a reference row no claim uses",
     eval_set="global",
 )

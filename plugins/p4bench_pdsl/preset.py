@@ -8,7 +8,8 @@ is not in the suite: its figures are printed, never compared). Topology is each 
 option `topology` (complete, bipartite: complete bipartite M/2 x M/2, ring; Metropolis-
 Hastings weights with self-loops for all four); M = `clients` in {10, 20}, every client a
 node of the graph (20% of them are the suite's evaluation clients, used for lr tuning and
-never reported).
+never reported). Beside the grid, per M: centralized training on the agents' pooled
+records, non-private, the ceiling (`CEILING`), a reference row that no claim uses.
 
 Data: digits (offline) stands in for MNIST: label skew by the `dirichlet` partitioner at
 `dirichlet_alpha` = 0.25, the paper's mu: each agent's class proportions ~ Dir(mu 1_10)
@@ -48,7 +49,7 @@ topology order in 0 of 6 (its best graph at M = 20 the ring, its worst the compl
 Cost (2 cores shared with other jobs, `-j 2`): 216 runs (3 seeds) and 20 tuning runs in 11 minutes,
 most of it PDSL and DP-CGA on the complete and bipartite graphs at M = 20 (|M_i|
 cross-gradients and R |M_i| Shapley evaluations per agent and round); a quick run (3
-rounds, epsilon 3, M = 10, one seed: 12 runs and 8 tuning runs) in 30 s (about a minute
+rounds, epsilon 3, M = 10, one seed: 12 runs and 8 tuning runs, and the ceiling's) in 30 s (about a minute
 on a loaded machine).
 
 Claims (`pdsl_claims`), recommendation 8: (1) PDSL has the best accuracy in every cell
@@ -75,10 +76,14 @@ from p4bench.studies.claims import (
     not_checked,
     pct,
     seed_runs,
+    without_references,
 )
 from p4bench.studies.claims import cell as paired_cell
+from p4bench.studies.presets import NON_PRIVATE
+from p4bench.studies.sweep_plan import REFERENCE
 
 __all__ = [
+    "CEILING",
     "CLIENTS",
     "EPSILONS",
     "GROUP_BY",
@@ -118,6 +123,7 @@ QUICK_EPSILONS, QUICK_CLIENTS = (3.0,), (10,)
 SAMPLES = {10: 100, 20: 50}  # records an agent (train + test); the paper's 60,000 / M, scaled
 ROUNDS = 80
 MU = 0.25  # the paper's Dirichlet concentration
+CEILING = "non-private pooled ceiling"  # centralized's `reference` (`sweep_plan.REFERENCE`)
 TOPOLOGY = "options.topology"
 GROUP_BY = ("epsilon", TOPOLOGY, "clients", "method")
 TUNE_AT = {"epsilon": 3.0, TOPOLOGY: "complete", "clients": 10}
@@ -222,19 +228,20 @@ def pdsl_per_method(quick: bool) -> dict[str, dict[str, Any]]:
 
 
 def pdsl_variants(dataset: str, quick: bool) -> list[dict[str, Any]]:
-    """One block per M (the records an agent depend on M): methods x epsilon x topology."""
-    return [
-        {
-            "label": f"M={m}",
-            "clients": m,
-            "samples_per_client": SAMPLES[m],
-            "attack": "none",
-            "method": list(METHODS),
-            "epsilon": list(QUICK_EPSILONS if quick else EPSILONS),
-            TOPOLOGY: list(TOPOLOGIES),
-        }
+    """One block per M (the records an agent depend on M): methods x epsilon x topology;
+    then per M the non-private centralized ceiling (`CEILING`: the agents' pooled records,
+    no graph), a reference row that no claim uses."""
+    blocks = [
+        {"label": f"M={m}", "clients": m, "samples_per_client": SAMPLES[m], "attack": "none"}
         for m in (QUICK_CLIENTS if quick else CLIENTS)
     ]
+    grid = {
+        "method": list(METHODS),
+        "epsilon": list(QUICK_EPSILONS if quick else EPSILONS),
+        TOPOLOGY: list(TOPOLOGIES),
+    }
+    ceiling = {"method": "centralized", **NON_PRIVATE, REFERENCE: CEILING}
+    return [{**b, **grid} for b in blocks] + [{**b, **ceiling} for b in blocks]
 
 
 # -- cells from the table -----------------------------------------------------------------------
@@ -251,7 +258,7 @@ def cell_means(table: Any) -> dict[Cell, dict[str, float]]:
     cells: dict[Cell, dict[str, float]] = {}
     if table is None or not len(table):
         return cells
-    for row in table.to_dict("records"):
+    for row in without_references(table).to_dict("records"):  # the ceiling is in no cell
         key = (float(row["epsilon"]), _text(row[TOPOLOGY]), int(float(row["clients"])))
         cells.setdefault(key, {})[str(row["method"])] = float(row["mean"])
     return cells

@@ -228,6 +228,7 @@ PDSL_PRESET = Preset(
     tune_grid=TUNE_GRID,
     report=pdsl_report,
     baselines="every method is private (per-example clipping, Poisson sampling, one accountant) at the "
-    "cell's certified epsilon over the whole run; the paper's epsilon is per round (reference only)",
+    "cell's certified epsilon over the whole run; the paper's epsilon is per round (reference only); "
+    "centralized is the non-private pooled ceiling per M, a reference row no claim uses",
     eval_set="global",
 )
