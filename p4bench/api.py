@@ -11,7 +11,7 @@ elsewhere in `p4bench` (`p4bench.engine.*`, `p4bench.host.manager`, names starti
 with `_`) is internal and may change in any release.
 
 The distribution follows semantic versioning: `p4bench 0.x` may deprecate, never break
-without the cycle above; `API_VERSION` "1.0" is the API of p4bench 0.2.
+without the cycle above; `API_VERSION` "1.1" is the API of p4bench 0.2 (1.1 added names, none changed).
 
 Names are imported on first use (as the rest of p4bench does), so importing this module
 costs nothing until a plugin uses what it imports.
@@ -65,14 +65,27 @@ if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
     from p4bench.privacy.accountants import Accountant, ReleaseSegment
     from p4bench.privacy.mechanism import DPMechanism
     from p4bench.rng import ClientRng
-    from p4bench.studies.claims import ClaimCheck, ClaimContext, means, not_checked, pct, verdict
+    from p4bench.studies.claims import (
+        Cell,
+        ClaimCheck,
+        ClaimContext,
+        cell,
+        from_cells,
+        joined,
+        means,
+        not_checked,
+        not_tested_on,
+        pct,
+        per_seed,
+        verdict,
+    )
     from p4bench.studies.presets import NON_PRIVATE, Preset, alpha_variant, shard_variant
     from p4bench.testing import ConformanceReport, check_attack, check_defense, check_method
     from p4bench.topology import get_topology
     from p4bench.topology.graphs import Topology
     from p4bench_baselines.fedavg import FedAvg
 
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 
 __all__ = [
     "API_VERSION",
@@ -142,6 +155,13 @@ __all__ = [
     "not_checked",
     "pct",
     "verdict",
+    # ... and verdicts with intervals (API 1.1): paired differences over seeds, yes / no / inconclusive
+    "Cell",
+    "cell",
+    "from_cells",
+    "joined",
+    "not_tested_on",
+    "per_seed",
     # errors and warnings
     "ConfigError",
     "DataError",
@@ -158,11 +178,17 @@ __getattr__ = lazy_exports(
     globals(),
     {
         "p4bench.studies.claims": (
+            "Cell",
             "ClaimCheck",
             "ClaimContext",
+            "cell",
+            "from_cells",
+            "joined",
             "means",
             "not_checked",
+            "not_tested_on",
             "pct",
+            "per_seed",
             "verdict",
         ),
         "p4bench.config": ("RunConfig",),
