@@ -489,7 +489,7 @@ def reproduce_command(
         on_notice=notice,
         tune=not no_tune,
         tune_rounds=tune_rounds,
-        tune_progress=RunsProgress(f"tune lr for {name}"),
+        tune_progress=RunsProgress(f"tune {name}"),
         allow_mixed_privacy=allow_mixed_privacy,
         tune_on=tune_on,
         tune_scope=tune_scope,

@@ -273,7 +273,7 @@ def tune_preset(
         return tuning, plan, lrs, None, plan.apply(lrs)
 
     def run_stage_sweep(stage: Any, planned: list[tuple[str, PlannedRun]], label: str) -> Any:
-        say(f"tuning {label}: {len(planned)} runs")
+        say(f"tuning {label}: {len(planned)} run{'s' if len(planned) != 1 else ''}")
         return tune_planned(
             stage,
             planned,
