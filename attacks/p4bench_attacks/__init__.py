@@ -8,6 +8,8 @@ label-shuffle (data poisoning) and kde-noise (its noisy peers, a message attack)
 methods (PDSL): model-probe, a malicious neighbour's crafted model (an active gradient-inversion probe).
 What an authenticated peer can send besides a bad update: nan-update (non-finite payloads),
 duplicate-messages (copies that outvote) and weight-lie (a false aggregation weight).
+Against gossip (decentralized) methods: dissensus (He, Karimireddy and Jaggi 2022) and
+spectral (a push along the honest graph's Fiedler vector), crafted per receiver.
 
 The classes are imported when the hook is called, or on first use of a name below
 (`p4bench.lazy`): building the plugin manager must not import torch.
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from p4bench.engine.threats import Attack
     from p4bench_attacks.alie import ALittleIsEnough
     from p4bench_attacks.byzantine import ByzantineFlip, ByzantineRandom, ByzantineZero
+    from p4bench_attacks.dissensus import Dissensus
     from p4bench_attacks.duplicate_messages import DuplicateMessages
     from p4bench_attacks.gaussian import Gaussian
     from p4bench_attacks.ipm import InnerProductManipulation
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from p4bench_attacks.nan_update import NanUpdate
     from p4bench_attacks.random_labels import RandomLabels
     from p4bench_attacks.sign_flip import SignFlip
+    from p4bench_attacks.spectral import Spectral
     from p4bench_attacks.weight_lie import WeightLie
 
 PACKAGE = LazyPackage(
@@ -43,6 +47,7 @@ PACKAGE = LazyPackage(
     {
         "p4bench_attacks.alie": ("ALittleIsEnough",),
         "p4bench_attacks.byzantine": ("ByzantineFlip", "ByzantineRandom", "ByzantineZero"),
+        "p4bench_attacks.dissensus": ("Dissensus",),
         "p4bench_attacks.duplicate_messages": ("DuplicateMessages",),
         "p4bench_attacks.gaussian": ("Gaussian",),
         "p4bench_attacks.ipm": ("InnerProductManipulation",),
@@ -55,6 +60,7 @@ PACKAGE = LazyPackage(
         "p4bench_attacks.nan_update": ("NanUpdate",),
         "p4bench_attacks.random_labels": ("RandomLabels",),
         "p4bench_attacks.sign_flip": ("SignFlip",),
+        "p4bench_attacks.spectral": ("Spectral",),
         "p4bench_attacks.weight_lie": ("WeightLie",),
     },
 )  # the one list of this package's classes
