@@ -49,6 +49,10 @@ TOLERANCE = {
     "norm-clipping": 0.25,
     "centered-clipping": 0.25,
     "accept-if-better": 0.25,
+    # gossip rules centred on the receiver's own update (issue 47)
+    "clipped-gossip": 0.25,
+    "cs-plus-rg": 0.25,
+    "nna": 0.25,
 }
 
 
