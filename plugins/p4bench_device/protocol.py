@@ -46,6 +46,8 @@ __all__ = [
     "load_json",
     "MAX_JSON_BYTES",
     "MAX_IDLE_BODY_BYTES",
+    "BUFFER_MIN_MODELS",
+    "BUFFER_HEADROOM_BYTES",
 ]
 
 WIRE_VERSION = 1
@@ -62,6 +64,11 @@ MAX_JSON_BYTES = 4 * 1024 * 1024  # configs, reports and markers are small
 # Largest frame body a peer reads from another peer outside a run: no data is legitimate then
 # (every peer begins the run before any sends), so only small frames are read, to be rejected.
 MAX_IDLE_BODY_BYTES = 64 * 1024
+# The per-sender buffer never falls below this many models (plus headroom for frame headers
+# and safetensors metadata): a message may hold two (params and a tracker or control variate),
+# and a sender may be one exchange ahead of this peer, so a legitimate exchange always fits.
+BUFFER_MIN_MODELS = 4
+BUFFER_HEADROOM_BYTES = 64 * 1024
 
 
 class FrameError(ValueError):
@@ -88,9 +95,12 @@ class Limits:
 
     Memory: outside a run a peer buffers nothing (data frames are refused, and none larger
     than `MAX_IDLE_BODY_BYTES` is read). During a run each sender may have at most
-    ``max(buffer_floor_bytes, buffer_model_factor * model bytes)`` buffered (`buffer_caps`),
-    and all senders together three times that, or a quarter of it per other peer when
-    there are more than twelve (a server receives from every client in the same exchange).
+    ``min(max(buffer_floor_bytes, buffer_model_factor * M), max(buffer_budget_bytes // S,
+    BUFFER_MIN_MODELS * M + BUFFER_HEADROOM_BYTES))`` buffered (`buffer_caps`; M the model's
+    bytes, S the other peers): its share of the peer's inbound budget (`--memory-budget`, else
+    1 GiB), never below two exchanges of params-plus-tracker messages. All senders together
+    may have three times that, or a quarter of it per other peer when there are more than
+    twelve (a server receives from every client in the same exchange).
 
     Slow peers: a receiver drops a sender after `slow_peer_exchanges` consecutive slow
     exchanges (see `liveness`).
@@ -106,22 +116,15 @@ class Limits:
     startup_timeout_s: float = 180.0  # launcher: peers reachable and ready (imports, data)
     max_ahead: int = 64  # exchanges a sender may run ahead of this peer
     max_connections: int = 256  # simultaneous authenticated inbound connections
-    max_connections_per_identity: int = (
-        8  # ... of one peer (or the launcher); beyond it its oldest is closed
-    )
+    max_connections_per_identity: int = 8  # ... per peer or launcher; its oldest closed beyond
     max_handshakes: int = 64  # inbound connections still in their TLS handshake
     max_handshakes_per_source: int = 16  # ... from one source address
     handshake_timeout_s: float = 3.0  # inbound TLS handshake
-    idle_timeout_s: float = (
-        120.0  # close an inbound connection that delivers no frame for this long
-    )
-    min_rate_bytes_s: int = (
-        64 * 1024
-    )  # a frame body must arrive this fast (after a grace of min(idle, 10 s))
+    idle_timeout_s: float = 120.0  # close an inbound connection with no frame for this long
+    min_rate_bytes_s: int = 64 * 1024  # a frame body's least rate (after min(idle, 10 s))
     buffer_model_factor: float = 16.0  # per-sender buffer during a run, in model sizes
-    buffer_floor_bytes: int = (
-        8 * 1024 * 1024
-    )  # per-sender buffer at least (also before the model size is known)
+    buffer_floor_bytes: int = 8 << 20  # per-sender buffer at least (also before the model size)
+    buffer_budget_bytes: int = 1 << 30  # all senders' buffers (the run's --memory-budget if set)
     # slow peers (`liveness`): dropped by a receiver after this many consecutive slow exchanges
     slow_peer_exchanges: int = 2
     slow_peer_rate_bytes_s: int = (
@@ -148,9 +151,10 @@ class Limits:
     def buffer_caps(self, model_bytes: int, senders: int) -> tuple[int, int]:
         """(per-sender, total) bytes of messages buffered during a run whose model has
         `model_bytes` bytes, with `senders` other peers (see the class docstring)."""
-        per_sender = max(
-            self.buffer_floor_bytes, int(self.buffer_model_factor * max(model_bytes, 0))
-        )
+        model_bytes, senders = max(model_bytes, 0), max(senders, 1)
+        by_model = max(self.buffer_floor_bytes, int(self.buffer_model_factor * model_bytes))
+        legitimate = BUFFER_MIN_MODELS * model_bytes + BUFFER_HEADROOM_BYTES
+        per_sender = min(by_model, max(self.buffer_budget_bytes // senders, legitimate))
         return per_sender, per_sender * max(3, -(-senders // 4))
 
     def to_dict(self) -> dict[str, Any]:
@@ -235,7 +239,10 @@ def _limit_option(f: Field[Any]) -> Option:
     )
 
 
-DEVICE_OPTIONS: tuple[Option, ...] = tuple(_limit_option(f) for f in fields(Limits)) + (
+# buffer_budget_bytes is no option of its own: the run's --memory-budget sets it (`runtime`)
+DEVICE_OPTIONS: tuple[Option, ...] = tuple(
+    _limit_option(f) for f in fields(Limits) if f.name in _LIMIT_HELP
+) + (
     Option(
         "device_max_message_mb",
         float,

@@ -1,10 +1,12 @@
 """The `device` runtime: one process per client (and the server), messages over mutually
 authenticated TLS, driven by the `Launcher` (`p4bench_device.launcher`). Its options
-are checked here, before any peer starts."""
+are checked here, before any peer starts; the run's `--memory-budget` becomes the peers'
+inbound buffer budget (`Limits.buffer_budget_bytes`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from p4bench.engine.runtime import Job, Outcome, RoundReport, Runtime
@@ -33,6 +35,10 @@ class DeviceRuntime(Runtime):
         values = resolve_options(self.options, job.config.options)
         config, options = job.config, {k: v for k, v in values.items() if v is not None}
         limits = Limits.from_options(options)
+        if config.memory_budget_gb is not None:  # the peers' inbound buffers share it
+            limits = replace(
+                limits, buffer_budget_bytes=max(1, int(config.memory_budget_gb * (1 << 30)))
+            )
         uses_server = job.method.capabilities.uses_server
         link, profile = _link_and_profile(options)
         local = options.get("device_local_peers")

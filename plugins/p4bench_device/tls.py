@@ -4,7 +4,9 @@
 one for the launcher), signed by it. Every connection is mutually authenticated: both
 ends present a certificate of the run's CA, and the certificate's common name is the
 node's identity (its peer id, or ``launcher``). Nothing signed by another CA, and no
-connection without a certificate, gets past the handshake.
+connection without a certificate, gets past the handshake. Every context, server and
+client side, of the launcher and of the peers, speaks TLS 1.3 only: a TLS 1.2 client or
+server fails the handshake.
 
 Files in the TLS folder: ``ca.pem`` (every node), ``ca.key`` (keep it on the machine
 that runs `init`; it is not needed to run), ``<id>.pem`` and ``<id>.key`` (one pair per
@@ -174,7 +176,7 @@ def _context(purpose: ssl.Purpose, folder: str | Path, name: str) -> ssl.SSLCont
     context = ssl.SSLContext(
         ssl.PROTOCOL_TLS_SERVER if purpose is ssl.Purpose.CLIENT_AUTH else ssl.PROTOCOL_TLS_CLIENT
     )
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.minimum_version = ssl.TLSVersion.TLSv1_3  # launcher and peers: TLS 1.3 only
     try:
         context.load_verify_locations(cafile=str(ca))
         context.load_cert_chain(str(cert), str(key))
