@@ -229,7 +229,8 @@ class RunConfig:
         default=None,
         metadata=_meta(
             "GB the DP step's per-example work may take at once: clients are processed in chunks that fit (the "
-            "numbers do not change); none: half the device's free memory",
+            "numbers do not change); none: half the device's free memory. On the device runtime also each "
+            "peer's budget for inbound buffers (none: 1 GiB)",
             low=0,
             high=1e6,
             low_open=True,
