@@ -234,16 +234,7 @@ def test_a_padded_batch_equals_one_call_per_receiver(cls):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_defense_conforms(name):
-    # The kit's "aggregate" check compares receiver 2 of a batch with a single call that
-    # names the same inbox receiver 0: a rule centred on the receiver's own model reads
-    # another vector as its own there. Its parts are checked here with the receiver's id
-    # kept (padding, NaN, repeats, unanimity) and in tests/test_defenses_nonfinite.py.
-    check_defense(
-        name,
-        methods=("dp-dsgd", "local"),
-        runtimes=("simulation", "reference"),
-        skip=("aggregate",),
-    )
+    check_defense(name, methods=("dp-dsgd", "local"), runtimes=("simulation", "reference"))
 
 
 # -- (c) in a run ---------------------------------------------------------------------------
