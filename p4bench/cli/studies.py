@@ -441,10 +441,10 @@ def reproduce_command(
         [], "--only", help="keep runs whose option is one of KEY=V1,V2,... (repeatable)"
     ),
     no_tune: bool = typer.Option(
-        False, "--no-tune", help="do not tune lr on the evaluation clients first"
+        False, "--no-tune", help="do not tune on the evaluation clients first"
     ),
     tune_rounds: int | None = typer.Option(
-        None, "--tune-rounds", help="rounds of the lr tuning runs (default: the preset's)"
+        None, "--tune-rounds", help="rounds of the tuning runs (default: the preset's)"
     ),
     tune_on: str = typer.Option("evaluation-clients", "--tune-on", help=_TUNE_ON_HELP),
     tune_scope: str = typer.Option("partition", "--tune-scope", help=_TUNE_SCOPE_HELP),
@@ -452,8 +452,8 @@ def reproduce_command(
     allow_mixed_privacy: bool = _MIXED,
 ) -> None:
     """Rebuild one of the paper's experiments and state whether each of its claims holds.
-    lr is tuned per method and partition on its evaluation clients alone first; every private run shares one
-    neighbouring relation and target epsilon, and must be certified (else exit 2)."""
+    lr, then the paper's other options (--tune-budget), are tuned on evaluation clients alone; private
+    runs share one relation and target epsilon, and must be certified (else exit 2)."""
     from p4bench.cli.tuning_view import print_reproduce_tuning
     from p4bench.run.preflight import check_plot_path
     from p4bench.studies.backends import make_backend
