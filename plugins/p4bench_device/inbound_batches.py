@@ -1,8 +1,10 @@
 """What a peer's `Inbound` (`p4bench_device.inbound`) holds of what the other peers sent:
 the batches of each exchange, per sender (`Batch`: its messages, end marker, sizes and
 timing), a data frame accepted into its batch (the run's epoch, the exchange window,
-the sender's own node as source, this node as destination), the buffer caps, and which
-senders an exchange still waits for (`await_markers`, `gone`, `arrivals`)."""
+the sender's own node as source, this node as destination, at most the exchange's
+per-pair message count, checked before a message is decoded or buffered), the buffer
+caps, and which senders an exchange still waits for, up to their deadlines
+(`await_markers`, `gone`, `arrivals`; the deadlines are `liveness`'s)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p4bench.engine.messages import MessageFormatError, Messages, decode
-from p4bench_device.admission import FrameConnection, Gate
-from p4bench_device.liveness import Arrival
+from p4bench_device.admission import FrameConnection, Gate, RejectLog
+from p4bench_device.liveness import Arrival, exchange_deadline_s, majority_median
 from p4bench_device.peers import PeersFile, PeerSpec
 from p4bench_device.protocol import HEADER_BYTES, KIND_MESSAGE, Limits, RejectedFrame, load_json
 
@@ -40,6 +42,7 @@ class Batch:
     started: float = 0.0  # loop time its first frame's header was read
     done_at: float = 0.0  # ... its end marker was accepted
     wire: int = 0  # frame headers and bodies
+    extra: int = 0  # messages rejected beyond the exchange's per-pair limit (unread, unbuffered)
 
 
 class InboundBatches:
@@ -50,6 +53,7 @@ class InboundBatches:
     peers: PeersFile
     _limits: Callable[[], Limits]
     gate: Gate
+    rejects: RejectLog
     stats: Counter[str]
 
     def __init__(self) -> None:
@@ -67,6 +71,10 @@ class InboundBatches:
         self.current_seq = 0
         self.closed_seq = 0
         self.epoch = 0  # high bits of every wire seq: frames of another run never mix in
+        self.started = 0.0  # loop time the current exchange started here (deadlines count from it)
+        self.per_pair: dict[
+            str, int
+        ] = {}  # the current exchange's message limit per sender (none: unchecked)
         self.arrival = asyncio.Event()  # a batch completed, or a sender left: exchanges look again
 
     def drop_buffers(self) -> None:
@@ -83,6 +91,28 @@ class InboundBatches:
         for source, batch in batches.items():
             self.buffered[source] -= batch.nbytes
         return batches
+
+    def start_exchange(self, seq: int, per_pair: dict[str, int] | None) -> None:
+        """Exchange `seq` starts here now: deadlines count from now, and each sender's
+        messages beyond `per_pair[sender]` (frames that came ahead of it included) are
+        rejected as extra (None: no limits known)."""
+        self.current_seq, self.per_pair = seq, dict(per_pair or {})
+        self.started = asyncio.get_running_loop().time()
+        self.drop_before(seq)
+        for source, batch in self.batches.get(seq, {}).items():
+            limit = self.per_pair.get(source)
+            if limit is not None and len(batch.messages) > limit:
+                for _, _, _, nbytes in batch.messages[limit:]:
+                    batch.nbytes -= nbytes
+                    self.buffered[source] -= nbytes
+                    self._extra(batch, source, seq, limit)
+                del batch.messages[limit:]
+
+    def _extra(self, batch: Batch, source: str, seq: int, limit: int) -> None:
+        batch.extra += 1
+        self.rejects.reject(
+            f"extra message from {source}", source, f"more than {limit} in exchange {seq}"
+        )
 
     def drop_before(self, seq: int) -> None:
         """Forget the batches of exchanges before `seq` (late frames of closed exchanges)."""
@@ -113,23 +143,58 @@ class InboundBatches:
             return True
         return peer in self.seen and not self.gate.inbound.get(peer) and peer not in self.cut
 
-    def arrivals(self, expected: set[str], batches: dict[str, Batch]) -> dict[str, Arrival]:
-        """How each expected sender's batch arrived, for the slow-peer policy; not judged: a
-        sender that was dropped, or that left (closed every connection, not cut by this side)."""
-        arrivals: dict[str, Arrival] = {}
+    def _judged(self, expected: set[str], batches: dict[str, Batch]) -> dict[str, float | None]:
+        """The expected senders judged this exchange -> when their batch completed, in seconds
+        from the exchange's start here (None: not complete). Not judged: a sender that was
+        dropped, or that left (closed every connection, not cut by this side)."""
+        judged: dict[str, float | None] = {}
         for peer in expected - self.gate.refused:
             batch = batches.get(peer)
             if batch is not None and batch.marker is not None:
-                arrivals[peer] = Arrival(True, batch.wire, batch.done_at - batch.started)
-            elif peer in self.misbehaved:
-                arrivals[peer] = Arrival(False, cut=self.misbehaved[peer])
-            elif not self.gone(peer):
-                arrivals[peer] = Arrival(False)
+                judged[peer] = max(batch.done_at - self.started, 0.0)  # early frames: on time
+            elif peer in self.misbehaved or not self.gone(peer):
+                judged[peer] = None
+        return judged
+
+    def arrivals(self, expected: set[str], batches: dict[str, Batch]) -> dict[str, Arrival]:
+        """How each judged sender's batch arrived, with its deadline, for the drop policy."""
+        judged, limits = self._judged(expected, batches), self._limits()
+        median = majority_median(judged.values())
+        arrivals: dict[str, Arrival] = {}
+        for peer, finished in judged.items():
+            batch = batches.get(peer) or Batch(-1)
+            deadline = exchange_deadline_s(batch.wire, median, limits)
+            if finished is not None:
+                seconds = batch.done_at - batch.started
+                arrivals[peer] = Arrival(
+                    True, batch.wire, seconds, None, finished, deadline, batch.extra
+                )
+            else:
+                arrivals[peer] = Arrival(
+                    False, batch.wire, 0.0, self.misbehaved.get(peer), None, deadline, batch.extra
+                )
         return arrivals
+
+    def deadline_at(
+        self, expected: set[str], batches: dict[str, Batch], waiting: list[str]
+    ) -> float | None:
+        """Loop time at which every `waiting` sender is past its deadline (None: no majority
+        complete yet, so no deadline: wait up to the exchange timeout)."""
+        judged, limits = self._judged(expected, batches), self._limits()
+        median = majority_median(judged.values())
+        if median is None:
+            return None
+        latest = 0.0
+        for peer in waiting:
+            batch = batches.get(peer)
+            deadline = exchange_deadline_s(batch.wire if batch else 0, median, limits)
+            latest = max(latest, deadline or 0.0)
+        return self.started + latest
 
     async def await_markers(self, seq: int, expected: set[str], deadline: float) -> None:
         """Wait until every expected sender's batch of `seq` is complete or the sender is gone,
-        or until `deadline` (loop time)."""
+        or until the waiting senders' deadlines (`liveness`), or `deadline` (loop time: the
+        exchange timeout) at the latest. Bytes arriving move a sender's deadline: looked at again then."""
         loop = asyncio.get_running_loop()
         while True:
             self.arrival.clear()
@@ -139,20 +204,39 @@ class InboundBatches:
                 for s in expected
                 if not (s in batches and batches[s].marker is not None) and not self.gone(s)
             ]
-            remaining = deadline - loop.time()
+            late_at = self.deadline_at(expected, batches, waiting) if waiting else None
+            stop = deadline if late_at is None else min(deadline, late_at)
+            remaining = stop - loop.time()
             if not waiting or remaining <= 0:
                 if waiting:
                     log.warning(
-                        "exchange %d: no end marker from %s within %.1f s",
+                        "exchange %d: no end marker from %s %s",
                         seq,
                         ", ".join(sorted(waiting)),
-                        self._limits().exchange_timeout_s,
+                        f"within {self._limits().exchange_timeout_s:.1f} s"
+                        if stop == deadline
+                        else f"by their deadline, {late_at - self.started:.1f} s from the exchange's start"
+                        if late_at is not None
+                        else "",
                     )
                 return
             try:
-                await asyncio.wait_for(self.arrival.wait(), remaining)
+                await asyncio.wait_for(self.arrival.wait(), min(remaining, 1.0))
             except TimeoutError:
                 pass
+
+    def _batch(self, connection: FrameConnection, seq: int) -> Batch:
+        """The sender's batch of `seq` on this connection (a new one when it reconnected:
+        it resends the whole batch; its extra messages still count)."""
+        source, batches = connection.name, self.batches.setdefault(seq, {})
+        batch = batches.get(source)
+        if batch is None or batch.connection != connection.id:
+            extra = 0
+            if batch is not None:
+                self.buffered[source] -= batch.nbytes
+                extra = batch.extra
+            batch = batches[source] = Batch(connection.id, started=connection.frame_at, extra=extra)
+        return batch
 
     def _accept_data(
         self, connection: FrameConnection, node: int, kind: int, seq: int, body: bytes
@@ -175,7 +259,18 @@ class InboundBatches:
                 "too far ahead", f"exchange {seq}, this peer is at {self.current_seq}"
             )
         marker: dict[str, Any] | None = None
+        batch = self._batch(connection, seq)
+        if batch.marker is not None:
+            raise RejectedFrame("frame after its end marker")
         if kind == KIND_MESSAGE:
+            limit = self.per_pair.get(source) if seq == self.current_seq else None
+            if (
+                limit is not None and len(batch.messages) >= limit
+            ):  # counted before it is decoded or buffered
+                batch.extra += 1
+                raise RejectedFrame(
+                    f"extra message from {source}", f"more than {limit} in exchange {seq}"
+                )
             try:
                 exchange, round_index, message = decode(body, limits.max_message_bytes)
             except MessageFormatError as exc:
@@ -199,14 +294,6 @@ class InboundBatches:
                 or len(marker["phase"]) > 200
             ):
                 raise RejectedFrame("malformed marker", "count or names out of range")
-        batches = self.batches.setdefault(seq, {})
-        batch = batches.get(source)
-        if batch is None or batch.connection != connection.id:
-            if batch is not None:  # the sender reconnected and resends the whole batch
-                self.buffered[source] -= batch.nbytes
-            batch = batches[source] = Batch(connection.id, started=connection.frame_at)
-        if batch.marker is not None:
-            raise RejectedFrame("frame after its end marker")
         batch.wire += HEADER_BYTES + len(body)
         if marker is None:
             full = self.buffer_full(source, len(body))

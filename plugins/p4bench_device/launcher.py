@@ -8,7 +8,8 @@ reports the launcher builds the same `RoundReport`s and `Outcome` as the simulat
 the runner logs the run to MLflow like any other. The DP releases are the exception: the
 launcher charges the ledger with its own figures and checks the peers' release reports
 against them (`report_check`); accuracies and measurements are self-reported
-(``device.self_reported``). With ``--local-peers N`` it first
+(``device.self_reported``): beside the mean the launcher publishes their median and names
+the peers whose accuracy stands out (`accuracy_check`). With ``--local-peers N`` it first
 starts N peers (and a server peer for server-based methods) on 127.0.0.1 with a fresh
 CA in a temporary folder.
 
@@ -35,6 +36,7 @@ from p4bench.engine.method import Phase
 from p4bench.engine.runtime import Job, RoundReport
 from p4bench.engine.schedule import TimeBudget, budget_rule, schedule, stop_reason
 from p4bench.engine.state import State, unflatten
+from p4bench_device.accuracy_check import accuracy_check, accuracy_metrics
 from p4bench_device.launcher_link import LauncherLink
 from p4bench_device.launcher_reports import PeerReports
 from p4bench_device.local import LocalPeers, free_ports  # noqa: F401  (re-exported)
@@ -137,7 +139,10 @@ class Launcher(PeerReports):
             for spec in self.peers.peers:
                 self.link.send(spec.id, {"type": "go"})
             outcome = self._collect(job, self._announcing(on_round))
-            outcome.device["slow_dropped"] = self.slow_dropped
+            # drops a majority of the other peers report are facts; one peer's word is a claim
+            outcome.device["slow_dropped"], outcome.device["slow_drops_unconfirmed"] = (
+                self.slow_drops()
+            )
             outcome.device["reconnects"] = dict(
                 self.link.reconnects
             )  # start-up reconnections per peer
@@ -274,6 +279,7 @@ class Launcher(PeerReports):
             "device.peers_alive": float(len(self.active)),
             "device.peers_reported": float(len(got)),
             **round_metrics(got),
+            **accuracy_metrics(self._accuracy_check()),
         }
         return RoundReport(
             phase=phase.name,
@@ -289,6 +295,15 @@ class Launcher(PeerReports):
             client_bytes_sent=sent,
             client_bytes_received=received,
             extra_accuracy={k: v.copy() for k, v in self.extra.items()},
+        )
+
+    def _accuracy_check(self) -> dict[str, Any]:
+        """The peers' self-reported accuracies so far, robustly (`accuracy_check`)."""
+        malicious = self.job.malicious
+        return accuracy_check(
+            self.accuracy,
+            {p.id: p.node for p in self.peers.peers},
+            None if malicious is None else [bool(x) for x in malicious.tolist()],
         )
 
     def _outcome(self, job: Job, reports: list[RoundReport], total_bytes: int) -> DeviceOutcome:
@@ -319,6 +334,8 @@ class Launcher(PeerReports):
                 "link": final.link if final else None,
             }
         params, final_state = deployed_from_states(method, states, count)
+        for outlier in self._accuracy_check().get("outliers", []):
+            log.warning("%s", outlier["message"])
         device = {
             "local_peers": self.local,
             "peers": peers,
@@ -330,6 +347,7 @@ class Launcher(PeerReports):
             "profile": self.profile,
             "releases": self.figures.finish(),
             "self_reported": list(SELF_REPORTED),
+            "accuracy_check": self._accuracy_check(),
             "rejected_reports": self.rejected_reports,
         }
         if self.finish:

@@ -16,8 +16,8 @@ from typing import Any
 
 from p4bench.engine.method import Phase
 from p4bench.engine.runtime import RoundReport
+from p4bench_device.drop_reports import announced, drop_metrics, split_drops
 from p4bench_device.launcher_link import EVENT_RECONNECTED, LauncherLink
-from p4bench_device.liveness import announced, drop_metrics
 from p4bench_device.peers import PeersFile
 from p4bench_device.protocol import KIND_STATE, Limits
 from p4bench_device.report_check import ReleaseCheck
@@ -124,19 +124,24 @@ class PeerReports:
             self.finals[peer] = (report, self.pending_state.pop(peer, None))
 
     def _on_slow_drops(self, report: BlockReport) -> None:
-        """Record and announce the peers the reporter dropped as slow (`liveness`)."""
+        """Record the peers the reporter says it dropped as slow (`liveness`): claims until a
+        majority of the other peers backs them (`drop_reports`)."""
         nodes = {p.id: p.node for p in self.peers.peers}
         for entry in announced(report.peer, report.slow_dropped, nodes)[
             : 1000 - len(self.slow_dropped)
         ]:
             self.slow_dropped.append(entry)
-            log.warning("%s", entry["message"])
+            log.warning("peer %s reports: %s", report.peer, entry["message"])
+
+    def slow_drops(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(confirmed, unconfirmed) slow-peer drops reported so far (`drop_reports.split_drops`)."""
+        return split_drops(self.slow_dropped, self.active)
 
     def _announcing(self, on_round: Callable[[RoundReport], None]) -> Callable[[RoundReport], None]:
-        """`on_round` with the slow-peer drops so far in the round's metrics (`liveness.drop_metrics`)."""
+        """`on_round` with the slow-peer drops so far in the round's metrics (`drop_reports.drop_metrics`)."""
 
         def announce(report: RoundReport) -> None:
-            report.metrics.update(drop_metrics(self.slow_dropped))
+            report.metrics.update(drop_metrics(*self.slow_drops()))
             on_round(report)
 
         return announce

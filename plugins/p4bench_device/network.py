@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from p4bench.engine.messages import Messages, PayloadLayout, encode, message_layout_of
 from p4bench.engine.method import Method
 from p4bench.engine.network import Delivery, Network
+from p4bench.rng import SERVER_ID
 from p4bench_device.measure import PowerMeter, RoundClock
 from p4bench_device.peers import PeersFile, PeerSpec
 from p4bench_device.transport import ExchangeResult, PeerTransport
+
+if TYPE_CHECKING:
+    from p4bench.engine.runtime import Job
 
 log = logging.getLogger("p4bench.device")
 
@@ -102,6 +107,32 @@ class TLSNetwork(Network):
         )
         self._warned: set[tuple[str, str]] = set()
         self._exchange_figures: dict[str, Any] = {}
+        # (phase, exchange timeout) -> seconds this peer holds its batches back: a malicious
+        # client under an attack that times its sends (`late-sender`'s `send_delay_s`)
+        self.send_delay: Callable[[str, float], float] | None = None
+
+    def attach(self, job: Job) -> None:
+        """The run's job (set by the node): its method (declared payload layouts, messages
+        per pair) and, when this peer's client is malicious under an attack with a
+        ``send_delay_s(exchange_timeout_s)``, when its batches leave."""
+        self.method, attack, malicious = job.method, job.attack, job.malicious
+        timed = getattr(attack, "send_delay_s", None)
+        node = self.me.node
+        self.send_delay = None
+        if (
+            callable(timed)
+            and malicious is not None
+            and 0 <= node < len(malicious)
+            and bool(malicious[node])
+        ):
+            assert attack is not None
+            acts_in = attack.acts_in
+            self.send_delay = lambda phase, timeout: (
+                float(timed(timeout)) if acts_in(phase) else 0.0
+            )
+            log.warning(
+                "this peer's client is malicious under %s: it holds its batches back", attack.name
+            )
 
     # -- round bookkeeping ------------------------------------------------------------
     def begin_round(self, phase: str, round_index: int) -> None:
@@ -143,8 +174,19 @@ class TLSNetwork(Network):
         self.seq += 1
         own, frames, sent_sizes, sent_raw = self._frames(exchange, round_index, outgoing)
         marker = {"exchange": exchange, "round": round_index, "phase": phase}
+        delay = (
+            self.send_delay(phase, self.transport.limits.exchange_timeout_s)
+            if self.send_delay
+            else 0.0
+        )
         result = self.transport.exchange(
-            self.seq, frames, marker, self.others - self.absent_round, set(self.others)
+            self.seq,
+            frames,
+            marker,
+            self.others - self.absent_round,
+            set(self.others),
+            self._per_pair(exchange, phase, round_index),
+            delay,
         )
         received = self._received(result, exchange, phase, round_index)
         self.slow_dropped += result.dropped  # announced in this round's report
@@ -180,6 +222,20 @@ class TLSNetwork(Network):
         }
         inbox_sizes = torch.tensor([0] * len(own) + kept_sizes, dtype=torch.int64)
         return Delivery(Messages.concat(own + kept), inbox_sizes, sent_sizes)
+
+    def _per_pair(self, exchange: str, phase: str, round_index: int) -> dict[str, int] | None:
+        """The most messages each other peer may send this one in the exchange (the
+        method's `messages_per_pair`, `server_messages_per_pair` for the server's peer):
+        the transport rejects extras before buffering them. None: no method yet."""
+        if self.method is None:
+            return None
+        per_client = int(self.method.messages_per_pair(exchange, phase, round_index))
+        per_server = int(self.method.server_messages_per_pair(exchange, phase, round_index))
+        return {
+            peer: per_server if node == SERVER_ID else per_client
+            for node, peer in self.peer_of.items()
+            if peer in self.others
+        }
 
     def _frames(
         self, exchange: str, round_index: int, outgoing: Messages

@@ -106,7 +106,7 @@ class DeviceNode:
         self.driver = RoundDriver(
             job, self.network, rows, holds_server=self.is_server, separate_parties=True
         )
-        self.network.method = job.method
+        self.network.attach(job)  # its method, and whether this peer holds its sends back
 
     def _record_release(self, release: Release) -> None:
         if self.ledger is not None:  # this peer's own budget decisions need its history

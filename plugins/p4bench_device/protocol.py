@@ -24,6 +24,7 @@ from typing import Any
 from p4bench.engine.messages import PROTOCOL_VERSION
 from p4bench.errors import ConfigError
 from p4bench.options import Option
+from p4bench_device.limit_help import LIMIT_HELP as _LIMIT_HELP
 
 __all__ = [
     "WIRE_VERSION",
@@ -102,8 +103,11 @@ class Limits:
     may have three times that, or a quarter of it per other peer when there are more than
     twelve (a server receives from every client in the same exchange).
 
-    Slow peers: a receiver drops a sender after `slow_peer_exchanges` consecutive slow
-    exchanges (see `liveness`).
+    Slow and late peers: a receiver drops a sender slow or late in `slow_peer_exchanges` of
+    the last `slow_peer_window` exchanges in which it expected it; a sender is late when its
+    batch is not complete by its deadline from the exchange's start, ``max(late_peer_grace_s
+    + its bytes / slow_peer_rate_bytes_s, late_peer_factor * the exchange's median
+    completion time)`` (see `liveness`).
     """
 
     max_message_bytes: int = 64 * 1024 * 1024  # largest frame body accepted
@@ -125,8 +129,13 @@ class Limits:
     buffer_model_factor: float = 16.0  # per-sender buffer during a run, in model sizes
     buffer_floor_bytes: int = 8 << 20  # per-sender buffer at least (also before the model size)
     buffer_budget_bytes: int = 1 << 30  # all senders' buffers (the run's --memory-budget if set)
-    # slow peers (`liveness`): dropped by a receiver after this many consecutive slow exchanges
+    # slow or late peers (`liveness`): dropped by a receiver when slow or late in this many ...
     slow_peer_exchanges: int = 2
+    slow_peer_window: int = 6  # ... of the last this many exchanges in which it was expected
+    late_peer_grace_s: float = (
+        2.0  # deadline from the exchange's start: this plus bytes at the rate, ...
+    )
+    late_peer_factor: float = 4.0  # ... or this many times the exchange's median completion time
     slow_peer_rate_bytes_s: int = (
         64 * 1024
     )  # a sender's batch arrives at least this fast (0: no rate check) ...
@@ -183,45 +192,19 @@ class Limits:
         return Limits(**values)
 
 
-_LIMIT_HELP = {
-    "max_message_bytes": "largest frame body accepted, in bytes",
-    "exchange_timeout_s": "wait for every live peer's end-of-exchange marker",
-    "send_timeout_s": "send one batch of frames to one peer",
-    "connect_timeout_s": "TCP connect plus TLS handshake",
-    "retries": "extra attempts per send, with exponential backoff",
-    "backoff_s": "first backoff; doubles per attempt",
-    "round_timeout_s": "launcher: wait for a round report from a connected peer",
-    "startup_timeout_s": "launcher: peers reachable and ready (imports, data)",
-    "max_ahead": "exchanges a sender may run ahead of a peer",
-    "max_connections": "simultaneous authenticated inbound connections of a peer",
-    "max_connections_per_identity": (
-        "authenticated inbound connections of one peer or the launcher (its oldest closed beyond)"
-    ),
-    "max_handshakes": "inbound connections still in their TLS handshake (the oldest is evicted beyond)",
-    "max_handshakes_per_source": "inbound TLS handshakes from one source address (its oldest is evicted beyond)",
-    "handshake_timeout_s": "inbound TLS handshake",
-    "idle_timeout_s": "close an inbound connection that delivers no frame for this long (the launcher pings)",
-    "min_rate_bytes_s": "slowest accepted frame body, in bytes per second, after a grace of min(idle timeout, 10 s)",
-    "buffer_model_factor": (
-        "per-sender buffer during a run, in model sizes (all senders: 3x, or 1/4 per peer beyond 12)"
-    ),
-    "buffer_floor_bytes": "per-sender buffer during a run at least, in bytes",
-    "slow_peer_exchanges": "drop a peer after this many consecutive slow exchanges: its end marker missing at the "
-    "exchange timeout (or its connection cut for misbehaving), or its batch below "
-    "slow_peer_rate_bytes_s; each receiving peer drops it on its own and the run names it",
-    "slow_peer_rate_bytes_s": "a sender's batch of an exchange (first frame to end marker) must arrive this fast, in "
-    "bytes per second, after slow_peer_grace_s; else the exchange is slow (0: no rate check)",
-    "slow_peer_grace_s": "seconds a sender's batch may take beyond its bytes at slow_peer_rate_bytes_s",
-}
-
-
 def _minimum(name: str, integer: bool) -> float:
     """The smallest value of a Limits field (shared by Limits and its run options)."""
-    if name in ("retries", "backoff_s", "slow_peer_rate_bytes_s", "slow_peer_grace_s"):
+    if name in (
+        "retries",
+        "backoff_s",
+        "slow_peer_rate_bytes_s",
+        "slow_peer_grace_s",
+        "late_peer_grace_s",
+    ):
         return 0
     if name in ("max_message_bytes", "buffer_floor_bytes", "min_rate_bytes_s"):
         return 1024
-    if name == "buffer_model_factor":
+    if name in ("buffer_model_factor", "late_peer_factor"):
         return 1.0
     return 1 if integer else 1e-3
 

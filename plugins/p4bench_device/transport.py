@@ -15,7 +15,9 @@ each one a sender writes its messages to every destination, then an end marker w
 the number of messages to every peer. A receiver has a sender's complete batch when
 its marker arrives; a sender whose connection closed (and has not reconnected) or
 whose marker does not arrive before the exchange timeout is absent from the exchange.
-A sender slow in several consecutive exchanges is dropped by this peer (`liveness`).
+A sender is waited for up to its deadline from the exchange's start; one slow or late in
+several recent exchanges, or sending more messages than the exchange allows, is dropped
+by this peer (`liveness`).
 
 Hardening (see `Limits`): connections are accepted raw (`listener`) and, until
 authenticated, get a small handshake budget that evicts its oldest silent or stalled
@@ -133,6 +135,7 @@ class PeerTransport:
         )
         self._slow = SlowPeers()  # the drop policy for slow senders (`liveness`)
         self._unreachable: set[str] = set()
+        self._late_sends: set[asyncio.Task[int | None]] = set()  # delayed batches (`late-sender`)
         self._before_run: dict[str, int] = {}  # rejections between the last run and this one
         self._counts_at_end: dict[str, int] = {}
         self._server: Listener | None = None
@@ -184,6 +187,8 @@ class PeerTransport:
         async def end() -> None:
             self.inbound.run_active = False
             self.inbound.drop_buffers()
+            for task in list(self._late_sends):  # a delayed batch of this run never leaves after it
+                task.cancel()
             self._counts_at_end = self.rejects.snapshot()
 
         self._thread.call(end(), timeout=10)
@@ -243,14 +248,20 @@ class PeerTransport:
         marker: dict[str, Any],
         expected: set[str],
         targets: set[str],
+        per_pair: dict[str, int] | None = None,
+        send_delay_s: float = 0.0,
     ) -> ExchangeResult:
         """Send `outgoing[dst]` frames plus an end marker to every target, and wait for
-        the complete batch of every expected sender (or its absence)."""
+        the complete batch of every expected sender (or its absence). `per_pair[sender]`:
+        the most messages a sender may send this peer in the exchange (extras are rejected
+        before they are buffered); `send_delay_s` > 0 (the `late-sender` attack only):
+        the frames leave that long after the exchange starts, without holding it up."""
         limit = self.limits.exchange_timeout_s + (self.limits.retries + 2) * (
             self.limits.send_timeout_s + self.limits.connect_timeout_s
         )
         return self._thread.call(
-            self._exchange(seq, outgoing, marker, expected, targets), timeout=limit + 30
+            self._exchange(seq, outgoing, marker, expected, targets, per_pair, send_delay_s),
+            timeout=limit + 30,
         )
 
     async def _exchange(
@@ -260,18 +271,26 @@ class PeerTransport:
         marker: dict[str, Any],
         expected: set[str],
         targets: set[str],
+        per_pair: dict[str, int] | None = None,
+        send_delay_s: float = 0.0,
     ) -> ExchangeResult:
         loop, inbound = asyncio.get_running_loop(), self.inbound
-        inbound.current_seq = seq
-        inbound.drop_before(seq)
+        inbound.start_exchange(seq, per_pair)
         deadline = loop.time() + self.limits.exchange_timeout_s
         refused = (
             targets & inbound.gate.refused
         )  # dropped (by the launcher, or as slow): nothing goes to them any more
         sends = {
-            dst: asyncio.create_task(self._send_batch(dst, seq, outgoing.get(dst, []), marker))
+            dst: asyncio.create_task(
+                self._send_batch(dst, seq, outgoing.get(dst, []), marker, send_delay_s)
+            )
             for dst in sorted(targets - self._unreachable - refused)
         }
+        if send_delay_s > 0:  # sent later, not waited for: the late sender itself goes on at once
+            self._late_sends |= set(sends.values())
+            for task in sends.values():
+                task.add_done_callback(self._late_sends.discard)
+            sends = {}
         for dst in sorted(set(outgoing) - set(sends)):
             if outgoing[dst]:
                 why = inbound.gate.refused_why.get(dst, "unreachable this round")
@@ -309,9 +328,11 @@ class PeerTransport:
         )
 
     async def _send_batch(
-        self, dst: str, seq: int, frames: list[bytes], marker: dict[str, Any]
+        self, dst: str, seq: int, frames: list[bytes], marker: dict[str, Any], delay_s: float = 0.0
     ) -> int | None:
         """Bytes written, or None when every attempt failed (bounded retries, backoff)."""
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         wire = self.inbound.epoch | seq
         payload = [(KIND_MESSAGE, wire, f) for f in frames] + [
             (KIND_END, wire, dump_json({**marker, "count": len(frames)}))
