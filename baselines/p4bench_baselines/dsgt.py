@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
+from p4bench.engine.equivocation import EQUIVOCATION_OPTION
 from p4bench.engine.messages import UPDATE_PREFIX, Messages
 from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
 from p4bench.engine.method_kit import (
@@ -125,6 +126,7 @@ class _Consensus(Method):
     tracking: ClassVar[bool] = False
     options: ClassVar[tuple[Option, ...]] = (
         *topology_options("complete"),
+        EQUIVOCATION_OPTION,
         Option(
             "mixing",
             str,
@@ -268,6 +270,13 @@ class _Consensus(Method):
         return t if exchange == "gossip" and not self.parallel else t - 1
 
     # -- messages ------------------------------------------------------------------------
+    def identical_messages(
+        self, exchange: str, phase: str, round_index: int
+    ) -> bool | frozenset[str]:
+        """Every receiver gets the sender's one model (and tracker; its correction in 'track');
+        receivers compare signed digests (p4bench.engine.equivocation)."""
+        return True
+
     def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         gossip, track = self.edges(self._iteration_of(exchange, state))
         if exchange == "gossip":

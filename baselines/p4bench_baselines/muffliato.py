@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
+from p4bench.engine.equivocation import EQUIVOCATION_OPTION
 from p4bench.engine.messages import UPDATE_PREFIX, Messages
 from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
 from p4bench.engine.method_kit import (
@@ -118,6 +119,7 @@ class Muffliato(Method):
             low=1,
         ),
         *topology_options("complete"),
+        EQUIVOCATION_OPTION,
         Option(
             "mixing",
             str,
@@ -220,6 +222,13 @@ class Muffliato(Method):
         return int(state[name][0]) if len(state[name]) else 0
 
     # -- messages ----------------------------------------------------------------------------
+    def identical_messages(
+        self, exchange: str, phase: str, round_index: int
+    ) -> bool | frozenset[str]:
+        """Every neighbour gets the sender's one model;
+        receivers compare signed digests (p4bench.engine.equivocation)."""
+        return True
+
     def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         _, _, edges = self._mixing(self._counter(state, "iteration") - 1)
         return send_along(ctx.rows, edges, flatten(state["params"], UPDATE))

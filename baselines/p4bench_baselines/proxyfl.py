@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from p4bench.engine import DEFAULT_EPSILON, Capabilities, Exchange, LocalUpdate, Method
+from p4bench.engine.equivocation import EQUIVOCATION_OPTION
 from p4bench.engine.messages import UPDATE_PREFIX, Messages
 from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
 from p4bench.engine.method_kit import (
@@ -106,6 +107,7 @@ class ProxyFL(Method):
             choices=PROXY_UPDATES,
         ),
         *topology_options("exponential"),
+        EQUIVOCATION_OPTION,
     )
 
     def validate_options(self) -> None:
@@ -205,6 +207,13 @@ class ProxyFL(Method):
             return torch.from_numpy(uniform_averaging(adjacency)).to(device)
         receives = torch.from_numpy(adjacency.T.astype("float64"))  # receives[i, j]: i hears j
         return (receives / receives.sum(dim=1, keepdim=True).clamp_min(1.0)).to(device)
+
+    def identical_messages(
+        self, exchange: str, phase: str, round_index: int
+    ) -> bool | frozenset[str]:
+        """Every peer of the round gets the sender's one proxy;
+        receivers compare signed digests (p4bench.engine.equivocation)."""
+        return True
 
     def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         """Only the proxy is sent (to the round's out-neighbours, and to oneself when averaging)."""

@@ -24,6 +24,7 @@ import torch
 
 from p4bench.engine.attacking import attacker_knowledge, carries_updates, tamper
 from p4bench.engine.chunking import memory_budget
+from p4bench.engine.equivocation import equivocation_check
 from p4bench.engine.evaluation import gate_received
 from p4bench.engine.held_clients import STREAM_ATTACK, STREAM_TRAINING, ClientGroup, HeldClients
 from p4bench.engine.memory import keep_freed_memory
@@ -87,6 +88,11 @@ class RoundDriver(HeldClients):
         )
         # what every inbox is held to before `receive` (counts, finite values, ranges)
         self.receive_gate = ReceiveGate(job.method, job.public_records, self.rejections)
+        # receivers compare signed digests of what must be identical (p4bench.engine.equivocation)
+        held = [g.rows for g in self.groups] + [torch.tensor([SERVER_ID])] * self.holds_server
+        self.equivocation = equivocation_check(
+            job, network, self.rejections, torch.cat(held), self._broadcasts
+        )
         self._holds_everyone = (
             sum(len(rows) for rows in group_rows) == job.data.num_clients
         )  # the method's stop rule needs all
@@ -185,6 +191,7 @@ class RoundDriver(HeldClients):
         self._traffic = TrafficLedger(self.job.data.num_clients)
         self._metrics = {}
         self.rejections.clear()
+        self.equivocation.begin_block(self._traffic)
         self.network.begin_round(block.phase.name, block.round)
         started = time.perf_counter()
         for item in block.steps:
@@ -272,6 +279,8 @@ class RoundDriver(HeldClients):
             broadcasts,
         )
         admitted = self.receive_gate.admit(exchange, phase.name, round_index, delivery.inbox)
+        # signed digests compared across receivers where the method declares identical messages
+        admitted = self.equivocation.admit(exchange, phase.name, round_index, outgoing, admitted)
         inbox = admitted.sorted()  # by (dst, src): the order every runtime delivers in
         foreign = bool((inbox.src != inbox.dst).any()) if len(inbox) else False
         with self.network.computing():
@@ -298,7 +307,7 @@ class RoundDriver(HeldClients):
                 )
                 if state is not None:
                     self.server_state = state
-        self.network.finish_exchange(exchange)
+        self.equivocation.finish_exchange(exchange)  # unless its check already did
 
     def _receive(
         self, receive: Callable[[Messages], State], inbox: Messages, foreign: bool, exchange: str

@@ -234,6 +234,19 @@ class Method(ABC):
         group's distribution): there no vote among senders decides what is valid."""
         return None
 
+    def identical_messages(
+        self, exchange: str, phase: str, round_index: int
+    ) -> bool | frozenset[str]:
+        """Whether every receiver of one sender in `exchange` gets the same message: True
+        (every payload entry), the payload keys that are the same (a frozenset), or False
+        (the default: messages are per receiver, nothing is compared). Declare it for
+        broadcasts and for gossip of one model to every neighbour: the round driver then
+        runs the equivocation check (`p4bench.engine.equivocation`), in which receivers
+        compare signed digests of what each sender sent them and name a sender that sent
+        different ones. Never declare it where honest senders send per-receiver values
+        (per-receiver noise or weights): honest senders would be named."""
+        return False
+
     def working_bytes(self, num_clients: int) -> int:
         """Bytes the method's own work needs at once beyond its clients' state and the DP
         step (e.g. P4's grouping: one message per pair of clients), for the memory plan;
