@@ -71,8 +71,8 @@ def tamper(
 ) -> Messages:
     """The group's outgoing `messages` with those of its malicious senders (`bad`) as the
     attack sends them; the attack draws from those clients' own attack streams."""
-    if not bool(bad.any()) or not carries_updates(messages):
-        return messages  # attacks act on model updates only
+    if not bool(bad.any()) or not (carries_updates(messages) or attack.tampers_models):
+        return messages  # attacks act on model updates only, unless they say otherwise
     index = bad.nonzero().squeeze(1)
     position = torch.searchsorted(rows, messages.src[index])
     rng = attack_rng.take(position)

@@ -20,3 +20,6 @@ class Capabilities:
     # updates travel only inside encrypted running sums (secure aggregation, e.g. P4L's
     # Paillier chains): nobody can inspect or filter a single client's update
     hides_individual_updates: bool = False
+    # members take turns aggregating their group's updates and distributing the result
+    # (P4's rotating aggregator): what a compromised aggregator can poison
+    peer_aggregator: bool = False

@@ -81,6 +81,9 @@ class Attack(ABC):
     # True: `poison_labels` also gets keyword `rng`, the malicious clients' attack streams
     # (seeded by run seed and client id), so random poisoning is the same in every runtime.
     random_poisoning: ClassVar[bool] = False
+    # True: `tamper` also gets the messages that carry no ``update.*`` entries (e.g. the
+    # ``model.*`` a P4 aggregator distributes); False: only model updates reach it.
+    tampers_models: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig, num_classes: int) -> None:
         self.config = config

@@ -64,7 +64,7 @@ from p4bench.engine.training import noble_local_lr
 from p4bench.errors import ConfigError
 from p4bench.models import Params
 from p4bench.options import resolve_options
-from p4bench_p4.cotraining_exchange import CotrainingExchanges
+from p4bench_p4.cotraining_exchange import CHECKED, REJECTED, CotrainingExchanges
 from p4bench_p4.fused import FusedCotraining
 from p4bench_p4.grouping import collaboration_matrix, symmetric
 from p4bench_p4.grouping_exchange import UNKNOWN, GroupingExchanges
@@ -124,7 +124,10 @@ class P4(GroupingExchanges, CotrainingExchanges, LocalCotraining, Method):
     name = "p4"
     description = "P4: private similarity grouping, then DP proxy / private co-training with mutual distillation"
     capabilities = Capabilities(
-        shares_individual_updates=True, has_aggregator=True, personalized=True
+        shares_individual_updates=True,
+        has_aggregator=True,
+        personalized=True,
+        peer_aggregator=True,
     )
     default_neighbouring = "replace-one"  # the paper's eq. 13: noise std 2 C sigma
     default_defense = "p4-secure"
@@ -157,6 +160,8 @@ class P4(GroupingExchanges, CotrainingExchanges, LocalCotraining, Method):
         # linear models: a fused step (same math, fewer passes), auto-chosen by FLOPs unless forced
         self.fused: str = {"true": "auto", "false": "off"}.get(values["fused"], values["fused"])
         self.span_noise: str = values["span_noise"]
+        self.aggregator_check: str = values["aggregator_check"]
+        self.aggregator_tolerance: float = values["aggregator_tolerance"]
         # ranges that depend on the run
         if not 1 <= self.group_size <= config.clients:
             raise ConfigError(
@@ -267,6 +272,11 @@ class P4(GroupingExchanges, CotrainingExchanges, LocalCotraining, Method):
             self, f"_receive_{exchange}"
         )
         return handle(state, inbox, ctx)
+
+    def derived_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        """How far members checked their aggregators: with aggregator_check=recompute the
+        distributed models compared and rejected; 0 checked says the run trusted them."""
+        return {name: float(totals.get(name, 0.0)) for name in (CHECKED, REJECTED)}
 
     def update_reference(self, exchange: str, state: State) -> Params | None:
         return state["group_proxy"] if exchange == "upload" else None

@@ -5,11 +5,15 @@ from __future__ import annotations
 from p4bench.options import Option
 from p4bench_p4.span import NOISE_MODES
 
-__all__ = ["FUSED_MODES", "GROUP_SIZE_DEFAULTS", "OPTIONS", "TEACHERS"]
+__all__ = ["AGGREGATOR_CHECKS", "FUSED_MODES", "GROUP_SIZE_DEFAULTS", "OPTIONS", "TEACHERS"]
 
 GROUP_SIZE_DEFAULTS = {"cifar10": 8, "femnist": 8, "leaf-femnist": 8, "cifar100": 4}
 FUSED_MODES = ("auto", "span", "buckets", "off")
 TEACHERS = ("none", "last-proxy", "private")
+# How far members trust the round's aggregator (p4bench_p4.aggregator_check): recompute
+# (default: the turn is checked and every member recomputes the aggregate from the uploads,
+# which go to every member), turn (the turn only), none (the paper's single aggregator)
+AGGREGATOR_CHECKS = ("recompute", "turn", "none")
 
 OPTIONS = (
     Option(
@@ -69,5 +73,24 @@ OPTIONS = (
         "span path DP noise: basis (through an orthonormal basis of the client's "
         "data, same distribution) or streams (the generic path's numbers)",
         choices=NOISE_MODES,
+    ),
+    Option(
+        "aggregator_check",
+        str,
+        "recompute",
+        "how members trust their group's aggregator: recompute (uploads go to every member, "
+        "each recomputes the aggregate and keeps its own where the distributed model "
+        "differs, naming the aggregator), turn (only an announcer whose turn it is is "
+        "followed), none (the paper's single aggregator, trusted wholesale)",
+        choices=AGGREGATOR_CHECKS,
+    ),
+    Option(
+        "aggregator_tolerance",
+        float,
+        1e-4,
+        "recompute: the largest difference between the distributed model and a member's "
+        "own aggregate, relative to the aggregate's largest entry, still taken as equal "
+        "(floating-point order; the aggregator adds no noise)",
+        low=0,
     ),
 )
