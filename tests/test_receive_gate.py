@@ -210,10 +210,10 @@ def test_each_payload_attack_is_rejected_by_sender_and_honest_accuracy_holds(
 
 
 def test_a_lied_weight_within_range_changes_nothing_after_the_first_upload(clean_fedavg):
-    summary = _fedavg("weight-lie", lied_weight=1000.0)
-    assert not summary[
-        "rejections"
-    ]  # a constant lie in range is a declaration: fixed, not rejected
+    # within the sender's partition (about 360 records each): a constant lie there is a
+    # declaration, fixed, not rejected (above it: tests/test_declared_sizes.py)
+    summary = _fedavg("weight-lie", lied_weight=100.0)
+    assert not summary["rejections"]
     assert abs(summary["accuracy_mean"] - clean_fedavg["accuracy_mean"]) <= 0.02
 
 

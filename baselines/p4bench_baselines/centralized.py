@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method
+from p4bench.engine.declared_sizes import MAX_DECLARED_RECORDS
 from p4bench.engine.messages import MODEL_PREFIX
 from p4bench.engine.method import Phase, PlannedRelease, Step, StepContext
 from p4bench.engine.method_kit import (
@@ -58,6 +59,8 @@ class Centralized(Method):
 
     name = "centralized"
     tuning_options = ("local_steps", "data_rate", "clip")  # no client sampling
+    # each upload declares its batch share (`weight`): the receive gate bounds it (p4bench.engine.declared_sizes)
+    options = (MAX_DECLARED_RECORDS,)
     description = "centralized (DP-)SGD on the pooled training data of all clients (trusted server)"
     capabilities = Capabilities(uses_server=True, personalized=False)
 

@@ -228,6 +228,14 @@ class _Consensus(Method):
             )
         ]
 
+    def fresh_payloads(self, exchange: str, phase: str, round_index: int) -> bool:
+        """DP-DSGD with DP: every gossiped model is past the sender's own noisy step from
+        iteration 1 on (iteration 0 gossips the common start). Not DSGT: its model is the mix
+        of the neighbours' (x - a y), the same at every node of a complete graph; only its
+        tracker holds the sender's own noise."""
+        first = round_index * self.iterations  # the round's first iteration
+        return exchange == "gossip" and self.config.private and not self.tracking and first >= 1
+
     # -- schedule --------------------------------------------------------------------
     def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
         if self.parallel:  # D-PSGD: the gradient at x^t, then the gossip of x^t

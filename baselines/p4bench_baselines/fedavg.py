@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Method, Phase
+from p4bench.engine.declared_sizes import MAX_DECLARED_RECORDS
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX, PayloadLayout, params_layout
 from p4bench.engine.method import PlannedRelease, Step, StepContext
 from p4bench.engine.method_kit import pinned_declarations, power_law_weights, prefixed_vectors
@@ -143,6 +144,7 @@ class FedAvg(Method):
         *LOCAL_TRAINING,
         WEIGHTING,
         CLIENT_SAMPLING,
+        MAX_DECLARED_RECORDS,  # read by the receive gate (p4bench.engine.declared_sizes)
     )
 
     def validate_options(self) -> None:
@@ -280,6 +282,14 @@ class FedAvg(Method):
         if exchange == "broadcast":
             return {**params_layout(params, MODEL_PREFIX), "selected": (torch.bool, ())}
         return None
+
+    def fresh_payloads(self, exchange: str, phase: str, round_index: int) -> bool:
+        """With DP every upload is a model update after noisy local steps: never repeated
+        (a client whose budget refused its steps uploads a zero update, which is not judged).
+        Subclasses that send other payloads declare their own."""
+        return (
+            exchange == "upload" and self.config.private and type(self).outgoing is FedAvg.outgoing
+        )
 
     # -- server --------------------------------------------------------------------
     def init_server_state(self, ctx: StepContext) -> State:

@@ -194,6 +194,11 @@ class Muffliato(Method):
             "amplification": "none claimed (local DP accounting); Muffliato's pairwise network-DP bound is not used",
         }
 
+    def fresh_payloads(self, exchange: str, phase: str, round_index: int) -> bool:
+        """With DP and one gossip step per noisy step, every model sent follows a fresh noisy
+        step; further gossip steps may repeat a model once the neighbourhood agrees."""
+        return exchange == "gossip" and self.config.private and self.gossip_steps == 1
+
     # -- schedule --------------------------------------------------------------------------
     def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:
         return ((LocalUpdate(),) + (Exchange("gossip"),) * self.gossip_steps) * self.iterations

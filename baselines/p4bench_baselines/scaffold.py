@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from p4bench.engine import Capabilities, Exchange, LocalUpdate, Messages, Phase
+from p4bench.engine.declared_sizes import MAX_DECLARED_RECORDS
 from p4bench.engine.messages import MODEL_PREFIX, UPDATE_PREFIX
 from p4bench.engine.method import PlannedRelease, Step, StepContext
 from p4bench.engine.method_kit import draw_batch, per_row, unpack
@@ -78,6 +79,7 @@ class Scaffold(FedAvg):
             choices=("paper", "noble-code"),
         ),
         WEIGHTING,
+        MAX_DECLARED_RECORDS,  # read by the receive gate (p4bench.engine.declared_sizes)
     )
 
     def validate_options(self) -> None:

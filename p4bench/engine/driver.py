@@ -87,7 +87,7 @@ class RoundDriver(HeldClients):
             separate_parties=separate_parties,
         )
         # what every inbox is held to before `receive` (counts, finite values, ranges)
-        self.receive_gate = ReceiveGate(job.method, job.public_records, self.rejections)
+        self.receive_gate = ReceiveGate.for_job(job, self.rejections)
         # receivers compare signed digests of what must be identical (p4bench.engine.equivocation)
         held = [g.rows for g in self.groups] + [torch.tensor([SERVER_ID])] * self.holds_server
         self.equivocation = equivocation_check(

@@ -56,6 +56,10 @@ class Job:
     # N, the training records of the data set: public (the default delta is 1/(10 N)), the
     # receive gate's bound on a declared aggregation weight. None: not known, not bounded.
     public_records: int | None = None
+    # (M,) each client's training records: public, since every process builds the partition
+    # from the seed (a device peer too); the receive gate holds each sender's declared
+    # record count to its own (`p4bench.engine.declared_sizes`). None: not known.
+    public_partition: torch.Tensor | None = None
     # Bytes the DP step's per-example work may take at once (`p4bench.engine.chunking`),
     # as the runner's memory plan set it; None: --memory-budget, else the default.
     memory_budget: int | None = None

@@ -331,3 +331,15 @@ class Method(ABC):
         self, exchange: str, state: State, inbox: Messages, ctx: StepContext
     ) -> State:
         return state
+
+    # -- the receive gate's freshness check ---------------------------------------------
+    def fresh_payloads(self, exchange: str, phase: str, round_index: int) -> bool:
+        """Whether every honest ``update.*`` payload of `exchange` in this round is new: a
+        model that went through a DP release with fresh noise since the sender's last
+        message of the exchange, so that it never repeats bit for bit its sender's earlier
+        message nor another sender's. Declared True, the receive gate rejects a repeat as
+        ``stale payload`` or ``copied payload`` naming the sender
+        (`p4bench.engine.payload_history`). Default False: models that honestly repeat (a
+        client not sampled, a relay forwarding others', the first round's common start,
+        runs without DP) must not be declared."""
+        return False

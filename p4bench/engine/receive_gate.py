@@ -12,7 +12,14 @@ driver holds every inbox to what the receiver itself knows, in every runtime ali
 - **finite**: every floating payload entry finite (``non-finite from <id>``);
 - **range**: entries the method bounds (`Method.payload_bounds`), and the conventional
   aggregation weight ``weight`` in [0, N] with N the training records of the data set
-  (public: the default delta uses it), (``out of range <key> from <id>``).
+  (public: the default delta uses it), (``out of range <key> from <id>``);
+- **declared size**: in a run, the ``weight`` (a declared record count) at most the
+  sender's own partition's size, else a declared cap, else ignored (every message counts
+  1) (`p4bench.engine.declared_sizes`; ``declared records above partition from <id>``);
+- **new payload**: where the method declares an exchange's payloads fresh
+  (`Method.fresh_payloads`), an ``update.*`` payload that repeats the sender's own last
+  one or another sender's (``stale payload from <id>``, ``copied payload from <id>``;
+  `p4bench.engine.payload_history`).
 
 Rejections are counted per reason and sender in the round's metrics, as
 ``rejected <reason> from <id>`` (`REJECTED_PREFIX`); the run summary sums them and the
@@ -23,12 +30,17 @@ command line names them in its last line. A method may reject what only it can j
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from p4bench.engine.messages import BROADCAST, Messages
+from p4bench.engine.declared_sizes import DeclaredSizes
+from p4bench.engine.messages import BROADCAST, Messages, update_keys
+from p4bench.engine.payload_history import PayloadHistory, RepeatChecks
 from p4bench.rng import SERVER_ID
+
+if TYPE_CHECKING:
+    from p4bench.config import RunConfig
 
 __all__ = [
     "Declarations",
@@ -91,15 +103,45 @@ class Declarations(Protocol):
     ) -> dict[str, tuple[float, float]]: ...
 
 
+class PublicKnowledge(Protocol):
+    """What the gate reads from a run (`p4bench.engine.job.Job` has all of it)."""
+
+    @property
+    def method(self) -> Declarations: ...
+
+    @property
+    def config(self) -> RunConfig: ...
+
+    @property
+    def public_records(self) -> int | None: ...
+
+    @property
+    def public_partition(self) -> torch.Tensor | None: ...
+
+
 class ReceiveGate:
     """Admits the messages of one inbox that the receiver can accept (module docstring)."""
 
     def __init__(
-        self, method: Declarations, public_records: int | None, rejections: Rejections
+        self,
+        method: Declarations,
+        public_records: int | None,
+        rejections: Rejections,
+        declared_sizes: DeclaredSizes | None = None,
     ) -> None:
         self.method = method
         self.public_records = public_records
         self.rejections = rejections
+        # per sender, the records it may declare; None: only [0, N] (a gate built outside a run)
+        self.declared_sizes = declared_sizes
+        self.history = PayloadHistory(int(method.num_clients))
+
+    @classmethod
+    def for_job(cls, job: PublicKnowledge, rejections: Rejections) -> ReceiveGate:
+        """The gate of a run (a `Job`): its method's declarations and what the run knows
+        publicly (the data set's records N, every client's partition, the options)."""
+        sizes = DeclaredSizes.of_run(job.public_partition, job.config.options, job.public_records)
+        return cls(job.method, job.public_records, rejections, sizes)
 
     def bounds(self, exchange: str, phase: str, round_index: int) -> dict[str, tuple[float, float]]:
         """Payload key -> inclusive (low, high) for this exchange: the method's, and the
@@ -107,6 +149,8 @@ class ReceiveGate:
         bounds = dict(self.method.payload_bounds(exchange, phase, round_index))
         if self.public_records is not None:
             bounds.setdefault(WEIGHT_KEY, (0.0, float(self.public_records)))
+        elif self.declared_sizes is not None:
+            bounds.setdefault(WEIGHT_KEY, (0.0, float("inf")))  # the sizes give the upper bound
         return bounds
 
     def admit(self, exchange: str, phase: str, round_index: int, inbox: Messages) -> Messages:
@@ -125,10 +169,14 @@ class ReceiveGate:
             ("extra message", self._within_count(exchange, phase, round_index, inbox, nodes)),
             ("non-finite", self._finite(inbox)),
         ]
-        for key, (low, high) in self.bounds(exchange, phase, round_index).items():
-            if key in inbox.table:
-                checks.append((f"out of range {key}", _within(inbox, key, low, high)))
+        checks += self._range_checks(exchange, phase, round_index, inbox)
+        repeats = self._repeats(exchange, phase, round_index, inbox)
+        if repeats is not None:
+            checks += [("copied payload", repeats.not_copied), ("stale payload", repeats.not_stale)]
         passed = torch.stack([ok for _, ok in checks]).all(dim=0)
+        if repeats is not None:
+            self.history.record(exchange, inbox, repeats, passed)
+        inbox = self._weights_as_counted(exchange, phase, round_index, inbox)
         if bool(passed.all()):  # the one host read of an honest exchange
             return inbox
         failed_before = torch.zeros_like(passed)
@@ -141,6 +189,57 @@ class ReceiveGate:
                 self.rejections.add(reason, inbox.src[first])
             failed_before |= ~ok
         return inbox.select(passed)
+
+    def _range_checks(
+        self, exchange: str, phase: str, round_index: int, inbox: Messages
+    ) -> list[tuple[str, torch.Tensor]]:
+        """(reason, ok) of the bounded entries: the method's, [0, N] for the weight, and each
+        sender's declared size (where the method does not bound the weight itself)."""
+        sizes = self._declared_sizes(exchange, phase, round_index, inbox)
+        checks = []
+        for key, (low, high) in self.bounds(exchange, phase, round_index).items():
+            if key in inbox.table:
+                if key == WEIGHT_KEY and sizes is not None:
+                    high = float("inf")  # the sizes' check names the reason of a count too high
+                checks.append((f"out of range {key}", _within(inbox, key, low, high)))
+        if sizes is not None:
+            checks.append((sizes.reason, sizes.within(inbox.src, inbox.value(WEIGHT_KEY))))
+        return checks
+
+    def _declared_sizes(
+        self, exchange: str, phase: str, round_index: int, inbox: Messages
+    ) -> DeclaredSizes | None:
+        """The sizes the inbox's weights are held to, if they bound them."""
+        sizes = self.declared_sizes
+        if sizes is None or sizes.uniform or WEIGHT_KEY not in inbox.table:
+            return None
+        return (
+            None
+            if WEIGHT_KEY in self.method.payload_bounds(exchange, phase, round_index)
+            else sizes
+        )
+
+    def _weights_as_counted(
+        self, exchange: str, phase: str, round_index: int, inbox: Messages
+    ) -> Messages:
+        """`inbox` with every declared weight 1 where no bound is known (uniform), else as sent."""
+        sizes = self.declared_sizes
+        if sizes is None or not sizes.uniform or WEIGHT_KEY not in inbox.table:
+            return inbox
+        if WEIGHT_KEY in self.method.payload_bounds(exchange, phase, round_index):
+            return inbox  # the method bounds its weight itself: it is what the method says it is
+        return _with_entry(inbox, WEIGHT_KEY, sizes.ignore(inbox.table[WEIGHT_KEY]))
+
+    def _repeats(
+        self, exchange: str, phase: str, round_index: int, inbox: Messages
+    ) -> RepeatChecks | None:
+        """Stale and copied payloads, where the method declares this exchange's fresh."""
+        fresh = getattr(
+            self.method, "fresh_payloads", None
+        )  # a Method has it; other declarations may not
+        if fresh is None or not update_keys(inbox.table) or not fresh(exchange, phase, round_index):
+            return None
+        return self.history.check(exchange, inbox)
 
     def _within_count(
         self, exchange: str, phase: str, round_index: int, inbox: Messages, nodes: int
@@ -183,6 +282,11 @@ class ReceiveGate:
                     torch.isfinite(value).reshape(len(value), -1).all(dim=1).to(ok_rows.device)
                 )
         return ok_rows[inbox.table_rows().to(ok_rows.device)]
+
+
+def _with_entry(inbox: Messages, key: str, value: torch.Tensor) -> Messages:
+    """`inbox` with table entry `key` replaced (same rows, addresses and other entries)."""
+    return Messages(inbox.src, inbox.dst, {**inbox.table, key: value}, inbox.rows)
 
 
 def _table_rows(inbox: Messages) -> int:

@@ -184,6 +184,7 @@ def prepare(
             defense=defense_cls(config) if defense_cls else None,
             malicious=malicious_mask,
             public_records=records,
+            public_partition=data.train.n,
             memory_budget=budget,
         )
         if job.defense is not None and job.defense.needs_oracle:
