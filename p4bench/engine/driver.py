@@ -89,9 +89,9 @@ class RoundDriver(HeldClients):
         # what every inbox is held to before `receive` (counts, finite values, ranges)
         self.receive_gate = ReceiveGate.for_job(job, self.rejections)
         # receivers compare signed digests of what must be identical (p4bench.engine.equivocation)
-        held = [g.rows for g in self.groups] + [torch.tensor([SERVER_ID])] * self.holds_server
+        rows = [g.rows for g in self.groups]
         self.equivocation = equivocation_check(
-            job, network, self.rejections, torch.cat(held), self._broadcasts
+            job, network, self.rejections, rows, self.holds_server, self._broadcasts
         )
         self._holds_everyone = (
             sum(len(rows) for rows in group_rows) == job.data.num_clients

@@ -66,6 +66,7 @@ from p4bench.engine.signed_digests import (
     SeedKeys,
     Statement,
     first_per,
+    host_field,
     row_digests,
     sign_all,
     verify_all,
@@ -115,17 +116,6 @@ class _Declares(Protocol):
     def identical_messages(
         self, exchange: str, phase: str, round_index: int
     ) -> bool | frozenset[str]: ...
-
-
-def _field(
-    messages: Messages, key: str, dtype: torch.dtype, shape: tuple[int, ...]
-) -> torch.Tensor | None:
-    """(n, *shape) entry `key` of every message on the host, or None where the messages
-    lack it or have another layout (what a peer sends is untrusted)."""
-    value = messages.table.get(key)
-    if value is None or value.dtype != dtype or tuple(value.shape[1:]) != shape:
-        return None
-    return messages.value(key).cpu()
 
 
 @dataclass
@@ -224,7 +214,11 @@ class EquivocationCheck:
             (inbox.src != inbox.dst) & torch.isin(inbox.dst, self.held.to(inbox.dst.device))
         ).cpu()
         drop = self.mode == "drop"
-        keep = receipts.valid | ~foreign if drop else torch.ones(len(inbox), dtype=torch.bool)
+        keep = (
+            receipts.valid | ~foreign
+            if drop
+            else torch.ones(len(inbox), dtype=torch.bool, device="cpu")
+        )
         if len(equivocators):
             named = foreign & torch.isin(inbox.src.cpu(), equivocators)
             if bool(named.any()):
@@ -258,7 +252,7 @@ class EquivocationCheck:
     def _message_digests(self, messages: Messages, keys: Sequence[str]) -> torch.Tensor:
         """(n, 2) int64 on the host: each message's digest (each table hashed once per check)."""
         if not len(messages):
-            return torch.zeros((0, 2), dtype=torch.int64)
+            return torch.zeros((0, 2), dtype=torch.int64, device="cpu")
         table = tuple(id(messages.table[k]) for k in keys if k in messages.table)
         if table not in self._digests:
             self._digests[table] = row_digests(messages, keys)
@@ -282,10 +276,10 @@ class EquivocationCheck:
         src, dst = inbox.src.cpu(), inbox.dst.cpu()
         foreign = src != dst
         digests = self._message_digests(inbox, keys)
-        signatures = torch.zeros((len(inbox), SIGNATURE_BYTES), dtype=torch.uint8)
+        signatures = torch.zeros((len(inbox), SIGNATURE_BYTES), dtype=torch.uint8, device="cpu")
         valid = ~foreign
-        their_digests = _field(signed, DIGEST, torch.int64, (2,))
-        their_signatures = _field(signed, SIGNATURE, torch.uint8, (SIGNATURE_BYTES,))
+        their_digests = host_field(signed, DIGEST, torch.int64, (2,))
+        their_signatures = host_field(signed, SIGNATURE, torch.uint8, (SIGNATURE_BYTES,))
         if (
             bool(foreign.any())
             and len(signed)
@@ -315,9 +309,11 @@ class EquivocationCheck:
         """One broadcast per held node: the digest and signature it got from each sender
         (slot sender + 1), in N + 1 fixed slots so that every node's report has one layout."""
         slots, held = self.nodes + 1, self.held
-        digest = torch.zeros((len(held), slots, 2), dtype=torch.int64)
-        signature = torch.zeros((len(held), slots, SIGNATURE_BYTES), dtype=torch.uint8)
-        reported = torch.zeros((len(held), slots), dtype=torch.bool)
+        digest = torch.zeros((len(held), slots, 2), dtype=torch.int64, device="cpu")
+        signature = torch.zeros(
+            (len(held), slots, SIGNATURE_BYTES), dtype=torch.uint8, device="cpu"
+        )
+        reported = torch.zeros((len(held), slots), dtype=torch.bool, device="cpu")
         src, dst = inbox.src.cpu(), inbox.dst.cpu()
         ok = receipts.valid & (src != dst) & torch.isin(dst, held)
         ok &= (src >= SERVER_ID) & (src < self.nodes)
@@ -338,25 +334,29 @@ class EquivocationCheck:
     def _compare(self, reports: Messages, where: Statement) -> torch.Tensor:
         """The senders that two valid reports show signing different digests; reporters of
         an invalid signature are counted as false reporters."""
-        slots, none = self.nodes + 1, torch.zeros(0, dtype=torch.int64)
-        digest = _field(reports, DIGEST, torch.int64, (slots, 2))
-        signature = _field(reports, SIGNATURE, torch.uint8, (slots, SIGNATURE_BYTES))
-        reported = _field(reports, REPORTED, torch.bool, (slots,))
+        slots, none = self.nodes + 1, torch.zeros(0, dtype=torch.int64, device="cpu")
+        digest = host_field(reports, DIGEST, torch.int64, (slots, 2))
+        signature = host_field(reports, SIGNATURE, torch.uint8, (slots, SIGNATURE_BYTES))
+        reported = host_field(reports, REPORTED, torch.bool, (slots,))
         if digest is None or signature is None or reported is None or not len(reports):
             return none
         reporter = reports.src.cpu()
         first = first_per(reporter) & (reporter >= SERVER_ID) & (reporter < self.nodes)
         reporter, digest, signature = reporter[first], digest[first], signature[first]
         reported = reported[first].clone()
-        reported[torch.arange(len(reporter)), reporter + 1] = False  # nobody reports on itself
-        reference = digest[reported.int().argmax(dim=0), torch.arange(slots)]  # (slots, 2)
+        reported[torch.arange(len(reporter), device="cpu"), reporter + 1] = (
+            False  # nobody reports on itself
+        )
+        reference = digest[
+            reported.int().argmax(dim=0), torch.arange(slots, device="cpu")
+        ]  # (slots, 2)
         conflict = (reported & (digest != reference.unsqueeze(0)).any(dim=2)).any(dim=0)
         if not bool(conflict.any()):  # the honest path: one host read, no signature checked
             return none
         equivocators, liars = [], []
         for column in conflict.nonzero().squeeze(1).tolist():  # senders reported inconsistently
             rows = reported[:, column].nonzero().squeeze(1)
-            sender = torch.full((len(rows),), column - 1, dtype=torch.int64)
+            sender = torch.full((len(rows),), column - 1, dtype=torch.int64, device="cpu")
             ok = verify_all(self.keys, sender, digest[rows, column], signature[rows, column], where)
             if len({tuple(d) for d in digest[rows[ok], column].tolist()}) > 1:
                 equivocators.append(column - 1)
@@ -364,13 +364,19 @@ class EquivocationCheck:
         clients = self.held[self.held >= 0]
         for liar in sorted(set(liars)):  # once per held client that received the report
             self.rejections.add(
-                "false digest report", torch.full((int((clients != liar).sum()),), liar)
+                "false digest report",
+                torch.full((int((clients != liar).sum()),), liar, device="cpu"),
             )
-        return torch.tensor(equivocators, dtype=torch.int64)
+        return torch.tensor(equivocators, dtype=torch.int64, device="cpu")
 
 
 def equivocation_check(
-    job: Job, network: Network, rejections: Rejections, held: torch.Tensor, carry_broadcasts: bool
+    job: Job,
+    network: Network,
+    rejections: Rejections,
+    group_rows: Sequence[torch.Tensor],
+    holds_server: bool,
+    carry_broadcasts: bool,
 ) -> EquivocationCheck:
     """The run's check: option ``equivocation`` (declared by the methods that declare
     `identical_messages`), the network's node keys where it has them (attribute
@@ -379,6 +385,8 @@ def equivocation_check(
     mode = EQUIVOCATION_OPTION.resolve(given, "options.equivocation")
     keys: NodeKeys = getattr(network, "node_keys", None) or SeedKeys(job.config.seed)
     nodes = job.data.num_clients
+    server = [torch.tensor([SERVER_ID], device="cpu")] if holds_server else []
+    held = torch.cat([rows.cpu() for rows in group_rows] + server)
     return EquivocationCheck(
         job.method, network, rejections, keys, mode, held, nodes, carry_broadcasts
     )

@@ -28,6 +28,7 @@ __all__ = [
     "SeedKeys",
     "Statement",
     "first_per",
+    "host_field",
     "row_digests",
     "sign_all",
     "statement",
@@ -86,7 +87,7 @@ def row_digests(messages: Messages, keys: Sequence[str]) -> torch.Tensor:
     rows = len(next(iter(messages.table.values()))) if messages.table else 0
     present = sorted(k for k in keys if k in messages.table)
     if not rows or not present:
-        return torch.zeros((rows, 2), dtype=torch.int64)
+        return torch.zeros((rows, 2), dtype=torch.int64, device="cpu")
     layout = "|".join(
         f"{k}:{messages.table[k].dtype}:{tuple(messages.table[k].shape[1:])}" for k in present
     ).encode()
@@ -122,7 +123,7 @@ def sign_all(
 ) -> torch.Tensor:
     """(n, 64) uint8: each sender's signature over its digest (each distinct pair signed once)."""
     if not len(senders):
-        return torch.zeros((0, SIGNATURE_BYTES), dtype=torch.uint8)
+        return torch.zeros((0, SIGNATURE_BYTES), dtype=torch.uint8, device="cpu")
     pairs = torch.cat([senders.cpu().unsqueeze(1), digests], dim=1)
     unique, inverse = torch.unique(pairs, dim=0, return_inverse=True)
     signed = [keys.sign(s, statement(where, s, (d0, d1))) for s, d0, d1 in unique.tolist()]
@@ -140,18 +141,29 @@ def verify_all(
     """(n,) bool: each signature is its sender's over its digest (each distinct triple
     checked once: in process, one per sender however many receivers report it)."""
     if not len(senders):
-        return torch.zeros(0, dtype=torch.bool)
+        return torch.zeros(0, dtype=torch.bool, device="cpu")
     rows = torch.cat([senders.cpu().unsqueeze(1), digests, signatures.long()], dim=1)
     unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
     ok = [keys.verify(r[0], statement(where, r[0], r[1:3]), bytes(r[3:])) for r in unique.tolist()]
-    return torch.tensor(ok, dtype=torch.bool)[inverse]
+    return torch.tensor(ok, dtype=torch.bool, device="cpu")[inverse]
 
 
 def first_per(keys: torch.Tensor) -> torch.Tensor:
     """(n,) bool: the first occurrence of each value of `keys`, in order."""
     order = torch.argsort(keys, stable=True)
-    first_sorted = torch.ones(len(keys), dtype=torch.bool)
+    first_sorted = torch.ones(len(keys), dtype=torch.bool, device="cpu")
     first_sorted[1:] = keys[order][1:] != keys[order][:-1]
-    first = torch.zeros(len(keys), dtype=torch.bool)
+    first = torch.zeros(len(keys), dtype=torch.bool, device="cpu")
     first[order] = first_sorted
     return first
+
+
+def host_field(
+    messages: Messages, key: str, dtype: torch.dtype, shape: tuple[int, ...]
+) -> torch.Tensor | None:
+    """(n, *shape) entry `key` of every message on the host, or None where the messages
+    lack it or have another layout (what a peer sends is untrusted)."""
+    value = messages.table.get(key)
+    if value is None or value.dtype != dtype or tuple(value.shape[1:]) != shape:
+        return None
+    return messages.value(key).cpu()
