@@ -5,6 +5,7 @@ deadline, drop it and the run names it. In the simulator (no clock) it is honest
 from __future__ import annotations
 
 import logging
+import sys
 
 from p4bench.config import RunConfig
 from p4bench.run.runner import run
@@ -87,3 +88,66 @@ def test_a_late_sender_on_the_device_is_dropped_by_every_honest_peer_and_named(t
     assert device["slow_drops_unconfirmed"] == []
     for peer in honest:
         assert device["peers"][peer]["transport"]["refused"] == [late]
+
+
+# A compromised peer (its key, its process; the harness takes it for honest): every round it
+# reports that it dropped every other peer as slow, and an accuracy of 1.0 for its client.
+BRAGGART = r"""
+from p4bench_device import network, node
+
+honest_exchange = network.TLSNetwork.exchange
+
+def exchange(self, exchange, phase, round_index, outgoing):
+    delivery = honest_exchange(self, exchange, phase, round_index, outgoing)
+    if not self.slow_dropped:
+        self.slow_dropped += [
+            {"peer": p, "seq": self.seq, "phase": phase, "round": round_index, "exchange": exchange,
+             "reason": "no end marker by its deadline"}
+            for p in sorted(self.others)
+        ]
+    return delivery
+
+network.TLSNetwork.exchange = exchange
+node.DeviceNode._accuracy_fields = staticmethod(lambda accuracy, extra: {"accuracy": 1.0, "extra": {}})
+from p4bench_device.cli import main
+main()
+"""
+
+
+class OneBraggart(LocalPeers):
+    def command(self, spec):
+        argv = super().command(spec)
+        return [sys.executable, "-c", BRAGGART, *argv[3:]] if spec.id == "3" else argv
+
+
+def test_one_peers_fake_drops_are_claims_and_its_perfect_accuracy_is_named(tmp_path):
+    with OneBraggart(4, server=True) as cluster:
+        config = _config(
+            runtime="device",
+            results_dir=str(tmp_path),
+            options={
+                "device_peers": str(cluster.peers_path),
+                "device_tls_dir": str(cluster.tls_dir),
+                "device_exchange_timeout_s": 30,
+                "device_round_timeout_s": 120,
+                "device_startup_timeout_s": 180,
+            },
+        )
+        summary = run(config, track=False).summary
+    device = summary["device"]
+    assert device["slow_dropped"] == []  # nobody backs peer 3's word: nothing published as a drop
+    claims = device["slow_drops_unconfirmed"]
+    assert {e["peer"] for e in claims} == {"0", "1", "2", "server"} and {
+        e["by"] for e in claims
+    } == {"3"}
+    assert all(
+        "peer 3 reports it dropped slow peer" in e["message"] and "unconfirmed" in e["message"]
+        for e in claims
+    )
+    for peer in ("0", "1", "2", "server"):  # and nobody refused anyone
+        assert device["peers"][peer]["transport"]["refused"] == []
+    check = device["accuracy_check"]
+    assert [o["peer"] for o in check["outliers"]] == ["3"] and check["outliers"][0][
+        "accuracy"
+    ] == 1.0
+    assert check["mean_without_outliers"] < check["mean"] and check["median"] < 1.0
