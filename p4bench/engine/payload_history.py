@@ -56,23 +56,25 @@ def _mix(value: torch.Tensor) -> torch.Tensor:
 
 
 def _bits(value: torch.Tensor) -> torch.Tensor:
-    """(rows, width) the raw bits of each row as integers (a bitwise view, no rounding)."""
+    """(rows, width) the raw bits of each row as integers (a bitwise view, no rounding):
+    64-bit words where a row's bytes divide into them (half the words of float32)."""
     flat = value.reshape(len(value), -1)
     if flat.dtype == torch.bool:
-        return flat.to(torch.int8)
-    if flat.is_floating_point() or flat.is_complex():
-        flat = flat.contiguous()
-        if flat.is_complex():
-            flat = torch.view_as_real(flat).reshape(len(value), -1)
-        return flat.view(_BITS[flat.element_size()])
-    return flat
+        flat = flat.to(torch.int8)
+    if flat.is_complex():
+        flat = torch.view_as_real(flat.contiguous()).reshape(len(value), -1)
+    flat = flat.contiguous()
+    if (flat.shape[1] * flat.element_size()) % 8 == 0:
+        return flat.view(torch.int64)
+    return flat.view(_BITS[flat.element_size()])
 
 
 def row_digests(table: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """((rows,) int64 digest, (rows,) bool nonzero) of the ``update.*`` entries of each
-    table row: a keyed sum of mixed (position, bits) words, so equal rows give equal
-    digests and different rows collide with probability about 2^-64; `nonzero` is False
-    for a row whose update bits are all zero."""
+    table row: a sum over its 64-bit words of each word, salted by its position, multiplied
+    by an odd constant and folded; equal rows give equal digests, and different ones
+    (noisy models) practically never do. `nonzero` is False for a row whose update bits
+    are all zero."""
     keys = update_keys(table)
     rows = len(table[keys[0]]) if keys else 0
     device = table[keys[0]].device if keys else torch.device("cpu")
@@ -88,8 +90,9 @@ def row_digests(table: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Ten
             position = torch.arange(
                 offset + start, offset + start + part.shape[1], dtype=torch.int64, device=device
             )
-            salt = _mix(position * _GOLDEN + 1)
-            digest += _mix(part ^ salt).sum(dim=1)
+            salt = _mix(position * _GOLDEN + 1)  # per column: the same word elsewhere hashes apart
+            word = (part ^ salt) * _MIX_A
+            digest += (word ^ (word >> 32)).sum(dim=1)
             nonzero |= (part != 0).any(dim=1)
         offset += width
     return digest, nonzero
