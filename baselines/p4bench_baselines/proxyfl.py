@@ -211,9 +211,11 @@ class ProxyFL(Method):
     def identical_messages(
         self, exchange: str, phase: str, round_index: int
     ) -> bool | frozenset[str]:
-        """Every peer of the round gets the sender's one proxy;
-        receivers compare signed digests (p4bench.engine.equivocation)."""
-        return True
+        """Every peer of the round gets the sender's one proxy: where a sender has two or more
+        (not on the default exponential graph, one peer a round), receivers compare signed
+        digests (p4bench.engine.equivocation)."""
+        pushes = self.graph.adjacency(round_index) != 0  # [j, i]: j pushes to i
+        return bool((pushes.sum(axis=1) - pushes.diagonal()).max() >= 2)
 
     def outgoing(self, exchange: str, state: State, ctx: StepContext) -> Messages:
         """Only the proxy is sent (to the round's out-neighbours, and to oneself when averaging)."""
