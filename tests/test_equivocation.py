@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from p4bench.config import RunConfig
+from p4bench.engine.capabilities import Capabilities
 from p4bench.engine.equivocation import EquivocationCheck, digests_exchange, signed_exchange
 from p4bench.engine.messages import BROADCAST, Messages
 from p4bench.engine.network import Delivery, InProcessNetwork, Network
@@ -209,6 +210,9 @@ def test_equivocate_sends_each_attacker_two_models():
     assert torch.equal(out.value("update.w")[~flipped], honest[~flipped])
     for sender in (0, 1):  # two of its four receivers each
         assert int(flipped[mine.src == sender].sum()) == 2
+    alone = mine.select((mine.src == 0) & (mine.dst == 1))  # one receiver: nothing to equivocate
+    assert not bool(poisoned_receivers(alone, 0.5).any())
+    assert Equivocate.incompatibility(Capabilities(uses_server=True)) is not None
     one = mine.select((mine.src == 0) & (mine.dst <= 2))  # two receivers, any fraction in (0, 1)
     assert (
         int(poisoned_receivers(one, 0.01).sum()) == 1

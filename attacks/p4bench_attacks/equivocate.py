@@ -9,9 +9,10 @@ that `Method.identical_messages` declares). Per malicious sender and exchange, i
 messages to other nodes are ordered by receiver id and the first
 ceil(`equivocate_fraction` * k) of its k receivers get `equivocate_scale` times its
 honest ``update.*`` payload (-1, the default: negated), the others the honest one; with
-0 < fraction < 1 and k >= 2 at least one receiver gets each, so the sender does
-equivocate. Its message to itself and a broadcast (one message: the sender's receivers
-are not known here) stay honest. It needs nothing but the attacker's own messages, so a
+0 < fraction < 1 at least one receiver gets each, so the sender does equivocate. A
+sender with a single receiver, its message to itself and a broadcast (one message: the
+sender's receivers are not known here) stay honest; methods whose clients talk to a
+server are refused (each client has one receiver). It needs nothing but the attacker's own messages, so a
 compromised device peer mounts it as the simulator does; it draws no randomness.
 """
 
@@ -27,6 +28,7 @@ from p4bench_attacks._honest import honest_vectors, send
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
+    from p4bench.engine.capabilities import Capabilities
     from p4bench.rng import ClientRng
 
 __all__ = ["Equivocate", "poisoned_receivers"]
@@ -51,8 +53,9 @@ def poisoned_receivers(messages: Messages, fraction: float) -> torch.Tensor:
         0, group, sorted_away.long()
     )  # receivers other than itself, per sender
     poisoned = torch.ceil(count.double() * fraction).long()
-    if 0 < fraction < 1:  # equivocate wherever there are two receivers
-        poisoned = torch.where(count >= 2, poisoned.clamp(1, None).minimum(count - 1), poisoned)
+    if 0 < fraction < 1:  # each of two or more receivers' models at least once
+        poisoned = poisoned.clamp(1, None).minimum(count - 1)
+    poisoned = torch.where(count >= 2, poisoned, 0)  # one receiver: nothing to equivocate
     chosen = sorted_away & (rank < poisoned[group])
     out = torch.zeros_like(away)
     out[order] = chosen
@@ -89,6 +92,15 @@ class Equivocate(Attack):
         super().__init__(config, num_classes)
         self.fraction: float = self.option_values["equivocate_fraction"]
         self.scale: float = self.option_values["equivocate_scale"]
+
+    @classmethod
+    def incompatibility(cls, capabilities: Capabilities) -> str | None:
+        if capabilities.uses_server:
+            return (
+                "it sends different receivers different models, and this method's clients "
+                "talk to a server (one receiver each)"
+            )
+        return super().incompatibility(capabilities)
 
     def tamper(
         self,
