@@ -17,6 +17,7 @@ from p4bench.engine.signed_digests import SeedKeys
 from p4bench.engine.traffic import TrafficLedger
 from p4bench.rng import ClientRng, node_keys
 from p4bench.run.runner import run
+from p4bench.testing import check_attack
 from p4bench_attacks.equivocate import Equivocate, poisoned_receivers
 
 NODES = 5
@@ -260,3 +261,9 @@ def test_dp_dsgd_names_the_equivocators_and_honest_runs_name_nobody(small_config
     assert rejections_of(named_only) == named
     dropped, kept = result.outcome.final_params, named_only.outcome.final_params
     assert any(not torch.equal(dropped[k], kept[k]) for k in dropped)
+
+
+def test_equivocate_conforms_in_every_runtime():
+    """The conformance kit: the attacked dp-dsgd run is the same in the simulator, the
+    reference and bytes runtimes and on an accelerator, with the check's exchanges."""
+    check_attack("equivocate")

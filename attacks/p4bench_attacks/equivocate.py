@@ -66,6 +66,7 @@ class Equivocate(Attack):
     """Send some receivers the honest model and the others a poisoned (negated) one."""
 
     name = "equivocate"
+    needs_individual_updates = True  # point-to-point messages, received one by one
     description = (
         "equivocation: each attacker sends a poisoned (negated) model to a fraction of its "
         "receivers and its honest model to the others, where all should get the same"
