@@ -152,6 +152,7 @@ def test_the_history_holds_one_digest_per_pair_whatever_the_rounds():
 # -- end to end: honest runs of every method that declares fresh payloads ------------------------
 CLEAN = [
     ("fedavg", {"epsilon": 8.0, "local_steps": 2, "client_rate": 0.5}, {}),
+    ("feddf", {"epsilon": 8.0, "local_steps": 2}, {"distill_steps": 20, "distill_eval_every": 10}),
     ("dp-dsgd", {}, {}),
     ("dp-dsgd", {}, {"topology": "ring"}),
     ("dp-dsgd", {}, {"order": "d-psgd", "iterations": 1}),
