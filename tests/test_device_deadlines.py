@@ -232,6 +232,17 @@ def test_a_drop_one_peer_reports_is_a_claim_and_one_a_majority_reports_is_a_fact
     )
 
 
+def test_the_server_peer_of_a_server_method_is_believed_alone():
+    # FedAvg: clients' messages go to the server only, so only it sees a client's extra copies
+    confirmed, unconfirmed = split_drops(_drops("a", "e"), set("abcde"), trusted=frozenset({"a"}))
+    assert [(e["peer"], e["confirmed_by"], e["of"]) for e in confirmed] == [
+        ("e", 1, 4)
+    ] and unconfirmed == []
+    # a client's word about the server is still a claim
+    confirmed, unconfirmed = split_drops(_drops("e", "a"), set("abcde"), trusted=frozenset({"a"}))
+    assert confirmed == [] and [e["peer"] for e in unconfirmed] == ["a"]
+
+
 def test_a_self_reported_accuracy_that_stands_out_is_named_beside_a_median():
     nodes = {"server": -1, "0": 0, "1": 1, "2": 2, "3": 3, "4": 4}
     accuracy = np.array([0.88, 0.90, 0.89, 0.91, 1.0])  # peer 4 claims 1.0

@@ -7,6 +7,9 @@ slow" in its reports. So the launcher publishes a drop of peer X as fact (the su
 ``device.<X>.slow_dropped_by``) only once a strict majority of the other peers (those still
 in the run, and any that reported X) report dropping X: every receiver judges every sender
 on its own, so a sender that is really slow or late is dropped by all its honest receivers.
+The server peer of a server-based method is believed alone (`trusted`): clients' messages
+go to it only, so only it sees their extra copies, and the method trusts it with the model
+anyway (a compromised server needs no fake drops to do harm).
 Reports that no majority backs are kept apart, worded as claims: ``device.slow_drops_unconfirmed``
 ("peer 1 reports it dropped slow peer 0 (unconfirmed: 1 of 4 other peers)") and the round
 metrics ``device.slow_drops_unconfirmed`` (how many peers are named only so) and
@@ -58,27 +61,29 @@ def _reporters(entries: Sequence[dict[str, Any]]) -> dict[str, set[str]]:
 
 
 def confirmed_drops(
-    entries: Sequence[dict[str, Any]], active: set[str]
-) -> dict[str, tuple[int, int]]:
+    entries: Sequence[dict[str, Any]], active: set[str], trusted: frozenset[str] = frozenset()
+) -> dict[str, tuple[int, int, bool]]:
     """Every peer named in `entries` -> (how many other peers report dropping it, how many
-    other peers could: those `active` and those that reported it). Confirmed when the
-    first is more than half the second."""
-    counts: dict[str, tuple[int, int]] = {}
+    other peers could: those `active` and those that reported it, confirmed: by more than
+    half of them, or by a `trusted` peer)."""
+    counts: dict[str, tuple[int, int, bool]] = {}
     for peer, reporters in _reporters(entries).items():
-        counts[peer] = (len(reporters - {peer}), len((active | reporters) - {peer}))
+        backed, others = len(reporters - {peer}), len((active | reporters) - {peer})
+        counts[peer] = (backed, others, 2 * backed > others or bool(reporters & trusted - {peer}))
     return counts
 
 
 def split_drops(
-    entries: Sequence[dict[str, Any]], active: set[str]
+    entries: Sequence[dict[str, Any]], active: set[str], trusted: frozenset[str] = frozenset()
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(confirmed, unconfirmed) copies of `entries` (`announced`): the reports of a drop a
-    strict majority of the other peers backs, and the others, reworded as claims."""
-    counts = confirmed_drops(entries, active)
+    strict majority of the other peers (or a `trusted` one) backs, and the others, reworded
+    as claims."""
+    counts = confirmed_drops(entries, active, trusted)
     confirmed, unconfirmed = [], []
     for entry in entries:
-        backed, others = counts[entry["peer"]]
-        if 2 * backed > others:
+        backed, others, sure = counts[entry["peer"]]
+        if sure:
             confirmed.append(dict(entry, confirmed_by=backed, of=others))
             continue
         claim = entry["message"].replace(

@@ -16,6 +16,7 @@ from typing import Any
 
 from p4bench.engine.method import Phase
 from p4bench.engine.runtime import RoundReport
+from p4bench.rng import SERVER_ID
 from p4bench_device.drop_reports import announced, drop_metrics, split_drops
 from p4bench_device.launcher_link import EVENT_RECONNECTED, LauncherLink
 from p4bench_device.peers import PeersFile
@@ -135,7 +136,8 @@ class PeerReports:
 
     def slow_drops(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(confirmed, unconfirmed) slow-peer drops reported so far (`drop_reports.split_drops`)."""
-        return split_drops(self.slow_dropped, self.active)
+        server = frozenset(p.id for p in self.peers.peers if p.node == SERVER_ID)  # believed alone
+        return split_drops(self.slow_dropped, self.active, server)
 
     def _announcing(self, on_round: Callable[[RoundReport], None]) -> Callable[[RoundReport], None]:
         """`on_round` with the slow-peer drops so far in the round's metrics (`drop_reports.drop_metrics`)."""
