@@ -23,7 +23,7 @@ ATTACK = dict(attack="aggregator-poison", malicious_fraction=0.25)
 
 
 def _run(small_config, check=None, **changes):
-    options = dict(BASE["options"])
+    options = {**BASE["options"], **changes.pop("options", {})}
     if check is not None:
         options["aggregator_check"] = check
     return run(small_config(**{**BASE, **changes, "options": options}), track=False)
@@ -149,3 +149,23 @@ def test_the_attack_conforms_and_acts_only_where_a_peer_aggregates(fresh_registr
         options={"aggregator_check": "none"},
     )
     assert report.passed
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_equivocating_uploads_are_checked_where_the_run_asks(small_config, asked):
+    """A participant that sends different deltas to different members makes their
+    aggregates differ: with -o equivocation=drop the check names it (digest reports cost
+    O(N^3) bytes, so P4 declares its uploads identical only where the run asks)."""
+    options = {"equivocation": "drop"} if asked else {}
+    result = _run(
+        small_config,
+        clients=8,
+        rounds=3,
+        local_steps=2,
+        attack="equivocate",
+        malicious_fraction=0.25,
+        options=options,
+    )
+    malicious = set(np.flatnonzero(result.info.malicious).tolist())
+    named = _named(result.summary, "equivocation")
+    assert named == (malicious if asked else set())

@@ -273,6 +273,20 @@ class P4(GroupingExchanges, CotrainingExchanges, LocalCotraining, Method):
         )
         return handle(state, inbox, ctx)
 
+    def identical_messages(
+        self, exchange: str, phase: str, round_index: int
+    ) -> bool | frozenset[str]:
+        """With aggregator_check=recompute a participant's upload goes to every member, who
+        all recompute the aggregate from it: it must be the same for every receiver, else a
+        participant sending different deltas would make the members' aggregates differ
+        from the aggregator's and frame an honest aggregator (the equivocation check names
+        and drops such a sender). Declared only where the run sets option `equivocation`
+        itself: the check's digest reports go from every node to every node, O(N^3) bytes
+        per exchange, prohibitive at the paper's client counts. A `distribute` that
+        differs between members is caught by each member's own comparison."""
+        asked = "equivocation" in self.config.options
+        return asked and self.aggregator_check == "recompute" and exchange == "upload"
+
     def derived_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         """How far members checked their aggregators: with aggregator_check=recompute the
         distributed models compared and rejected; 0 checked says the run trusted them."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from p4bench.engine.equivocation import EQUIVOCATION_OPTION
 from p4bench.options import Option
 from p4bench_p4.span import NOISE_MODES
 
@@ -93,4 +94,5 @@ OPTIONS = (
         "(floating-point order; the aggregator adds no noise)",
         low=0,
     ),
+    EQUIVOCATION_OPTION,  # the uploads every member recomputes from (aggregator_check=recompute)
 )
