@@ -110,17 +110,21 @@ def test_a_sender_of_two_models_is_named_by_every_receiver_and_dropped():
 
 
 def with_report_of_2(reports: Messages, slot_from: Messages | None = None) -> Messages:
-    """`reports` and one from node 2 (its process is not this one): node 1's report (which
-    holds sender 0's signed digest) as node 2's, its sender-0 slot taken from `slot_from`
-    (an earlier exchange's reports) where given, else with another digest."""
-    row = int((reports.src == 1).nonzero()[0])
+    """`reports` and one entry from node 2 (its process is not this one): node 1's entry on
+    sender 0 (its signed digest) as node 2's, its digest and signature taken from
+    `slot_from` (an earlier exchange's reports) where given, else with another digest."""
+
+    def entry_of_1_on_0(batch: Messages) -> int:
+        return int(((batch.src == 1) & (batch.table["sender"] == 0)).nonzero()[0])
+
+    row = entry_of_1_on_0(reports)
     lie = {k: v[row : row + 1].clone() for k, v in reports.table.items()}
     if slot_from is None:
-        lie["digest"][0, 1, 0] += 1
+        lie["digest"][0, 0] += 1
     else:
-        earlier = int((slot_from.src == 1).nonzero()[0])
+        earlier = entry_of_1_on_0(slot_from)
         for key in ("digest", "signature"):
-            lie[key][0, 1] = slot_from.table[key][earlier, 1]
+            lie[key][0] = slot_from.table[key][earlier]
     liar = Messages(torch.tensor([2]), torch.tensor([BROADCAST]), lie)
     return Messages.concat([reports, liar])
 

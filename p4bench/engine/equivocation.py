@@ -11,9 +11,10 @@ the run's own `Network` (so every runtime, a device peer over TLS included, does
    block, sender, digest), the digest a 128-bit BLAKE2b of the declared payload entries.
    The receiver recomputes the digest of what it got and checks the signature; a message
    without a matching valid signature is rejected (``unsigned message from <id>``).
-2. ``digests:<exchange>``: every node sends every other (a broadcast) its report: for each
-   sender, the digest it received and the sender's signature over it (one fixed-size
-   message per node: N + 1 slots, the server's first).
+2. ``digests:<exchange>``: every node sends every other (a broadcast) its report: one entry
+   per sender it received from, with the digest it got and the sender's signature over it
+   (one message per entry, all of one layout: a node may send up to N + 1 of them,
+   `check_messages_per_pair`).
 
 Each node then compares, per sender, the digests reported by all receivers (its own
 included). Where all agree nothing else is done (the honest path has no signature check
@@ -43,8 +44,9 @@ keys could replay another's signatures.
 Privacy: a digest is a function of a message its receivers already got (post-processing of
 a DP release); the digest exchange shows it to nodes that did not receive the message,
 which the local-DP guarantee of each release already covers (it holds against every
-observer). Cost: per covered exchange, one signed message per message sent and one report
-of 81 (N + 1) bytes from each node to every other; hashing and signing are host work per
+observer). Cost: per covered exchange, one signed message per message sent, and one
+89-byte report entry per message received, sent to every other node (O(N^2 d) bytes on a
+graph of in-degree d: the reports must reach receivers that are not neighbours); hashing and signing are host work per
 message (a Python loop over messages, not a per-message device sync: the payload is read
 from the device once).
 """
@@ -59,7 +61,7 @@ import torch
 
 from p4bench.engine.messages import BROADCAST, Messages
 from p4bench.engine.network import Network
-from p4bench.engine.receive_gate import Rejections
+from p4bench.engine.receive_gate import Declarations, Rejections
 from p4bench.engine.signed_digests import (
     SIGNATURE_BYTES,
     NodeKeys,
@@ -84,6 +86,7 @@ __all__ = [
     "EquivocationCheck",
     "digests_exchange",
     "equivocation_check",
+    "messages_per_pair",
     "signed_exchange",
 ]
 
@@ -99,7 +102,7 @@ EQUIVOCATION_OPTION = Option(
 )
 DIGEST = "digest"  # (2,) int64: a 128-bit BLAKE2b of the covered payload entries
 SIGNATURE = "signature"  # (64,) uint8: the sender's Ed25519 signature over the statement
-REPORTED = "reported"  # (N + 1,) bool: the senders a report has a digest for (slot 0: the server)
+SENDER = "sender"  # () int64: the node a report entry is about (-1: the server)
 
 
 def signed_exchange(exchange: str) -> str:
@@ -110,6 +113,21 @@ def signed_exchange(exchange: str) -> str:
 def digests_exchange(exchange: str) -> str:
     """The name of the exchange that carries the receivers' reports on `exchange`."""
     return f"digests:{exchange}"
+
+
+def messages_per_pair(
+    method: Declarations, exchange: str, phase: str, round_index: int, nodes: int
+) -> tuple[int, int]:
+    """(per client, per server) the most messages one sender may send one destination in
+    `exchange`, the check's own exchanges included: ``signed:<x>`` carries one message per
+    message of `x` (its limits), ``digests:<x>`` one report entry per sender (N + 1)."""
+    if exchange.startswith("digests:"):
+        return nodes + 1, nodes + 1
+    exchange = exchange.removeprefix("signed:")
+    return (
+        int(method.messages_per_pair(exchange, phase, round_index)),
+        int(method.server_messages_per_pair(exchange, phase, round_index)),
+    )
 
 
 class _Declares(Protocol):
@@ -306,60 +324,59 @@ class EquivocationCheck:
 
     # -- the receivers' reports -----------------------------------------------------------
     def _reports(self, inbox: Messages, receipts: _Receipts) -> Messages:
-        """One broadcast per held node: the digest and signature it got from each sender
-        (slot sender + 1), in N + 1 fixed slots so that every node's report has one layout."""
-        slots, held = self.nodes + 1, self.held
-        digest = torch.zeros((len(held), slots, 2), dtype=torch.int64, device="cpu")
-        signature = torch.zeros(
-            (len(held), slots, SIGNATURE_BYTES), dtype=torch.uint8, device="cpu"
-        )
-        reported = torch.zeros((len(held), slots), dtype=torch.bool, device="cpu")
+        """One broadcast entry per (held receiver, sender) it got a valid signed message from:
+        the sender, the digest and the sender's signature over it. Entries, not a slot per
+        node: a report costs what its receiver got (its in-degree), not the federation's size."""
+        held = self.held
         src, dst = inbox.src.cpu(), inbox.dst.cpu()
         ok = receipts.valid & (src != dst) & torch.isin(dst, held)
         ok &= (src >= SERVER_ID) & (src < self.nodes)
         chosen = ok.nonzero().squeeze(1)
-        chosen = chosen[first_per(dst[chosen] * (slots + 1) + src[chosen])]  # one per pair
-        row, slot = torch.searchsorted(held, dst[chosen]), src[chosen] + 1
-        digest[row, slot] = receipts.digests[chosen]
-        signature[row, slot] = receipts.signatures[chosen]
-        reported[row, slot] = True
+        chosen = chosen[first_per(dst[chosen] * (self.nodes + 2) + src[chosen] + 1)]  # one per pair
         device = inbox.src.device
-        payload = {DIGEST: digest, SIGNATURE: signature, REPORTED: reported}
+        payload = {
+            SENDER: src[chosen],
+            DIGEST: receipts.digests[chosen],
+            SIGNATURE: receipts.signatures[chosen],
+        }
         return Messages(
-            held.to(device),
-            torch.full((len(held),), BROADCAST, device=device),
+            dst[chosen].to(device),
+            torch.full((len(chosen),), BROADCAST, device=device),
             {k: v.to(device) for k, v in payload.items()},
         )
 
     def _compare(self, reports: Messages, where: Statement) -> torch.Tensor:
         """The senders that two valid reports show signing different digests; reporters of
         an invalid signature are counted as false reporters."""
-        slots, none = self.nodes + 1, torch.zeros(0, dtype=torch.int64, device="cpu")
-        digest = host_field(reports, DIGEST, torch.int64, (slots, 2))
-        signature = host_field(reports, SIGNATURE, torch.uint8, (slots, SIGNATURE_BYTES))
-        reported = host_field(reports, REPORTED, torch.bool, (slots,))
-        if digest is None or signature is None or reported is None or not len(reports):
+        none = torch.zeros(0, dtype=torch.int64, device="cpu")
+        sender = host_field(reports, SENDER, torch.int64, ())
+        digest = host_field(reports, DIGEST, torch.int64, (2,))
+        signature = host_field(reports, SIGNATURE, torch.uint8, (SIGNATURE_BYTES,))
+        if sender is None or digest is None or signature is None or not len(reports):
             return none
         reporter = reports.src.cpu()
-        first = first_per(reporter) & (reporter >= SERVER_ID) & (reporter < self.nodes)
-        reporter, digest, signature = reporter[first], digest[first], signature[first]
-        reported = reported[first].clone()
-        reported[torch.arange(len(reporter), device="cpu"), reporter + 1] = (
-            False  # nobody reports on itself
-        )
-        reference = digest[
-            reported.int().argmax(dim=0), torch.arange(slots, device="cpu")
-        ]  # (slots, 2)
-        conflict = (reported & (digest != reference.unsqueeze(0)).any(dim=2)).any(dim=0)
-        if not bool(conflict.any()):  # the honest path: one host read, no signature checked
+        # one entry per (reporter, sender), from known nodes, never about the reporter itself
+        usable = (reporter >= SERVER_ID) & (reporter < self.nodes) & (sender >= SERVER_ID)
+        usable &= (sender < self.nodes) & (sender != reporter)
+        usable &= first_per((reporter + 1) * (self.nodes + 2) + sender.clamp(-1, self.nodes) + 1)
+        reporter, sender = reporter[usable], sender[usable]
+        digest, signature = digest[usable], signature[usable]
+        if not len(sender):
+            return none
+        order = torch.argsort(sender, stable=True)
+        grouped = sender[order]
+        _, counts = torch.unique_consecutive(grouped, return_counts=True)
+        starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        differs = (digest[order] != digest[order][starts]).any(dim=1)
+        if not bool(differs.any()):  # the honest path: one host read, no signature checked
             return none
         equivocators, liars = [], []
-        for column in conflict.nonzero().squeeze(1).tolist():  # senders reported inconsistently
-            rows = reported[:, column].nonzero().squeeze(1)
-            sender = torch.full((len(rows),), column - 1, dtype=torch.int64, device="cpu")
-            ok = verify_all(self.keys, sender, digest[rows, column], signature[rows, column], where)
-            if len({tuple(d) for d in digest[rows[ok], column].tolist()}) > 1:
-                equivocators.append(column - 1)
+        for who in torch.unique(grouped[differs]).tolist():  # senders reported inconsistently
+            rows = (sender == who).nonzero().squeeze(1)
+            claimed = torch.full((len(rows),), who, dtype=torch.int64, device="cpu")
+            ok = verify_all(self.keys, claimed, digest[rows], signature[rows], where)
+            if len({tuple(d) for d in digest[rows[ok]].tolist()}) > 1:
+                equivocators.append(who)
             liars += reporter[rows[~ok]].tolist()
         clients = self.held[self.held >= 0]
         for liar in sorted(set(liars)):  # once per held client that received the report

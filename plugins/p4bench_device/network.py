@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from p4bench.engine.equivocation import messages_per_pair
 from p4bench.engine.messages import Messages, PayloadLayout, encode, message_layout_of
 from p4bench.engine.method import Method
 from p4bench.engine.network import Delivery, Network
@@ -229,8 +230,9 @@ class TLSNetwork(Network):
         the transport rejects extras before buffering them. None: no method yet."""
         if self.method is None:
             return None
-        per_client = int(self.method.messages_per_pair(exchange, phase, round_index))
-        per_server = int(self.method.server_messages_per_pair(exchange, phase, round_index))
+        per_client, per_server = messages_per_pair(
+            self.method, exchange, phase, round_index, len(self.peer_of)
+        )
         return {
             peer: per_server if node == SERVER_ID else per_client
             for node, peer in self.peer_of.items()
