@@ -304,6 +304,7 @@ def _host_reads_of_one_round(method: str, clients: int, results_dir: str, **chan
         ("fedavg", {"epsilon": 8.0}),
         ("p4", {}),
         ("dp-dsgt", {"epsilon": 8.0}),
+        ("dp-dsgt", {"epsilon": 8.0, "options": {"equivocation": "none"}}),
         ("proxyfl", {}),
         ("pdsl", {}),
     ],
@@ -315,4 +316,8 @@ def test_reads_back_to_the_host_per_round_do_not_grow_with_the_clients(
     ledger's stepping clients, the report), never one per client: on a GPU each is a sync."""
     few = _host_reads_of_one_round(method, 10, results_dir, **changes)
     many = _host_reads_of_one_round(method, 30, results_dir, **changes)
-    assert many == few and few < 60, (few, many)
+    # DP-DSGT's two gossip exchanges run the equivocation check: its digests, signatures and
+    # report comparison are host work, a fixed number of reads per covered exchange
+    checked = method == "dp-dsgt" and changes.get("options", {}).get("equivocation") != "none"
+    limit = 90 if checked else 60
+    assert many == few and few < limit, (few, many)
