@@ -35,10 +35,9 @@ equivocator's own (colluding) receivers need not. Keys: a runtime's network may 
 driver its nodes' keys (attribute ``node_keys``, a `NodeKeys`); otherwise every node's
 key is derived from the run seed (`SeedKeys`): the simulator's harness holds all of them,
 which models honest-but-separate keys for the simulated attacks (the harness signs for
-every node what it sends). On a device peer, seed-derived keys are known to every peer
-that knows the seed: there a compromised peer could forge an honest peer's signature, so
-the reports then bind only honest reporters; per-peer keys (e.g. from the peers' TLS
-identities) close this. Statements do not name the run: a run with the same seed and
+every node what it sends). A device peer's network hands over its peer's own TLS key and
+the certificates the other peers presented (`p4bench_device.signing_keys`), so no peer
+can sign for another. Statements do not name the run: a run with the same seed and
 keys could replay another's signatures.
 
 Privacy: a digest is a function of a message its receivers already got (post-processing of
@@ -400,7 +399,9 @@ def equivocation_check(
     ``node_keys``, a `NodeKeys`), else keys derived from the run seed (`SeedKeys`)."""
     given = job.config.options.get("equivocation")
     mode = EQUIVOCATION_OPTION.resolve(given, "options.equivocation")
-    keys: NodeKeys = getattr(network, "node_keys", None) or SeedKeys(job.config.seed)
+    inner = getattr(network, "inner", None)  # a wrapped network (the privacy checks observe it)
+    given_keys = getattr(network, "node_keys", None) or getattr(inner, "node_keys", None)
+    keys: NodeKeys = given_keys or SeedKeys(job.config.seed)
     nodes = job.data.num_clients
     server = [torch.tensor([SERVER_ID], device="cpu")] if holds_server else []
     held = torch.cat([rows.cpu() for rows in group_rows] + server)

@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 from p4bench_device.listener import has_unread, tls_accept, wait_readable
 from p4bench_device.protocol import HEADER_BYTES, Limits, frame_header
-from p4bench_device.tls import IdentityError, common_name
+from p4bench_device.tls import IdentityError, identity
 
 log = logging.getLogger("p4bench.device")
 
@@ -125,7 +125,7 @@ async def open_frames(
         ),
         limits.connect_timeout_s,
     )
-    name = common_name(writer.get_extra_info("peercert"))
+    name = identity(writer)
     if name != expected:
         writer.close()
         raise IdentityError(
@@ -229,7 +229,7 @@ class Gate:
             self.handshakes.release(task)
             if not handed:
                 sock.close()
-        name = common_name(writer.get_extra_info("peercert"))
+        name = identity(writer)
         problem = None
         if name is None or not self._allowed(name):
             problem = (

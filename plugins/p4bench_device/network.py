@@ -26,6 +26,7 @@ from p4bench.engine.network import Delivery, Network
 from p4bench.rng import SERVER_ID
 from p4bench_device.measure import PowerMeter, RoundClock
 from p4bench_device.peers import PeersFile, PeerSpec
+from p4bench_device.signing_keys import PeerKeys
 from p4bench_device.transport import ExchangeResult, PeerTransport
 
 if TYPE_CHECKING:
@@ -91,6 +92,9 @@ class TLSNetwork(Network):
         meter: PowerMeter | None = None,
     ) -> None:
         self.me, self.transport, self.meter = me, transport, meter
+        key = getattr(transport, "signing_key", None)
+        # the equivocation check's signatures: this peer's own TLS key, never a shared one
+        self.node_keys = PeerKeys(me, peers, key) if key is not None else None
         self.peer_of = {p.node: p.id for p in peers.peers}
         self.others = {p.id for p in peers.peers if p.id != me.id}
         self.steps_done_at = time.perf_counter()

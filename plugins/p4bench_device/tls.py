@@ -33,7 +33,9 @@ __all__ = [
     "init_tls_dir",
     "server_context",
     "client_context",
+    "certificates",
     "common_name",
+    "identity",
     "IdentityError",
 ]
 
@@ -197,6 +199,23 @@ def server_context(folder: str | Path, name: str) -> ssl.SSLContext:
 def client_context(folder: str | Path, name: str) -> ssl.SSLContext:
     """TLS client context of node `name`: presents its certificate, verifies the server's."""
     return _context(ssl.Purpose.SERVER_AUTH, folder, name)
+
+
+# peer id -> the DER certificate it presented in this process's latest verified handshake
+# with it (the handshake checked it against the run's CA): its key verifies the peer's
+# signatures (`p4bench_device.signing_keys`)
+certificates: dict[str, bytes] = {}
+
+
+def identity(writer: Any) -> str | None:
+    """The common name of the other end's verified certificate (an asyncio stream writer's
+    TLS connection); the certificate is kept in `certificates` under that name."""
+    name = common_name(writer.get_extra_info("peercert"))
+    ssl_object = writer.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    if name is not None and der:
+        certificates[name] = der
+    return name
 
 
 def common_name(peercert: dict[str, Any] | None) -> str | None:

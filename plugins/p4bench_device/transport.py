@@ -66,6 +66,7 @@ from p4bench_device.protocol import (
     Limits,
     dump_json,
 )
+from p4bench_device.signing_keys import load_signing_key
 from p4bench_device.tls import client_context, server_context
 
 log = logging.getLogger("p4bench.device")
@@ -108,6 +109,7 @@ class PeerTransport:
     def __init__(self, me: PeerSpec, peers: PeersFile, tls_dir: str | Path, limits: Limits) -> None:
         self.me, self.peers, self.limits = me, peers, limits
         self.server_context = server_context(tls_dir, me.id)
+        self.signing_key = load_signing_key(tls_dir, me.id)  # signs digests (equivocation check)
         self.client_context = client_context(tls_dir, me.id)
         self.rejects = RejectLog()
         self.control: queue.Queue[dict[str, Any]] = queue.Queue()
