@@ -58,9 +58,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from p4bench.engine.check_exchanges import digests_exchange, messages_per_pair, signed_exchange
 from p4bench.engine.messages import BROADCAST, Messages
 from p4bench.engine.network import Network
-from p4bench.engine.receive_gate import Declarations, Rejections
+from p4bench.engine.receive_gate import Rejections
 from p4bench.engine.signed_digests import (
     SIGNATURE_BYTES,
     NodeKeys,
@@ -102,31 +103,6 @@ EQUIVOCATION_OPTION = Option(
 DIGEST = "digest"  # (2,) int64: a 128-bit BLAKE2b of the covered payload entries
 SIGNATURE = "signature"  # (64,) uint8: the sender's Ed25519 signature over the statement
 SENDER = "sender"  # () int64: the node a report entry is about (-1: the server)
-
-
-def signed_exchange(exchange: str) -> str:
-    """The name of the exchange that carries the senders' signatures of `exchange`."""
-    return f"signed:{exchange}"
-
-
-def digests_exchange(exchange: str) -> str:
-    """The name of the exchange that carries the receivers' reports on `exchange`."""
-    return f"digests:{exchange}"
-
-
-def messages_per_pair(
-    method: Declarations, exchange: str, phase: str, round_index: int, nodes: int
-) -> tuple[int, int]:
-    """(per client, per server) the most messages one sender may send one destination in
-    `exchange`, the check's own exchanges included: ``signed:<x>`` carries one message per
-    message of `x` (its limits), ``digests:<x>`` one report entry per sender (N + 1)."""
-    if exchange.startswith("digests:"):
-        return nodes + 1, nodes + 1
-    exchange = exchange.removeprefix("signed:")
-    return (
-        int(method.messages_per_pair(exchange, phase, round_index)),
-        int(method.server_messages_per_pair(exchange, phase, round_index)),
-    )
 
 
 class _Declares(Protocol):
