@@ -2,7 +2,7 @@
 
 Usage:
     p4bench compare --experiment gossip-breakdown \
-        --group-by options.topology,variant,defense --format csv > table.csv
+        --group-by options.topology,variant,defense --format csv | tee table.csv
     python scripts/plot_breakdown.py table.csv docs/img/gossip-breakdown.png
 
 One panel per graph (ordered by the `--order` list, sparse to dense), the attackers on the
