@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -109,12 +109,14 @@ class RunResult:
     wall_time_s: float
     summary: RunSummary
     method: ArtifactWriter | None = None
+    artifact_writers: list[Callable[[Path], list[Path]]] = field(default_factory=list)
 
     def write_method_artifacts(self, folder: Path) -> list[Path]:
-        """Method-specific files (e.g. P4's groups) written into `folder`."""
+        """Method-specific files (e.g. P4's groups; the run's network DP) written into `folder`."""
+        extra = [path for write in self.artifact_writers for path in write(folder)]
         if self.method is None or self.outcome.final_state is None:
-            return []
-        return self.method.write_artifacts(self.outcome.final_state, folder)
+            return extra
+        return self.method.write_artifacts(self.outcome.final_state, folder) + extra
 
 
 @dataclass

@@ -51,7 +51,7 @@ them (the tracker is mixed as is).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -78,6 +78,7 @@ from p4bench.errors import ConfigError
 from p4bench.models import Params
 from p4bench.options import Option, resolve_options, topology_options
 from p4bench.topology import is_connected, metropolis_hastings, uniform_averaging
+from p4bench_baselines.gossip_events import defense_reason, release_and_gossip
 
 if TYPE_CHECKING:
     from p4bench.data import ClientTensors
@@ -235,6 +236,20 @@ class _Consensus(Method):
         tracker holds the sender's own noise."""
         first = round_index * self.iterations  # the round's first iteration
         return exchange == "gossip" and self.config.private and not self.tracking and first >= 1
+
+    def network_events(
+        self, exchange: str, phase: str, round_index: int, occurrence: int
+    ) -> list[Any] | None:
+        if self.network_dp_unavailable() is not None:  # D-PSGD's step enters after the mix
+            return None
+        t = round_index * self.iterations + occurrence
+        return release_and_gossip(
+            self.matrices(t)[0].cpu().numpy(), not self.parallel and t > 0, self.parallel
+        )
+
+    def network_dp_unavailable(self) -> str | None:
+        tracking = "its tracker adds differences of releases (a second state)"
+        return tracking if self.tracking else defense_reason(self.config)
 
     # -- schedule --------------------------------------------------------------------
     def round_steps(self, phase: Phase, round_index: int) -> Sequence[Step]:

@@ -61,6 +61,7 @@ from p4bench.errors import ConfigError
 from p4bench.models import Params
 from p4bench.options import Option, resolve_options, topology_options
 from p4bench_baselines.dsgt import MIXINGS, mixing_matrix
+from p4bench_baselines.gossip_events import defense_reason, release_and_gossip
 
 if TYPE_CHECKING:
     from p4bench.data import ClientTensors
@@ -193,6 +194,21 @@ class Muffliato(Method):
             "gossip_steps": self.gossip_steps,
             "amplification": "none claimed (local DP accounting); Muffliato's pairwise network-DP bound is not used",
         }
+
+    def network_events(
+        self, exchange: str, phase: str, round_index: int, occurrence: int
+    ) -> list[Any] | None:
+        """Each iteration: every node's noisy step, then `gossip_steps` mixes with its W."""
+        if self.network_dp_unavailable() is not None:
+            return None
+        iteration, hop = divmod(occurrence, self.gossip_steps)
+        weights = self.gossip(round_index * self.iterations + iteration)[0]
+        return release_and_gossip(weights.cpu().numpy(), release_before=hop == 0)
+
+    def network_dp_unavailable(self) -> str | None:
+        if self.chebyshev:  # x^{k+1} = w W x^k + (1 - w) x^{k-1}: no mix of the current states
+            return "Chebyshev gossip reads each node's state two steps back"
+        return defense_reason(self.config)
 
     def fresh_payloads(self, exchange: str, phase: str, round_index: int) -> bool:
         """With DP and one gossip step per noisy step, every model sent follows a fresh noisy

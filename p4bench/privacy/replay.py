@@ -37,6 +37,7 @@ from p4bench.privacy.isolation import (
     with_changed_records,
 )
 from p4bench.privacy.message_log import MessageLog, compare_logs
+from p4bench.privacy.network_mixing import MixingCheck
 from p4bench.privacy.tape import ReleaseTape, using_tape
 
 __all__ = [
@@ -77,6 +78,7 @@ class Recording:
     slots: torch.Tensor | None = None
     log: MessageLog = field(init=False)
     attackers: torch.Tensor | None = None  # (M,) bool: the clients an attack controls
+    mixing: MixingCheck | None = None  # the recorded run's network mixing check
 
     def __post_init__(self) -> None:
         self.log = MessageLog(self.tape)
@@ -96,6 +98,10 @@ def instrument(prepared: Any, recording: Recording, data_change: str, seed: int)
             "simulation"
         )
     runtime.network = recording.log.wrap(runtime.network)
+    if data_change == "none" and not prepared.config.attack:  # the recorded run: check the mixing
+        recording.mixing = MixingCheck(prepared.job.method, prepared.job.method.num_clients)
+        recording.tape.observers.append(recording.mixing.on_release)
+        runtime.network = observed(runtime.network, recording.mixing.on_send)
     recording.attackers = torch.as_tensor(prepared.info.malicious, dtype=torch.bool).cpu()
     data = prepared.job.data
     replacement = replaced_records(data.train, data.num_classes)
@@ -112,10 +118,33 @@ def instrument(prepared: Any, recording: Recording, data_change: str, seed: int)
         prepared.job.data = dataclasses.replace(data, train=train)
 
 
+def observed(inner: Callable[[], Any], on_send: Callable[..., None]) -> Callable[[], Any]:
+    """A runtime's `network` factory whose networks show every exchange to `on_send`."""
+    from p4bench.engine.network import ObservedNetwork
+
+    return lambda: ObservedNetwork(inner(), on_send)
+
+
+def judge_mixing(result: Any, recorded: Recording) -> None:
+    """Add to `result` what the network mixing check of the recorded run found."""
+    mixing = recorded.mixing
+    if mixing is None or not mixing.declared:
+        return
+    if mixing.findings:
+        result.status = "failed"
+        result.findings.append(f"network mixing: {mixing.findings[0]}")
+    else:
+        result.notes.append(
+            f"network mixing verified: {mixing.checked} gossip messages equal their senders' "
+            "declared states"
+        )
+
+
 def judge_messages(result: Any, recorded: Recording, replay: Recording) -> None:
     """Add to `result` (a `PostProcessingResult`) what the replay's releases and messages
-    say against the recorded run's."""
+    say against the recorded run's (and the recorded run's network mixing check)."""
     result.releases = len(recorded.tape.values)
+    judge_mixing(result, recorded)
     if not replay.tape.finished:
         result.status = "failed"
         result.findings.append(

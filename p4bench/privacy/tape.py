@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import IO
@@ -176,6 +176,8 @@ class ReleaseTape:
         self.where = (
             ""  # the round being run (set by whoever observes the run's network), for findings
         )
+        # shown every release's value once it is final (the network mixing check)
+        self.observers: list[Callable[[str, Sequence[torch.Tensor]], None]] = []
 
     def release(self, kind: str, tensors: Sequence[torch.Tensor]) -> None:
         """One release of `kind`: record copies of `tensors`, or overwrite them in place
@@ -184,7 +186,12 @@ class ReleaseTape:
             self.values.append(kind, tensors)
             self.kept_checked.append(self._kept_since_release)
             self._kept_since_release = False
-            return
+        else:
+            self._force(kind, tensors)
+        for observer in self.observers:
+            observer(kind, tensors)
+
+    def _force(self, kind: str, tensors: Sequence[torch.Tensor]) -> None:
         index = self.position
         if index >= len(self.values):
             raise ReplayDiverged(

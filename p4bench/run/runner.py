@@ -34,7 +34,9 @@ from p4bench.moved import forward_moved
 from p4bench.options import validate_run_options
 from p4bench.privacy.certification import certify
 from p4bench.privacy.ledger import PrivacyLedger
+from p4bench.privacy.network_record import NetworkRecorder
 from p4bench.privacy.plan_check import plan_reasons
+from p4bench.privacy.replay import replaying
 from p4bench.records import RunInfo, RunResult  # re-exported: they were defined here
 from p4bench.rng import SEED_MALICIOUS, harness_rng
 from p4bench.run import interrupts
@@ -266,6 +268,7 @@ def run(
     )
     if on_prepared is not None:
         on_prepared(prepared)
+    network = NetworkRecorder(prepared) if not replaying() else None  # its network DP
     info = prepared.info
     if resume is not None:
         info.run_id = str(resume.meta["run_id"])
@@ -322,7 +325,8 @@ def run(
             | {k: v for k, v in totals.items() if k.startswith("gate.")},  # a client gate's
             rejections=rejection_counts(totals),  # the receive gate's (and methods'), by reason
             privacy=prepared.ledger.summary(info.reported) if prepared.ledger else None,
-            privacy_context=method.privacy_context(),  # who observes the releases
+            privacy_context=method.privacy_context()  # who observes the releases
+            | (network.summary(prepared.ledger) if network is not None else {}),
             verification=verification.summary if info.certification is not None else {},
             compute_device=describe_device(prepared.device),
             memory=prepared.memory.summary()
@@ -331,7 +335,8 @@ def run(
             resumed_from_step=int(resume.meta.get("step", 0)) if resume is not None else None,
             unseen=unseen.summary() if unseen is not None else None,
         )
-        result = RunResult(info, outcome, wall, summary, method)
+        writers = [network.write_artifacts] if network is not None else []
+        result = RunResult(info, outcome, wall, summary, method, writers)
         pm.hook.run_finished(run=info, result=result)
         result.summary = dataclasses.replace(result.summary, tracking=dict(info.tracking))
         session.finished()
