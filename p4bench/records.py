@@ -109,7 +109,7 @@ class RunResult:
     wall_time_s: float
     summary: RunSummary
     method: ArtifactWriter | None = None
-    artifact_writers: list[Callable[[Path], list[Path]]] = field(default_factory=list)
+    artifact_writers: Sequence[Callable[[Path], list[Path]]] = field(default_factory=list)
 
     def write_method_artifacts(self, folder: Path) -> list[Path]:
         """Method-specific files (e.g. P4's groups; the run's network DP) written into `folder`."""

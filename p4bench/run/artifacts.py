@@ -60,11 +60,18 @@ def final_metrics(result: Any) -> dict[str, float]:
                     "epsilon_pld",
                     "epsilon_evaluation_clients",
                     "epsilon_unseen",
+                    *NETWORK_FIGURES,
                 )
                 if summary.get(k) is not None
             }
         )
     return final
+
+
+# a private run's network DP (`p4bench.privacy.network_record`): metrics, and the tag compare groups by
+NETWORK_FIGURES = tuple(
+    f"epsilon_network_{k}" for k in ("max", "mean", "neighbour_mean", "two_hop_mean")
+)
 
 
 def final_tags(summary: RunSummary) -> dict[str, str]:
@@ -82,6 +89,8 @@ def final_tags(summary: RunSummary) -> dict[str, str]:
             tags[f"dp.{key}"] = str(getattr(privacy, key))
         if privacy.epsilon_scope:  # stopped by the time budget: the rounds the epsilon covers
             tags["dp.epsilon_scope"] = privacy.epsilon_scope
+    if "network_dp" in summary.privacy_context:  # `compare --group-by network_dp`
+        tags["network_dp"] = str(summary.privacy_context["network_dp"])
     return tags
 
 

@@ -103,7 +103,9 @@ def column_for(runs: pd.DataFrame, key: str) -> str:
     """The DataFrame column holding `key` (a tag, a run option, or options.<name>)."""
     key = key.strip()
     candidates = (
-        [key] if key in _TAG_KEYS or key in ("seed", "sweep", PRIVACY_COLUMN, *SETTINGS) else []
+        [key]
+        if key in _TAG_KEYS or key in ("seed", "sweep", "network_dp", PRIVACY_COLUMN, *SETTINGS)
+        else []
     )
     name = key.replace("-", "_")
     candidates += [f"params.{name}", f"params.{key}"]
