@@ -176,3 +176,90 @@ def test_bad_input() -> None:
         pairwise_sensitivity([_everyone(3)], 3, colluders=3)
     with pytest.raises(ConfigError):
         pairwise_epsilon([_everyone(3)], 3, delta=2.0)
+
+
+# Reference values: MFDL's own code (Bellet, Cyffers, Frey, Gaudel, Lerévérend, Taïani,
+# "Unified Privacy Guarantees for Decentralized Learning via Matrix Factorization", ICLR 2026),
+# github.com/dimiarbre/MFDL at commit c8529295985853ced4f31d940fe82ab9bb56c42c,
+# MFDL/simulations/muffliato_accounting.py::compute_muffliato_privacy_loss, in the
+# configuration of the paper's accounting figure (`main()`: attacker 0,
+# participation_interval 1, nb_repetitions 10; utils.get_graph adds self-loops and
+# get_communication_matrix row-normalises, i.e. `uniform_averaging`): the Gaussian
+# sensitivity sqrt(sum |P|) of eps(u -> 0) for u = 1..N-1 (sigma = 1). Muffliato's corrected
+# Theorem 11 (`epsilon_upper_bound` there, alpha = 2) is clipped to local DP (10) for every u
+# in both graphs. The suite takes min(sum|P|, n_u lambda_max, n_u / sigma^2), so it equals
+# MFDL where sum|P| is the tightest and is sqrt(10) where MFDL's figure exceeds full exposure.
+FLORENTINE_EDGES = [
+    (0, 1),
+    (1, 5),
+    (1, 6),
+    (1, 7),
+    (1, 8),
+    (1, 9),
+    (2, 3),
+    (2, 4),
+    (2, 5),
+    (3, 4),
+    (3, 11),
+    (4, 6),
+    (4, 11),
+    (6, 7),
+    (7, 12),
+    (8, 12),
+    (8, 13),
+    (9, 10),
+    (11, 12),
+    (12, 14),
+]  # networkx.florentine_families_graph() with integer labels, as MFDL's get_graph numbers it
+MFDL_FLORENTINE_T10 = [
+    3.303173,
+    0.360683,
+    0.24568,
+    0.398968,
+    0.576616,
+    0.713411,
+    0.732386,
+    0.660687,
+    0.675219,
+    0.357594,
+    0.254465,
+    0.50177,
+    0.260047,
+    0.145761,
+]
+MFDL_CYCLE10_T10 = [
+    3.238749,
+    1.438052,
+    0.736401,
+    0.346254,
+    0.198534,
+    0.346254,
+    0.736401,
+    1.438052,
+    3.238749,
+]
+MFDL_CYCLE10_T3 = [1.685566, 0.515273, 0.104314, 0.0, 0.0, 0.0, 0.104314, 0.515273, 1.685566]
+
+
+@pytest.mark.parametrize(
+    ("adjacency", "steps", "reference"),
+    [
+        (_graph(15, FLORENTINE_EDGES), 10, MFDL_FLORENTINE_T10),
+        (_ring(10), 10, MFDL_CYCLE10_T10),
+        (_ring(10), 3, MFDL_CYCLE10_T3),
+    ],
+    ids=["florentine-T10", "cycle10-T10", "cycle10-T3"],
+)
+def test_matches_mfdl_reference_code(
+    adjacency: np.ndarray, steps: int, reference: list[float]
+) -> None:
+    from p4bench.topology.mixing import uniform_averaging
+
+    n = adjacency.shape[0]
+    weights = uniform_averaging(adjacency)
+    events = []
+    for _ in range(steps):
+        events += [_everyone(n, 1.0), Gossip(weights)]
+    mu, _ = pairwise_sensitivity(events, n)
+    expected = np.minimum(np.asarray(reference), math.sqrt(steps))
+    assert mu[1:, 0] == pytest.approx(expected, abs=2e-6)

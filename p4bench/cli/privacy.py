@@ -1,4 +1,5 @@
-"""`p4bench privacy epsilon|noise`: an accountant's epsilon, or the noise for a target.
+"""`p4bench privacy epsilon|noise|network`: an accountant's epsilon, the noise for a target, or
+the pairwise network DP of a gossip method (`p4bench.privacy.network_dp`).
 
 For ``rdp``, ``prv`` and ``pld`` the client is assumed to take part in every round, so
 it takes ``rounds x local-steps`` steps at sample rate ``--data-rate`` (no
@@ -15,6 +16,7 @@ is stated for fixed-size sampling without replacement, while runs use Poisson ba
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -29,7 +31,7 @@ if (
 
 app = typer.Typer(
     name="privacy",
-    help="Privacy accounting: epsilon of a training schedule, or the noise for a target epsilon.",
+    help="Privacy accounting: epsilon of a training schedule, the noise for a target epsilon, or pairwise network DP.",
     no_args_is_help=True,
 )
 
@@ -241,8 +243,103 @@ def _notes(name: str, floor: float) -> None:
         typer.echo(f"note: {NOBLE_CAVEAT}")
 
 
+def network_command(
+    topology: str = typer.Option(..., "--topology", help="topology name (see `p4bench list`)"),
+    clients: int = typer.Option(..., "--clients", help="number of nodes M"),
+    rounds: int = _ROUNDS,
+    epsilon: float | None = typer.Option(
+        None, "--epsilon", help="local epsilon of each node's whole schedule (sets the noise)"
+    ),
+    noise_multiplier: float | None = typer.Option(
+        None, "--noise-multiplier", help="noise multiplier sigma (instead of --epsilon)"
+    ),
+    delta: float = _DELTA,
+    method: str = typer.Option("muffliato", "--method", help="muffliato | dp-dsgd"),
+    gossip_steps: int | None = typer.Option(
+        None, "--gossip-steps", help="muffliato: gossip steps K after each release (default 1)"
+    ),
+    mixing: str = typer.Option(
+        "metropolis", "--mixing", help="metropolis | uniform (directed graphs)"
+    ),
+    colluders: int = typer.Option(1, "--colluders", help="the worst coalition of K nodes"),
+    colluding: str = typer.Option(
+        "", "--colluding-nodes", help="a named coalition (comma-separated nodes) joining every v"
+    ),
+    conversion: str = typer.Option("gdp", "--conversion", help="gdp (exact Gaussian) | rdp"),
+    seed: int = typer.Option(
+        0, "--seed", help="seed of random and time-varying graphs, as in runs"
+    ),
+    as_json: bool = _JSON,
+    csv_path: str | None = typer.Option(
+        None, "--csv", help="write the matrix epsilon(u -> v) here"
+    ),
+    heatmap: str | None = typer.Option(
+        None, "--heatmap", help="write a heatmap PNG of the matrix here"
+    ),
+) -> None:
+    """Pairwise network DP epsilon(u -> v) of a gossip method on a topology, beside its
+    local DP: what node v's view (the messages it receives, its own releases) reveals about
+    one record of node u, clipped to local DP (docs/privacy.md, "Network DP")."""
+    from p4bench.privacy import network_schedule as ns
+    from p4bench.privacy.network_dp import pairwise_epsilon, summarize
+    from p4bench.privacy.network_report import write_heatmap, write_matrix_csv
+
+    if (epsilon is None) == (noise_multiplier is None):
+        raise ConfigError("--epsilon", "give exactly one of --epsilon and --noise-multiplier")
+    if colluding and colluders != 1:
+        raise ConfigError("--colluders", "give either --colluders K or --colluding-nodes, not both")
+    try:
+        named = [int(w) for w in colluding.split(",")] if colluding else None
+    except ValueError:
+        raise ConfigError(
+            "--colluding-nodes", f"must be comma-separated node numbers, got {colluding!r}"
+        ) from None
+    sigma = noise_multiplier or ns.noise_for_local_epsilon(float(epsilon or 0), rounds, delta)
+    schedule = ns.build_schedule(
+        method=method, topology=topology, clients=clients, rounds=rounds, noise_multiplier=sigma,
+        gossip_steps=gossip_steps, mixing=mixing, seed=seed,
+    )  # fmt: skip
+    local = ns.local_epsilon(sigma, schedule.releases, delta)
+    result = pairwise_epsilon(
+        schedule.events, clients, delta, colluders=named if named is not None else colluders,
+        local_epsilon=local, conversion=conversion,
+    )  # fmt: skip
+    summary = {**summarize(result, schedule.adjacency), "epsilon_local": local}
+    trust = (
+        f"coalition {named} + v"
+        if named
+        else (
+            "single curious node v"
+            if colluders == 1
+            else f"worst coalition of {colluders} nodes ({result.coalition_search})"
+        )
+    )
+    typer.echo(f"network DP of {schedule.description}")
+    typer.echo(
+        f"noise multiplier {sigma:.4f}: local epsilon {local:.4f} at delta = {delta:g} per node (pld)"
+    )
+    typer.echo("  ".join(f"{key} = {value:.4f}" for key, value in summary.items()))
+    typer.echo(f"trust model: {trust}; relation: {result.relation}")
+    typer.echo(f"accountant: {result.accountant}")
+    if csv_path:
+        typer.echo(f"matrix: {write_matrix_csv(result, csv_path)}")
+    if heatmap:
+        typer.echo(f"heatmap: {write_heatmap(result, heatmap, schedule.description)}")
+    if as_json:
+        inputs = dict(method=method, topology=topology, clients=clients, rounds=rounds, delta=delta,
+                      gossip_steps=schedule.gossip_steps, mixing=mixing, colluders=result.colluders,
+                      conversion=conversion, noise_multiplier=sigma, target_epsilon=epsilon, seed=seed)  # fmt: skip
+        finite = {
+            key: None if math.isnan(value) else value for key, value in summary.items()
+        }  # no NaN in JSON
+        typer.echo(
+            json.dumps({**finite, **inputs, "trust_model": trust, "accountant": result.accountant})
+        )
+
+
 app.command("epsilon")(epsilon_command)
 app.command("noise")(noise_command)
+app.command("network")(network_command)
 
 
 def register(root: typer.Typer) -> None:

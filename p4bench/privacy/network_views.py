@@ -72,6 +72,17 @@ def _weights(event: Gossip, num_nodes: int, position: int) -> np.ndarray:
     return weights
 
 
+def _mix(weights: np.ndarray, states: np.ndarray) -> np.ndarray:
+    """weights @ states; sparse when the graph is (a ring mixes 3 of N states per row)."""
+    if np.count_nonzero(weights) > 0.25 * weights.size:
+        dense: np.ndarray = weights @ states
+        return dense
+    from scipy.sparse import csr_array
+
+    mixed: np.ndarray = csr_array(weights) @ states
+    return mixed
+
+
 def build_views(events: Sequence[NetworkEvent], num_nodes: int) -> NetworkViews:
     """Replay `events` on symbolic states (module docstring)."""
     checked: list[tuple[str, np.ndarray, float]] = []
@@ -107,7 +118,7 @@ def build_views(events: Sequence[NetworkEvent], num_nodes: int) -> NetworkViews:
             np.fill_diagonal(hears, False)
             snapshots.append(state[:, :released].copy())
             senders.append(tuple(np.flatnonzero(row) for row in hears))
-            state[:, :released] = item @ state[:, :released]
+            state[:, :released] = _mix(item, state[:, :released])
     owner_array = np.asarray(owner, dtype=np.int64)
     counts = np.bincount(owner_array, minlength=num_nodes) if owner else np.zeros(num_nodes, int)
     index = np.full((num_nodes, max(1, int(counts.max(initial=0)))), -1, dtype=np.int64)
@@ -145,13 +156,26 @@ def view_matrix(views: NetworkViews, coalition: Sequence[int]) -> np.ndarray:
 
 
 def _row_space(matrix: np.ndarray) -> np.ndarray:
-    """(n, r) orthonormal basis of the row space (numpy's default rank tolerance)."""
+    """(n, r) orthonormal basis of the row space (numpy's default rank tolerance).
+
+    A QR factorisation first (backward stable, the same singular values) reduces the SVD to
+    the small side: a view has far fewer messages than the run has releases, or the reverse
+    on dense graphs.
+    """
+    rows, columns = matrix.shape
     if matrix.size == 0:
-        return np.zeros((matrix.shape[1], 0))
-    _, singular, right = np.linalg.svd(matrix, full_matrices=False)
-    tolerance = singular.max(initial=0.0) * max(matrix.shape) * np.finfo(float).eps
-    basis: np.ndarray = right[singular > tolerance].T
-    return basis
+        return np.zeros((columns, 0))
+    if rows < columns:  # M^T = Q R = (Q U) S V^T: the row space of M is spanned by Q U
+        q, r = np.linalg.qr(matrix.T)
+        left, singular, _ = np.linalg.svd(r)
+        tolerance = singular.max(initial=0.0) * max(rows, columns) * np.finfo(float).eps
+        basis: np.ndarray = q @ left[:, singular > tolerance]
+        return basis
+    _, r = np.linalg.qr(matrix)  # M = Q R: M and R have the same row space
+    _, singular, right = np.linalg.svd(r)
+    tolerance = singular.max(initial=0.0) * max(rows, columns) * np.finfo(float).eps
+    spanned: np.ndarray = right[singular > tolerance].T
+    return spanned
 
 
 def coalition_sensitivity(views: NetworkViews, coalition: Sequence[int]) -> np.ndarray:
