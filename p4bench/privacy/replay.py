@@ -144,7 +144,6 @@ def judge_messages(result: Any, recorded: Recording, replay: Recording) -> None:
     """Add to `result` (a `PostProcessingResult`) what the replay's releases and messages
     say against the recorded run's (and the recorded run's network mixing check)."""
     result.releases = len(recorded.tape.values)
-    judge_mixing(result, recorded)
     if not replay.tape.finished:
         result.status = "failed"
         result.findings.append(
@@ -170,6 +169,7 @@ def judge_messages(result: Any, recorded: Recording, replay: Recording) -> None:
         result.findings += differences[:MAX_FINDINGS] + (
             [f"{extra} more message(s) differ"] if extra > 0 else []
         )
+    judge_mixing(result, recorded)  # after the replay's findings: a record read outside DP first
 
 
 def judge_isolation(result: Any, recorded: Recording, replay: Recording | None) -> None:
