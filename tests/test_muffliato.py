@@ -40,7 +40,9 @@ def test_runs_private_and_the_ledger_certifies_epsilon(small_config, topology):
     assert summary["private"] and 0 < summary["epsilon"] <= 2.0 and summary["clients_stopped"] == 0
     assert summary["accuracy_mean"] > 0.3  # digits, 10 classes
     assert summary["receivers_per_release"] == (2 if topology == "ring" else 7)
-    assert "not used" in summary["amplification"]
+    assert "local DP" in summary["amplification"]  # network DP beside it, never in its place
+    assert summary["network_dp"].startswith("pairwise")
+    assert summary["epsilon_network_max"] <= summary["epsilon"] + 1e-9
     assert result.outcome.bytes_sent > 0
 
 

@@ -28,8 +28,8 @@ def recorders(monkeypatch):
     kept: list[NetworkRecorder] = []
 
     class Kept(NetworkRecorder):
-        def __init__(self, prepared):
-            super().__init__(prepared)
+        def __init__(self, prepared, resumed=False):
+            super().__init__(prepared, resumed)
             kept.append(self)
 
     monkeypatch.setattr(runner, "NetworkRecorder", Kept)

@@ -25,8 +25,9 @@ eigenvalues |p_K| <= 1 / T_K(1/lam), which shrinks like (1 - sqrt(2 gap))^K inst
 Privacy. The harness accounts **local DP**: each node's noisy gradient step is one
 release seen by its direct neighbours, composed over all iterations, with the noise
 calibrated to the target epsilon from `privacy_plan`. Muffliato's network (pairwise)
-DP analysis, where gossip amplifies privacy against distant nodes, is **not** what the
-certified epsilon uses; `privacy_context()` says so in the run summary.
+DP, where gossip amplifies privacy against distant nodes, is reported beside it
+(`epsilon_network_*`, `p4bench.privacy.network_record`, from `network_events`), never
+in place of the certified epsilon; Chebyshev gossip is not declared (not applicable).
 
 Options (``-o key=value``): gossip_steps, chebyshev, iterations, topology (default
 complete), topology_options (mapping), mixing (metropolis | uniform, as DP-DSGD).
@@ -192,7 +193,7 @@ class Muffliato(Method):
         return {
             "receivers_per_release": int(adjacency.sum(axis=1).max()) if self.gossip_steps else 0,
             "gossip_steps": self.gossip_steps,
-            "amplification": "none claimed (local DP accounting); Muffliato's pairwise network-DP bound is not used",
+            "amplification": "certified epsilon: local DP; pairwise network DP beside it (network_dp)",
         }
 
     def network_events(

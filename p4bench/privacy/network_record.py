@@ -56,7 +56,7 @@ def graph_adjacency(events: list[NetworkEvent], num_nodes: int) -> np.ndarray:
 class NetworkRecorder:
     """Records a prepared private run's declared exchanges (module docstring)."""
 
-    def __init__(self, prepared: Any) -> None:
+    def __init__(self, prepared: Any, resumed: bool = False) -> None:
         config = prepared.config
         self.private = bool(config.private) and prepared.ledger is not None
         self.method = prepared.job.method
@@ -68,6 +68,8 @@ class NetworkRecorder:
         self._occurrences: dict[tuple[str, str, int], int] = {}
         self._scales = self._release_scales(prepared) if self.private else None
         self.reason = self._not_applicable(prepared) if self.private else "not private"
+        if self.private and resumed:  # the rounds before the checkpoint were not recorded
+            self.reason = "resumed from a checkpoint: its first rounds' exchanges were not recorded"
         if self.reason is None:
             from p4bench.privacy.replay import observed
 

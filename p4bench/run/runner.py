@@ -268,7 +268,7 @@ def run(
     )
     if on_prepared is not None:
         on_prepared(prepared)
-    network = NetworkRecorder(prepared) if not replaying() else None  # its network DP
+    network = NetworkRecorder(prepared, resume is not None) if not replaying() else None
     info = prepared.info
     if resume is not None:
         info.run_id = str(resume.meta["run_id"])
