@@ -11,8 +11,8 @@ sensitivity 1 (the noise multiplier is the noise std over the sensitivity) plus
 independent standard Gaussian noise; states are linear in the releases, so every message
 is a public linear combination of them. Node v's view, whitened, is Y_v = A_v (g / sigma +
 z), one row per message v receives plus one unit row per release of v's own (v knows what
-it released: leaving that out is the error MFDL points out in per-message analyses, since
-v can subtract its own contribution from what it hears). One record of u moves the
+it released and can subtract it from what it hears; MFDL's accounting code adds the same
+rows as the attacker's "additional knowledge"). One record of u moves the
 whitened releases by e_r / sigma_r on u's releases, |e_r| <= 1, and nothing else, so the
 Renyi divergence of order alpha between the two views is (alpha / 2) e^T D^-1 P_v D^-1 e,
 with P_v the orthogonal projection onto the row space of A_v (the quadratic form
@@ -25,13 +25,16 @@ every release directly costs (P <= I). All three also hold for vector releases w
 per-release shift has L2 norm <= 1 (the trace of Q against a Gram matrix with unit
 diagonal), so the view is mu-GDP and its Renyi curve is alpha mu^2 / 2.
 
-Adaptivity. The bound covers data-dependent parts that are chosen adaptively from what
-the adversary observes (the adaptive matrix-mechanism argument of Denisov et al. 2022
-that MFDL applies), as Muffliato's and MFDL's analyses do. It does not cover another
-node's gradient depending non-linearly on a release of u that the adversary never saw (a
-hidden state), which can carry more of u's record than the linear model counts; against
-that only local DP is a bound. Every figure is therefore clipped to u's local-DP epsilon
-when it is given, never above it.
+Adaptivity. The bound is a proof when the data-dependent parts are fixed in advance
+(private averaging, Muffliato's gossip theorem) or chosen from what the observer itself
+sees: whitening the observed messages in time order turns them into innovations with
+fresh noise, an adaptive composition of Gaussian mechanisms whose squared sensitivities sum
+to at most mu^2 (the argument of Denisov et al. 2022 that MFDL applies). In gossip SGD the
+gradients are taken at states the observer does not see (u's own and every other node's,
+and another node's may depend non-linearly on a release of u the observer never saw),
+which that argument does not cover; Muffliato and MFDL take the same modelling step. So
+the figure is reported as network DP beside the certified local DP, and every pair is
+clipped to u's local-DP epsilon when it is given, never above it.
 
 Collusion: a coalition's view is the union of its members' views (messages and own
 releases). ``colluders=K`` puts in [u, v] the worst coalition of K nodes containing v and

@@ -185,7 +185,14 @@ def coalition_sensitivity(views: NetworkViews, coalition: Sequence[int]) -> np.n
     if n == 0:
         return np.zeros(n_nodes)
     matrix = view_matrix(views, coalition)
-    basis = _row_space(matrix)
+    # releases the view never touches (exact zeros: gossip spreads one hop per step) have no
+    # component in its row space; dropping them shrinks the factorisation on sparse graphs
+    touched = np.flatnonzero(np.abs(matrix).max(axis=0, initial=0.0) > 0)
+    basis = np.zeros((n, 0))
+    if touched.size:
+        reduced = _row_space(matrix[:, touched])
+        basis = np.zeros((n, reduced.shape[1]))
+        basis[touched] = reduced
     finite_shift = np.where(np.isfinite(views.shift), views.shift, 0.0)
     padded = np.vstack([basis * finite_shift[:, None], np.zeros((1, basis.shape[1]))])
     per_node = padded[views.release_index]  # (N, n_max, r); index -1 is the zero row
