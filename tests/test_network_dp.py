@@ -263,3 +263,36 @@ def test_matches_mfdl_reference_code(
     mu, _ = pairwise_sensitivity(events, n)
     expected = np.minimum(np.asarray(reference), math.sqrt(steps))
     assert mu[1:, 0] == pytest.approx(expected, abs=2e-6)
+
+
+def test_greedy_coalitions_between_single_views_and_the_exact_worst(monkeypatch) -> None:
+    import p4bench.privacy.network_dp as network_dp
+
+    n = 7
+    weights = metropolis_hastings(_ring(n))
+    events = [_everyone(n), Gossip(weights), _everyone(n), Gossip(weights)]
+    single, _ = pairwise_sensitivity(events, n)
+    exact, _ = pairwise_sensitivity(events, n, colluders=3)
+    monkeypatch.setattr(network_dp, "MAX_EXACT_COALITIONS", 1)
+    greedy, search = pairwise_sensitivity(events, n, colluders=3)
+    assert search == "greedy"
+    assert np.all(greedy <= exact + 1e-12)
+    assert np.all(greedy >= single - 1e-12)
+    assert (greedy > single + 1e-9).any()
+
+
+def test_rescaling_steps_send_nothing() -> None:
+    """A diagonal Gossip (a method scaling its state around a release) sends no message;
+    scaling every state by c before a release and back after it enters each release times
+    c, data and noise alike, so the whitened views and every figure are unchanged."""
+    n = 6
+    weights = metropolis_hastings(_ring(n))
+    scales = np.full(n, 3.0)
+    plain = [_everyone(n), Gossip(weights), _everyone(n), Gossip(weights)]
+    scaled = [
+        Gossip(np.diag(1 / scales)), _everyone(n), Gossip(np.diag(scales)), Gossip(weights),
+        Gossip(np.diag(1 / scales)), _everyone(n), Gossip(np.diag(scales)), Gossip(weights),
+    ]  # fmt: skip
+    assert np.allclose(pairwise_sensitivity(scaled, n)[0], pairwise_sensitivity(plain, n)[0])
+    silent = [_everyone(n), Gossip(np.diag(scales)), _everyone(n), Gossip(np.eye(n))]
+    assert np.all(pairwise_sensitivity(silent, n)[0] == 0)

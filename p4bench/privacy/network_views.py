@@ -116,8 +116,9 @@ def build_views(events: Sequence[NetworkEvent], num_nodes: int) -> NetworkViews:
         else:
             hears = item != 0
             np.fill_diagonal(hears, False)
-            snapshots.append(state[:, :released].copy())
-            senders.append(tuple(np.flatnonzero(row) for row in hears))
+            if hears.any():  # a diagonal "gossip" only rescales states: nothing is sent
+                snapshots.append(state[:, :released].copy())
+                senders.append(tuple(np.flatnonzero(row) for row in hears))
             state[:, :released] = _mix(item, state[:, :released])
     owner_array = np.asarray(owner, dtype=np.int64)
     counts = np.bincount(owner_array, minlength=num_nodes) if owner else np.zeros(num_nodes, int)
