@@ -129,3 +129,11 @@ def test_compare_groups_runs_by_network_dp(results_dir):
     groups = set(comparison.table["network_dp"])
     assert any(g.startswith("pairwise") for g in groups)
     assert any(g.startswith("not applicable") for g in groups)
+
+
+def test_a_run_beyond_the_accounting_budget_says_where_to_compute_it(results_dir, monkeypatch):
+    monkeypatch.setattr("p4bench.privacy.network_record.WORK_LIMIT", 0.0)
+    summary = _run(results_dir, options={"topology": "ring"}).summary
+    assert "epsilon_network_max" not in summary
+    assert summary["network_dp"].startswith("not computed in the run (")
+    assert "p4bench privacy network" in summary["network_dp"]

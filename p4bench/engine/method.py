@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from p4bench.engine.threats import Aggregator
     from p4bench.options import Option
     from p4bench.privacy.mechanism import DPMechanism, DPSettings
+    from p4bench.privacy.network_events import NetworkEvent
 
 
 DEFAULT_EPSILON = 8.0
@@ -246,6 +247,23 @@ class Method(ABC):
         different ones. Never declare it where honest senders send per-receiver values
         (per-receiver noise or weights): honest senders would be named."""
         return False
+
+    def network_events(
+        self, exchange: str, phase: str, round_index: int, occurrence: int
+    ) -> Sequence[NetworkEvent] | None:
+        """What the network-DP accountant (`p4bench.privacy.network_dp`) counts for the
+        `occurrence`-th (0-based) `exchange` of this round: the `Release`s that entered the
+        nodes' states since the previous exchange, then the `Gossip` whose matrix is this
+        exchange's exact mixing (`p4bench.privacy.network_events`; a release's noise
+        multiplier NaN: the run's mechanism's). Every exchange of the
+        run must be declared; the run's mixing check holds each message to its sender's
+        declared state. None (the default): not declared, network DP "not applicable"."""
+        return None
+
+    def network_dp_unavailable(self) -> str | None:
+        """Why this run's messages are not linear mixtures of releases (a nonlinear defense,
+        a tracker of release differences), said in the summary's ``network_dp``."""
+        return None
 
     def working_bytes(self, num_clients: int) -> int:
         """Bytes the method's own work needs at once beyond its clients' state and the DP

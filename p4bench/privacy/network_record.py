@@ -53,6 +53,12 @@ def graph_adjacency(events: list[NetworkEvent], num_nodes: int) -> np.ndarray:
     return adjacency
 
 
+# The accountant factorises each node's view: up to N x (releases)^3 operations. Beyond this
+# bound (about 10 s on one core) a run does not stall on it at the end; the figure is then
+# left to `p4bench privacy network`, which the summary names.
+WORK_LIMIT = 2e10
+
+
 class NetworkRecorder:
     """Records a prepared private run's declared exchanges (module docstring)."""
 
@@ -136,10 +142,16 @@ class NetworkRecorder:
             self.reason = "no exchange ran"
         if self.reason is not None:
             return {"network_dp": f"not applicable ({self.reason})"}
-        try:
-            from p4bench.privacy.network_dp import pairwise_epsilon, summarize
-        except ImportError:
-            return {"network_dp": "not applicable (no network-DP accountant installed)"}
+        releases = sum(
+            int(np.count_nonzero(e.nodes)) for e in self.events if isinstance(e, Release)
+        )
+        if self.num_nodes * float(releases) ** 3 > WORK_LIMIT:
+            return {
+                "network_dp": f"not computed in the run ({self.num_nodes} nodes, {releases} releases: "
+                "beyond the run's accounting budget; `p4bench privacy network` computes it offline)"
+            }
+        from p4bench.privacy.network_dp import pairwise_epsilon, summarize
+
         local = np.asarray(ledger.epsilons(), dtype=np.float64)
         result = pairwise_epsilon(
             self.events, self.num_nodes, float(ledger.delta), colluders=1, local_epsilon=local
