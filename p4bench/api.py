@@ -11,7 +11,7 @@ elsewhere in `p4bench` (`p4bench.engine.*`, `p4bench.host.manager`, names starti
 with `_`) is internal and may change in any release.
 
 The distribution follows semantic versioning: `p4bench 0.x` may deprecate, never break
-without the cycle above; `API_VERSION` "1.1" is the API of p4bench 0.2 (1.1 added names, none changed).
+without the cycle above; `API_VERSION` "1.2" is the API of p4bench 0.2 (1.1 and 1.2 added names, none changed).
 
 Names are imported on first use (as the rest of p4bench does), so importing this module
 costs nothing until a plugin uses what it imports.
@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
     from p4bench.options import Option, resolve_options, topology_options
     from p4bench.privacy.accountants import Accountant, ReleaseSegment
     from p4bench.privacy.mechanism import DPMechanism
+    from p4bench.privacy.network_events import Gossip, NetworkEvent, Release
     from p4bench.rng import ClientRng
     from p4bench.studies.claims import (
         Cell,
@@ -85,7 +86,7 @@ if TYPE_CHECKING:  # imported on first use (`p4bench.lazy`)
     from p4bench.topology.graphs import Topology
     from p4bench_baselines.fedavg import FedAvg
 
-API_VERSION = "1.1"
+API_VERSION = "1.2"
 
 __all__ = [
     "API_VERSION",
@@ -144,6 +145,10 @@ __all__ = [
     "Accountant",
     "ReleaseSegment",
     "DPMechanism",
+    # ... and what a gossip method declares for network DP (API 1.2, `Method.network_events`)
+    "Release",
+    "Gossip",
+    "NetworkEvent",
     # paper reproductions (`register_presets`): the record, claim checks and their helpers
     "Preset",
     "NON_PRIVATE",
@@ -230,6 +235,7 @@ __getattr__ = lazy_exports(
         "p4bench.studies.presets": ("NON_PRIVATE", "Preset", "alpha_variant", "shard_variant"),
         "p4bench.privacy.accountants": ("Accountant", "ReleaseSegment"),
         "p4bench.privacy.mechanism": ("DPMechanism",),
+        "p4bench.privacy.network_events": ("Gossip", "NetworkEvent", "Release"),
         "p4bench.rng": ("ClientRng",),
         "p4bench.testing": ("ConformanceReport", "check_attack", "check_defense", "check_method"),
         "p4bench.topology": ("get_topology",),

@@ -43,7 +43,7 @@ def test_every_public_name_resolves_and_is_documented():
     for name in api.__all__:
         assert getattr(api, name) is not None
         assert f"`{name}`" in text, f"docs/api.md does not list {name}"
-    assert api.API_VERSION == "1.1"
+    assert api.API_VERSION == "1.2"
 
 
 def test_the_example_plugins_import_only_the_api():
