@@ -3,8 +3,8 @@
 Each exchange declares the `Release`s that entered the nodes' states since the previous
 exchange and then the exchange's `Gossip`: the matrix each receiver's mix applies to the
 models it receives (`mix_through_aggregator` without a defense: the W-weighted mean of the
-received ``update.*`` models, its own included). A release's noise multiplier is left NaN:
-the run's mechanism sets it (`p4bench.privacy.network_record`).
+received ``update.*`` models, its own included). A release's noise multiplier and Poisson
+rate are left NaN: the run's mechanism sets them (`p4bench.privacy.network_record`).
 
 What is not declared (network DP "not applicable"): a run with a defense (its aggregator
 is not a fixed linear mixture), DP-DSGT (each node holds two coupled states, model and
@@ -39,7 +39,7 @@ def release_and_gossip(
     `weights` normalized as the mix normalizes them (by the weight it received)."""
     matrix = np.asarray(weights, dtype=np.float64)
     matrix = matrix / matrix.sum(axis=1, keepdims=True)
-    everyone = Release(np.ones(len(matrix), dtype=bool), math.nan)
+    everyone = Release(np.ones(len(matrix), dtype=bool), math.nan, math.nan)
     return (
         ([everyone] if release_before else [])
         + [Gossip(matrix)]

@@ -266,6 +266,9 @@ def network_command(
         "", "--colluding-nodes", help="a named coalition (comma-separated nodes) joining every v"
     ),
     conversion: str = typer.Option("gdp", "--conversion", help="gdp (exact Gaussian) | rdp"),
+    sample_rate: float = typer.Option(
+        1.0, "--data-rate", help="Poisson rate of each record in each release (1: full batch)"
+    ),
     seed: int = typer.Option(
         0, "--seed", help="seed of random and time-varying graphs, as in runs"
     ),
@@ -280,8 +283,9 @@ def network_command(
     """Pairwise network DP epsilon(u -> v) of a gossip method on a topology, beside its
     local DP: what node v's view (the messages it receives, its own releases) reveals about
     one record of node u, clipped to local DP (docs/privacy.md, "Network DP")."""
+    from p4bench.privacy import get_accountant
     from p4bench.privacy import network_schedule as ns
-    from p4bench.privacy.network_dp import pairwise_epsilon, summarize
+    from p4bench.privacy.network_dp import summarize
     from p4bench.privacy.network_report import write_heatmap, write_matrix_csv
 
     if (epsilon is None) == (noise_multiplier is None):
@@ -294,13 +298,17 @@ def network_command(
         raise ConfigError(
             "--colluding-nodes", f"must be comma-separated node numbers, got {colluding!r}"
         ) from None
-    sigma = noise_multiplier or ns.noise_for_local_epsilon(float(epsilon or 0), rounds, delta)
+    if not 0.0 < sample_rate <= 1.0:
+        raise ConfigError("--data-rate", f"must be in (0, 1], got {sample_rate}")
+    sigma = noise_multiplier or ns.noise_for_local_epsilon(
+        float(epsilon or 0), rounds, delta, sample_rate
+    )
     schedule = ns.build_schedule(
         method=method, topology=topology, clients=clients, rounds=rounds, noise_multiplier=sigma,
-        gossip_steps=gossip_steps, mixing=mixing, seed=seed,
+        gossip_steps=gossip_steps, mixing=mixing, seed=seed, sample_rate=sample_rate,
     )  # fmt: skip
-    local = ns.local_epsilon(sigma, schedule.releases, delta)
-    result = pairwise_epsilon(
+    local = ns.local_epsilon(sigma, schedule.releases, delta, sample_rate)
+    result = get_accountant("network", registry=default_registry()).pairwise(  # type: ignore[attr-defined]
         schedule.events, clients, delta, colluders=named if named is not None else colluders,
         local_epsilon=local, conversion=conversion,
     )  # fmt: skip
@@ -316,7 +324,8 @@ def network_command(
     )
     typer.echo(f"network DP of {schedule.description}")
     typer.echo(
-        f"noise multiplier {sigma:.4f}: local epsilon {local:.4f} at delta = {delta:g} per node (pld)"
+        f"noise multiplier {sigma:.4f}, data rate {sample_rate:g}: local epsilon {local:.4f} "
+        f"at delta = {delta:g} per node (pld)"
     )
     typer.echo("  ".join(f"{key} = {value:.4f}" for key, value in summary.items()))
     typer.echo(f"trust model: {trust}; relation: {result.relation}")
@@ -328,7 +337,8 @@ def network_command(
     if as_json:
         inputs = dict(method=method, topology=topology, clients=clients, rounds=rounds, delta=delta,
                       gossip_steps=schedule.gossip_steps, mixing=mixing, colluders=result.colluders,
-                      conversion=conversion, noise_multiplier=sigma, target_epsilon=epsilon, seed=seed)  # fmt: skip
+                      conversion=conversion, noise_multiplier=sigma, target_epsilon=epsilon, seed=seed,
+                      data_rate=sample_rate)  # fmt: skip
         finite = {
             key: None if math.isnan(value) else value for key, value in summary.items()
         }  # no NaN in JSON

@@ -83,8 +83,7 @@ def rdp_curve_epsilon(
     with np.errstate(invalid="ignore"):  # inf * alpha stays inf; 0 * inf never occurs
         rdp = mu[..., None] ** 2 * alphas / 2.0
     eps = rdp + np.log1p(-1.0 / alphas) - (math.log(delta) + np.log(alphas)) / (alphas - 1.0)
-    best: np.ndarray = np.maximum(0.0, eps.min(axis=-1))
-    best[mu == 0] = 0.0
+    best: np.ndarray = np.where(mu == 0, 0.0, np.maximum(0.0, eps.min(axis=-1)))
     return best
 
 

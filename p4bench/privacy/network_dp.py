@@ -48,15 +48,21 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from p4bench.errors import ConfigError
+from p4bench.privacy.network_amplification import amplified_epsilon
 from p4bench.privacy.network_conversion import CONVERSIONS, sensitivity_epsilon
 from p4bench.privacy.network_events import NetworkEvent
-from p4bench.privacy.network_views import NetworkViews, build_views, coalition_sensitivity
+from p4bench.privacy.network_views import (
+    NetworkViews,
+    build_views,
+    coalition_gram,
+    coalition_sensitivity,
+)
 
 __all__ = [
     "MAX_EXACT_COALITIONS",
@@ -106,52 +112,58 @@ def _check_nodes(num_nodes: int) -> int:
     return int(num_nodes)
 
 
-def _single_views(views: NetworkViews) -> np.ndarray:
-    n = views.num_nodes
-    mu2 = np.zeros((n, n))
-    for v in range(n):
-        mu2[:, v] = coalition_sensitivity(views, [v])
-    return mu2
+Score = Callable[[list[int]], np.ndarray]
+"""A coalition's losses, (k, N): rows of figures for every u, each maximised on its own."""
 
 
-def _named(views: NetworkViews, named: Sequence[int]) -> np.ndarray:
+def _single_views(views: NetworkViews, score: Score) -> np.ndarray:
+    columns = [score([v]) for v in range(views.num_nodes)]
+    return np.stack(columns, axis=-1)
+
+
+def _named(views: NetworkViews, named: Sequence[int], score: Score) -> np.ndarray:
     n = views.num_nodes
     members = sorted({int(w) for w in named})
     if any(not 0 <= w < n for w in members):
         raise ConfigError("colluders", f"nodes must be in [0, {n}), got {list(named)}")
-    mu2 = np.zeros((n, n))
+    columns = []
     for v in range(n):
         coalition = sorted(set(members) | {v})
-        mu2[:, v] = coalition_sensitivity(views, coalition)
-        mu2[coalition, v] = 0.0
-    mu2[members, :] = math.nan
-    np.fill_diagonal(mu2, 0.0)
-    return mu2
+        losses = score(coalition)
+        losses[:, coalition] = 0.0
+        columns.append(losses)
+    losses = np.stack(columns, axis=-1)
+    losses[:, members, :] = math.nan
+    return losses
 
 
-def _worst_coalitions(views: NetworkViews, size: int) -> tuple[np.ndarray, str]:
+def _worst_coalitions(views: NetworkViews, size: int, score: Score) -> tuple[np.ndarray, str]:
     n = views.num_nodes
     if size > n - 1:
         raise ConfigError(
             "colluders", f"a coalition must leave u out: at most {n - 1} nodes, got {size}"
         )
-    if math.comb(n, size) <= MAX_EXACT_COALITIONS:
-        mu2 = np.zeros((n, n))
-        for coalition in itertools.combinations(range(n), size):
-            losses = coalition_sensitivity(views, list(coalition))
-            outside = np.setdiff1d(np.arange(n), coalition)
-            for v in coalition:
-                mu2[outside, v] = np.maximum(mu2[outside, v], losses[outside])
-        return mu2, "exact"
-    return _greedy_coalitions(views, size), "greedy"
+    if math.comb(n, size) > MAX_EXACT_COALITIONS:
+        return _greedy_coalitions(views, size, score), "greedy"
+    worst: np.ndarray | None = None
+    for coalition in itertools.combinations(range(n), size):
+        losses = score(list(coalition))
+        if worst is None:
+            worst = np.zeros((losses.shape[0], n, n))
+        outside = np.setdiff1d(np.arange(n), coalition)
+        for v in coalition:
+            worst[:, outside, v] = np.maximum(worst[:, outside, v], losses[:, outside])
+    assert worst is not None
+    return worst, "exact"
 
 
-def _greedy_coalitions(views: NetworkViews, size: int) -> np.ndarray:
+def _greedy_coalitions(views: NetworkViews, size: int, score: Score) -> np.ndarray:
     """For each v, grow v's coalition one node at a time by the member that most raises
-    the total loss of the nodes outside; each u inside is then scored against the
-    coalition without u. A heuristic: the worst coalition can only be worse."""
+    the total loss (the last row of `score`) of the nodes outside; each u inside is then
+    scored against the coalition without u. A heuristic: the worst coalition can only be
+    worse."""
     n = views.num_nodes
-    mu2 = np.zeros((n, n))
+    columns = []
     for v in range(n):
         coalition = [v]
         while len(coalition) < size:
@@ -160,16 +172,35 @@ def _greedy_coalitions(views: NetworkViews, size: int) -> np.ndarray:
                 if candidate in coalition:
                     continue
                 trial = [*coalition, candidate]
-                losses = coalition_sensitivity(views, trial)
-                total = float(np.delete(losses, trial).sum())
+                total = float(np.delete(score(trial)[-1], trial).sum())
                 if total > best_total:
                     best, best_total = candidate, total
             coalition.append(best)
-        losses = coalition_sensitivity(views, coalition)
-        mu2[:, v] = losses
+        losses = score(coalition)
         for u in coalition[1:]:  # u may not collude against itself: its best coalition without it
-            mu2[u, v] = coalition_sensitivity(views, [w for w in coalition if w != u])[u]
-    return mu2
+            losses[:, u] = score([w for w in coalition if w != u])[:, u]
+        columns.append(losses)
+    return np.stack(columns, axis=-1)
+
+
+def _search(
+    views: NetworkViews, colluders: int | Sequence[int], score: Score
+) -> tuple[np.ndarray, str]:
+    """(k, N, N) the worst of `score` over the coalitions `colluders` allows, and how."""
+    if isinstance(colluders, (int, np.integer)) and not isinstance(colluders, bool):
+        if colluders < 1:
+            raise ConfigError("colluders", f"must be >= 1 or a list of nodes, got {colluders}")
+        if colluders == 1:
+            losses, search = _single_views(views, score), "single"
+        else:
+            losses, search = _worst_coalitions(views, int(colluders), score)
+    elif isinstance(colluders, Sequence) and not isinstance(colluders, str):
+        losses, search = _named(views, colluders, score), "named"
+    else:
+        raise ConfigError("colluders", f"must be a count or a list of nodes, got {colluders!r}")
+    for row in losses:
+        np.fill_diagonal(row, 0.0)
+    return losses, search
 
 
 def pairwise_sensitivity(
@@ -180,20 +211,25 @@ def pairwise_sensitivity(
     mu^2 is the Renyi divergence of order alpha divided by alpha / 2 (module docstring).
     """
     views = build_views(events, _check_nodes(num_nodes))
-    if isinstance(colluders, (int, np.integer)) and not isinstance(colluders, bool):
-        if colluders < 1:
-            raise ConfigError("colluders", f"must be >= 1 or a list of nodes, got {colluders}")
-        if colluders == 1:
-            mu2, search = _single_views(views), "single"
-        else:
-            mu2, search = _worst_coalitions(views, int(colluders))
-    elif isinstance(colluders, Sequence) and not isinstance(colluders, str):
-        mu2, search = _named(views, colluders), "named"
-    else:
-        raise ConfigError("colluders", f"must be a count or a list of nodes, got {colluders!r}")
-    np.fill_diagonal(mu2, 0.0)
+    losses, search = _search(views, colluders, lambda c: coalition_sensitivity(views, c)[None])
     with np.errstate(invalid="ignore"):
-        return np.sqrt(mu2), search
+        return np.sqrt(losses[0]), search
+
+
+def _amplified_score(views: NetworkViews, delta: float, conversion: str) -> Score:
+    """[mu^2, epsilon] of a coalition: epsilon the smaller of the Gaussian figure and the
+    subsampled one (`p4bench.privacy.network_amplification`)."""
+    padded = np.append(views.rate, 1.0)[views.release_index]  # index -1: padding
+
+    def score(coalition: list[int]) -> np.ndarray:
+        mu2, gram = coalition_gram(views, coalition)
+        with np.errstate(invalid="ignore"):
+            epsilon = sensitivity_epsilon(np.sqrt(mu2), delta, conversion)
+        amplified = amplified_epsilon(gram, padded, delta)
+        epsilon = np.where(np.isinf(mu2), math.inf, np.minimum(epsilon, amplified))
+        return np.stack([mu2, epsilon])
+
+    return score
 
 
 def pairwise_rdp(
@@ -244,10 +280,24 @@ def pairwise_epsilon(
             "conversion", f"must be one of {', '.join(CONVERSIONS)}, got {conversion!r}"
         )
     num_nodes = _check_nodes(num_nodes)
-    mu, search = pairwise_sensitivity(events, num_nodes, colluders)
+    views = build_views(events, num_nodes)
     bound = _local_bound(local_epsilon, num_nodes)
-    named = np.isnan(mu)
-    raw = sensitivity_epsilon(np.where(named, 0.0, mu), delta, conversion)
+    sampling_note = ""
+    if np.any(views.rate < 1.0):
+        losses, search = _search(views, colluders, _amplified_score(views, delta, conversion))
+        with np.errstate(invalid="ignore"):
+            mu = np.sqrt(losses[0])
+        named = np.isnan(mu)
+        gaussian = sensitivity_epsilon(np.where(named, 0.0, mu), delta, conversion)
+        raw = np.where(named, 0.0, losses[1])
+        gained = int(((raw < gaussian) & ~named & ~np.eye(num_nodes, dtype=bool)).sum())
+        sampling_note = (
+            f"; Poisson subsampling (rate >= {views.rate.min():.3g}) tighter on {gained} pairs"
+        )
+    else:
+        mu, search = pairwise_sensitivity(events, num_nodes, colluders)
+        named = np.isnan(mu)
+        raw = sensitivity_epsilon(np.where(named, 0.0, mu), delta, conversion)
     clipped = (raw > bound[:, None]) & ~named
     epsilon = np.where(clipped, bound[:, None], raw)
     epsilon[named] = math.nan
@@ -261,7 +311,8 @@ def pairwise_epsilon(
     )
     accountant = (
         f"{ACCOUNTANT} ({conversion}): exact projection of each view, worst shift bounded by "
-        f"min(sum|P|, n_u lambda_max, all releases seen); coalitions: {search}{clip_note}"
+        f"min(sum|P|, n_u lambda_max, all releases seen){sampling_note}; coalitions: "
+        f"{search}{clip_note}"
     )
     return NetworkDP(
         epsilon=epsilon,

@@ -5,7 +5,9 @@ it is done per coordinate):
 
 - `Release`: each node in `nodes` adds a fresh noisy release to its state: its private
   contribution (one record of the node changes it by at most the sensitivity, in L2) plus
-  Gaussian noise of standard deviation `noise_multiplier` x the sensitivity.
+  Gaussian noise of standard deviation `noise_multiplier` x the sensitivity. With
+  `sample_rate` q < 1 each record takes part in the release with probability q,
+  independently (Poisson sampling, as in DP-SGD); the default 1 claims no sampling.
 - `Gossip`: every node v receives, from every other node w with ``weights[v, w] != 0``,
   w's current state (that message is what v observes of w), then sets its state to
   ``sum_w weights[v, w] * state_w``.
@@ -30,6 +32,7 @@ class Release:
 
     nodes: np.ndarray
     noise_multiplier: float  # noise standard deviation / L2 sensitivity of one record
+    sample_rate: float = 1.0  # Poisson rate of each record in the release; NaN: the run's
 
 
 @dataclass(frozen=True)

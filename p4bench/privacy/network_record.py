@@ -119,7 +119,10 @@ class NetworkRecorder:
         if math.isnan(sigma):  # the run's mechanism adds it
             sigma = self.sigma
         nodes = np.asarray(event.nodes, dtype=bool)
-        release = self._one(b"r" + nodes.tobytes() + repr(sigma).encode(), Release(nodes, sigma))
+        rate = float(event.sample_rate)
+        release = self._one(
+            b"r" + nodes.tobytes() + repr((sigma, rate)).encode(), Release(nodes, sigma, rate)
+        )
         if self._scales is None:
             return [release]
         scales = np.where(nodes, self._scales, 1.0)
@@ -150,18 +153,52 @@ class NetworkRecorder:
                 "network_dp": f"not computed in the run ({self.num_nodes} nodes, {releases} releases: "
                 "beyond the run's accounting budget; `p4bench privacy network` computes it offline)"
             }
-        from p4bench.privacy.network_dp import pairwise_epsilon, summarize
+        from p4bench.privacy.network_accountant import network_accountant_for
+        from p4bench.privacy.network_dp import summarize
 
         local = np.asarray(ledger.epsilons(), dtype=np.float64)
-        result = pairwise_epsilon(
-            self.events, self.num_nodes, float(ledger.delta), colluders=1, local_epsilon=local
-        )
+        events, sampling = self._sampled(ledger)
+        result = network_accountant_for(ledger.accountant).pairwise(
+            events, self.num_nodes, float(ledger.delta), colluders=1, local_epsilon=local,
+            relation=ledger.settings.neighbouring,
+        )  # fmt: skip
         self.epsilon = np.asarray(result.epsilon, dtype=np.float64)
         figures = summarize(result, graph_adjacency(self.events, self.num_nodes))
         return {
             **{k: float(v) for k, v in figures.items()},
-            "network_dp": f"pairwise, one curious node, delta {float(ledger.delta):.3g}",
+            "network_dp": f"pairwise, one curious node, delta {float(ledger.delta):.3g}, "
+            f"{sampling}",
         }
+
+    def _sampled(self, ledger: Any) -> tuple[list[NetworkEvent], str]:
+        """The events with the run's Poisson rate where a release leaves it to the run (NaN),
+        and how the rate was set. The rate is the largest the ledger saw (the bound grows
+        with it). It is credited only where each node declared exactly the steps the ledger
+        counted for it (one release, one Poisson draw), and never under replace-one, whose
+        subsampling the network analysis does not amplify."""
+        keys = list(getattr(ledger, "keys", ()))
+        rate = max((float(key[1]) for key in keys), default=1.0)
+        counted = sum((np.asarray(ledger.steps[key]) for key in keys), np.zeros(self.num_nodes))
+        declared = np.zeros(self.num_nodes)
+        for event in self.events:
+            if isinstance(event, Release):
+                declared += np.asarray(event.nodes, dtype=bool)
+        if ledger.settings.neighbouring != "add-remove":
+            rate, how = 1.0, "no subsampling credit under replace-one"
+        elif np.shape(counted) != declared.shape or not np.array_equal(counted, declared):
+            rate, how = (
+                1.0,
+                "no subsampling credit: declared releases differ from the ledger's steps",
+            )
+        elif not 0.0 < rate < 1.0:
+            rate, how = 1.0, "full-batch releases"
+        else:
+            how = f"Poisson rate {rate:.3g} per release"
+        filled: dict[int, NetworkEvent] = {}
+        for event in self.events:
+            if isinstance(event, Release) and math.isnan(event.sample_rate):
+                filled.setdefault(id(event), Release(event.nodes, event.noise_multiplier, rate))
+        return [filled.get(id(event), event) for event in self.events], how
 
     def write_artifacts(self, folder: Path) -> list[Path]:
         """network_epsilon.csv (row u, column v: epsilon(u -> v)) and its heatmap."""

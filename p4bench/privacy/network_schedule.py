@@ -90,8 +90,10 @@ def build_schedule(
     mixing: str = "metropolis",
     seed: int = 0,
     topology_options: dict[str, object] | None = None,
+    sample_rate: float = 1.0,
 ) -> NetworkSchedule:
-    """The events of `rounds` rounds of `method` on `topology` with `clients` nodes."""
+    """The events of `rounds` rounds of `method` on `topology` with `clients` nodes; each
+    release samples every record with probability `sample_rate` (Poisson; 1: full batch)."""
     if method not in METHODS:
         raise ConfigError("method", f"must be one of {', '.join(METHODS)}, got {method!r}")
     if mixing not in MIXINGS:
@@ -102,6 +104,8 @@ def build_schedule(
         raise ConfigError(
             "noise-multiplier", f"must be a finite number > 0, got {noise_multiplier}"
         )
+    if not 0.0 < sample_rate <= 1.0:
+        raise ConfigError("data-rate", f"must be in (0, 1], got {sample_rate}")
     if method == "dp-dsgd" and gossip_steps not in (None, 1):
         raise ConfigError("gossip-steps", f"dp-dsgd gossips once per round, got {gossip_steps}")
     steps = 1 if gossip_steps is None else gossip_steps
@@ -109,7 +113,7 @@ def build_schedule(
         raise ConfigError("gossip-steps", f"must be an integer >= 0, got {steps}")
     graphs = _graphs(topology, clients, rounds, seed, topology_options)
     everyone = np.ones(clients, dtype=bool)
-    release = Release(nodes=everyone, noise_multiplier=float(noise_multiplier))
+    release = Release(everyone, float(noise_multiplier), float(sample_rate))
     events: list[NetworkEvent] = []
     for adjacency in graphs:
         weights = _mixing(adjacency, mixing)
@@ -132,14 +136,18 @@ def build_schedule(
     )
 
 
-def local_epsilon(noise_multiplier: float, releases: int, delta: float) -> float:
-    """Local DP (pld) of `releases` full-batch Gaussian releases at `noise_multiplier`."""
+def local_epsilon(
+    noise_multiplier: float, releases: int, delta: float, sample_rate: float = 1.0
+) -> float:
+    """Local DP (pld) of `releases` Gaussian releases at `noise_multiplier` and `sample_rate`."""
     from p4bench.privacy.pld import pld_epsilon
 
-    return pld_epsilon([(noise_multiplier, 1.0, releases)], delta)
+    return pld_epsilon([(noise_multiplier, sample_rate, releases)], delta)
 
 
-def noise_for_local_epsilon(epsilon: float, releases: int, delta: float) -> float:
+def noise_for_local_epsilon(
+    epsilon: float, releases: int, delta: float, sample_rate: float = 1.0
+) -> float:
     """The smallest noise multiplier (to 1%) whose local DP over `releases` is <= `epsilon`."""
     from p4bench.privacy.accountants import ReleaseSegment
     from p4bench.privacy.calibration import calibrate_accountant
@@ -147,7 +155,7 @@ def noise_for_local_epsilon(epsilon: float, releases: int, delta: float) -> floa
 
     if not (np.isfinite(epsilon) and epsilon > 0):
         raise ConfigError("epsilon", f"must be a finite number > 0, got {epsilon}")
-    segment = ReleaseSegment(noise_multiplier=1.0, sample_rate=1.0, steps=releases)
+    segment = ReleaseSegment(noise_multiplier=1.0, sample_rate=sample_rate, steps=releases)
     return calibrate_accountant(
         PLDAccountant(), [segment], delta=delta, target_epsilon=epsilon, tolerance=0.01 * epsilon
     )

@@ -19,7 +19,7 @@ import numpy as np
 from p4bench.errors import ConfigError
 from p4bench.privacy.network_events import Gossip, NetworkEvent, Release
 
-__all__ = ["NetworkViews", "build_views", "coalition_sensitivity", "view_matrix"]
+__all__ = ["NetworkViews", "build_views", "coalition_gram", "coalition_sensitivity", "view_matrix"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class NetworkViews:
         snapshots: per gossip step, the (N, n_t) states that are sent (n_t: releases so far).
         senders: per gossip step, per node v, the nodes v hears (v excluded).
         release_index: (N, n_max) each node's releases, padded with -1.
+        rate: (n,) the Poisson rate of each release (1: every record takes part).
     """
 
     num_nodes: int
@@ -42,13 +43,14 @@ class NetworkViews:
     snapshots: tuple[np.ndarray, ...]
     senders: tuple[tuple[np.ndarray, ...], ...]
     release_index: np.ndarray
+    rate: np.ndarray
 
     @property
     def num_releases(self) -> int:
         return int(self.owner.size)
 
 
-def _release_mask(event: Release, num_nodes: int, position: int) -> tuple[np.ndarray, float]:
+def _release_mask(event: Release, num_nodes: int, position: int) -> tuple[np.ndarray, float, float]:
     mask = np.asarray(event.nodes)
     if mask.shape != (num_nodes,):
         raise ConfigError(
@@ -59,7 +61,10 @@ def _release_mask(event: Release, num_nodes: int, position: int) -> tuple[np.nda
         raise ConfigError(
             f"events[{position}].noise_multiplier", f"must be finite and >= 0, got {sigma}"
         )
-    return mask.astype(bool), sigma
+    rate = float(event.sample_rate)
+    if not 0.0 < rate <= 1.0:
+        raise ConfigError(f"events[{position}].sample_rate", f"must be in (0, 1], got {rate}")
+    return mask.astype(bool), sigma, rate
 
 
 def _weights(event: Gossip, num_nodes: int, position: int) -> np.ndarray:
@@ -85,25 +90,26 @@ def _mix(weights: np.ndarray, states: np.ndarray) -> np.ndarray:
 
 def build_views(events: Sequence[NetworkEvent], num_nodes: int) -> NetworkViews:
     """Replay `events` on symbolic states (module docstring)."""
-    checked: list[tuple[str, np.ndarray, float]] = []
+    checked: list[tuple[str, np.ndarray, float, float]] = []
     for position, event in enumerate(events):
         if isinstance(event, Release):
-            mask, sigma = _release_mask(event, num_nodes, position)
-            checked.append(("release", mask, sigma))
+            mask, sigma, rate = _release_mask(event, num_nodes, position)
+            checked.append(("release", mask, sigma, rate))
         elif isinstance(event, Gossip):
-            checked.append(("gossip", _weights(event, num_nodes, position), 0.0))
+            checked.append(("gossip", _weights(event, num_nodes, position), 0.0, 1.0))
         else:
             raise ConfigError(
                 f"events[{position}]", f"must be a Release or a Gossip, got {event!r}"
             )
-    total = sum(int(item.sum()) for kind, item, _ in checked if kind == "release")
+    total = sum(int(item.sum()) for kind, item, _, _ in checked if kind == "release")
     state = np.zeros((num_nodes, total))
     owner: list[int] = []
     shift: list[float] = []
+    rates: list[float] = []
     snapshots: list[np.ndarray] = []
     senders: list[tuple[np.ndarray, ...]] = []
     released = 0
-    for kind, item, sigma in checked:
+    for kind, item, sigma, rate in checked:
         if kind == "release":
             nodes = np.flatnonzero(item)
             columns = released + np.arange(nodes.size)
@@ -112,6 +118,7 @@ def build_views(events: Sequence[NetworkEvent], num_nodes: int) -> NetworkViews:
             state[nodes, columns] += sigma if sigma > 0 else 1.0
             owner.extend(int(w) for w in nodes)
             shift.extend([1.0 / sigma if sigma > 0 else math.inf] * nodes.size)
+            rates.extend([rate] * nodes.size)
             released += nodes.size
         else:
             hears = item != 0
@@ -133,6 +140,7 @@ def build_views(events: Sequence[NetworkEvent], num_nodes: int) -> NetworkViews:
         snapshots=tuple(snapshots),
         senders=tuple(senders),
         release_index=index,
+        rate=np.asarray(rates, dtype=float),
     )
 
 
@@ -182,9 +190,15 @@ def _row_space(matrix: np.ndarray) -> np.ndarray:
 def coalition_sensitivity(views: NetworkViews, coalition: Sequence[int]) -> np.ndarray:
     """(N,) mu^2(u -> coalition) for every u; entries of members are meaningless (0 is
     put there by callers). See `p4bench.privacy.network_dp` for the bound."""
+    return coalition_gram(views, coalition)[0]
+
+
+def coalition_gram(views: NetworkViews, coalition: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(mu^2 as `coalition_sensitivity`, (N, n_max, n_max) D^-1 P D^-1 on each node's
+    releases in the coalition's view; padding rows and columns are zero)."""
     n_nodes, n = views.num_nodes, views.num_releases
     if n == 0:
-        return np.zeros(n_nodes)
+        return np.zeros(n_nodes), np.zeros((n_nodes, 1, 1))
     matrix = view_matrix(views, coalition)
     # releases the view never touches (exact zeros: gossip spreads one hop per step) have no
     # component in its row space; dropping them shrinks the factorisation on sparse graphs
@@ -208,4 +222,4 @@ def coalition_sensitivity(views: NetworkViews, coalition: Sequence[int]) -> np.n
     if noiseless.any() and matrix.size:
         visible = noiseless & (np.abs(matrix).max(axis=0) > 0)
         mu2[np.unique(views.owner[visible])] = math.inf
-    return mu2
+    return mu2, gram
