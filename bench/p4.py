@@ -16,8 +16,12 @@ Reported next to the measured round time:
   (`executed_bound_ratio`), so the headline ratio is not flattered by doing less work;
 - the chosen path's GEMMs alone at the workload's own shapes, timed with the same BLAS:
   what it achieves for these skinny products, the floor of any implementation built on it;
-- the first round apart (`first_round_s`): it also computes each client's orthonormal
-  basis (Householder QR), once per dataset; `round_s` is the median of the later rounds;
+- the first round apart (`first_round_s`): it also factors each client's Gram matrix
+  (the implicit orthonormal basis, `p4bench.privacy.span_factor`), once per dataset;
+  `round_s` is the median of the later rounds;
+- memory: `peak_rss_mb` beside `floor_mb`, what the workload needs (the interpreter before
+  any data, plus the samples and three linear models per client, computed from their
+  sizes) and `peak_over_floor_mb`, the difference;
 - a per-client loop as research code writes it (torch modules, opacus GradSampleModule
   per-sample gradients, clipping and noise by hand), timed on a subset of clients and
   scaled to all of them.
@@ -90,22 +94,23 @@ def gemm_gflops(size: int = 2048, repeats: int = 7) -> float:
 
 def workload_gemm_s(clients: int, data: FederatedData, repeats: int = 3) -> float:
     """Seconds of one round's GEMMs alone, at the shapes of the path P4 picks for this
-    workload (best of `repeats`): the span path's [W_proxy; W_private; G] Q and
-    W - A' Q^T against each client's orthonormal basis (m = n rows), or the bucketed
-    path's per-step W X^T and W -= G^T X on s n rows."""
+    workload (best of `repeats`): the span path's [W_proxy; W_private; G] X^T and
+    W - B X against each client's own samples (the orthonormal basis is applied
+    implicitly, `p4bench.privacy.span_factor`: no stored basis), or the bucketed path's
+    per-step W X^T and W -= G^T X on s n rows."""
     d, n, steps = math.prod(FEATURES), TRAIN, 5
     best = math.inf
     if span_is_cheaper(n, d, CLASSES, steps, 0.5, private=True):
-        basis = data.train.orthonormal_basis()[0]  # the run's own bases (cached): no second 2.6 GB
+        samples = data.train.x.flatten(start_dim=2)  # a view: the run's own data, no copy
         stacked, coefficients = (
             torch.randn(clients, 3 * CLASSES, d),
-            torch.randn(clients, 2 * CLASSES, min(n, d)),
+            torch.randn(clients, 2 * CLASSES, n),
         )
         out = torch.empty(clients, 2 * CLASSES, d)
         for _ in range(repeats):
             start = time.perf_counter()
-            torch.bmm(stacked, basis.transpose(1, 2))
-            torch.baddbmm(stacked[:, : 2 * CLASSES], coefficients, basis, alpha=-1.0, out=out)
+            torch.bmm(stacked, samples.transpose(1, 2))
+            torch.baddbmm(stacked[:, : 2 * CLASSES], coefficients, samples, alpha=-1.0, out=out)
             best = min(best, time.perf_counter() - start)
         return best
     rows = int(0.5 * n)
@@ -117,6 +122,23 @@ def workload_gemm_s(clients: int, data: FederatedData, repeats: int = 3) -> floa
         w.baddbmm_(g, x, alpha=-1e-9)
         best = min(best, time.perf_counter() - start)
     return best * steps
+
+
+def floor_bytes(clients: int) -> dict[str, int]:
+    """What the workload itself needs, from its sizes: every client's float32 samples,
+    int64 labels and counts (train and test), and three linear models per client (proxy,
+    private and the group's proxy: weights and biases, float32)."""
+    d = math.prod(FEATURES)
+    samples = clients * (TRAIN + TEST) * (d * 4 + 8) + 2 * clients * 8
+    models = 3 * clients * (CLASSES * d + CLASSES) * 4
+    return {"data": samples, "models": models}
+
+
+def current_rss_mb() -> float:
+    """This process's resident memory now (not its peak), from /proc."""
+    with open("/proc/self/statm") as statm:
+        pages = int(statm.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def executed_flops(clients: int) -> float:
@@ -132,7 +154,7 @@ def executed_flops(clients: int) -> float:
             + steps * 4 * L * n * n
             + 2 * m * n * (4 * L + (steps - 1) * L)
             + 2 * m * m * n
-        )
+        )  # the implicit basis's two triangular solves (L rows each) are in the last term's order
     return clients * 8 * (0.5 * n) * d * L * steps
 
 
@@ -212,6 +234,7 @@ def main() -> None:
     parser.add_argument("--loop-clients", type=int, default=8)
     args = parser.parse_args()
     keep_freed_memory()  # what the runtime does anyway; here it also speeds up building the data
+    interpreter_mb = current_rss_mb()  # the interpreter with torch loaded, before any data
     started, cpu_started, load_before = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     data = synthetic_data(args.clients)
     before = gemm_gflops()
@@ -253,7 +276,7 @@ def main() -> None:
                 "executed_bound_ratio": round(round_s * gflops * 1e9 / executed, 3),
                 "first_round_s": round(
                     all_rounds[0], 4
-                ),  # includes the QR bases, computed once per dataset
+                ),  # includes the basis factors, computed once per dataset
                 "workload_gemm_s": round(shapes_s, 4),
                 "workload_gemm_share": round(shapes_s / round_s, 3),
                 "loop_round_s": round(loop_s, 3),
@@ -261,10 +284,25 @@ def main() -> None:
                 **machine_load(load_before, torch.get_num_threads()),
                 "wall_s": round(time.perf_counter() - started, 1),
                 "cpu_s": round(time.process_time() - cpu_started, 1),
-                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                **memory_figures(interpreter_mb, floor_bytes(args.clients)),
             }
         )
     )
+
+
+def memory_figures(interpreter_mb: float, floor: dict[str, int]) -> dict[str, float]:
+    """Peak RSS against the floor: the interpreter as it stood before the data, plus what
+    the workload's data and models need (`floor_bytes`, computed, not measured)."""
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    floor_mb = interpreter_mb + sum(floor.values()) / 2**20
+    return {
+        "interpreter_mb": round(interpreter_mb, 1),
+        "data_mb": round(floor["data"] / 2**20, 1),
+        "models_mb": round(floor["models"] / 2**20, 1),
+        "floor_mb": round(floor_mb, 1),
+        "peak_rss_mb": round(peak_mb, 1),
+        "peak_over_floor_mb": round(peak_mb - floor_mb, 1),
+    }
 
 
 def machine_load(before: float, threads: int) -> dict:

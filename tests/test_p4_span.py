@@ -111,13 +111,14 @@ def test_basis_noise_has_the_joint_distribution_of_per_step_draws(dim):
 
 
 def test_the_span_path_gives_way_to_the_buckets_where_its_basis_would_not_fit(monkeypatch):
-    """On an accelerator the basis (as large as the samples) and its QR must fit beside the
-    data: otherwise `auto` takes the bucketed path (same math), never an out-of-memory."""
+    """On an accelerator a stored basis (d < n: as large as the samples) and its QR must fit
+    beside the data: otherwise `auto` takes the bucketed path (same math), never an
+    out-of-memory. With n <= d the basis is implicit: n x n tables per client."""
     import p4bench_p4.span as p4_method
     from p4bench.data import ClientTensors
 
     train = ClientTensors(
-        torch.randn(3, 6, 40), torch.zeros(3, 6, dtype=torch.long), torch.full((3,), 6)
+        torch.randn(3, 60, 40), torch.zeros(3, 60, dtype=torch.long), torch.full((3,), 60)
     )
     need = 2 * train.x.numel() * 4
     monkeypatch.setattr(p4_method, "free_device_memory", lambda device: (need, 10 * need))
@@ -130,3 +131,12 @@ def test_the_span_path_gives_way_to_the_buckets_where_its_basis_would_not_fit(mo
     assert p4_method.span_fits(train, basis=True)  # already built: nothing more to fit
     monkeypatch.setattr(p4_method, "free_device_memory", lambda device: None)  # the CPU
     assert p4_method.span_fits(ClientTensors(train.x, train.y, train.n), basis=True)
+    # n <= d: the implicit basis needs its small tables only, not the samples' size again
+    wide = ClientTensors(
+        torch.randn(3, 6, 400), torch.zeros(3, 6, dtype=torch.long), torch.full((3,), 6)
+    )
+    tables = 6 * 8 * 3 * 6 * 6
+    monkeypatch.setattr(p4_method, "free_device_memory", lambda device: (2 * tables, 10 * tables))
+    assert 2 * tables < wide.x.numel() * 4 and p4_method.span_fits(wide, basis=True)
+    monkeypatch.setattr(p4_method, "free_device_memory", lambda device: (tables // 2, 10 * tables))
+    assert not p4_method.span_fits(wide, basis=True)

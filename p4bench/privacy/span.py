@@ -9,8 +9,9 @@ both exactly DP-SGD's per-step Gaussian noise:
 - `streams`: the K draws N_k themselves, from the same per-client streams in the same
   order as K separate releases, projected as N_k X^T by the caller's GEMM (all but the
   last: no later logits see it). The same numbers as K generic releases.
-- `basis` (default): with an orthonormal basis Q of the span of X (X^T = Q R,
-  Householder QR once per dataset), split N_k = (N_k Q) Q^T + N_k (I - Q Q^T). The
+- `basis` (default): with an orthonormal basis Q of the span of X (X^T = Q R, once
+  per dataset: applied implicitly as Q = X^T R^-1 where n <= d, keeping only R,
+  `p4bench.privacy.span_factor`; a stored Householder basis otherwise), split N_k = (N_k Q) Q^T + N_k (I - Q Q^T). The
   coordinates Z_k = N_k Q are i.i.d. standard normal because Q is orthonormal, and the
   run sees the noise only through Z_k (logits: N_k X^T = Z_k R) and through the sum
   sum_k u_k N_k, whose part outside the span is one Gaussian with std
@@ -18,8 +19,9 @@ both exactly DP-SGD's per-step Gaussian noise:
   G (L x d): sum_k u_k N_k = (sum_k u_k Z_k) Q^T + s (G - (G Q) Q^T). Every quantity
   the run computes has exactly the joint distribution of the `streams` draws
   (tests/test_p4_span.py, on moments), with 1/K of the Gaussian draws and a GEMM of 3L
-  rows instead of (K+1)L; only the realisation for a given seed differs. Nothing is
-  inverted, so the data's conditioning does not matter.
+  rows instead of (K+1)L; only the realisation for a given seed differs. The implicit
+  basis inverts R: its error grows like eps32 cond(X), so a client whose data is
+  ill-conditioned keeps a stored basis (`span_factor.MAX_IMPLICIT_CONDITION`).
 
 The bias's noise is drawn per step in both modes. All draws go through the open
 `Releases` transaction of the K releases (recorded before anything is computed).
@@ -121,13 +123,28 @@ class SpanNoise:
         in place: `weight` (C, L, d) the initial weights, `coefficients` (C, L, m) the
         proxy's coefficients in the basis (`basis`; unused with `streams`), `projections`
         the GEMM's projections of the noise rows and `rows` the noise rows of `draw`."""
-        count = weight.shape[0]
         if self.basis:
-            spread = self.scale.square().sum(dim=0).sqrt().view(count, 1, 1)  # s per row
             # sum_k u_k N_k = (sum_k u_k Z_k) Q^T + s (G - (G Q) Q^T)
-            inside = (self.coordinates * self.scale.t().reshape(count, self.steps, 1, 1)).sum(dim=1)
-            coefficients.sub_(inside).addcmul_(projections, spread)
-            weight.addcmul_(rows, spread)
+            coefficients.add_(self.in_span(projections))
+            self.add_outside(weight, rows)
         else:
+            count = weight.shape[0]
             for k in range(self.steps):
                 weight.addcmul_(self.blocks[:, k], self.scale[k].view(count, 1, 1))
+
+    def in_span(self, projections: torch.Tensor) -> torch.Tensor:
+        """(C, L, m) the coefficients in the basis of what `finish` subtracts for the noise,
+        -(sum_k u_k Z_k) + s (G Q), from `projections` (C, L, m), G Q (`basis` only)."""
+        count = projections.shape[0]
+        inside = (self.coordinates * self.scale.t().reshape(count, self.steps, 1, 1)).sum(dim=1)
+        return projections * self.spread().view(count, 1, 1) - inside
+
+    def add_outside(self, weight: torch.Tensor, rows: torch.Tensor) -> None:
+        """Add s G, the noise rows of `draw` (C, L, d) scaled, to `weight` in place: with
+        `in_span`'s part projected out of it by the caller (`basis` only)."""
+        weight.addcmul_(rows, self.spread().view(weight.shape[0], 1, 1))
+
+    def spread(self) -> torch.Tensor:
+        """(C,) s = sqrt(sum_k u_k^2) per row: the std of the summed noise outside the span."""
+        spread: torch.Tensor = self.scale.square().sum(dim=0).sqrt()
+        return spread

@@ -25,6 +25,7 @@ before the computation (the ledger decides on no data), their noise drawn up fro
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,12 +36,15 @@ from p4bench.engine.training import sample_batches
 from p4bench.models import Params
 from p4bench.privacy.releases import Releases
 from p4bench.privacy.span import NOISE_MODES, SpanNoise
+from p4bench.privacy.span_factor import SpanFactor, implicit_span_applies, span_factors
 from p4bench_p4.fused import LinearCotraining, mutual_distillation_gradients
 
 if TYPE_CHECKING:
     from p4bench.engine.method import StepContext
 
-__all__ = ["NOISE_MODES", "SpanCotraining", "span_fits", "span_is_cheaper"]
+__all__ = ["NOISE_MODES", "SpanCotraining", "span_factor", "span_fits", "span_is_cheaper"]
+
+_FACTOR = "_span_factor"  # the per-dataset cache of `span_factor` on the training tensors
 
 
 def span_is_cheaper(
@@ -69,14 +73,23 @@ def span_is_cheaper(
 
 
 def span_fits(train: ClientTensors, basis: bool) -> bool:
-    """Whether the span path's per-dataset tables fit beside the data on an accelerator:
-    the orthonormal basis is as large as the samples and its QR needs as much again (the
-    Gram matrices are small). Checked once per dataset, before they are built; on the
-    CPU, host memory is the limit, as for the data."""
+    """Whether the span path's per-dataset tables fit beside the data on an accelerator.
+    With n <= d the basis is applied implicitly (`p4bench.privacy.span_factor`): its
+    tables are n x n per client, small beside the samples. Otherwise a stored
+    orthonormal basis is as large as the samples and its QR needs as much again.
+    Checked once per dataset, before they are built; on the CPU, host memory is the
+    limit, as for the data."""
     free = free_device_memory(train.x.device)
     if free is None or not basis or train.has_orthonormal_basis():
         return True
-    return 2 * train.x.numel() * train.x.element_size() < free[0] * (1 - WORKSPACE_FRACTION)
+    count, samples = train.x.shape[:2]
+    if implicit_span_applies(samples, math.prod(train.x.shape[2:])):
+        # float64 Gram, its padded copy, the factor, the eigen-solver's workspace, and the
+        # float32 tables kept; a client that falls back to a stored basis adds its own n d
+        need = 6 * 8 * count * samples * samples
+    else:
+        need = 2 * train.x.numel() * train.x.element_size()
+    return need < free[0] * (1 - WORKSPACE_FRACTION)
 
 
 class SpanCotraining(LinearCotraining):
@@ -127,8 +140,14 @@ class SpanCotraining(LinearCotraining):
         count, classes, dim = proxy["weight"].shape
         proxy_lr = self.lr * done if noise is None else noise.step_sizes
         basis = noise is not None and noise.basis
-        # the rows the GEMMs run against: an orthonormal basis of the data's span, or the data
-        data, coords = train.orthonormal_basis() if basis else (train.x.flatten(start_dim=2), None)
+        flat = train.x.flatten(start_dim=2)
+        # the basis of the data's span: applied implicitly through R (n <= d), else stored
+        factor = span_factor(train) if basis and implicit_span_applies(flat.shape[1], dim) else None
+        stored = basis and factor is None
+        # the rows the GEMMs run against: the data, or (d < n) a stored orthonormal basis
+        data, coords = train.orthonormal_basis() if stored else (flat, None)
+        if factor is not None:
+            coords = factor.coords
         noise_rows = 0 if noise is None else noise.rows
         # [proxy W; private W; noise] per client, so one GEMM reads the data once for all of them
         stacked = self.workspace.get("span", (count, 2 * classes + noise_rows, dim))
@@ -136,10 +155,21 @@ class SpanCotraining(LinearCotraining):
         stacked[:, classes : 2 * classes].copy_(private["weight"])
         bias = torch.cat([proxy["bias"], private["bias"]], dim=1)
         if noise is not None:
-            noise.draw(stacked[:, 2 * classes :], data.shape[1])
+            # m, the basis size (the coordinates' rows) for `basis`; unused by `streams`
+            noise.draw(stacked[:, 2 * classes :], (data if coords is None else coords).shape[1])
         read = stacked[:, : 2 * classes + (0 if noise is None else noise.projected)]
         products = torch.bmm(read, data.transpose(1, 2))  # (C, rows, m or n)
-        if basis:
+        projections = products[:, 2 * classes :]
+        if factor is not None:
+            factor.explicit_products(read, products)  # clients whose basis is stored: W Q
+            if len(factor.bases):  # W_0 X^T = (W_0 Q) R for them
+                chosen = factor.explicit
+                products[chosen, : 2 * classes] = torch.bmm(
+                    products[chosen, : 2 * classes], factor.coords[chosen]
+                )
+            initial, gram = products[:, : 2 * classes], factor.gram
+            projections = factor.to_span(projections)  # G Q = (G X^T) R^-1
+        elif stored:
             assert coords is not None  # the basis comes with its coordinates
             initial = torch.bmm(products[:, : 2 * classes], coords)  # W_0 X^T = (W_0 Q) R
             gram = torch.bmm(coords.transpose(1, 2), coords)  # X X^T = R^T R
@@ -149,14 +179,19 @@ class SpanCotraining(LinearCotraining):
         coefficients, total, taken = self._steps(
             initial, gram, seen, bias, noise, proxy_lr, done, train, ctx, steps
         )
-        if basis:
+        if factor is not None:
+            assert noise is not None  # the factor serves the basis sampler only
+            return self._implicit_finish(
+                factor, noise, stacked, coefficients, projections, flat, bias, total, taken
+            )
+        if stored:
             assert coords is not None
             coefficients = torch.bmm(coefficients, coords.transpose(1, 2))  # A X = (A R^T) Q^T
         if noise is not None:
             noise.finish(
                 stacked[:, :classes],
                 coefficients[:, :classes],
-                products[:, 2 * classes :],
+                projections,
                 stacked[:, 2 * classes :],
             )
         # into a fresh contiguous tensor: faster than in place on the strided view, and the
@@ -168,12 +203,44 @@ class SpanCotraining(LinearCotraining):
             alpha=-1.0,
             out=torch.empty(count, 2 * classes, dim),
         )
-        return (
-            {"weight": weights[:, :classes], "bias": bias[:, :classes]},
-            {"weight": weights[:, classes:], "bias": bias[:, classes:]},
-            total,
-            taken,
+        return _split(weights, bias, classes, total, taken)
+
+    @staticmethod
+    def _implicit_finish(
+        factor: SpanFactor,
+        noise: SpanNoise,
+        stacked: torch.Tensor,
+        coefficients: torch.Tensor,
+        projections: torch.Tensor,
+        flat: torch.Tensor,
+        bias: torch.Tensor,
+        total: torch.Tensor,
+        taken: torch.Tensor,
+    ) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
+        """W_K = W_0 + s G - B X with the noise's coefficients in the basis moved to the
+        samples' (B = A + N R^-T: N Q^T = N R^-T X), one GEMM with the data; clients with a
+        stored basis: B = A R^T + N against their Q^T."""
+        count, classes, dim = coefficients.shape[0], bias.shape[1] // 2, flat.shape[2]
+        noise.add_outside(stacked[:, :classes], stacked[:, 2 * classes :])
+        spanned = factor.from_span(noise.in_span(projections))  # identity for stored bases
+        chosen = factor.explicit
+        if len(factor.bases):
+            coefficients[chosen] = torch.bmm(
+                coefficients[chosen], factor.coords[chosen].transpose(1, 2)
+            )
+        coefficients[:, :classes] += spanned
+        weights = torch.baddbmm(
+            stacked[:, : 2 * classes],
+            coefficients,
+            flat,
+            alpha=-1.0,
+            out=torch.empty(count, 2 * classes, dim),
         )
+        if len(factor.bases):
+            weights[chosen] = torch.baddbmm(
+                stacked[chosen, : 2 * classes], coefficients[chosen], factor.bases, alpha=-1.0
+            )
+        return _split(weights, bias, classes, total, taken)
 
     def _steps(
         self,
@@ -227,3 +294,28 @@ class SpanCotraining(LinearCotraining):
             total += (losses * chosen).sum(dim=1).double() / batch.squeeze(1).double() * done[k]
             taken += done[k]
         return coefficients, total, taken
+
+
+def _split(
+    weights: torch.Tensor,
+    bias: torch.Tensor,
+    classes: int,
+    total: torch.Tensor,
+    taken: torch.Tensor,
+) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
+    """(proxy, private, total, taken) from both models' stacked weights and biases."""
+    return (
+        {"weight": weights[:, :classes], "bias": bias[:, :classes]},
+        {"weight": weights[:, classes:], "bias": bias[:, classes:]},
+        total,
+        taken,
+    )
+
+
+def span_factor(train: ClientTensors) -> SpanFactor:
+    """The implicit basis's tables (`p4bench.privacy.span_factor`), once per dataset and
+    shared with the row subsets of later rounds, like the data's Gram matrices."""
+    factor: SpanFactor = train._derived(
+        _FACTOR, span_factors, lambda whole, index, width: whole.rows(index, width)
+    )
+    return factor
