@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -15,23 +14,10 @@ from typing import Any
 import yaml
 
 from p4bench.errors import ConfigError, UsageError
+from p4bench.run.field_values import check_field
+from p4bench.run.field_values import field_meta as _meta  # short: every field's metadata
 
 __all__ = ["RunConfig", "resolve_config", "load_config_file"]
-
-
-def _meta(
-    help: str,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    choices: tuple[str, ...] | None = None,
-    high_open: bool = False,
-) -> dict[str, Any]:
-    return dict(help=help, low=low, high=high, choices=choices) | {
-        "low_open": low_open,
-        "high_open": high_open,
-    }
 
 
 @dataclass(frozen=True)
@@ -236,6 +222,15 @@ class RunConfig:
             low_open=True,
         ),
     )
+    threads: int | None = field(
+        default=None,
+        metadata=_meta(
+            "torch threads of the run (set before training, not inherited from OMP_NUM_THREADS); default: the "
+            "cores the run may use: all of them alone, cores // jobs in a sweep, tuning or reproduction with --jobs",
+            low=1,
+            high=4096,
+        ),
+    )
     verify: str | None = field(
         default=None,
         metadata=_meta(
@@ -258,7 +253,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            object.__setattr__(self, f.name, _check(f, getattr(self, f.name)))
+            object.__setattr__(self, f.name, check_field(f, getattr(self, f.name)))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
     @property
@@ -278,9 +273,16 @@ class RunConfig:
 
     def config_hash(self) -> str:
         """Stable hash of everything that affects results (not where they are logged)."""
-        # where results go, how much memory a step may take (chunks change no number) and how the privacy
-        # claim is checked are not results
-        ignored = ("experiment", "tracking_uri", "results_dir", "memory_budget_gb", "verify")
+        # where results go, how much memory a step may take (chunks change no number), how the privacy
+        # claim is checked and how many threads compute it are not results
+        ignored = (
+            "experiment",
+            "tracking_uri",
+            "results_dir",
+            "memory_budget_gb",
+            "verify",
+            "threads",
+        )
         data = {k: v for k, v in self.to_dict().items() if k not in ignored}
         # added later: runs without them keep their hashes
         for name in ("time_budget_min", "federation_clients"):
@@ -301,63 +303,6 @@ class RunConfig:
 
 
 FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
-
-
-def _check(f: dataclasses.Field[Any], value: Any) -> Any:
-    optional = "None" in str(f.type)
-    if value is None:
-        if optional:
-            return None
-        raise ConfigError(f.name, "a value is required")
-    if f.name in ("attack", "defense") and isinstance(value, str) and value.lower() == "none":
-        # "none" is explicit: for the defense it overrides a method's default defense
-        return None if f.name == "attack" else "none"
-    base = str(f.type).replace(" | None", "")
-    meta = f.metadata
-    if base == "bool":
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            value = value.lower() == "true"
-        if not isinstance(value, bool):
-            raise ConfigError(f.name, f"must be true or false, got {value!r}")
-        return value
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if base == "int":
-        if not number or float(value) != int(value):
-            raise ConfigError(f.name, f"must be an integer{_range_text(meta)}, got {value!r}")
-        value = int(value)
-    elif base == "float":
-        if not number or not math.isfinite(value):
-            raise ConfigError(f.name, f"must be a number{_range_text(meta)}, got {value!r}")
-        value = float(value)
-    elif base == "str":
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f.name, f"must be a non-empty string, got {value!r}")
-        if meta["choices"] and value not in meta["choices"]:
-            raise ConfigError(f.name, f"must be one of {', '.join(meta['choices'])}, got {value!r}")
-        return value
-    else:  # options
-        if not isinstance(value, Mapping):
-            raise ConfigError(f.name, f"must be a mapping of option names to values, got {value!r}")
-        return value
-    low, high = meta["low"], meta["high"]
-    too_low = low is not None and (value <= low if meta["low_open"] else value < low)
-    too_high = high is not None and (value >= high if meta["high_open"] else value > high)
-    if too_low or too_high:
-        raise ConfigError(f.name, f"must be{_range_text(meta)}, got {value!r}")
-    return value
-
-
-def _range_text(meta: Mapping[str, Any]) -> str:
-    low, high = meta["low"], meta["high"]
-    if low is None and high is None:
-        return ""
-    if high is None:
-        return f" {'>' if meta['low_open'] else '>='} {_num(low)}"
-    return f" in {'(' if meta['low_open'] else '['}{_num(low)}, {_num(high)}{')' if meta['high_open'] else ']'}"
-
-
-def _num(x: float) -> str:
-    return f"{int(x):_}" if float(x).is_integer() else f"{x:g}"
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -293,6 +293,7 @@ class RunSummary(Mapping[str, Any]):
     memory: dict[str, object]  # a GPU run's data placement (`DataPlacement.summary`)
     resumed_from_step: int | None
     device: dict[str, Any] | None = None  # the device runtime's measurements (its hook)
+    threads: int | None = None  # torch threads the run computed on (`p4bench.run.threads`)
     tracking: dict[str, Any] = field(default_factory=dict)  # the trackers' (`RunInfo.tracking`)
 
     @property
@@ -346,6 +347,8 @@ class RunSummary(Mapping[str, Any]):
         if self.certification is not None:
             out |= self.certification.summary_fields() | self.verification
         out["compute_device"] = self.compute_device
+        if self.threads is not None:
+            out["threads"] = self.threads
         out |= self.memory
         if self.resumed_from_step is not None:
             out["resumed_from_step"] = self.resumed_from_step

@@ -165,25 +165,55 @@ def _run(options: RunOptions, display: ProgressDisplay) -> None:
     """`run_command`'s work, on its options."""
     from p4bench.tracking import worker as tracking_worker
 
+    resolved = None
+    if options.resume is None:  # a bad value or name: one line before torch or MLflow is imported
+        options = options.with_local_peers()
+        resolved = resolve_config(options.config, options.overrides())
+        check_plugin_names(resolved)
     tracking_worker.prestart(
         enabled=console_script()
     )  # MLflow's import on the other core, beside torch's
     try:
-        _run_or_resume(options, display)
+        if resolved is None:
+            _resume(options, display)
+        else:
+            _run_new(options, resolved, display)
     finally:
         tracking_worker.discard_prestarted()  # no tracker took it: the run failed before it started
 
 
-def _run_or_resume(options: RunOptions, display: ProgressDisplay) -> None:
+def check_plugin_names(config: RunConfig) -> None:
+    """Refuse a plugin name that no installed plugin registers, from the cached plugin
+    listing (`p4bench.cli.plugin_cache`: entry points and their files, no import of a
+    plugin while it is current), so that a mistyped name costs no torch import. Where an
+    installed plugin has a problem, the registry's own message names it, later."""
+    from p4bench.cli.plugin_cache import cached_listing
+    from p4bench.errors import UnknownNameError
+
+    listing, _ = cached_listing()
+    if listing.get("problems"):  # a broken or ambiguous plugin: the registry names its problem
+        return
+    given = {
+        "method": config.method,
+        "dataset": config.dataset,
+        "partitioner": config.partitioner,
+        "model": config.model,
+        "runtime": config.runtime,
+        "accountant": config.accountant,
+        "attack": config.attack,
+        "defense": config.defense if config.defense != "none" else None,
+    }
+    for kind, name in given.items():
+        names = {str(entry.get("name")) for entry in listing.get(kind, [])}
+        if name is not None and names and name not in names:
+            raise UnknownNameError(kind, name, names)
+
+
+def _run_new(options: RunOptions, resolved: RunConfig, display: ProgressDisplay) -> None:
     from p4bench.host.manager import default_plugin_manager
     from p4bench.run.runner import run
     from p4bench.tracking.links import check_run_server
 
-    if options.resume is not None:
-        _resume(options, display)
-        return
-    options = options.with_local_peers()
-    resolved = resolve_config(options.config, options.overrides())
     check_run_server(resolved)  # a named MLflow server that does not answer: exit 2, nothing run
     if options.topology is not None or options.topology_option:
         check_topology_flags(resolved.method)
@@ -224,7 +254,8 @@ def _resume(o: RunOptions, display: ProgressDisplay) -> None:
     from p4bench.run.runner import run
     from p4bench.studies.results import tracking_uri_for
 
-    given = sorted(k for k in o.overrides() if k not in ("results_dir", "tracking_uri", "device"))
+    kept = ("results_dir", "tracking_uri", "device", "threads")  # where and how, not what
+    given = sorted(k for k in o.overrides() if k not in kept)
     if given or o.config is not None or o.local_peers is not None:
         named = ", ".join(f"--{k.replace('_', '-')}" for k in given) or "--config / --local-peers"
         raise UsageError(
@@ -260,9 +291,10 @@ def _resume(o: RunOptions, display: ProgressDisplay) -> None:
         raise UsageError(
             f"the checkpoint in {folder} cannot be read ({type(exc).__name__}); start the run again"
         ) from None
+    # may move devices; takes the cores it may use now (or --threads), not those it had
     config = RunConfig(
-        **{**checkpoint.config, **({"device": o.device} if o.device else {})}
-    )  # may move devices
+        **{**checkpoint.config, "threads": o.threads, **({"device": o.device} if o.device else {})}
+    )
     if checkpoint.meta.get("secret_randomness"):
         display.say(
             "[yellow]this run draws secret (OS-CSPRNG) randomness, which cannot be replayed: the resumed rounds "

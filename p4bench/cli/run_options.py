@@ -122,6 +122,7 @@ class RunOptions:
         float | None, _opt("memory_budget_gb", "--memory-budget", metavar="GB")
     ] = None
     verify: Annotated[str | None, _opt("verify", "--verify")] = None
+    threads: Annotated[int | None, _opt("threads", metavar="N")] = None
     config: Annotated[
         Path | None, typer.Option("--config", help="YAML file of run options (CLI options win)")
     ] = None

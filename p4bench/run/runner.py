@@ -48,6 +48,7 @@ from p4bench.run.resolution import (  # re-exported: they were defined here
 )
 from p4bench.run.session import RunSession, mark_interrupted
 from p4bench.run.summary import budget_fields, summarize, summed_metrics, within_budget
+from p4bench.run.threads import on_chosen_threads
 from p4bench.run.unseen import fine_tune_unseen
 from p4bench.run.verify import RunVerification
 
@@ -222,6 +223,7 @@ def state_bytes(num_parameters: int, clients: int) -> int:
     return int(num_parameters) * int(clients) * 4 * STATE_COPIES
 
 
+@on_chosen_threads
 def run(
     config: RunConfig,
     observers: Sequence[object] = (),
@@ -250,6 +252,9 @@ def run(
     `request_stop()`) ends the run after the current round with a checkpoint: the MLflow
     run is marked KILLED and `RunInterrupted` raised. Any other KeyboardInterrupt also
     marks the MLflow run KILLED before it propagates.
+
+    The run computes on `config.threads` torch threads, or on the cores it may use
+    (`p4bench.run.threads.default_threads`); its config records the number.
     """
     from p4bench.tracking.tracker import Tracker
 
@@ -334,6 +339,7 @@ def run(
             else {},
             resumed_from_step=int(resume.meta.get("step", 0)) if resume is not None else None,
             unseen=unseen.summary() if unseen is not None else None,
+            threads=torch.get_num_threads(),  # what training used (`run` set it)
         )
         writers = [network.write_artifacts] if network is not None else []
         result = RunResult(info, outcome, wall, summary, method, writers)

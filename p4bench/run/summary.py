@@ -112,12 +112,14 @@ def summarize(
     memory: dict[str, object] | None = None,
     resumed_from_step: int | None = None,
     unseen: dict[str, Any] | None = None,
+    threads: int | None = None,
 ) -> RunSummary:
     """The run's headline figures (summary.json, the JSON line of `p4bench run --json`), each
     field written here once: the accuracy, rounds and costs from the run's info and outcome,
     the sections from their owners (`privacy`: the ledger's `summary`, None when the run is
     not private; the certification: `info.certification`; `unseen`: the unseen clients'
-    figures, `p4bench.run.unseen.UnseenClients.summary`)."""
+    figures, `p4bench.run.unseen.UnseenClients.summary`; `threads`: the torch threads it
+    computed on)."""
     config, reported = info.config, info.reported
     accuracy = outcome.accuracy
     chosen = accuracy[reported] if reported.any() else np.array([float("nan")])
@@ -184,6 +186,7 @@ def summarize(
         compute_device=compute_device,
         memory=memory or {},
         resumed_from_step=resumed_from_step,
+        threads=threads,
     )
 
 

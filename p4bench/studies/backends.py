@@ -82,8 +82,9 @@ class LocalBackend(Backend):
         from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
 
         from p4bench.run.interrupts import stop_requested
+        from p4bench.run.threads import share_of
 
-        threads = max(1, (os.cpu_count() or 1) // self.jobs)
+        threads = share_of(self.jobs)  # several workers share the machine's cores
         with ProcessPoolExecutor(
             self.jobs,
             mp_context=multiprocessing.get_context("spawn"),
@@ -108,11 +109,10 @@ class LocalBackend(Backend):
 
 
 def _init_worker(threads: int) -> None:
-    import torch
-
     from p4bench.run.interrupts import install_in_worker
+    from p4bench.run.threads import set_process_share
 
-    torch.set_num_threads(threads)  # several workers share the machine's cores
+    set_process_share(threads)  # each run in this worker takes this share (`p4bench.run.threads`)
     install_in_worker()  # the terminal's Ctrl-C reaches workers too: finish the round, checkpoint
 
 
