@@ -1,14 +1,17 @@
-"""The same FedAvg on Flower's simulation engine (flwr >= 1.22's Message API, Ray backend).
+"""The same FedAvg on Flower's simulation engine (flwr 1.42: ServerApp, ClientApp, `run_simulation`).
 
 Run by `bench/peers.py` with the bench's own environment's interpreter (`--install-flower`
 builds it): `python bench/peers_flower.py DATA SETTINGS_JSON`. Each virtual SuperNode is one
 client of p4bench's partition (its `partition-id`); its ClientApp trains with the very
-function the opacus loop uses (`peers_client.train_client`), so Flower's figure is that
-loop's work plus Flower's orchestration. Flower's own `FedAvg` strategy aggregates, weighted
-by the `num-examples` each client reports (n_i without DP, 1 with DP: p4bench's weights).
-Ray is bound to 127.0.0.1 with `threads` CPUs, one per ClientApp, no dashboard and a small
-object store. Round times are the gaps between the server-side evaluations Flower runs
-before the first round and after each one. Prints one JSON line.
+function the opacus loop uses (`peers_client.train_client`: with DP, opacus per-example
+DP-SGD inside the ClientApp, as Flower's opacus example does; Flower's own DP strategy
+wrappers clip whole updates, another algorithm), so Flower's figure is that loop's work plus
+Flower's orchestration. Flower's own `FedAvg` strategy aggregates, weighted by the
+`num-examples` each client reports (n_i without DP, 1 with DP: p4bench's weights).
+Ray starts a local cluster of its own (never joins one already running), bound to
+127.0.0.1 with `threads` CPUs, one per ClientApp, no dashboard and a small object store.
+Round times are the gaps between the server-side evaluations Flower runs before the first
+round and after each one. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ def simulate(path: str, settings: dict[str, Any]) -> tuple[list[float], dict[str
         backend_config={
             "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
             "init_args": {
+                "address": "local",  # a cluster of its own, never one someone else started on this machine
                 "num_cpus": threads,
                 "num_gpus": 0,
                 "_node_ip_address": "127.0.0.1",
