@@ -58,8 +58,8 @@ from p4bench.engine.state import unvectorize, vectorize
 from p4bench.engine.training import batched_loss_and_grad, fixed_size_batches
 from p4bench.models import LinearSoftmax
 from p4bench.rng import ClientRng, node_keys
-from p4bench_baselines.cross_gradients import cross_gradients
-from p4bench_pdsl.shapley import coalition_values, linear_in_parameters, monte_carlo_shapley
+from p4bench_pdsl.cross_linear import pdsl_cross_gradients, takes_linear_path
+from p4bench_pdsl.shapley import coalition_game, linear_in_parameters, monte_carlo_shapley
 
 M, PER_AGENT, DATA_RATE, Q_SIZE, R, LR, CLASSES = 20, 90, 0.8, 2000, 10, 0.5, 10
 
@@ -111,7 +111,7 @@ def make_ctx(w: SimpleNamespace) -> SimpleNamespace:
 
 # -- batched (what PDSL runs) --------------------------------------------------------------------
 def batched_cross(w: SimpleNamespace, ctx: SimpleNamespace) -> torch.Tensor:
-    grads, _, _ = cross_gradients(ctx, w.models, w.params, w.present, w.train, "batch")
+    grads, _, _ = pdsl_cross_gradients(ctx, w.models, w.params, w.present, w.train, "batch")
     return grads  # (M, K, P): grads[i, j] = g_ij = grad F_i(x_j; B_i)
 
 
@@ -119,9 +119,7 @@ def batched_shapley(w: SimpleNamespace, ctx: SimpleNamespace, grads: torch.Tenso
     received = grads.transpose(0, 1)  # received[i, j] = g_ji: x_i's gradient on j's batch
     keys = ctx.rng.uniform(R * M).view(M, -1, M)  # as PDSL._shapley_step draws them
 
-    def values(masks: torch.Tensor) -> torch.Tensor:
-        return coalition_values(w.model, w.params, w.x, received, masks, LR, w.q_x, w.q_y)
-
+    values = coalition_game(w.model, w.params, w.x, received, LR, w.q_x, w.q_y)
     return monte_carlo_shapley(values, w.present, R, keys=keys)
 
 
@@ -296,6 +294,9 @@ def main() -> None:
                 },
                 "target_speedup": 20,
                 "meets_target": bool(total["speedup"] >= 20),
+                "cross_gradient_path": "closed form (linear model)"
+                if takes_linear_path(make_ctx(w), "batch")
+                else "cross_gradients (autograd)",
                 "shapley_path": "linear logits"
                 if linear_in_parameters(w.model)
                 else "forward per coalition",

@@ -48,7 +48,7 @@ from p4bench.errors import ConfigError
 from p4bench.models import Params
 from p4bench.options import Option, resolve_options, topology_options
 from p4bench.privacy.concatenated import CLIP_MODES, noise_std_per_coordinate, release_rate
-from p4bench_baselines.cross_gradients import MODEL, cross_gradients, static_neighbourhoods
+from p4bench_baselines.cross_gradients import MODEL, static_neighbourhoods
 from p4bench_baselines.neighbour_exchange import (
     gossip_mix,
     neighbour_grid,
@@ -56,7 +56,8 @@ from p4bench_baselines.neighbour_exchange import (
     received_gradients,
 )
 from p4bench_p2p_fl.policies import validation_split
-from p4bench_pdsl.shapley import coalition_values, exact_shapley, minmax_shares, monte_carlo_shapley
+from p4bench_pdsl.cross_linear import pdsl_cross_gradients
+from p4bench_pdsl.shapley import coalition_game, exact_shapley, minmax_shares, monte_carlo_shapley
 
 if TYPE_CHECKING:
     from p4bench.data import ClientTensors
@@ -247,7 +248,7 @@ class PDSL(Method):
         models[torch.arange(len(ctx.rows)), self.table.own[ctx.rows]] = vectorize(
             state["params"]
         )  # x_i itself
-        grads, loss, _ = cross_gradients(
+        grads, loss, _ = pdsl_cross_gradients(
             ctx, models, state["params"], present, self._training(train, state), self.clip_mode
         )
         return {**state, "cross": grads}, loss
@@ -281,11 +282,7 @@ class PDSL(Method):
         lr, x = float(self.config.lr), vectorize(state["params"])
         q_x, q_y, q_n = self._validation(ctx, state)
 
-        def values(masks: torch.Tensor) -> torch.Tensor:
-            return coalition_values(
-                self.model, state["params"], x, received, masks, lr, q_x, q_y, q_n=q_n
-            )
-
+        values = coalition_game(self.model, state["params"], x, received, lr, q_x, q_y, q_n=q_n)
         if self.values["shapley"] == "exact":  # validate_options bounds the neighbourhood size
             phi = exact_shapley(values, present)
         else:

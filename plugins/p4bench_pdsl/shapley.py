@@ -23,11 +23,13 @@ from torch.func import vmap
 from p4bench.engine.state import unvectorize
 from p4bench.models import Model
 from p4bench_pdsl.shapley_linear import linear_coalition_values, linear_in_parameters, parents
+from p4bench_pdsl.shapley_scan import linear_prefix_values
 
 __all__ = [
     "ValuesFn",
     "linear_in_parameters",
     "coalition_values",
+    "CoalitionGame",
     "coalition_game",
     "exact_shapley",
     "monte_carlo_shapley",
@@ -120,6 +122,45 @@ def _distinct_coalitions(masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return unique >> slots, members, inverse
 
 
+class CoalitionGame:
+    """The ``values_fn`` of PDSL's game: :func:`coalition_values` with all but the masks fixed.
+
+    On a model linear in its parameters it also values Monte-Carlo orders' prefixes
+    directly (:meth:`prefix_values`, `p4bench_pdsl.shapley_scan`), which
+    :func:`monte_carlo_shapley` takes instead of building their masks."""
+
+    def __init__(
+        self,
+        model: Model,
+        like: Mapping[str, torch.Tensor],
+        x: torch.Tensor,
+        g: torch.Tensor,
+        lr: float,
+        q_x: torch.Tensor,
+        q_y: torch.Tensor,
+        chunk: int = 128,
+        q_n: torch.Tensor | None = None,
+    ) -> None:
+        self.model, self.like, self.x, self.g, self.lr = model, like, x, g, lr
+        self.q_x, self.q_y, self.chunk, self.q_n = q_x, q_y, chunk, q_n
+
+    def __call__(self, masks: torch.Tensor) -> torch.Tensor:
+        like, x, g, q_x, q_y = self.like, self.x, self.g, self.q_x, self.q_y
+        return coalition_values(
+            self.model, like, x, g, masks, self.lr, q_x, q_y, chunk=self.chunk, q_n=self.q_n
+        )
+
+    def prefix_values(self, order: torch.Tensor, players: torch.Tensor) -> torch.Tensor | None:
+        """(A, R, n_max + 1) float64 values of the prefixes of `order` (A, R, K) (the slot at
+        each position, each agent's `players` (A,) first), or None where only masks can be
+        valued (a non-linear model)."""
+        if not linear_in_parameters(self.model) or self.g.shape[:2] != order.shape[::2]:
+            return None
+        return linear_prefix_values(
+            self.like, self.x, self.g, self.lr, self.q_x, self.q_y, self.q_n, order, players
+        )
+
+
 def coalition_game(
     model: Model,
     like: Mapping[str, torch.Tensor],
@@ -129,13 +170,10 @@ def coalition_game(
     q_x: torch.Tensor,
     q_y: torch.Tensor,
     chunk: int = 128,
-) -> ValuesFn:
-    """The ``values_fn`` of PDSL's game: :func:`coalition_values` with all but the masks fixed."""
-
-    def values(masks: torch.Tensor) -> torch.Tensor:
-        return coalition_values(model, like, x, g, masks, lr, q_x, q_y, chunk=chunk)
-
-    return values
+    q_n: torch.Tensor | None = None,
+) -> CoalitionGame:
+    """PDSL's game (:class:`CoalitionGame`), a ``values_fn``."""
+    return CoalitionGame(model, like, x, g, lr, q_x, q_y, chunk, q_n)
 
 
 def _ranks(present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,12 +276,17 @@ def monte_carlo_shapley(
     keys = keys.to(present.device, torch.float64).masked_fill(
         ~present[:, None, :], 2.0
     )  # uniform keys are < 2
-    position = keys.argsort(dim=2).argsort(dim=2)  # (A, R, K): where slot k comes in order r
-    length = torch.arange(n_max + 1, device=present.device)
-    masks = (position[:, :, None, :] < length[None, None, :, None]) & present[:, None, None, :]
-    masks &= (length[None, :] <= n[:, None])[:, None, :, None]
-    values = values_fn(masks.reshape(num_agents, R * (n_max + 1), slots)).double()
-    values = values.reshape(num_agents, R, n_max + 1)
+    order = keys.argsort(dim=2)  # (A, R, K): the slot at each position of order r
+    position = order.argsort(dim=2)  # (A, R, K): where slot k comes in order r
+    values = (
+        values_fn.prefix_values(order, n) if isinstance(values_fn, CoalitionGame) else None
+    )  # a linear model's game values the orders' prefixes directly (`shapley_scan`)
+    if values is None:
+        length = torch.arange(n_max + 1, device=present.device)
+        masks = (position[:, :, None, :] < length[None, None, :, None]) & present[:, None, None, :]
+        masks &= (length[None, :] <= n[:, None])[:, None, :, None]
+        values = values_fn(masks.reshape(num_agents, R * (n_max + 1), slots)).double()
+        values = values.reshape(num_agents, R, n_max + 1)
     gain = (
         values[:, :, 1:] - values[:, :, :-1]
     )  # (A, R, n_max): gain of the player at each position

@@ -1,0 +1,111 @@
+"""Monte-Carlo Shapley prefixes on a model linear in its parameters, scanned order by order.
+
+`p4bench_pdsl.shapley_linear` turns each candidate of an agent into one block, its margins
+on Q (a coalition is right on a sample exactly where the sum of its members' blocks has
+no negative class). Monte-Carlo Shapley values every prefix of R random orders; here each
+order keeps one row of sums that its next player's block is added to, level by level:
+
+    for each agent: sums (R rows) = blocks of the orders' first players;
+    for each length k: sums += blocks of the orders' k-th players; mins over classes.
+
+One gather, one plain addition and one reduction per length, on a few hundred kilobytes
+per agent that stay in cache, and nothing planned on the host. The generic path
+(`coalition_values` over masks) first finds the distinct coalitions and chains them
+(`shapley_rows`), which saves the ~10% of prefixes that repeat but costs the planning and
+an indexed addition per level (torch's `index_add_`, several times slower than `add_`).
+A prefix's sum is its order's blocks added in the order's sequence, as the generic path
+adds them along a chain: the same float sums, the same counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from p4bench.engine.training import Workspace
+from p4bench_pdsl.shapley_linear import _candidate_weights, _LabelGroups, _own_margins
+
+__all__ = ["linear_prefix_values"]
+
+MARGIN_AGENTS = 4  # agents whose blocks one round of products computes (fewer, larger GEMMs)
+
+
+@torch.no_grad()
+def linear_prefix_values(
+    like: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    g: torch.Tensor,
+    lr: float,
+    q_x: torch.Tensor,
+    q_y: torch.Tensor,
+    q_n: torch.Tensor | None,
+    order: torch.Tensor,
+    players: torch.Tensor,
+) -> torch.Tensor:
+    """(A, R, n_max + 1) float64: the accuracy of every order's prefixes of 0..n_a players
+    (the empty one worth 0; longer ones, past the agent's n_a = `players[a]`, worth 0 and
+    not evaluated), `order` (A, R, K) the slot at each position of each order (the
+    agent's players first). Arguments as `p4bench_pdsl.shapley.coalition_values` (the model
+    linear in its parameters, `linear_in_parameters`)."""
+    num_agents, slots, _ = g.shape
+    lengths = int(players.max()) if num_agents else 0
+    counts = players.tolist()  # one read of the players per call
+    repeats = order.shape[1]
+    device = g.device
+    classes, width = int(like["bias"].shape[-1]), q_y.shape[-1]
+    groups = None if q_n is not None else _LabelGroups(q_x, q_y, classes)
+    rows_per_block = classes - 1 if groups is not None else classes
+    right = torch.zeros(num_agents, lengths + 1, repeats, dtype=g.dtype, device=device)
+    if lengths == 0 or num_agents == 0:
+        return right.transpose(1, 2).double()
+    workspace = Workspace()  # buffers reused by every chunk: a fresh one costs its page faults
+    sums = workspace.get("scan.sums", (repeats, rows_per_block * width), g.dtype, device=device)
+    mins = workspace.get("scan.mins", (lengths, repeats, width), g.dtype, device=device)
+    for first in range(0, num_agents, MARGIN_AGENTS):
+        last = min(first + MARGIN_AGENTS, num_agents)
+        weights = _candidate_weights(like, x[first:last], g[first:last], lr)
+        out = workspace.get(
+            "scan.blocks", ((last - first) * slots * rows_per_block, width), g.dtype, device=device
+        )
+        if groups is not None:
+            groups.margins(weights, out)
+        else:  # each agent's own validation set, padded (padding is never right)
+            assert q_n is not None
+            real = torch.arange(width, device=q_y.device) < q_n[first:last, None]
+            _own_margins(weights, q_x[first:last], q_y[first:last], real, out)
+        blocks = out.view(last - first, slots, -1)
+        for agent in range(first, last):
+            _scan_agent(blocks[agent - first], order[agent], counts[agent], sums, mins)
+            right[agent, 1:].copy_(mins.ge_(0).sum(dim=2))  # floats: exact below 2^24 samples
+    total = (
+        torch.full((num_agents,), float(width), dtype=torch.float64, device=device)
+        if q_n is None
+        else q_n.clamp_min(1).double()
+    )
+    return right.transpose(1, 2).double() / total.view(-1, 1, 1)
+
+
+def _scan_agent(
+    blocks: torch.Tensor, order: torch.Tensor, players: int, sums: torch.Tensor, mins: torch.Tensor
+) -> None:
+    """One agent's prefixes: `mins[k, r]` (width,) the smallest class of order r's sum of
+    its first k + 1 players' `blocks` (K, classes * width), for k < `players` (stale past).
+    Each row of `sums` adds its next block in place (a slice of `blocks`, no gather: an
+    indexed gather and addition cost twice a plain one). The last prefix holds every
+    player in every order: valued once (order 0's sum) and copied."""
+    repeats, width = sums.shape[0], mins.shape[2]
+    if players == 0:
+        mins.fill_(-1.0)
+        return
+    slots = order[:, :players].T.tolist()  # (players, R): the slot at each position
+    for length in range(players):
+        rows = 1 if length == players - 1 else repeats
+        for row, slot in zip(sums[:rows], slots[length][:rows]):
+            if length == 0:
+                row.copy_(blocks[slot])
+            else:
+                row.add_(blocks[slot])
+        torch.amin(sums[:rows].view(rows, -1, width), dim=1, out=mins[length, :rows])
+    mins[players - 1, 1:] = mins[players - 1, 0]
+    mins[players:] = -1.0  # prefixes past the players: never right (worth 0, unread)
