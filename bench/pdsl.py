@@ -9,9 +9,11 @@ What one PDSL round computes (plugins/p4bench_pdsl/method.py), for M agents on a
     R permutations, a coalition S worth the accuracy on the shared validation set Q of
     x_i - lr mean_{j in S} g_ji (M * R * |M_i| coalition models, each evaluated on Q).
 
-Batched: `cross_gradients` (one vmapped grad over all agents x neighbours, non-private
-path, with its own batch draw) and `coalition_values` + `monte_carlo_shapley` over all
-agents at once (keys drawn as PDSL draws them). Loop: for each agent and neighbour a
+Batched: what PDSL runs, `pdsl_cross_gradients` (on the linear model in closed form: one
+product of each agent's batch with its neighbours' stacked weights and one back, the batch
+drawn as `cross_gradients` draws it; other models: `cross_gradients`' batched autograd) and
+`monte_carlo_shapley` over PDSL's `coalition_game` for all agents at once (keys drawn as
+PDSL draws them). Loop: for each agent and neighbour a
 plain single-model autograd call; for each agent, permutation and prefix, build the
 coalition model and evaluate its accuracy on Q one model at a time (no memoisation, as
 Algorithm 2 reads). The loop gets the batches and permutation keys precomputed (its RNG
@@ -29,10 +31,12 @@ numbers taken together). Total = the whole batched round (RNG draws included) vs
 loop's two parts. One torch thread by default (both sides on one core). The batched
 Shapley values on the linear model (`p4bench_pdsl.shapley_linear`) need no forward
 per coalition: one product per label group of Q gives every candidate's margins against
-the label, and each Monte-Carlo prefix is its parent's sum plus one block, extended in
-place in a buffer of rows (`p4bench_pdsl.shapley_rows`). Prints ONE JSON object on stdout (progress
-on stderr) with the bench convention's thread count, wall and CPU seconds and peak RSS;
-`--profile` also prints a torch profile of the batched round.
+the label, and each order's prefixes are one row of sums that its next player's block is
+added to in place (`p4bench_pdsl.shapley_scan`). Timings: best wall and best CPU time
+(`*_cpu_s`, `speedup_cpu`: what time slicing on a busy machine does not inflate).
+Prints ONE JSON object on stdout (progress on stderr) with the bench convention's thread
+count, wall and CPU seconds and peak RSS; `--profile` also prints a torch profile of the
+batched round.
 
     .venv/bin/python bench/pdsl.py [--quick] [--repeats 5] [--threads N] [--profile]
 """
@@ -173,22 +177,26 @@ def loop_shapley(w: SimpleNamespace, grads: torch.Tensor, keys: torch.Tensor) ->
 
 
 # -- timing ------------------------------------------------------------------------------------
-def best_of(fns: dict, repeats: int) -> dict[str, float]:
+def best_of(fns: dict, repeats: int) -> tuple[dict[str, float], dict[str, float]]:
     """One warm-up of each, then `repeats` rounds that run each once, interleaved (so a
-    load change on a shared machine hits batched and loop alike); the best time of each."""
+    load change on a shared machine hits batched and loop alike); the best wall time of
+    each, and the best CPU time (this process's: what a busy machine's time slicing does
+    not inflate, though its shared caches still can)."""
     for fn in fns.values():
         fn()
     best = {name: float("inf") for name in fns}
+    best_cpu = dict(best)
     for rep in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
+            best_cpu[name] = min(best_cpu[name], time.process_time() - cpu)
         log(
             f"  repetition {rep + 1}/{repeats}: "
             + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in best.items())
         )
-    return best
+    return best, best_cpu
 
 
 def profile(w: SimpleNamespace) -> None:
@@ -236,7 +244,7 @@ def main() -> None:
     log(f"timing (warm-up + best of {repeats}, interleaved) ...")
     load_before = os.getloadavg()[0]
     ctx = make_ctx(w)
-    best = best_of(
+    best, cpu = best_of(
         {
             "cross_b": lambda: batched_cross(w, ctx),
             "shapley_b": lambda: batched_shapley(w, ctx, grads_b),
@@ -246,20 +254,23 @@ def main() -> None:
         },
         repeats,
     )
-    t_cross_b, t_shap_b, t_round_b = best["cross_b"], best["shapley_b"], best["round_b"]
-    t_cross_l, t_shap_l = best["cross_l"], best["shapley_l"]
-    t_round_l = t_cross_l + t_shap_l  # the loop's parts run one after the other, nothing shared
     if args.profile:
         profile(w)
 
-    def pair(batched: float, loop: float) -> dict[str, float]:
+    def pair(batched: str, loop: tuple[str, ...]) -> dict[str, float]:
+        wall_b, wall_l = best[batched], sum(best[name] for name in loop)
+        cpu_b, cpu_l = cpu[batched], sum(cpu[name] for name in loop)
         return {
-            "batched_s": round(batched, 6),
-            "loop_s": round(loop, 6),
-            "speedup": round(loop / batched, 2),
+            "batched_s": round(wall_b, 6),
+            "loop_s": round(wall_l, 6),
+            "speedup": round(wall_l / wall_b, 2),
+            "batched_cpu_s": round(cpu_b, 6),
+            "loop_cpu_s": round(cpu_l, 6),
+            "speedup_cpu": round(cpu_l / cpu_b, 2),
         }
 
-    total = pair(t_round_b, t_round_l)
+    # the loop's parts run one after the other, nothing shared
+    total = pair("round_b", ("cross_l", "shapley_l"))
     print(
         json.dumps(
             {
@@ -276,8 +287,8 @@ def main() -> None:
                 "dp": None,
                 "cross_gradients_per_round": M * M,
                 "coalition_models_per_round_loop": M * R * M,
-                "cross_gradients": pair(t_cross_b, t_cross_l),
-                "shapley": pair(t_shap_b, t_shap_l),
+                "cross_gradients": pair("cross_b", ("cross_l",)),
+                "shapley": pair("shapley_b", ("shapley_l",)),
                 "total": total,
                 "repeats": repeats,
                 "torch_threads": torch.get_num_threads(),
@@ -306,7 +317,7 @@ def main() -> None:
                 # The loop's coalition forwards are (|Q| x d) @ (d x C) products big enough for BLAS:
                 # its arithmetic rate shows how much of its time is Python overhead (little) vs work.
                 "loop_shapley_gflop_per_s": round(
-                    2 * M * R * M * Q_SIZE * int(w.x.shape[1]) / t_shap_l / 1e9, 2
+                    2 * M * R * M * Q_SIZE * int(w.x.shape[1]) / best["shapley_l"] / 1e9, 2
                 ),
             }
         )

@@ -99,13 +99,14 @@ def _scan_agent(
         mins.fill_(-1.0)
         return
     slots = order[:, :players].T.tolist()  # (players, R): the slot at each position
+    candidates, rows_of_sums = blocks.unbind(0), sums.unbind(0)
     for length in range(players):
         rows = 1 if length == players - 1 else repeats
-        for row, slot in zip(sums[:rows], slots[length][:rows]):
-            if length == 0:
-                row.copy_(blocks[slot])
-            else:
-                row.add_(blocks[slot])
+        added = [candidates[slot] for slot in slots[length][:rows]]
+        if length == 0:
+            torch._foreach_copy_(rows_of_sums[:rows], added)
+        else:
+            torch._foreach_add_(rows_of_sums[:rows], added)
         torch.amin(sums[:rows].view(rows, -1, width), dim=1, out=mins[length, :rows])
     mins[players - 1, 1:] = mins[players - 1, 0]
     mins[players:] = -1.0  # prefixes past the players: never right (worth 0, unread)
