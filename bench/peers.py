@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))  # bench/ is no package: its peers_* modules are imported from here
 FLOWER_ENV = BENCH.parent / ".venv-peers"  # ignored (.gitignore): the bench's own environment
 FLOWER_PACKAGES = ("flwr[simulation]", "torch==2.13.0", "opacus")  # torch pinned: the CPU wheel
 SYSTEMS = ("p4bench", "flower", "opacus-loop")
@@ -116,10 +117,12 @@ def write_shared_data(config: Any, path: Path) -> None:
     """p4bench's partition of `config`, built once, as plain tensors the peers read."""
     import torch
 
-    from p4bench.run.runner import Registry, create_plugin_manager, prepare
+    from p4bench.host.manager import Registry, create_plugin_manager
+    from p4bench.run.runner import prepare
 
     prepared = prepare(config, Registry(create_plugin_manager()))
     data, init = prepared.job.data, prepared.job.method.initial_params()
+    assert data.global_test is not None  # eval_set="global" holds it out
     torch.save(
         {
             "train_x": data.train.x.contiguous(),
@@ -139,10 +142,28 @@ def p4bench_child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    sys.path.insert(0, str(BENCH))
     from peers_client import data_digest, load_shared, system_line
 
+    from p4bench.hookspecs import hookimpl
     from p4bench.run.runner import run
+
+    class RoundClock:
+        """Observer: this process's CPU seconds at the start and after every training round.
+        The round's own timer leaves out the evaluation of every client's model that follows
+        it; this clock cannot, so p4bench's round CPU is an upper bound."""
+
+        stamps: list[float] = []
+
+        @hookimpl
+        def run_started(self, run: Any) -> None:
+            self.stamps = [time.process_time()]
+
+        @hookimpl
+        def round_finished(self, run: Any, report: Any) -> None:
+            if report.phase == "train":
+                self.stamps.append(time.process_time())
+
+    clock = RoundClock()
 
     settings = json.loads(args.child_settings)
     config = run_config(args, args.clients[0], "dp" if settings["private"] else "plain")
@@ -154,11 +175,11 @@ def p4bench_child(args: argparse.Namespace) -> None:
         trained["digest"] = data_digest(train.x, train.y, train.n)
 
     started = time.perf_counter()
-    result = run(config, track=False, verify=False, on_prepared=record_data)
+    result = run(config, observers=[clock], track=False, verify=False, on_prepared=record_data)
     seconds = [report.seconds for report in result.outcome.reports if report.phase == "train"]
-    line = system_line(
-        "p4bench", settings, shared, seconds, float(result.summary["accuracy_global_mean"])
-    )
+    cpu = [later - earlier for earlier, later in zip(clock.stamps, clock.stamps[1:])]
+    accuracy = float(result.summary["accuracy_global_mean"])
+    line = system_line("p4bench", settings, shared, seconds, cpu, accuracy)
     line["data_digest"] = trained["digest"]  # what the run itself trained on, not the file
     print(
         json.dumps({**line, "run_s": round(time.perf_counter() - started, 2), "pid": os.getpid()}),
@@ -166,30 +187,10 @@ def p4bench_child(args: argparse.Namespace) -> None:
     )
 
 
-def tree_rss_mb(root: int) -> float:
-    """Resident memory of `root` and all its descendants (from /proc), in MB."""
-    parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            parents[int(entry)], rss[int(entry)] = int(fields[1]), int(fields[21])
-        except (OSError, IndexError, ValueError):
-            continue  # the process ended while being read
-    members, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in members]
-        members.update(children)
-        frontier.extend(children)
-    return sum(rss.get(pid, 0) for pid in members) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def measure(command: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
     """Run one system's subprocess: its JSON line plus wall, CPU, tree peak RSS and load."""
+    from peers_client import tree_rss_mb  # imports torch: not before a bad input is rejected
+
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -200,7 +201,7 @@ def measure(command: list[str], env: dict[str, str], timeout: float) -> dict[str
             if pid:
                 status, usage = code, rusage
                 break
-            peak = max(peak, tree_rss_mb(child.pid))
+            peak = max(peak, tree_rss_mb(child.pid))  # Ray's processes are the child's descendants
             if time.perf_counter() - started > timeout:
                 child.kill()
             time.sleep(0.25)
@@ -272,6 +273,7 @@ def compare(
         gap = abs(ours["accuracy"] - row["accuracy"])
         comparison[system] = {
             "round_time_ratio": round(ours["round_s"] / row["round_s"], 4),
+            "round_cpu_ratio": round(ours["round_cpu_s"] / row["round_cpu_s"], 4),
             "speedup": round(row["round_s"] / ours["round_s"], 2),
             "memory_ratio": round(ours["peak_rss_mb"] / row["peak_rss_mb"], 3),
             "cpu_ratio": round(ours["cpu_s"] / row["cpu_s"], 3),

@@ -33,6 +33,48 @@ State = dict[str, torch.Tensor]
 _SHARED: dict[str, dict[str, Any]] = {}  # one load per process (Flower's workers run many clients)
 
 
+def _process_table() -> dict[int, list[str]]:
+    """/proc/<pid>/stat fields after the command name, for every process (those that end
+    while being read are left out)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    table[int(entry)] = stat.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+    return table
+
+
+def _tree(root: int, table: dict[int, list[str]]) -> set[int]:
+    members, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [
+            pid for pid, fields in table.items() if int(fields[1]) == parent and pid not in members
+        ]
+        members.update(children)
+        frontier.extend(children)
+    return members & set(table)
+
+
+def tree_rss_mb(root: int) -> float:
+    """Resident memory of `root` and all its descendants (Ray's raylet and workers), in MB."""
+    table = _process_table()
+    return (
+        sum(int(table[pid][21]) for pid in _tree(root, table)) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    )
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of `root` and its descendants, the reaped ones included (utime, stime,
+    cutime, cstime): a round's CPU whatever processes did its work."""
+    table = _process_table()
+    ticks = sum(sum(int(v) for v in table[pid][11:15]) for pid in _tree(root, table))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def load_shared(path: str) -> dict[str, Any]:
     """The shared data file, loaded once per process."""
     if path not in _SHARED:
@@ -125,11 +167,14 @@ def initial_state(shared: dict[str, Any]) -> State:
     return {"weight": shared["init_weight"].clone(), "bias": shared["init_bias"].clone()}
 
 
-def run_loop(shared: dict[str, Any], settings: dict[str, Any]) -> tuple[list[float], State]:
-    """FedAvg with the clients trained one after another: (seconds per round, final state)."""
-    state, clients, round_seconds = initial_state(shared), len(shared["train_n"]), []
+def run_loop(
+    shared: dict[str, Any], settings: dict[str, Any]
+) -> tuple[list[float], list[float], State]:
+    """FedAvg with the clients trained one after another: (seconds per round, CPU seconds
+    per round, final state)."""
+    state, clients, round_seconds, round_cpu = initial_state(shared), len(shared["train_n"]), [], []
     for round_index in range(int(settings["rounds"])):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         total = {k: torch.zeros_like(v) for k, v in state.items()}
         weights = 0.0
         for client in range(clients):
@@ -143,7 +188,14 @@ def run_loop(shared: dict[str, Any], settings: dict[str, Any]) -> tuple[list[flo
             weights += weight
         state = {k: state[k] + total[k] / weights for k in state}
         round_seconds.append(time.perf_counter() - started)
-    return round_seconds, state
+        round_cpu.append(time.process_time() - cpu_started)
+    return round_seconds, round_cpu, state
+
+
+def later_median(values: list[float]) -> float:
+    """The median of the rounds after the first (which also warms up: Ray starts its workers)."""
+    ordered = sorted(values[1:] or values)
+    return ordered[len(ordered) // 2]
 
 
 def system_line(
@@ -151,17 +203,19 @@ def system_line(
     settings: dict[str, Any],
     shared: dict[str, Any],
     round_seconds: list[float],
+    round_cpu: list[float],
     final_accuracy: float,
 ) -> dict[str, Any]:
     """The fields every system reports about itself (the driver adds what it measures from outside)."""
-    ordered = sorted(round_seconds[1:] or round_seconds)  # the first round also warms up
     return {
         "system": system,
         "variant": "dp" if settings["private"] else "plain",
         "clients": len(shared["train_n"]),
         "rounds": len(round_seconds),
-        "round_s": round(ordered[len(ordered) // 2], 4),
+        "round_s": round(later_median(round_seconds), 4),
         "rounds_s": [round(s, 4) for s in round_seconds],
+        "round_cpu_s": round(later_median(round_cpu), 4),
+        "rounds_cpu_s": [round(s, 3) for s in round_cpu],
         "accuracy": round(final_accuracy, 4),
         "data_digest": data_digest(shared["train_x"], shared["train_y"], shared["train_n"]),
         "torch_threads": torch.get_num_threads(),
@@ -175,8 +229,10 @@ def main() -> None:
     torch.set_num_threads(int(settings["threads"]))
     started = time.perf_counter()
     shared = load_shared(path)
-    round_seconds, final = run_loop(shared, settings)
-    line = system_line("opacus-loop", settings, shared, round_seconds, accuracy(final, shared))
+    round_seconds, round_cpu, final = run_loop(shared, settings)
+    line = system_line(
+        "opacus-loop", settings, shared, round_seconds, round_cpu, accuracy(final, shared)
+    )
     print(
         json.dumps({**line, "run_s": round(time.perf_counter() - started, 2), "pid": os.getpid()}),
         flush=True,

@@ -11,7 +11,8 @@ Flower's orchestration. Flower's own `FedAvg` strategy aggregates, weighted by t
 Ray starts a local cluster of its own (never joins one already running), bound to
 127.0.0.1 with `threads` CPUs, one per ClientApp, no dashboard and a small object store.
 Round times are the gaps between the server-side evaluations Flower runs before the first
-round and after each one. Prints one JSON line.
+round and after each one; a round's CPU, that of this process's whole tree (Ray's daemons
+and workers included) between them. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from peers_client import (
     load_shared,
     system_line,
     train_client,
+    tree_cpu_s,
 )
 
 client_app = ClientApp()
@@ -59,16 +61,21 @@ def train(message: Message, context: Context) -> Message:
     )
 
 
-def simulate(path: str, settings: dict[str, Any]) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Run the simulation: (seconds per round, final global state)."""
+def simulate(
+    path: str, settings: dict[str, Any]
+) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
+    """Run the simulation: (seconds per round, CPU seconds per round of this process and
+    Ray's, final global state)."""
     shared = load_shared(path)
     clients = len(shared["train_n"])
     stamps: list[float] = []
+    cpu_stamps: list[float] = []
     final: dict[str, dict[str, torch.Tensor]] = {}
     server_app = ServerApp()
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         stamps.append(time.perf_counter())
+        cpu_stamps.append(tree_cpu_s(os.getpid()))  # the driver, Ray's daemons and its workers
         final["state"] = arrays.to_torch_state_dict()
         return MetricRecord({"round": server_round})
 
@@ -111,16 +118,23 @@ def simulate(path: str, settings: dict[str, Any]) -> tuple[list[float], dict[str
     )
     if len(stamps) != int(settings["rounds"]) + 1 or "state" not in final:
         raise RuntimeError(f"Flower ran {len(stamps) - 1} of {settings['rounds']} rounds")
-    return [later - earlier for earlier, later in zip(stamps, stamps[1:])], final["state"]
+    gaps = [later - earlier for earlier, later in zip(stamps, stamps[1:])]
+    return (
+        gaps,
+        [later - earlier for earlier, later in zip(cpu_stamps, cpu_stamps[1:])],
+        final["state"],
+    )
 
 
 def main() -> None:
     path, settings = sys.argv[1], json.loads(sys.argv[2])
     torch.set_num_threads(int(settings["threads"]))
     started = time.perf_counter()
-    round_seconds, final = simulate(path, settings)
+    round_seconds, round_cpu, final = simulate(path, settings)
     shared = load_shared(path)
-    line = system_line("flower", settings, shared, round_seconds, accuracy(final, shared))
+    line = system_line(
+        "flower", settings, shared, round_seconds, round_cpu, accuracy(final, shared)
+    )
     print(
         json.dumps({**line, "run_s": round(time.perf_counter() - started, 2), "pid": os.getpid()}),
         flush=True,

@@ -27,6 +27,8 @@ SYSTEM_KEYS = {
     "peak_rss_mb",
     "accuracy",
     "data_digest",
+    "round_cpu_s",
+    "rounds_cpu_s",
     "threads",
     "torch_threads",
     "load_1min",
@@ -76,7 +78,11 @@ def test_tiny_run_reports_each_system_and_agreeing_accuracies() -> None:
     ]
     for line in systems:
         assert SYSTEM_KEYS <= set(line), SYSTEM_KEYS - set(line)
-        assert line["clients"] == 4 and line["rounds"] == 2 and len(line["rounds_s"]) == 2
+        assert (
+            line["clients"] == 4
+            and line["rounds"] == 2
+            and len(line["rounds_s"]) == len(line["rounds_cpu_s"]) == 2
+        )
         assert line["peak_rss_mb"] > 0 and line["cpu_s"] > 0 and 0 <= line["accuracy"] <= 1
     for variant in ("plain", "dp"):
         ours, loop = (s for s in systems if s["variant"] == variant)
@@ -104,6 +110,7 @@ def test_accuracies_apart_by_more_than_the_tolerance_disagree(peers_module) -> N
     def row(accuracy: float, digest: str = "d") -> dict:
         return {
             "round_s": 0.5,
+            "round_cpu_s": 0.4,
             "peak_rss_mb": 100.0,
             "cpu_s": 2.0,
             "accuracy": accuracy,
@@ -118,16 +125,20 @@ def test_accuracies_apart_by_more_than_the_tolerance_disagree(peers_module) -> N
 
 
 def test_tree_memory_counts_a_childs_own_process(peers_module) -> None:
+    from peers_client import tree_cpu_s, tree_rss_mb  # on the path with the bench folder
+
     hold = "import sys; b = bytearray(200 * 2**20); print('ready', flush=True); sys.stdin.read()"
     child = subprocess.Popen(
         [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        alone = peers_module.tree_rss_mb(child.pid)
+        alone = tree_rss_mb(child.pid)
         assert alone > 150  # the 200 MB the child touched
         # this process's tree holds the child: more than the child alone
-        assert peers_module.tree_rss_mb(os.getpid()) > alone
+        assert tree_rss_mb(os.getpid()) > alone
+        # the child's CPU (it built 200 MB) counts in this process's tree
+        assert tree_cpu_s(os.getpid()) >= tree_cpu_s(child.pid) > 0
     finally:
         child.communicate("")
 
