@@ -27,6 +27,7 @@ from p4bench_p4.aggregator_check import (
     matches_aggregate,
     scheduled_turn,
 )
+from p4bench_p4.chunked_exchange import aggregate_in_chunks, receiver_chunks
 
 if TYPE_CHECKING:
     from p4bench.config import RunConfig
@@ -182,15 +183,14 @@ class CotrainingExchanges:
                 inbox = inbox.select(member)
         if not len(inbox):
             return state
-        dst, mean = ctx.aggregator.aggregate_by_destination(
-            inbox, torch.ones(len(inbox), dtype=torch.float64), ctx.round
-        )
+        dst, mean = aggregate_in_chunks(ctx.aggregator, inbox, ctx.round)
         position = torch.searchsorted(ctx.rows, dst)
-        base = {k: v[position] for k, v in state["group_proxy"].items()}
-        step = unvectorize(mean.to(torch.float32), base)
+        # in place on copies of the rows' group proxies: no gathered base and no summed
+        # temporary beside them (the same two roundings, lr * step then the sum)
+        step = unvectorize(mean.to(torch.float32).mul_(self.config.global_lr), state["group_proxy"])
         group_proxy = {k: v.clone() for k, v in state["group_proxy"].items()}
         for k in group_proxy:
-            group_proxy[k][position] = base[k] + self.config.global_lr * step[k]
+            group_proxy[k].index_add_(0, position, step[k])
         return {**state, "group_proxy": group_proxy}
 
     def _send_distribute(self, state: State, ctx: StepContext) -> Messages:
@@ -255,9 +255,16 @@ class CotrainingExchanges:
         """The distributed models equal to the receiving member's own aggregate of the
         round (its group proxy after `upload`); the others are rejected, the aggregator
         named, and the member keeps its own aggregate (the fallback of a row that got none)."""
-        own = {k: v[position] for k, v in state["group_proxy"].items()}
-        same = matches_aggregate(
-            vectorize(strip_prefix(inbox.payload, MODEL)), vectorize(own), self.aggregator_tolerance
+        # in chunks of receivers: the gathered models and their float64 gaps stay bounded
+        same = torch.cat(
+            [
+                matches_aggregate(
+                    vectorize(strip_prefix(inbox.select(chunk).payload, MODEL)),
+                    vectorize({k: v[position[chunk]] for k, v in state["group_proxy"].items()}),
+                    self.aggregator_tolerance,
+                )
+                for chunk in receiver_chunks(inbox)
+            ]
         )
         if bool(same.all()):
             return inbox, position

@@ -16,6 +16,7 @@ from p4bench.engine.state import State
 from p4bench.engine.training import batch_gradient, gather_batch, logits_of, sample_batches
 from p4bench.models import LinearSoftmax, Params
 from p4bench.privacy.mechanism import input_statistics
+from p4bench_p4.chunked_batches import batch_chunks, chunkable, chunked_dp_gradient
 from p4bench_p4.fused import FusedCotraining, LinearCotraining
 from p4bench_p4.losses import distillation_loss
 from p4bench_p4.span import SpanCotraining, span_fits, span_is_cheaper
@@ -161,8 +162,14 @@ class LocalCotraining:
         self, proxy: Params, train: ClientTensors, ctx: StepContext, teacher_params: Params | None
     ) -> tuple[Params, torch.Tensor, torch.Tensor]:
         index, mask = sample_batches(ctx, train)
-        x, y = gather_batch(train.x, index), gather_batch(train.y, index)
         stats = input_statistics(ctx.model, train) if ctx.dp is not None else None
+        chunks = batch_chunks(train, index)
+        if chunkable(ctx, chunks, train):  # the batches a chunk of clients at a time
+            loss_fn = distillation_loss(self.alpha if teacher_params is not None else 0.0)
+            return chunked_dp_gradient(
+                ctx, proxy, train, index, mask, loss_fn, teacher_params, stats, chunks
+            )
+        x, y = gather_batch(train.x, index), gather_batch(train.y, index)
         return self._proxy_step(
             proxy,
             x,
