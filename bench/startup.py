@@ -1,4 +1,4 @@
-"""Start-up cost of the command line and the fixed cost of a run (issue 21, part 4).
+"""Start-up cost of the command line, of a rejected input and the fixed cost of a run (issues 21 and 49).
 
     python bench/startup.py [--repeats 5] [--run-repeats 3] [--rounds 30] [--skip-run]
 
@@ -42,6 +42,18 @@ minima much less.
     costs inside training (torch's first `torch.func.grad` imports torch._dynamo and
     sympy, about 0.8 s), counted as training here.
 
+- `reject_method_s`, `reject_rounds_s`, `reject_threads_s`: a rejected input, `p4bench run
+  --method no-such-method`, `--rounds -1` and `--threads 0` (exit code 2 expected,
+  `*_exit_code`), and `reject_*_imports_torch`: whether the process that rejected it had
+  imported torch (an untimed call with the same arguments, in an interpreter that reports
+  `sys.modules`). The plugin listing cache is current (filled by the untimed calls).
+- `*_ratio`: each command's median wall time over a bare interpreter start's
+  (`python_bare_s`), and `*_cpu_ratio` its CPU time over the bare start's CPU time (CPU
+  grows less with the machine's load than wall); for the run, `run_fixed_cost_ratio`,
+  `run_first_round_end_ratio` and `run_until_started_ratio` (wall over the bare start's).
+- `run_threads`: the torch threads the run reported it computed on (its `--json` line's
+  `threads`), and `peak_rss_mb` the largest resident set of any child process.
+
 A cache outside the run folder (the MLflow store template of `p4bench.tracking.store`,
 where the tracker uses it) is filled by the untimed run; a machine's very first run pays
 for it once (about 1 s more).
@@ -61,6 +73,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 PROBE = r"""
 import json, os, sys, time
@@ -96,6 +109,33 @@ finally:
     with open(os.environ["P4BENCH_STARTUP_PROBE"], "w") as handle:
         json.dump(events, handle)
 """
+
+
+REJECTIONS = {  # a bad input each: refused with one line and exit 2
+    "reject_method": ["run", "--method", "no-such-method"],
+    "reject_rounds": ["run", "--rounds", "-1"],
+    "reject_threads": ["run", "--threads", "0"],
+}
+
+IMPORTS_TORCH = r"""
+import sys
+from p4bench.cli import main
+sys.argv = ["p4bench", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+finally:
+    print("torch" in sys.modules)
+"""
+
+
+def imports_torch(argv: list[str]) -> bool:
+    """Whether `p4bench ARGV` had imported torch by the time it exited."""
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTS_TORCH, *argv], capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip().splitlines()[-1:] == ["True"]
 
 
 def _script() -> str:
@@ -145,7 +185,7 @@ def time_command(
     }
 
 
-def time_run(rounds: int, extra: list[str]) -> dict[str, float]:
+def time_run(rounds: int, extra: list[str]) -> dict[str, float | None]:
     """One `p4bench run` in a child process with the probe plugin; see the module docstring."""
     with tempfile.TemporaryDirectory(prefix="p4bench-startup-") as scratch:
         probe_file = Path(scratch) / "probe.json"
@@ -173,6 +213,7 @@ def time_run(rounds: int, extra: list[str]) -> dict[str, float]:
         if done.returncode != 0:
             raise SystemExit(f"the run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         events = json.loads(probe_file.read_text())
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
     rounds_seen = events["rounds"]
     if not rounds_seen or "run_started" not in events:
         raise SystemExit(
@@ -195,6 +236,7 @@ def time_run(rounds: int, extra: list[str]) -> dict[str, float]:
         "run_first_round_s": first_seconds,
         "run_median_round_s": statistics.median(r[1] for r in rounds_seen),
         "run_rounds_reported": len(rounds_seen),
+        "run_threads": summary.get("threads"),
     }
 
 
@@ -234,12 +276,16 @@ def main() -> None:
         timing = time_command(argv, args.repeats)
         result[f"{label}_s"] = timing["median_s"]
         result[f"{label}_min_s"] = timing["min_s"]
-    for label, argv in (("help", ["--help"]), ("version", ["--version"]), ("list", ["list"])):
+        result[f"{label}_cpu_s"] = timing["cpu_s"]
+    commands = {"help": ["--help"], "version": ["--version"], "list": ["list"], **REJECTIONS}
+    for label, argv in commands.items():
         timing = time_command([script, *argv], args.repeats)
         result[f"{label}_s"] = timing["median_s"]
         result[f"{label}_min_s"] = timing["min_s"]
         result[f"{label}_cpu_s"] = timing["cpu_s"]
         result[f"{label}_exit_code"] = timing["exit_code"]
+        if label in REJECTIONS:
+            result[f"{label}_imports_torch"] = imports_torch(argv)
     with tempfile.TemporaryDirectory(prefix="p4bench-startup-site-") as site:
         env = _with_example_plugin(Path(site))
         subprocess.run(
@@ -259,6 +305,9 @@ def main() -> None:
         result["run_repeats"] = args.run_repeats
         result["run_rounds"] = args.rounds
         for key in runs[0]:
+            if key == "run_threads":
+                result[key] = runs[0][key]
+                continue
             result[key] = round(statistics.median(float(r[key]) for r in runs), 3)
         for key in (
             "run_fixed_cost_s",
@@ -266,8 +315,25 @@ def main() -> None:
             "run_total_s",
         ):  # the least disturbed run
             result[key[: -len("_s")] + "_min_s"] = round(min(float(r[key]) for r in runs), 3)
+    add_ratios(result)
+    result["peak_rss_mb"] = round(
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1
+    )  # the largest child (Linux: KiB)
     result["load_average_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
+
+
+def add_ratios(result: dict[str, Any]) -> None:
+    """`*_ratio` (wall) and `*_cpu_ratio` of the timed figures, to a bare interpreter start."""
+    bare, bare_cpu = float(result["python_bare_s"]), float(result["python_bare_cpu_s"])
+    labels = ("python_torch", "help", "version", "list", "help_with_plugin", *REJECTIONS)
+    for label in (*labels, "run_fixed_cost", "run_first_round_end", "run_until_started"):
+        if f"{label}_s" not in result:  # --skip-run
+            continue
+        result[f"{label}_ratio"] = round(float(result[f"{label}_s"]) / bare, 1) if bare else None
+        cpu = result.get(f"{label}_cpu_s")
+        if cpu is not None and bare_cpu:
+            result[f"{label}_cpu_ratio"] = round(float(cpu) / bare_cpu, 1)
 
 
 if __name__ == "__main__":

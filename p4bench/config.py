@@ -225,8 +225,8 @@ class RunConfig:
     threads: int | None = field(
         default=None,
         metadata=_meta(
-            "torch threads of the run (set before training, not inherited from OMP_NUM_THREADS); default: the "
-            "cores the run may use: all of them alone, cores // jobs in a sweep, tuning or reproduction with --jobs",
+            "torch threads of the run, set before training; default: the cores the run may use (all of them "
+            "alone, cores // jobs in a sweep, tuning or reproduction with --jobs), at most $OMP_NUM_THREADS where set",
             low=1,
             high=4096,
         ),

@@ -54,14 +54,30 @@ def test_a_run_trains_on_the_threads_it_is_given_and_records_them(
     assert torch.get_num_threads() == process_threads  # the process's own number is back
 
 
-def test_without_threads_a_run_alone_takes_every_usable_core(small_config, process_threads):
+def test_without_threads_a_run_alone_takes_every_usable_core(
+    small_config, process_threads, monkeypatch
+):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     probe = ThreadsProbe()
     result = run(small_config(rounds=2), observers=[probe], track=False)
     assert probe.seen == [usable_cores()] * 2
     assert result.summary["threads"] == usable_cores()
 
 
-def test_a_worker_share_is_the_default_of_the_runs_in_that_process(small_config, process_threads):
+def test_omp_num_threads_is_a_ceiling_of_the_default_not_of_threads(
+    small_config, process_threads, monkeypatch
+):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert run(small_config(rounds=2), track=False).summary["threads"] == 1
+    assert run(small_config(rounds=2, threads=2), track=False).summary["threads"] == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")  # above the cores: the cores decide
+    assert run(small_config(rounds=2), track=False).summary["threads"] == usable_cores()
+
+
+def test_a_worker_share_is_the_default_of_the_runs_in_that_process(
+    small_config, process_threads, monkeypatch
+):
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")  # no ceiling below the share
     set_process_share(1)
     try:
         result = run(small_config(rounds=2), track=False)

@@ -8,7 +8,11 @@ config gives it, else the cores this run may use (`default_threads`):
 
 - all the cores this process may run on (its CPU affinity) when it runs alone;
 - its share, `cores // jobs`, inside a worker of a sweep, tuning or reproduction with
-  `--jobs` (`p4bench.studies.backends` gives each worker its share: `set_process_share`).
+  `--jobs` (`p4bench.studies.backends` gives each worker its share: `set_process_share`);
+- never more than `OMP_NUM_THREADS` where the user's environment sets it: that is the
+  user's statement of what a process may take (on a busy machine, `OMP_NUM_THREADS=1`
+  kept runs 5-20x faster than two threads each), so the run keeps it as a ceiling. It is
+  no longer what decides: without it the run takes its cores, not torch's own default.
 
 A run's verification replay (`p4bench.run.verify`) runs in the run's own process, after
 the run's rounds (or before them, at the run's size), never beside them: it takes the run's
@@ -35,6 +39,7 @@ Result = TypeVar("Result")
 
 __all__ = [
     "default_threads",
+    "environment_ceiling",
     "on_chosen_threads",
     "process_share",
     "set_process_share",
@@ -76,10 +81,17 @@ def share_of(jobs: int) -> int:
 
 def default_threads() -> int:
     """The threads a run takes when its config names none: a worker's share among
-    several, else every core this process may use."""
-    if _process_share is not None:
-        return _process_share
-    return usable_cores()
+    several, else every core this process may use; at most `OMP_NUM_THREADS` where set."""
+    cores = _process_share if _process_share is not None else usable_cores()
+    ceiling = environment_ceiling()
+    return min(cores, ceiling) if ceiling is not None else cores
+
+
+def environment_ceiling() -> int | None:
+    """`OMP_NUM_THREADS` where it is a positive integer (OpenMP's own syntax allows a list
+    per nesting level: its first entry); None where unset or unreadable."""
+    text = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 @contextmanager
