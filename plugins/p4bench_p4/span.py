@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 __all__ = ["NOISE_MODES", "SpanCotraining", "span_factor", "span_fits", "span_is_cheaper"]
 
 _FACTOR = "_span_factor"  # the per-dataset cache of `span_factor` on the training tensors
+# bytes of stacked rows at once for the first GEMM: a few clients' rows, not a copy of all
+# the models (which the round would hold beside the models themselves)
+PRODUCT_CHUNK_BYTES = 64 << 20
 
 
 def span_is_cheaper(
@@ -149,21 +152,24 @@ class SpanCotraining(LinearCotraining):
         if factor is not None:
             coords = factor.coords
         noise_rows = 0 if noise is None else noise.rows
-        # [proxy W; private W; noise] per client, so one GEMM reads the data once for all of them
-        stacked = self.workspace.get("span", (count, 2 * classes + noise_rows, dim))
-        stacked[:, :classes].copy_(proxy["weight"])
-        stacked[:, classes : 2 * classes].copy_(private["weight"])
+        # both models' weights, [proxy W; private W] per client: the round's result is
+        # computed in place here (W_K = W_0 + noise - B X), a fresh tensor each round
+        weights = torch.empty(count, 2 * classes, dim)
+        weights[:, :classes].copy_(proxy["weight"])
+        weights[:, classes:].copy_(private["weight"])
         bias = torch.cat([proxy["bias"], private["bias"]], dim=1)
+        rows = torch.empty(count, noise_rows, dim)  # the noise rows (G, or the N_k)
         if noise is not None:
             # m, the basis size (the coordinates' rows) for `basis`; unused by `streams`
-            noise.draw(stacked[:, 2 * classes :], (data if coords is None else coords).shape[1])
-        read = stacked[:, : 2 * classes + (0 if noise is None else noise.projected)]
-        products = torch.bmm(read, data.transpose(1, 2))  # (C, rows, m or n)
+            noise.draw(rows, (data if coords is None else coords).shape[1])
+        projected = 0 if noise is None else noise.projected
+        products = _stacked_products(weights, rows[:, :projected], data)  # (C, rows, m or n)
         projections = products[:, 2 * classes :]
         if factor is not None:
-            factor.explicit_products(read, products)  # clients whose basis is stored: W Q
-            if len(factor.bases):  # W_0 X^T = (W_0 Q) R for them
+            if len(factor.bases):  # clients whose basis is stored: W Q, and W_0 X^T = (W_0 Q) R
                 chosen = factor.explicit
+                read = torch.cat([weights[chosen], rows[chosen, :projected]], dim=1)
+                factor.explicit_products(read, products)
                 products[chosen, : 2 * classes] = torch.bmm(
                     products[chosen, : 2 * classes], factor.coords[chosen]
                 )
@@ -179,68 +185,45 @@ class SpanCotraining(LinearCotraining):
         coefficients, total, taken = self._steps(
             initial, gram, seen, bias, noise, proxy_lr, done, train, ctx, steps
         )
+        del products, initial, seen  # before the last GEMM's temporaries
         if factor is not None:
             assert noise is not None  # the factor serves the basis sampler only
-            return self._implicit_finish(
-                factor, noise, stacked, coefficients, projections, flat, bias, total, taken
-            )
+            self._implicit_finish(factor, noise, weights, rows, coefficients, projections, flat)
+            return _split(weights, bias, classes, total, taken)
         if stored:
             assert coords is not None
             coefficients = torch.bmm(coefficients, coords.transpose(1, 2))  # A X = (A R^T) Q^T
         if noise is not None:
-            noise.finish(
-                stacked[:, :classes],
-                coefficients[:, :classes],
-                projections,
-                stacked[:, 2 * classes :],
-            )
-        # into a fresh contiguous tensor: faster than in place on the strided view, and the
-        # result must not live in the reused buffer anyway
-        weights = torch.baddbmm(
-            stacked[:, : 2 * classes],
-            coefficients,
-            data,
-            alpha=-1.0,
-            out=torch.empty(count, 2 * classes, dim),
-        )
+            noise.finish(weights[:, :classes], coefficients[:, :classes], projections, rows)
+        weights.baddbmm_(coefficients, data, alpha=-1.0)
         return _split(weights, bias, classes, total, taken)
 
     @staticmethod
     def _implicit_finish(
         factor: SpanFactor,
         noise: SpanNoise,
-        stacked: torch.Tensor,
+        weights: torch.Tensor,
+        rows: torch.Tensor,
         coefficients: torch.Tensor,
         projections: torch.Tensor,
         flat: torch.Tensor,
-        bias: torch.Tensor,
-        total: torch.Tensor,
-        taken: torch.Tensor,
-    ) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
-        """W_K = W_0 + s G - B X with the noise's coefficients in the basis moved to the
-        samples' (B = A + N R^-T: N Q^T = N R^-T X), one GEMM with the data; clients with a
-        stored basis: B = A R^T + N against their Q^T."""
-        count, classes, dim = coefficients.shape[0], bias.shape[1] // 2, flat.shape[2]
-        noise.add_outside(stacked[:, :classes], stacked[:, 2 * classes :])
+    ) -> None:
+        """W_K = W_0 + s G - B X, in place in `weights` (C, 2L, d), with the noise's
+        coefficients in the basis moved to the samples' (B = A + N R^-T: N Q^T = N R^-T X),
+        one GEMM with the data; clients with a stored basis: B = A R^T + N against their Q^T."""
+        classes = weights.shape[1] // 2
+        noise.add_outside(weights[:, :classes], rows)
         spanned = factor.from_span(noise.in_span(projections))  # identity for stored bases
         chosen = factor.explicit
-        if len(factor.bases):
+        stored = weights[chosen] if len(factor.bases) else None  # a copy: their W_0 + s G
+        if stored is not None:
             coefficients[chosen] = torch.bmm(
                 coefficients[chosen], factor.coords[chosen].transpose(1, 2)
             )
         coefficients[:, :classes] += spanned
-        weights = torch.baddbmm(
-            stacked[:, : 2 * classes],
-            coefficients,
-            flat,
-            alpha=-1.0,
-            out=torch.empty(count, 2 * classes, dim),
-        )
-        if len(factor.bases):
-            weights[chosen] = torch.baddbmm(
-                stacked[chosen, : 2 * classes], coefficients[chosen], factor.bases, alpha=-1.0
-            )
-        return _split(weights, bias, classes, total, taken)
+        weights.baddbmm_(coefficients, flat, alpha=-1.0)
+        if stored is not None:
+            weights[chosen] = torch.baddbmm(stored, coefficients[chosen], factor.bases, alpha=-1.0)
 
     def _steps(
         self,
@@ -294,6 +277,23 @@ class SpanCotraining(LinearCotraining):
             total += (losses * chosen).sum(dim=1).double() / batch.squeeze(1).double() * done[k]
             taken += done[k]
         return coefficients, total, taken
+
+
+def _stacked_products(
+    weights: torch.Tensor, noise: torch.Tensor, data: torch.Tensor
+) -> torch.Tensor:
+    """(C, 2L + r, m) products of [weights (C, 2L, d); noise rows (C, r, d)] with `data`
+    (C, m, d): one GEMM per client reads its data once for all rows. The rows are stacked
+    a chunk of clients at a time (`PRODUCT_CHUNK_BYTES`), not for all clients at once."""
+    count, width = weights.shape[0], weights.shape[1] + noise.shape[1]
+    products = torch.empty(count, width, data.shape[1])
+    per_client = width * weights.shape[2] * weights.element_size()
+    size = max(1, PRODUCT_CHUNK_BYTES // max(per_client, 1))
+    for start in range(0, count, size):
+        part = slice(start, min(start + size, count))
+        stacked = torch.cat([weights[part], noise[part]], dim=1)
+        torch.bmm(stacked, data[part].transpose(1, 2), out=products[part])
+    return products
 
 
 def _split(
