@@ -21,11 +21,10 @@ import sys
 import time
 from typing import Any
 
-import torch
-
 from p4bench.audit.method_level import run_method_audit
 from p4bench.config import RunConfig
 from p4bench.host.manager import create_plugin_manager
+from p4bench.run.threads import default_threads
 from p4bench.testing.audit_faults import FAULTY_METHODS, oversampled, unclipped
 
 # name -> (method, options, fault of the mechanism, expected verdict)
@@ -60,6 +59,8 @@ def audit(name: str, args: argparse.Namespace, runs: int) -> dict[str, Any]:
         changes["rounds"] = args.rounds
     if args.clients:
         changes["clients"] = args.clients
+    if args.threads:
+        changes["threads"] = args.threads  # the runs set their own threads (p4bench.run.threads)
     pm = create_plugin_manager()
     pm.register(FAULTY_METHODS)
     result = run_method_audit(
@@ -100,8 +101,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     for name in args.cases:
         wall, cpu = time.perf_counter(), time.process_time()
         first = audit(name, args, 1)
@@ -135,7 +134,7 @@ def main() -> None:
                     "rounds": args.rounds or 30,
                     "clients": args.clients or 20,
                     "canaries_per_client": args.canaries_per_client,
-                    "threads": torch.get_num_threads(),
+                    "threads": args.threads or default_threads(),  # what its runs computed on
                     "wall_s": round(time.perf_counter() - wall, 1),
                     "cpu_s": round(time.process_time() - cpu, 1),
                     "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),

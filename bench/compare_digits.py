@@ -42,9 +42,10 @@ TUNE_GRID = [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]  # p4bench.studies.reproduce.TUNE_GR
 
 def _init_worker() -> None:
     os.environ.setdefault("P4BENCH_DISABLE_PLUGIN_AUTOLOAD", "1")
-    import torch
+    from p4bench.run.threads import set_process_share
 
-    torch.set_num_threads(1)  # runs are many small kernels; one thread per worker avoids contention
+    # runs are many small kernels; one thread per worker avoids contention (each run's default)
+    set_process_share(1)
 
 
 def method_options(method: str, common: dict, private_baselines: bool) -> dict:
@@ -82,6 +83,7 @@ def one_run(method: str, lr: float, seed: int, common: dict) -> dict:
         "clients_stopped": summary.get("clients_stopped") or 0,
         "bytes_per_client": summary["client_bytes_sent"]["mean"],
         "wall_s": summary["wall_time_s"],
+        "threads": summary.get("threads"),  # what the run computed on
     }
 
 

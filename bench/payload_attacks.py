@@ -25,10 +25,10 @@ import tempfile
 import time
 
 import numpy as np
-import torch
 
 from p4bench.config import RunConfig
 from p4bench.run.runner import run
+from p4bench.run.threads import default_threads
 
 ATTACKS = (None, "nan-update", "duplicate-messages", "weight-lie")
 DEFENSES = {"fedavg": "m-krum", "p4": "p4-secure"}
@@ -73,6 +73,7 @@ def one(
         "accuracy": round(float(summary["accuracy_mean"]), 4),
         "rejections": summary.get("rejections", {}),
         "seconds": round(time.perf_counter() - started, 1),
+        "threads": summary.get("threads"),  # what the run computed on
     }
     return (
         row,
@@ -115,7 +116,7 @@ def main() -> None:
             {
                 "worst_drop_points": worst,
                 "target_points": 2.0,
-                "threads": torch.get_num_threads(),
+                "threads": default_threads(),  # each run's (its row's `threads`)
                 "wall_s": round(time.perf_counter() - wall, 1),
                 "cpu_s": round(time.process_time() - cpu, 1),
                 "peak_rss_mb": round(peak_rss_mb(), 1),

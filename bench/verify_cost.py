@@ -85,14 +85,13 @@ def main() -> None:
         full.append(_one("full", args, extra))
     median = statistics.median
     summary_full, summary_off = full[-1]["summary"], off[-1]["summary"]
-    import torch
-
     result = {
         "bench": "verify_cost",
         "method": args.method,
         "rounds": args.rounds,
         "repeats": args.repeats,
-        "threads": int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())),
+        "threads": summary_full.get("threads"),  # what the runs computed on (their summaries)
+        "threads_off": summary_off.get("threads"),
         "cpu_full_s": round(median(r["cpu"] for r in full), 3),
         "cpu_off_s": round(median(r["cpu"] for r in off), 3),
         "wall_full_s": round(median(r["wall"] for r in full), 3),
