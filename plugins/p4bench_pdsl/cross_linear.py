@@ -70,25 +70,26 @@ def pdsl_cross_gradients(
     classes = int(like["bias"].shape[-1])
     features = x.shape[2]
     # `vectorize` order (sorted keys): bias (L) then weight (L, d), for every slot
-    bias = models[:, :, :classes]  # (C, K, L)
+    bias = models[:, :, :classes].reshape(count, slots * classes, 1)
     weights = models[:, :, classes:].reshape(count, slots * classes, features)
-    logits = torch.baddbmm(
-        bias.reshape(count, 1, slots * classes), x, weights.transpose(1, 2)
-    ).view(count, -1, slots, classes)  # (C, b, K, L): every slot's model on the agent's batch
+    # (C, K, L, b): every slot's model on the agent's batch, samples innermost, so the
+    # reductions over the L classes run along contiguous rows of the batch
+    logits = torch.baddbmm(bias, weights, x.transpose(1, 2)).view(count, slots, classes, -1)
     # the default loss as `p4bench.engine.training.cross_entropy` computes it
-    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    shifted = logits - logits.amax(dim=2, keepdim=True)
     exp = shifted.exp()
-    total = exp.sum(dim=-1, keepdim=True)
-    label = y.view(count, -1, 1, 1).expand(count, y.shape[1], slots, 1)
-    losses = total.log().squeeze(-1) - shifted.gather(-1, label).squeeze(-1)  # (C, b, K)
+    total = exp.sum(dim=2, keepdim=True)
+    onehot = (torch.arange(classes, device=y.device).view(-1, 1) == y.unsqueeze(1)).to(x.dtype)
+    onehot = onehot.unsqueeze(1)  # (C, 1, L, b)
+    losses = total.log().squeeze(2) - (shifted * onehot).sum(dim=2)  # (C, K, b)
     records = weight.sum(dim=1).clamp_min(1.0)  # (C,)
-    loss = (losses * weight.unsqueeze(2)).sum(dim=1) / records.unsqueeze(1)  # (C, K)
+    scale = (weight / records.unsqueeze(1)).unsqueeze(1)  # (C, 1, b): d mean / d loss
+    loss = (losses * scale).sum(dim=2)  # (C, K)
     # d mean loss / d logits = (softmax - onehot) * weight / records
-    upstream = (exp / total).scatter_add_(-1, label, torch.full_like(label, -1, dtype=exp.dtype))
-    upstream *= (weight / records.unsqueeze(1)).view(count, -1, 1, 1)
-    flat = upstream.view(count, -1, slots * classes)  # (C, b, K L)
-    grad_weight = torch.bmm(flat.transpose(1, 2), x).view(count, slots, classes * features)
-    computed = torch.cat([flat.sum(dim=1).view(count, slots, classes), grad_weight], dim=2)
+    upstream = (exp / total).sub_(onehot).mul_(scale.unsqueeze(1)).view(count, slots * classes, -1)
+    grad_weight = torch.bmm(upstream, x).view(count, slots, classes * features)
+    grad_bias = upstream.sum(dim=2).view(count, slots, classes)
+    computed = torch.cat([grad_bias, grad_weight], dim=2)
     if private:  # the paper's batch clipping, as `cross_gradients` applies it
         clip = float(ctx.dp.settings.clip)
         computed = computed * (clip / computed.norm(dim=2, keepdim=True).clamp_min(clip))
