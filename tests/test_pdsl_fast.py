@@ -170,6 +170,8 @@ def test_the_scan_values_each_prefix_as_its_own_coalition(game_inputs):
     order = keys.masked_fill(~PRESENT[:, None, :], 2.0).argsort(dim=2)
     players = PRESENT.sum(1)
     values = game.prefix_values(order, players)
+    # a neighbourhood of three is cheaper through the masks' chained coalitions
+    assert game.prefix_values(order, torch.full_like(players, 3)) is None
     assert values is not None and values.shape == (len(PRESENT), 3, int(players.max()) + 1)
     for a, r in itertools.product(range(len(PRESENT)), range(3)):
         for length in range(int(players[a]) + 1):

@@ -23,7 +23,7 @@ from torch.func import vmap
 from p4bench.engine.state import unvectorize
 from p4bench.models import Model
 from p4bench_pdsl.shapley_linear import linear_coalition_values, linear_in_parameters, parents
-from p4bench_pdsl.shapley_scan import linear_prefix_values
+from p4bench_pdsl.shapley_scan import SCAN_MIN_PLAYERS, linear_prefix_values
 
 __all__ = [
     "ValuesFn",
@@ -152,10 +152,13 @@ class CoalitionGame:
 
     def prefix_values(self, order: torch.Tensor, players: torch.Tensor) -> torch.Tensor | None:
         """(A, R, n_max + 1) float64 values of the prefixes of `order` (A, R, K) (the slot at
-        each position, each agent's `players` (A,) first), or None where only masks can be
-        valued (a non-linear model)."""
+        each position, each agent's `players` (A,) first), or None where the masks are the
+        way: a non-linear model, or neighbourhoods too small for the scan to pay
+        (`SCAN_MIN_PLAYERS`)."""
         if not linear_in_parameters(self.model) or self.g.shape[:2] != order.shape[::2]:
             return None
+        if not len(players) or int(players.max()) < SCAN_MIN_PLAYERS:
+            return None  # few players: the masks' chained coalitions cost fewer calls
         return linear_prefix_values(
             self.like, self.x, self.g, self.lr, self.q_x, self.q_y, self.q_n, order, players
         )

@@ -26,9 +26,14 @@ import torch
 from p4bench.engine.training import Workspace
 from p4bench_pdsl.shapley_linear import _candidate_weights, _LabelGroups, _own_margins
 
-__all__ = ["linear_prefix_values"]
+__all__ = ["SCAN_MIN_PLAYERS", "linear_prefix_values"]
 
 MARGIN_AGENTS = 4  # agents whose blocks one round of products computes (fewer, larger GEMMs)
+# The scan costs a few calls per agent and prefix length; the chained distinct coalitions
+# (`shapley_rows`) a few per chunk of agents and length. Measured at one thread (R = 10):
+# 160 agents of 3 players, |Q| = 200: the chains 2x faster; 5 players: the scan 1.1x, 12
+# players 1.35x; 20 agents of 20 players, |Q| = 2,000: the scan 1.6x; 100 of 100: 22x.
+SCAN_MIN_PLAYERS = 4
 
 
 @torch.no_grad()
@@ -49,8 +54,9 @@ def linear_prefix_values(
     agent's players first). Arguments as `p4bench_pdsl.shapley.coalition_values` (the model
     linear in its parameters, `linear_in_parameters`)."""
     num_agents, slots, _ = g.shape
-    lengths = int(players.max()) if num_agents else 0
-    counts = players.tolist()  # one read of the players per call
+    counts = players.tolist()  # the players and orders read to the host once per call (on a
+    order_host = order.cpu()  # GPU every read is a synchronisation)
+    lengths = max(counts, default=0)
     repeats = order.shape[1]
     device = g.device
     classes, width = int(like["bias"].shape[-1]), q_y.shape[-1]
@@ -76,7 +82,7 @@ def linear_prefix_values(
             _own_margins(weights, q_x[first:last], q_y[first:last], real, out)
         blocks = out.view(last - first, slots, -1)
         for agent in range(first, last):
-            _scan_agent(blocks[agent - first], order[agent], counts[agent], sums, mins)
+            _scan_agent(blocks[agent - first], order_host[agent], counts[agent], sums, mins)
             right[agent, 1:].copy_(mins.ge_(0).sum(dim=2))  # floats: exact below 2^24 samples
     total = (
         torch.full((num_agents,), float(width), dtype=torch.float64, device=device)
@@ -90,7 +96,8 @@ def _scan_agent(
     blocks: torch.Tensor, order: torch.Tensor, players: int, sums: torch.Tensor, mins: torch.Tensor
 ) -> None:
     """One agent's prefixes: `mins[k, r]` (width,) the smallest class of order r's sum of
-    its first k + 1 players' `blocks` (K, classes * width), for k < `players` (stale past).
+    its first k + 1 players' `blocks` (K, classes * width), for k < `players` (-1 past: never
+    right); `order` (R, K) on the host.
     Each row of `sums` adds its next block in place (a slice of `blocks`, no gather: an
     indexed gather and addition cost twice a plain one). The last prefix holds every
     player in every order: valued once (order 0's sum) and copied."""
