@@ -29,7 +29,7 @@ __all__ = ["BATCH_CHUNK_BYTES", "batch_chunks", "chunked_dp_gradient"]
 
 # gathered samples at once: small beside the data, large enough that a chunk's GEMMs
 # are not dominated by per-call overhead (tens of clients on CIFAR-shaped features)
-BATCH_CHUNK_BYTES = 128 << 20
+BATCH_CHUNK_BYTES = 32 << 20
 
 
 def batch_chunks(

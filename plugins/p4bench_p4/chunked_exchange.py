@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 
 __all__ = ["EXCHANGE_CHUNK_BYTES", "aggregate_in_chunks", "receiver_chunks"]
 
-# payload bytes gathered at once (the aggregation holds about twice this: the gathered
-# payload and its flattened vectors)
-EXCHANGE_CHUNK_BYTES = 64 << 20
+# payload bytes gathered at once: the aggregation holds about twice this (the gathered
+# payload and its flattened vectors), the recompute check's comparison about ten times
+# (both sides flattened, their float64 copies and gaps)
+EXCHANGE_CHUNK_BYTES = 16 << 20
 
 
 def receiver_chunks(inbox: Messages, budget: int | None = None) -> list[torch.Tensor]:

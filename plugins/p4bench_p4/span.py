@@ -47,7 +47,7 @@ __all__ = ["NOISE_MODES", "SpanCotraining", "span_factor", "span_fits", "span_is
 _FACTOR = "_span_factor"  # the per-dataset cache of `span_factor` on the training tensors
 # bytes of stacked rows at once for the first GEMM: a few clients' rows, not a copy of all
 # the models (which the round would hold beside the models themselves)
-PRODUCT_CHUNK_BYTES = 64 << 20
+PRODUCT_CHUNK_BYTES = 32 << 20
 
 
 def span_is_cheaper(
