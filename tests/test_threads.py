@@ -137,6 +137,7 @@ def test_the_json_line_and_mlflow_record_the_threads(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["threads"] == 2
+    assert "s on cpu, 2 threads" in done.stderr  # the summary table's wall time row
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=summary["tracking_uri"])

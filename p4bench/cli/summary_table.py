@@ -103,6 +103,7 @@ def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
         (
             "wall time",
             f"{summary['wall_time_s']:.2f} s on {summary.get('compute_device', 'cpu')}"
+            + _threads_text(summary.get("threads"))
             + (
                 " (client data streamed from host memory)"
                 if summary.get("device.data_placement") == "streamed"
@@ -251,6 +252,13 @@ def _evaluation_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"{uncertified}; not in the figure above, which is the reported clients'",
         )
     ]
+
+
+def _threads_text(threads: int | None) -> str:
+    """The wall time row's ", N threads" (summaries written before issue 49 have none)."""
+    if not threads:
+        return ""
+    return f", {threads} thread{'s' if threads != 1 else ''}"
 
 
 def _randomness_text(summary: Mapping[str, Any]) -> str:
