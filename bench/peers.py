@@ -17,9 +17,14 @@ config, and every system reports the digest of the records it trained on (they m
 Each system runs in its own subprocess: the driver times it, takes its CPU seconds from
 `wait4` (its reaped descendants included: Ray's workers) and samples the resident memory of
 its whole process tree (Ray's raylet and workers are processes of their own); `peak_rss_mb`
-is the larger of that sampled peak and the process's own `ru_maxrss`. One JSON line per
-(system, variant, clients), then per (variant, clients) a ratios line: p4bench's round time
-and peak memory over each other system's, and whether the final accuracies agree: within
+is the larger of that sampled peak and the process's own `ru_maxrss`. Each system times
+its own rounds: `round_s` is the median wall time of the rounds after the first (which
+also starts Ray's workers), `round_cpu_s` the median CPU seconds of a round (Flower's: its
+whole process tree, Ray's daemons and workers included; p4bench's includes its evaluation of
+every client after the round, so it is an upper bound), steadier than wall time on a
+shared machine. One JSON line per (system, variant, clients), then per (variant, clients)
+a ratios line: p4bench's round time, round CPU, whole-run CPU and peak memory over each
+other system's, and whether the final accuracies on the test set agree: within
 `--tolerance` (accuracy points, default 0.05) of p4bench's, else "disagree" (never hidden).
 
     .venv/bin/python bench/peers.py                       # 100 and 1,000 clients
