@@ -18,8 +18,10 @@ A run's verification replay (`p4bench.run.verify`) runs in the run's own process
 the run's rounds (or before them, at the run's size), never beside them: it takes the run's
 number, which its config carries.
 
-The run records the number it used (`RunConfig.threads` after `p4bench.run.resolution`:
-the summary's `threads`, the `--json` line and the MLflow parameter). Importing this module
+On a Ray cluster, Ray sets `OMP_NUM_THREADS` to a task's CPUs (`cpus_per_run`): the ceiling.
+
+The run records the number it used (the config `run` receives from `on_chosen_threads`
+carries it: the summary's `threads`, the `--json` line and the MLflow parameter). Importing this module
 does not import torch: the command line checks its options before torch is loaded.
 """
 
