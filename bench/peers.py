@@ -99,6 +99,7 @@ def run_config(args: argparse.Namespace, clients: int, variant: str) -> Any:
         noise_source="seeded",
         verify="off",
         seed=args.seed,
+        threads=args.threads,  # a run sets its own threads: the same as the peers'
         options={"lr_scaling": "none"},  # the local step size is --lr in every system
     )
 
