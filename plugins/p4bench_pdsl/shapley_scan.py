@@ -25,7 +25,7 @@ prefix: seen once in 100 agents of 100 players, never in the 20 x 20 bench or th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
 
@@ -129,7 +129,7 @@ def _scan_agent(
             torch.sum(mins.ge_(0), dim=1, out=right[length + 1])
 
 
-def _extend(rows: Sequence[torch.Tensor], added: list[torch.Tensor], first: bool) -> None:
+def _extend(rows: tuple[torch.Tensor, ...], added: list[torch.Tensor], first: bool) -> None:
     """Each row of sums takes (the first player) or adds its next player's block in place."""
     if first:
         torch._foreach_copy_(rows, added)
