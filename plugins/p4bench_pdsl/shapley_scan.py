@@ -34,7 +34,9 @@ from p4bench_pdsl.shapley_linear import _candidate_weights, _LabelGroups, _own_m
 
 __all__ = ["SCAN_MIN_PLAYERS", "linear_prefix_values"]
 
-MARGIN_AGENTS = 4  # agents whose blocks one round of products computes (fewer, larger GEMMs)
+MARGIN_AGENTS = (
+    2  # agents whose blocks one round of products computes (2-4: within 2%; 10: 5% slower)
+)
 # The scan costs a few calls per agent and prefix length; the chained distinct coalitions
 # (`shapley_rows`) a few per chunk of agents and length. Measured at one thread (R = 10):
 # 160 agents of 3 players, |Q| = 200: the chains 2x faster; 5 players: the scan 1.1x, 12
