@@ -166,7 +166,9 @@ def executed_flops(clients: int) -> float:
     return clients * 8 * (0.5 * n) * d * L * steps
 
 
-def engine_round(clients: int, rounds: int, data: FederatedData) -> tuple[float, list[float]]:
+def engine_round(
+    clients: int, rounds: int, data: FederatedData, aggregator_check: str = "recompute"
+) -> tuple[float, list[float]]:
     config = RunConfig(
         method="p4",
         clients=clients,
@@ -176,7 +178,7 @@ def engine_round(clients: int, rounds: int, data: FederatedData) -> tuple[float,
         client_rate=1.0,
         lr=0.5,
         noise_multiplier=1.0,
-        options={"group_size": 8, "samples": 35},
+        options={"group_size": 8, "samples": 35, "aggregator_check": aggregator_check},
     )
     model = LinearSoftmax(FEATURES, CLASSES)
     job = Job(config=config, method=P4(config, model, clients), model=model, data=data)
@@ -250,13 +252,19 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=260)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--loop-clients", type=int, default=8)
+    parser.add_argument(
+        "--aggregator-check",
+        choices=("recompute", "turn", "none"),
+        default="recompute",
+        help="P4's check of its aggregators (the run's default); none: the paper's protocol",
+    )
     args = parser.parse_args()
     keep_freed_memory()  # what the runtime does anyway; here it also speeds up building the data
     interpreter_mb = current_rss_mb()  # the interpreter with torch loaded, before any data
     started, cpu_started, load_before = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     data = synthetic_data(args.clients)
     before = gemm_gflops()
-    round_s, all_rounds = engine_round(args.clients, args.rounds, data)
+    round_s, all_rounds = engine_round(args.clients, args.rounds, data, args.aggregator_check)
     gflops = max(
         before, gemm_gflops()
     )  # before and after: a busy moment on a shared machine must not loosen the bound
@@ -276,6 +284,7 @@ def main() -> None:
             {
                 "benchmark": "p4",
                 "clients": args.clients,
+                "aggregator_check": args.aggregator_check,
                 "train_per_client": TRAIN,
                 "features": list(FEATURES),
                 "local_steps": 5,

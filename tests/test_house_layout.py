@@ -28,7 +28,7 @@ OVER_LIMIT = {  # module: its lines when this list was written; split them, neve
     "p4bench/engine/training.py": 437,
     "p4bench/host/manager.py": 437,
     "plugins/p4bench_p2p_fl/method.py": 433,
-    "plugins/p4bench_pdsl/method.py": 427,
+    "plugins/p4bench_pdsl/method.py": 424,
     "p4bench/tracking/tracker.py": 421,
     "p4bench/testing/threats.py": 420,
     "p4bench/studies/tune_scope.py": 410,
