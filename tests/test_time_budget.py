@@ -55,6 +55,7 @@ def test_budget_is_validated_and_kept_out_of_old_hashes(tmp_path):
             "hold_out_public",
             "unseen_fraction",
             "verify",
+            "threads",
         )
     }
     assert (

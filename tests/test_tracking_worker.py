@@ -155,7 +155,16 @@ def test_worker_ignores_ctrl_c_and_a_lost_worker_is_one_line(tmp_path):
         worker.process.kill()
 
 
-def test_a_run_that_fails_before_it_starts_leaves_no_worker(tmp_path):
+@pytest.mark.parametrize(
+    ("arguments", "workers"),
+    [
+        # a plugin option is checked once the plugins are loaded: the worker is up by then
+        (["--method", "fedavg", "-o", "no_such_option=1"], "1"),
+        # a name the plugin listing does not know is refused before anything starts
+        (["--method", "no-such-method"], "0"),
+    ],
+)
+def test_a_run_that_fails_before_it_starts_leaves_no_worker(tmp_path, arguments, workers):
     """The console script's `run` prestarts the worker; a bad option ends both processes."""
     script = Path(sys.executable).parent / "p4bench"
     if not script.exists():
@@ -170,7 +179,7 @@ def test_a_run_that_fails_before_it_starts_leaves_no_worker(tmp_path):
         "    return child\n"
         "subprocess.Popen = spy\n"
         "from p4bench.cli import main\n"
-        "sys.argv = ['p4bench', 'run', '--method', 'no-such-method', '--results-dir', sys.argv[1]]\n"
+        "sys.argv = ['p4bench', 'run', *sys.argv[2:], '--results-dir', sys.argv[1]]\n"
         "try:\n"
         "    main()\n"
         "except SystemExit as exc:\n"
@@ -179,14 +188,15 @@ def test_a_run_that_fails_before_it_starts_leaves_no_worker(tmp_path):
         "print(code, len(workers), [w.wait(timeout=600) for w in workers])\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)],
+        [sys.executable, "-c", code, str(tmp_path), *arguments],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, tracking_worker.ENV: ""},
     )
-    assert done.stdout.split()[:2] == ["2", "1"], done.stderr  # exit 2, one worker started ...
-    assert done.stdout.strip().endswith("[0]")  # ... and ended cleanly when the run was refused
+    assert done.stdout.split()[:2] == ["2", workers], done.stderr  # exit 2, the workers started
+    expected_end = "[0]" if workers == "1" else "[]"  # ... and ended cleanly when refused
+    assert done.stdout.strip().endswith(expected_end)
 
 
 def test_store_written_by_the_worker_is_a_plain_mlflow_store(tmp_path):

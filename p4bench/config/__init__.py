@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
+from p4bench.config.field_values import check_field
+from p4bench.config.field_values import field_meta as _meta  # short: every field's metadata
 from p4bench.errors import ConfigError, UsageError
-from p4bench.run.field_values import check_field
-from p4bench.run.field_values import field_meta as _meta  # short: every field's metadata
 
 __all__ = ["RunConfig", "resolve_config", "load_config_file"]
 
