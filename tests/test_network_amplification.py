@@ -157,3 +157,25 @@ def test_the_bound_holds_against_the_exact_profile_of_two_correlated_releases(
     # and the bound is not vacuous: well below the same releases seen without sampling
     unsampled = float(amplified_epsilon(gram[None], np.ones((1, 2)), delta)[0])
     assert ours < unsampled
+
+
+def test_a_declaration_cannot_claim_more_noise_or_sampling_than_the_run_used(
+    results_dir, monkeypatch
+):
+    """The recorder credits the run's own noise multiplier and Poisson rate: a method that
+    declares a tiny rate and ten times the noise gets the same figures as an honest one."""
+    from p4bench_baselines import gossip_events
+
+    honest = _ring_run(results_dir, rounds=2)
+    real = gossip_events.release_and_gossip
+
+    def boastful(weights, release_before, release_after=False):
+        events = real(weights, release_before, release_after)
+        return [
+            Release(e.nodes, 10.0 * 1e6, 0.001) if isinstance(e, Release) else e for e in events
+        ]
+
+    monkeypatch.setattr("p4bench_baselines.muffliato.release_and_gossip", boastful)
+    boasting = _ring_run(results_dir, rounds=2)
+    for key in ("epsilon_network_max", "epsilon_network_mean", "epsilon_network_two_hop_mean"):
+        assert boasting[key] == pytest.approx(honest[key], rel=1e-9)

@@ -115,8 +115,9 @@ class NetworkRecorder:
     def _declared(self, event: NetworkEvent) -> list[NetworkEvent]:
         if isinstance(event, Gossip):
             return [self._gossip(np.asarray(event.weights, dtype=np.float64))]
+        # the run's mechanism adds the noise: a declaration may not credit more than it drew
         sigma = event.noise_multiplier
-        if math.isnan(sigma):  # the run's mechanism adds it
+        if math.isnan(sigma) or sigma > self.sigma:
             sigma = self.sigma
         nodes = np.asarray(event.nodes, dtype=bool)
         rate = float(event.sample_rate)
@@ -171,9 +172,9 @@ class NetworkRecorder:
         }
 
     def _sampled(self, ledger: Any) -> tuple[list[NetworkEvent], str]:
-        """The events with the run's Poisson rate where a release leaves it to the run (NaN),
-        and how the rate was set. The rate is the largest the ledger saw (the bound grows
-        with it). It is credited only where each node declared exactly the steps the ledger
+        """The events with the run's Poisson rate where a release leaves it to the run (NaN)
+        or declares a lower one, and how the rate was set. The rate is the largest the ledger
+        saw (the bound grows with it). It is credited only where each node declared exactly the steps the ledger
         counted for it (one release, one Poisson draw), and never under replace-one, whose
         subsampling the network analysis does not amplify."""
         keys = list(getattr(ledger, "keys", ()))
@@ -194,9 +195,10 @@ class NetworkRecorder:
             rate, how = 1.0, "full-batch releases"
         else:
             how = f"Poisson rate {rate:.3g} per release"
+        # a declared rate below the run's would credit sampling the ledger never saw
         filled: dict[int, NetworkEvent] = {}
         for event in self.events:
-            if isinstance(event, Release) and math.isnan(event.sample_rate):
+            if isinstance(event, Release) and not event.sample_rate >= rate:  # NaN included
                 filled.setdefault(id(event), Release(event.nodes, event.noise_multiplier, rate))
         return [filled.get(id(event), event) for event in self.events], how
 
