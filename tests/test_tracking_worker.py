@@ -214,3 +214,33 @@ def test_store_written_by_the_worker_is_a_plain_mlflow_store(tmp_path):
         assert db.execute("SELECT status FROM runs WHERE run_uuid = ?", (run_id,)).fetchone() == (
             "FINISHED",
         )
+
+
+def test_a_worker_without_mlflow_says_so_in_one_line(tmp_path):
+    """Where MLflow cannot be imported (a GPU image without it), the worker stays up and the
+    run is told why it was not tracked, not that the worker ended (a broken pipe)."""
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    requests = io.BytesIO()
+    for request in [
+        ("open", uri, {}),
+        ("ask", "create run", "start_run", ("e", {}, "r", {}, None)),
+        ("close",),
+    ]:
+        pickle.dump(request, requests)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['mlflow'] = None\n"
+            "from p4bench.tracking import worker; worker._main()",
+        ],
+        input=requests.getvalue(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    answers = io.BytesIO(done.stdout)
+    (created, error), (_, closing_error) = pickle.load(answers), pickle.load(answers)
+    assert created is None and closing_error == error
+    assert error.startswith(f"MLflow store {uri} cannot be opened (ModuleNotFoundError")
+    assert "mlflow" in error and "\n" not in error

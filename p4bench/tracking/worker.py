@@ -214,7 +214,10 @@ def _main() -> None:
     )  # anything MLflow prints stays off the answers
     from p4bench.tracking.ops import import_mlflow
 
-    import_mlflow()  # now, while the run imports torch
+    try:
+        import_mlflow()  # now, while the run imports torch
+    except ImportError:  # MLflow missing or broken: `open` fails on it and reports it as one line
+        pass
     serve(sys.stdin.buffer, answers)
 
 
