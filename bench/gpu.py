@@ -66,6 +66,7 @@ from p4bench.data import ClientTensors, FederatedData
 from p4bench.engine import Job, Phase
 from p4bench.engine.devices import describe_device, device_scope, resolve_device, synchronize
 from p4bench.engine.network import InProcessNetwork
+from p4bench.engine.precision import PRECISIONS
 from p4bench.engine.runtime import SimulationRuntime
 from p4bench.errors import UsageError
 from p4bench.models import LinearSoftmax, ScatterCNN
@@ -401,6 +402,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"clients of the DP-FedAvg round (default: {FULL_FEDAVG} on CUDA, {REDUCED_FEDAVG} elsewhere; 0: none)",
     )
     parser.add_argument(
+        "--private-precision",
+        nargs="+",
+        default=["fp32"],
+        help="P4's private-model precisions to time with the scatter-CNN, e.g. fp32 tf32 "
+        "(option private_precision: TF32 outside the DP step; no effect on a CPU)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="tiny sizes (CI): a few seconds on a CPU"
     )
     parser.add_argument(
@@ -411,6 +419,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.models = [m for part in args.models for m in part.split(",") if m]
+    args.private_precision = tuple(
+        p for part in args.private_precision for p in part.split(",") if p
+    )
+    if not args.private_precision or set(args.private_precision) - set(PRECISIONS):
+        parser.error(f"--private-precision: choose from {list(PRECISIONS)}")
     if unknown := sorted(set(args.models) - set(MODELS)):
         parser.error(f"--models: unknown {unknown}, choose from {list(MODELS)}")
     if args.clients is not None:
@@ -444,9 +457,11 @@ def measure(
     models: list[str],
     rounds: int,
     device: torch.device,
+    precisions: tuple[str, ...] = ("fp32",),
 ) -> None:
     """Time every model of `method` at `count` clients (one data set for all), appending
-    one entry per model to `results`; a failure is that entry's `error`."""
+    one entry per model (and, for P4's autograd models, per private-model precision) to
+    `results`; a failure is that entry's `error`."""
     try:
         data = synthetic_data(count, samples, test, device, features=features)
     except Exception as exc:  # noqa: BLE001 - out of memory building the data: every model of this size fails
@@ -461,12 +476,18 @@ def measure(
         ]
         release(device)
         return
-    for name in models:
-        options = (
+    for name, precision in [
+        (model, precision)
+        for model in models
+        for precision in (precisions if method == "p4" and model != "linear" else ("fp32",))
+    ]:
+        options: dict[str, Any] = (
             {"group_size": min(GROUP, count), "samples": min(35, count - 1)}
             if method == "p4"
             else {}
         )
+        if precision != "fp32":  # P4's private model in TF32 (p4bench.engine.precision)
+            options["private_precision"] = precision
         config = RunConfig(
             method=method,
             model=name,
@@ -482,6 +503,8 @@ def measure(
             options=options,
         )
         entry: dict[str, Any] = {"method": method, "model": name, "clients": count}
+        if method == "p4" and name != "linear":
+            entry["private_precision"] = precision
         reset_peak_memory(device)
         try:
             entry.update(run_config(config, name, data, device))
@@ -494,7 +517,8 @@ def measure(
             f"{entry['round_s']:.4f} s/round, {entry['per_client_ms']:.3f} ms/client, "
             f"{entry['tflops']:.4f} TFLOP/s"
         )
-        print(f"{method} {name} x {count} clients: {status}", flush=True)
+        tag = f" (private {precision})" if precision != "fp32" else ""
+        print(f"{method} {name}{tag} x {count} clients: {status}", flush=True)
     del data
     release(device)
 
@@ -541,7 +565,18 @@ def main(argv: list[str] | None = None) -> int:
     peak_before = peak_tflops(device, matmul_size, matmul_repeats)
     results: list[dict[str, Any]] = []
     for count in clients:
-        measure(results, "p4", count, samples, test, FEATURES, args.models, rounds, device)
+        measure(
+            results,
+            "p4",
+            count,
+            samples,
+            test,
+            FEATURES,
+            args.models,
+            rounds,
+            device,
+            args.private_precision,
+        )
     if fedavg_clients:
         measure(
             results,
@@ -586,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             "data_rate": RATE,
             "client_rate": 1.0,
             "group_size": GROUP,
+            "private_precision": list(args.private_precision),
             "defense": None,
             "grouping": (
                 "fixed groups of V consecutive clients; "

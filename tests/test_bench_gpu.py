@@ -40,7 +40,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def check_output(out: dict, device_type: str) -> None:
+def check_output(out: dict, device_type: str, precisions: tuple[str, ...] = ("fp32",)) -> None:
     assert out["benchmark"] == "gpu" and out["device_type"] == device_type and out["failed"] == 0
     assert out["torch"] == torch.__version__ and out["device"]
     assert (
@@ -55,17 +55,20 @@ def check_output(out: dict, device_type: str) -> None:
     assert out["reduced"] is True and "reduced" in out["reduced_note"]
     assert math.isfinite(out["peak_tflops"]) and out["peak_tflops"] > 0
     assert "FlopCounterMode" in out["flops_method"]
-    assert [(r["method"], r["model"], r["clients"]) for r in out["results"]] == [
-        ("p4", "linear", 4),
-        ("p4", "scatter-cnn", 4),
-        ("fedavg", "linear", 8),
+    assert [
+        (r["method"], r["model"], r["clients"], r.get("private_precision")) for r in out["results"]
+    ] == [
+        ("p4", "linear", 4, None),
+        *(("p4", "scatter-cnn", 4, precision) for precision in precisions),
+        ("fedavg", "linear", 8, None),
     ]
+    assert out["config"]["private_precision"] == list(precisions)
     assert (
         out["config"]["fedavg"]["clients"] == 8
         and out["config"]["fedavg"]["dp"]["neighbouring"] == "add-remove"
     )
     for result in out["results"]:
-        assert set(result) == RESULT_KEYS, result
+        assert set(result) - {"private_precision"} == RESULT_KEYS, result
         for key in (
             "round_s",
             "first_round_s",
@@ -83,7 +86,7 @@ def check_output(out: dict, device_type: str) -> None:
             result["flops_per_round"] / result["round_s"] / 1e12, rel=1e-3
         )
         assert len(result["rounds_s"]) == out["config"]["timed_rounds"] == 1
-    linear, cnn, fedavg = out["results"]
+    linear, cnn, *_, fedavg = out["results"]
     assert (
         linear["path"] in ("span", "buckets")
         and cnn["path"] in ("autograd", "stacked")
@@ -95,9 +98,9 @@ def check_output(out: dict, device_type: str) -> None:
 
 
 def test_quick_cpu_run_prints_one_json_object():
-    done = run_bench("--device", "cpu", "--quick")
+    done = run_bench("--device", "cpu", "--quick", "--private-precision", "fp32,tf32")
     assert done.returncode == 0, done.stderr[-3000:]
-    check_output(json.loads(done.stdout.strip().splitlines()[-1]), "cpu")
+    check_output(json.loads(done.stdout.strip().splitlines()[-1]), "cpu", ("fp32", "tf32"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -113,9 +116,10 @@ def test_cuda_without_cuda_is_a_usage_error():
 
 @pytest.mark.cuda
 def test_quick_cuda_run():
-    done = run_bench("--device", "cuda", "--quick")
+    # with P4's private model in TF32 too (option private_precision; the DP step stays float32)
+    done = run_bench("--device", "cuda", "--quick", "--private-precision", "fp32", "tf32")
     assert done.returncode == 0, done.stderr[-3000:]
-    check_output(json.loads(done.stdout.strip().splitlines()[-1]), "cuda")
+    check_output(json.loads(done.stdout.strip().splitlines()[-1]), "cuda", ("fp32", "tf32"))
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from p4bench.engine.method import StepContext
+from p4bench.engine.precision import tf32_matmuls
 from p4bench.engine.state import State
 from p4bench.engine.training import batch_gradient, gather_batch, logits_of, sample_batches
 from p4bench.models import LinearSoftmax, Params
@@ -31,7 +32,7 @@ __all__ = ["LocalCotraining"]
 class LocalCotraining:
     """P4's local steps (`_proxy_epoch` in phase 1, `_cotrain` in phase 2). Uses the
     method's `config`, `epoch_steps`, `local_lr`, `use_proxy`, `teacher` and its weight
-    `alpha`, `beta`, `fused` and `span_noise`, and its fused steps `_buckets` and `_span`."""
+    `alpha`, `beta`, `fused`, `span_noise` and `private_tf32`, and its fused steps `_buckets` and `_span`."""
 
     config: RunConfig
     epoch_steps: int
@@ -42,6 +43,7 @@ class LocalCotraining:
     beta: float
     fused: str
     span_noise: str
+    private_tf32: bool
     _buckets: FusedCotraining
     _span: SpanCotraining
 
@@ -93,11 +95,18 @@ class LocalCotraining:
                 None if stats is None else gather_batch(stats, index),
             )
             if self.use_proxy:
-                # the private model learns on the same batch, without DP, from the proxy's pre-step outputs
-                proxy_logits = logits_of(ctx.model, proxy, x)
-                _, private_grads = ctx.loss_and_grad(
-                    private, x, y, mask.float(), loss=distillation_loss(self.beta), aux=proxy_logits
-                )
+                # the private model learns on the same batch, without DP, from the proxy's pre-step
+                # outputs; none of this reaches a release unless the proxy distils from it
+                with tf32_matmuls(self.private_tf32):
+                    proxy_logits = logits_of(ctx.model, proxy, x)
+                    _, private_grads = ctx.loss_and_grad(
+                        private,
+                        x,
+                        y,
+                        mask.float(),
+                        loss=distillation_loss(self.beta),
+                        aux=proxy_logits,
+                    )
                 private = {
                     k: private[k]
                     - self.local_lr

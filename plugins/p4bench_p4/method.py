@@ -162,6 +162,7 @@ class P4(GroupingExchanges, CotrainingExchanges, LocalCotraining, Method):
         self.span_noise: str = values["span_noise"]
         self.aggregator_check: str = values["aggregator_check"]
         self.aggregator_tolerance: float = values["aggregator_tolerance"]
+        self.private_tf32: bool = values["private_precision"] == "tf32"
         # ranges that depend on the run
         if not 1 <= self.group_size <= config.clients:
             raise ConfigError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from p4bench.engine.equivocation import EQUIVOCATION_OPTION
+from p4bench.engine.precision import PRECISIONS
 from p4bench.options import Option
 from p4bench_p4.span import NOISE_MODES
 
@@ -93,6 +94,15 @@ OPTIONS = (
         "own aggregate, relative to the aggregate's largest entry, still taken as equal "
         "(floating-point order; the aggregator adds no noise)",
         low=0,
+    ),
+    Option(
+        "private_precision",
+        str,
+        "fp32",
+        "the private model's training on CUDA where it runs through autograd (CNNs, "
+        "fused=false): fp32, or tf32 for its forward and backward and the proxy's logits "
+        "it distils from (the DP step stays float32)",
+        choices=PRECISIONS,
     ),
     EQUIVOCATION_OPTION,  # the uploads every member recomputes from (aggregator_check=recompute)
 )
