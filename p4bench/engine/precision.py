@@ -1,4 +1,4 @@
-"""TF32 matrix products, only where a result never reaches a DP release.
+"""TF32 matrix products, only outside the DP step (never in its norms or clipped sums).
 
 TF32 multiplies float32 operands with 10-bit mantissas (relative error near 1e-3). A DP
 step's per-example norms and clipped sums stay float32: a norm computed low could let an
